@@ -1,0 +1,180 @@
+"""Line prefixes: recognise and strip what launchers and loggers put in front of a message
+(torchrun, Slurm, pdsh/DeepSpeed, glog, NCCL, Python logging, Kubernetes timestamps) and keep
+what they say about the writer. Pure functions over one line; no I/O."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from ddpdoctor.model.records import Origin
+
+ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-_]")
+
+# Kubernetes `kubectl logs --timestamps` / fluentd: RFC 3339 at the start of the line.
+RFC3339 = re.compile(
+    r"(?P<ts>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d))\s+"
+)
+# Python logging asctime and most other loggers: optional brackets, optional millis.
+ISO_TIME = re.compile(
+    r"\[?(?P<ts>\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[,.]\d{1,9})?)(?:Z|[+-]\d\d:?\d\d)?\]?[\s:|-]+"
+)
+# torchrun: `[rank3]:`, `[default0]:`, custom role `[trainer1]:`; TORCHELASTIC prefixes.
+TORCHRUN = re.compile(r"\[(?P<role>[A-Za-z_][A-Za-z_-]*?)(?P<num>\d+)\]:\s?")
+# glog as torch prints it: `E1130 12:00:00.123456 1234 ProcessGroupNCCL.cpp:616] `
+GLOG = re.compile(
+    r"(?P<level>[IWEF])(?P<md>\d{4}) (?P<hms>\d\d:\d\d:\d\d(?:\.\d+)?)\s+(?P<pid>\d+)\s+"
+    r"(?P<file>[\w./<>-]+:\d+)\]\s?"
+)
+# older torch: `[E ProcessGroupNCCL.cpp:475] `, `[W reducer.cpp:313] `, also with glog date.
+GLOG_BRACKET = re.compile(
+    r"\[(?P<level>[IWEF])(?:(?P<md>\d{4}) (?P<hms>\d\d:\d\d:\d\d(?:\.\d+)?)\s+(?P<pid>\d+)\s+|\s)"
+    r"(?P<file>[\w./<>-]+:\d+)\]\s?"
+)
+# NCCL debug lines: `host:pid:tid [dev] NCCL INFO ...` (kept in the text, origin taken).
+NCCL = re.compile(r"(?P<host>[\w.-]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\] (?=NCCL )")
+# Slurm `srun --label`: task id (SLURM_PROCID) then ': ', possibly space-padded.
+SLURM = re.compile(r"\s*(?P<task>\d{1,5}): ")
+# pdsh / DeepSpeed multi-node: `worker-1: `; a host-like token with a digit or a dash.
+PDSH = re.compile(
+    r"(?P<host>(?=[a-z0-9._-]*[0-9-])[a-z][a-z0-9._-]{0,62}):\s(?!\s*error:)"
+)
+# Capture platforms: `[stderr]`, `[stdout]`.
+STREAM_TAG = re.compile(r"\[(?:stderr|stdout)\]\s?")
+# Job platforms put step/run ids in brackets after their timestamp: `[177/train/578 (pid 1)] `.
+PLATFORM_TAG = re.compile(r"\[[^\[\]]{1,80}\]\s")
+# Python logging `LEVEL:logger:` or `LEVEL logger` heads (level only, message kept).
+PY_LEVEL = re.compile(r"(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL)[:\s]")
+# Inside c10d messages the global rank appears as `[Rank 3]` or `[PG 0 (default_pg) Rank 3]`.
+C10D_RANK = re.compile(r"\[(?:PG \d+ (?:\([^)]*\) )?)?Rank (?P<rank>\d+)\]")
+
+LEVEL_NAMES = {"I": "info", "W": "warning", "E": "error", "F": "fatal"}
+MAX_TEXT = 4000
+
+
+@dataclass(slots=True)
+class ParsedLine:
+    text: str
+    origin: Origin = field(default_factory=Origin)
+    time: datetime | None = None
+    level: str | None = None
+    prefix: str = ""
+    """The stripped prefix that names the writer; lines of one writer share it."""
+
+
+def _parse_iso(ts: str) -> datetime | None:
+    ts = ts.replace(",", ".").replace("Z", "+00:00")
+    if "T" not in ts:
+        ts = ts.replace(" ", "T", 1)
+    try:
+        value = datetime.fromisoformat(ts)
+    except ValueError:
+        return None
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def _glog_time(md: str, hms: str, year: int) -> datetime | None:
+    try:
+        return datetime.strptime(f"{year}{md} {hms[:15]}", "%Y%m%d %H:%M:%S.%f").replace(
+            tzinfo=UTC
+        )
+    except ValueError:
+        try:
+            return datetime.strptime(f"{year}{md} {hms[:8]}", "%Y%m%d %H:%M:%S").replace(
+                tzinfo=UTC
+            )
+        except ValueError:
+            return None
+
+
+def clean(raw: str) -> str:
+    """Remove colour codes, keep the last redraw of a `\\r` progress bar, cap the length."""
+    if "\x1b" in raw:
+        raw = ANSI.sub("", raw)
+    raw = raw.rstrip("\r\n")
+    if "\r" in raw:
+        parts = [p for p in raw.split("\r") if p.strip()]
+        raw = parts[-1] if parts else ""
+    raw = raw.replace("\x00", "")
+    return raw[:MAX_TEXT]
+
+
+def parse_line(raw: str, year: int = 1970) -> ParsedLine:  # noqa: C901 - one table of formats
+    """Strip every known prefix from the front of a line, repeatedly (they nest)."""
+    text = clean(raw)
+    out = ParsedLine(text=text)
+    origin = out.origin
+    prefix_parts: list[str] = []
+    pos = 0
+    platform_tags = 0
+    for _ in range(8):
+        m = RFC3339.match(text, pos) or ISO_TIME.match(text, pos)
+        if m:
+            out.time = out.time or _parse_iso(m.group("ts"))
+            pos = m.end()
+            continue
+        m = TORCHRUN.match(text, pos)
+        if m:
+            num = int(m.group("num"))
+            if m.group("role").lower() == "rank":
+                origin.rank = num
+            else:
+                origin.local_rank = num
+            prefix_parts.append(m.group(0).strip())
+            pos = m.end()
+            continue
+        m = GLOG.match(text, pos) or GLOG_BRACKET.match(text, pos)
+        if m:
+            out.level = LEVEL_NAMES.get(m.group("level"))
+            if m.group("md"):
+                out.time = out.time or _glog_time(m.group("md"), m.group("hms"), year)
+            if m.group("pid"):
+                origin.pid = int(m.group("pid"))
+            pos = m.end()
+            continue
+        m = NCCL.match(text, pos)
+        if m:
+            origin.host = origin.host or m.group("host")
+            origin.pid = int(m.group("pid"))
+            origin.local_rank = (
+                origin.local_rank if origin.local_rank is not None else int(m.group("dev"))
+            )
+            prefix_parts.append(f"{m.group('host')}:{m.group('pid')}")
+            pos = m.end()
+            break
+        m = STREAM_TAG.match(text, pos)
+        if m:
+            pos = m.end()
+            continue
+        m = PLATFORM_TAG.match(text, pos)
+        if m and out.time is not None and len(prefix_parts) == platform_tags:
+            platform_tags += 1
+            prefix_parts.append(m.group(0).strip())
+            pos = m.end()
+            continue
+        m = SLURM.match(text, pos)
+        if m and pos == 0:
+            origin.rank = int(m.group("task"))
+            prefix_parts.append(m.group(0).strip())
+            pos = m.end()
+            continue
+        m = PDSH.match(text, pos)
+        if m and not prefix_parts:
+            origin.host = m.group("host")
+            prefix_parts.append(m.group(0).strip())
+            pos = m.end()
+            continue
+        break
+    message = text[pos:]
+    if out.level is None:
+        m = PY_LEVEL.match(message)
+        if m:
+            out.level = m.group("level").lower()
+    if origin.rank is None and "Rank " in message:
+        m = C10D_RANK.search(message)
+        if m:
+            origin.rank = int(m.group("rank"))
+    out.text = message
+    out.prefix = " ".join(prefix_parts)
+    return out

@@ -1,0 +1,111 @@
+"""Findings, verdicts and the report: the values every later layer produces and renders.
+Diagnoses are values, never exceptions."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from ddpdoctor.model.records import Record
+
+
+@dataclass(slots=True)
+class Evidence:
+    source: str
+    line: int
+    rank: int | None
+    host: str | None
+    time: datetime | None
+    text: str
+
+    @classmethod
+    def of(cls, record: Record, text: str | None = None) -> Evidence:
+        return cls(
+            source=record.source,
+            line=record.line,
+            rank=record.origin.rank,
+            host=record.origin.host,
+            time=record.time,
+            text=text if text is not None else record.text,
+        )
+
+
+@dataclass(slots=True)
+class Hit:
+    """One rule signature that matched one line, with its captures and surrounding traceback."""
+
+    rule: str
+    record: Record
+    captures: dict[str, str]
+    context: list[Record] = field(default_factory=list)
+    """Earlier lines of the same writer's traceback, oldest first (may be empty)."""
+    order: int = 0
+    """Position of the line in the whole scan: used as a tie-breaker within one source."""
+
+
+@dataclass(slots=True)
+class Finding:
+    rule: str
+    kind: str
+    category: str
+    role: str
+    title: str
+    ranks: list[int] = field(default_factory=list)
+    hosts: list[str] = field(default_factory=list)
+    first_time: datetime | None = None
+    count: int = 0
+    evidence: list[Evidence] = field(default_factory=list)
+    hits: list[Hit] = field(default_factory=list, repr=False)
+    note: str | None = None
+
+
+@dataclass(slots=True)
+class Culprit:
+    ranks: list[int] = field(default_factory=list)
+    hosts: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class Verdict:
+    status: str
+    kind: str | None
+    category: str | None
+    rule: str | None
+    title: str
+    confidence: float
+    culprit: Culprit
+    summary: str
+    fix: list[str]
+    evidence: list[Evidence]
+    next_steps: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class RankExit:
+    code: int | None
+    signal: str | None = None
+    host: str | None = None
+    local_rank: int | None = None
+    pid: int | None = None
+
+
+@dataclass(slots=True)
+class JobInfo:
+    world_size: int | None = None
+    ranks_seen: list[int] = field(default_factory=list)
+    ranks_missing: list[int] = field(default_factory=list)
+    hosts: list[str] = field(default_factory=list)
+    exit_code: int | None = None
+    exit_signal: str | None = None
+    per_rank: dict[int, RankExit] = field(default_factory=dict)
+    launcher_root_cause_rank: int | None = None
+
+
+@dataclass(slots=True)
+class Report:
+    tool_version: str
+    verdict: Verdict
+    findings: list[Finding]
+    job: JobInfo
+    sources: list[Any]
