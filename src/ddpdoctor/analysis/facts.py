@@ -1,0 +1,96 @@
+"""Job facts found in the text besides failures: world size hints, per-rank exits from the
+launcher, progress bars. Patterns here run in the same prefilter pass as the rules."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from ddpdoctor.model.findings import RankExit
+
+
+@dataclass(frozen=True)
+class FactPattern:
+    name: str
+    regex: str
+    literal: str
+
+    @property
+    def compiled(self) -> re.Pattern[str]:
+        return _compiled(self.regex)
+
+
+_CACHE: dict[str, re.Pattern[str]] = {}
+
+
+def _compiled(regex: str) -> re.Pattern[str]:
+    if regex not in _CACHE:
+        _CACHE[regex] = re.compile(regex)
+    return _CACHE[regex]
+
+
+FACT_PATTERNS: tuple[FactPattern, ...] = (
+    # NCCL INFO comm ... rank 8 nranks 16 (NCCL init.cc)
+    FactPattern("world_size", r"\bnranks (?P<n>\d+)", "nranks "),
+    FactPattern("world_size", r"\bWORLD_SIZE[=:]\s*(?P<n>\d+)", "WORLD_SIZE"),
+    FactPattern("world_size", r"\bworld[_ ]size\W{1,4}(?P<n>\d+)", "world"),
+    # Lightning: "Initializing distributed: GLOBAL_RANK: 0, MEMBER: 1/8"
+    FactPattern("world_size", r"MEMBER: \d+/(?P<n>\d+)", "MEMBER: "),
+    # torchelastic summary block (torch/distributed/elastic/multiprocessing/errors/__init__.py)
+    FactPattern("summary_exit", r"^\s*exitcode\s*: (?P<code>-?\d+)", "exitcode"),
+    FactPattern("root_cause", r"Root Cause \(first observed failure\)", "Root Cause"),
+    # torchelastic api.py: "failed (exitcode: -9) local_rank: 3 (pid: 812917) of binary"
+    FactPattern(
+        "launcher_exit",
+        r"failed \(exitcode: (?P<code>-?\d+)\) local_rank: (?P<local_rank>\d+)",
+        "failed (exitcode: ",
+    ),
+    # tqdm: " 9%|███▊   | 280000/2969526 [29:55<4:48:08, 155.57 examples/s]"
+    FactPattern(
+        "progress",
+        r"(?P<pct>\d{1,3})%\|[^|]*\|\s*(?P<n>\d+)/(?P<total>\d+) \[(?P<elapsed>[\d:]+)<",
+        "%|",
+    ),
+)
+
+SUMMARY_RANK = re.compile(r"^\s*rank\s*: (?P<rank>\d+) \(local_rank: (?P<local>\d+)\)")
+SUMMARY_HOST = re.compile(r"^\s*host\s*: (?P<host>\S+)")
+SUMMARY_SIGNAL = re.compile(r"\((?P<sig>SIG[A-Z]+)\)|Signal \d+ \((?P<sig2>SIG[A-Z]+)\)")
+SIGNAL_NAMES = {
+    1: "SIGHUP", 2: "SIGINT", 6: "SIGABRT", 7: "SIGBUS", 9: "SIGKILL",
+    11: "SIGSEGV", 15: "SIGTERM", 10: "SIGUSR1", 12: "SIGUSR2",
+}
+
+
+def parse_summary_entry(before: list[str], line: str, after: list[str]) -> tuple[int | None, RankExit]:
+    """One entry of torchrun's ChildFailedError summary: rank, host and exit of a worker."""
+    rank: int | None = None
+    exit_ = RankExit(code=None)
+    m = re.search(r"exitcode\s*: (-?\d+)", line)
+    if m:
+        exit_.code = int(m.group(1))
+    pid = re.search(r"\(pid: (\d+)\)", line)
+    if pid:
+        exit_.pid = int(pid.group(1))
+    for text in reversed(before[-4:]):
+        mr = SUMMARY_RANK.match(text)
+        if mr and rank is None:
+            rank, exit_.local_rank = int(mr.group("rank")), int(mr.group("local"))
+        mh = SUMMARY_HOST.match(text)
+        if mh and exit_.host is None:
+            exit_.host = mh.group("host")
+    if exit_.code is not None and exit_.code < 0:
+        exit_.signal = SIGNAL_NAMES.get(-exit_.code, f"signal {-exit_.code}")
+    return rank, exit_
+
+
+def elapsed_seconds(text: str) -> float | None:
+    """'29:55' or '1:02:03' as seconds."""
+    try:
+        parts = [int(p) for p in text.split(":")]
+    except ValueError:
+        return None
+    total = 0
+    for p in parts:
+        total = total * 60 + p
+    return float(total)

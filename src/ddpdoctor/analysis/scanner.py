@@ -1,0 +1,255 @@
+"""Scanning one source: prefilter chunks with the multi-pattern engine, confirm candidates with
+Python `re`, and turn confirmed lines into Hits with origin, time and stitched traceback. Only
+lines with a candidate (and a bounded head and tail, for job facts) are parsed in Python."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from functools import lru_cache
+
+from ddpdoctor.analysis.engine import Matcher, Pattern, build_matcher
+from ddpdoctor.analysis.facts import FACT_PATTERNS, FactPattern
+from ddpdoctor.ingest.filenames import origin_from_path
+from ddpdoctor.ingest.prefixes import ParsedLine, parse_line
+from ddpdoctor.ingest.sources import ChunkStream, Input
+from ddpdoctor.ingest.tracebacks import walk_back
+from ddpdoctor.model.findings import Hit
+from ddpdoctor.model.records import Origin, Record, SourceInfo
+from ddpdoctor.rules.base import Rule, Signature
+
+HEAD_TAIL_BYTES = 256 * 1024
+MAX_HITS_PER_PATTERN = 2000
+"""After this many confirmed hits of one signature in one source, further ones are counted
+but not kept: memory stays bounded on a log that repeats one warning every step."""
+
+
+@dataclass(slots=True)
+class FactHit:
+    name: str
+    captures: dict[str, str]
+    record: Record
+    before: list[str]
+
+
+@dataclass(slots=True)
+class StreamSummary:
+    """What the sampled head and tail say about one writer in one source."""
+
+    key: str
+    origin: Origin
+    lines_seen: int = 0
+    first_line: int = 0
+    last_line: int = 0
+    last_text: str = ""
+    first_time: datetime | None = None
+    last_time: datetime | None = None
+
+
+@dataclass(slots=True)
+class SourceScan:
+    info: SourceInfo
+    hits: list[Hit] = field(default_factory=list)
+    facts: list[FactHit] = field(default_factory=list)
+    streams: dict[str, StreamSummary] = field(default_factory=dict)
+    dropped_hits: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _Target:
+    rule: Rule | None
+    signature: Signature | None
+    fact: FactPattern | None
+
+
+class Scanner:
+    """Compiled once for a rule set; scans any number of sources."""
+
+    def __init__(self, rules: Iterable[Rule], engine: str = "auto") -> None:
+        self.rules = {r.code: r for r in rules}
+        self._targets: list[_Target] = []
+        patterns: list[Pattern] = []
+        for rule in self.rules.values():
+            for sig in rule.signatures:
+                self._targets.append(_Target(rule, sig, None))
+                patterns.append(Pattern(sig.regex, sig.required_literal))
+        for fact in FACT_PATTERNS:
+            self._targets.append(_Target(None, None, fact))
+            patterns.append(Pattern(fact.regex, fact.literal))
+        self.matcher: Matcher = build_matcher(patterns, prefer=engine)
+
+    def scan(self, item: Input) -> SourceScan:
+        stream = ChunkStream(item)
+        result = SourceScan(info=stream.info)
+        file_origin = origin_from_path(item.path) if item.path != "-" else Origin()
+        year = datetime.now(UTC).year
+        parse = _parser(year)
+        line_base = 0
+        order = 0
+        head_left = HEAD_TAIL_BYTES
+        last_chunk = b""
+        last_base = 0
+        kept: dict[int, int] = {}
+        for chunk in stream:
+            if stream.mtime is not None and line_base == 0:
+                year = datetime.fromtimestamp(stream.mtime, UTC).year
+                parse = _parser(year)
+            if head_left > 0:
+                head = chunk[:head_left]
+                self._sample(result, head, line_base, file_origin, item.display, parse)
+                head_left -= len(head)
+            line_no = line_base
+            prev = 0
+            for start, end, pids in self.matcher.candidate_lines(chunk):
+                line_no += chunk.count(b"\n", prev, start)
+                prev = start
+                order += 1
+                self._confirm(
+                    result, chunk, start, end, pids, line_no + 1, order,
+                    file_origin, item.display, parse, kept,
+                )
+            last_base = line_base
+            last_chunk = chunk
+            line_base += chunk.count(b"\n")
+        if last_chunk and line_base > 0:
+            tail_start = max(0, len(last_chunk) - HEAD_TAIL_BYTES)
+            tail_start = last_chunk.find(b"\n", tail_start - 1) + 1 if tail_start else 0
+            head_lines = sum(s.lines_seen for s in result.streams.values())
+            first_tail_line = last_base + last_chunk.count(b"\n", 0, tail_start)
+            if first_tail_line >= head_lines:
+                self._sample(
+                    result, last_chunk[tail_start:], first_tail_line, file_origin,
+                    item.display, parse,
+                )
+            elif first_tail_line < head_lines < line_base:
+                skip = head_lines - first_tail_line
+                pos = tail_start
+                for _ in range(skip):
+                    pos = last_chunk.find(b"\n", pos) + 1
+                self._sample(
+                    result, last_chunk[pos:], head_lines, file_origin, item.display, parse
+                )
+        return result
+
+    def _confirm(
+        self,
+        result: SourceScan,
+        chunk: bytes,
+        start: int,
+        end: int,
+        pids: list[int],
+        line_no: int,
+        order: int,
+        file_origin: Origin,
+        display: str,
+        parse: _Parse,
+        kept: dict[int, int],
+    ) -> None:
+        raw = chunk[start:end].decode("utf-8", errors="replace")
+        parsed: ParsedLine | None = None
+        context: list[tuple[int, ParsedLine]] | None = None
+        for pid in pids:
+            target = self._targets[pid]
+            regex = target.signature.compiled if target.signature else None
+            if regex is None and target.fact is not None:
+                regex = target.fact.compiled
+            if regex is None:
+                continue
+            if parsed is None:
+                parsed = parse(raw)
+            m = regex.search(parsed.text) or regex.search(raw)
+            if m is None:
+                continue
+            record = _record(parsed, display, line_no, file_origin)
+            captures = {k: v for k, v in m.groupdict().items() if v is not None}
+            if target.fact is not None:
+                before = _raw_lines_before(chunk, start, 5)
+                result.facts.append(FactHit(target.fact.name, captures, record, before))
+                continue
+            rule = target.rule
+            if rule is None:
+                continue
+            if kept.get(pid, 0) >= MAX_HITS_PER_PATTERN:
+                result.dropped_hits[rule.code] = result.dropped_hits.get(rule.code, 0) + 1
+                continue
+            if context is None:
+                context = walk_back(chunk, start, parsed.prefix, parse)
+            ctx_records = [_record(p, display, line_no - back, file_origin) for back, p in context]
+            ctx_text = "\n".join(p.text for _, p in context) + "\n" + parsed.text
+            if not rule.context_ok(ctx_text):
+                continue
+            if record.time is None:
+                record.time = next((c.time for c in reversed(ctx_records) if c.time), None)
+            kept[pid] = kept.get(pid, 0) + 1
+            result.hits.append(Hit(rule.code, record, captures, ctx_records, order))
+
+    def _sample(
+        self,
+        result: SourceScan,
+        data: bytes,
+        line_base: int,
+        file_origin: Origin,
+        display: str,
+        parse: _Parse,
+    ) -> None:
+        """Parse every line of a bounded head or tail to learn the writers and their last words."""
+        text = data.decode("utf-8", errors="replace")
+        for offset, raw in enumerate(text.split("\n")):
+            if not raw.strip():
+                continue
+            parsed = parse(raw)
+            origin = parsed.origin.merged_with(file_origin)
+            key = parsed.prefix
+            summary = result.streams.get(key)
+            if summary is None:
+                summary = StreamSummary(key=key, origin=origin, first_line=line_base + offset + 1)
+                result.streams[key] = summary
+            summary.lines_seen += 1
+            summary.last_line = line_base + offset + 1
+            summary.last_text = parsed.text
+            if parsed.time is not None:
+                summary.first_time = summary.first_time or parsed.time
+                summary.last_time = parsed.time
+            if summary.origin.rank is None and origin.rank is not None:
+                summary.origin = origin
+
+
+_Parse = type(parse_line)
+
+
+@lru_cache(maxsize=8)
+def _parser(year: int) -> _Parse:
+    def parse(raw: str) -> ParsedLine:
+        return parse_line(raw, year)
+
+    return parse
+
+
+def _record(parsed: ParsedLine, display: str, line_no: int, file_origin: Origin) -> Record:
+    return Record(
+        source=display,
+        line=line_no,
+        text=parsed.text,
+        origin=Origin(
+            parsed.origin.rank, parsed.origin.local_rank, parsed.origin.host, parsed.origin.pid
+        ).merged_with(file_origin),
+        time=parsed.time,
+        level=parsed.level,
+        stream_key=f"{display}|{parsed.prefix}",
+    )
+
+
+def _raw_lines_before(chunk: bytes, start: int, count: int) -> list[str]:
+    out: list[str] = []
+    end = start - 1
+    while end > 0 and len(out) < count:
+        s = chunk.rfind(b"\n", 0, end) + 1
+        out.append(chunk[s:end].decode("utf-8", errors="replace"))
+        end = s - 1
+    out.reverse()
+    return out
+
+
+WORD = re.compile(r"\w+")

@@ -1,0 +1,54 @@
+"""Traceback stitching: given the line where an error was printed, collect the earlier lines of
+the same writer that belong to its Python traceback, skipping lines other ranks interleaved."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+from ddpdoctor.ingest.prefixes import ParsedLine
+
+TRACEBACK_HEAD = "Traceback (most recent call last):"
+CHAINED = re.compile(r"^(During handling of the above exception|The above exception was the direct)")
+EXCEPTION_LINE = re.compile(r"^\**[A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit|Warning)\b")
+MAX_WALK_LINES = 400
+MAX_TRACEBACK_LINES = 120
+
+
+def is_traceback_line(text: str) -> bool:
+    """Frame lines (indented), traceback heads, chaining sentences, exception lines,
+    and C++ frame lists that torch appends to errors."""
+    if not text:
+        return False
+    if text[0] in " \t" or text.startswith((TRACEBACK_HEAD, "frame #", "Exception raised from")):
+        return True
+    return bool(CHAINED.match(text) or EXCEPTION_LINE.match(text))
+
+
+def walk_back(
+    chunk: bytes, line_start: int, key: str, parse: Callable[[str], ParsedLine]
+) -> list[tuple[int, ParsedLine]]:
+    """(lines back, line) for each line of the traceback that ends at the line starting at `line_start`, oldest first.
+
+    Only lines whose prefix equals `key` count (ranks interleave in one console). Stops at the
+    traceback head, at a non-traceback line of the same writer, or after a bounded walk.
+    """
+    found: list[tuple[int, ParsedLine]] = []
+    end = line_start - 1
+    walked = 0
+    after_head = False
+    while end > 0 and walked < MAX_WALK_LINES and len(found) < MAX_TRACEBACK_LINES:
+        start = chunk.rfind(b"\n", 0, end) + 1
+        walked += 1
+        parsed = parse(chunk[start:end].decode("utf-8", errors="replace"))
+        end = start - 1
+        if parsed.prefix != key or not parsed.text.strip():
+            continue
+        if after_head and not CHAINED.match(parsed.text):
+            break
+        if not is_traceback_line(parsed.text):
+            break
+        found.append((walked, parsed))
+        after_head = parsed.text.startswith(TRACEBACK_HEAD)
+    found.reverse()
+    return found

@@ -1,0 +1,174 @@
+"""Errors of the job's inputs and environment: data files, disk, shared memory for DataLoader
+workers, missing modules, checkpoint loading (weights_only)."""
+
+from __future__ import annotations
+
+from ddpdoctor.rules.base import Explanation, Rule, Signature
+
+DATA_ERROR = Rule(
+    code="DATA101",
+    kind="data-error",
+    title="A rank failed on its input data (missing, corrupt or undecodable file)",
+    sources="Python I/O, PIL, json, pickle, datasets/pyarrow",
+    specificity=55,
+    signatures=(
+        Signature(r"FileNotFoundError: \[Errno 2\] No such file or directory: (?P<path>.+)", "FileNotFoundError"),
+        Signature(r"FileNotFoundError"),
+        Signature(r"IsADirectoryError|NotADirectoryError", "DirectoryError"),
+        Signature(r"(?:PIL\.)?UnidentifiedImageError|cannot identify image file", "identif"),
+        Signature(r"image file is truncated"),
+        Signature(r"JSONDecodeError"),
+        Signature(r"UnicodeDecodeError"),
+        Signature(r"EOFError: Ran out of input"),
+        Signature(r"pyarrow\.lib\.Arrow\w*Error|ArrowInvalid", "Arrow"),
+        Signature(r"_pickle\.UnpicklingError: invalid load key", "invalid load key"),
+        Signature(r"PytorchStreamReader failed reading zip archive"),
+        Signature(r"BadZipFile"),
+    ),
+    context_none=(r"No space left on device", r"can't open file"),
+    explanation=Explanation(
+        what="A rank raised an error while reading or decoding its input data or a file.",
+        why="A path that exists only on some nodes or in the author's environment, a corrupt or "
+        "truncated file, a cache written by one rank while another reads it.",
+        fix="Check the path on the failing rank's node; validate the data; build caches on one "
+        "rank behind a barrier.",
+        false_positives="A missing checkpoint or config file is reported the same way.",
+    ),
+    fix=(
+        "Check the file named in the evidence exists and is readable on the failing rank's node.",
+        "Validate or regenerate corrupt files; create shared caches on rank 0 and barrier() "
+        "before other ranks read them.",
+    ),
+    positive=(
+        "FileNotFoundError: [Errno 2] No such file or directory: "
+        "'E:/visionlab/data/imnet_val/val5k/val_file_list.pickle'",
+    ),
+    negative=("python3: can't open file '/work/train.py': [Errno 2] No such file or directory",),
+)
+
+DISK_FULL = Rule(
+    code="DATA102",
+    kind="disk-full",
+    title="No space left on device",
+    sources="OS errno 28 (ENOSPC), 122 (EDQUOT)",
+    specificity=75,
+    signatures=(
+        Signature(r"No space left on device"),
+        Signature(r"\[Errno 28\]", "[Errno 28]"),
+        Signature(r"Disk quota exceeded"),
+    ),
+    context_none=(r"shared memory|/dev/shm|shm\b",),
+    explanation=Explanation(
+        what="A write failed because the filesystem (or quota) is full.",
+        why="Checkpoints, caches or logs filled the disk where the job writes.",
+        fix="Free space or write checkpoints elsewhere; keep fewer checkpoints "
+        "(save_total_limit); check `df -h` on the node.",
+        false_positives="'No space left on device' for shared memory is a /dev/shm problem "
+        "(DL101).",
+    ),
+    fix=(
+        "Check `df -h <output dir>` on the node and free space, or point checkpoints elsewhere.",
+        "Keep fewer checkpoints (e.g. save_total_limit=2).",
+    ),
+    positive=("OSError: [Errno 28] No space left on device",),
+    negative=("RuntimeError: unable to allocate shared memory(shm) for file </torch_1_2>: No space left on device (28)",),
+)
+
+DATALOADER_WORKER_KILLED = Rule(
+    code="DL101",
+    kind="dataloader-worker-killed",
+    title="DataLoader worker killed (shared memory /dev/shm too small)",
+    sources="torch/utils/data/_utils/signal_handling.py, dataloader.py",
+    specificity=80,
+    signatures=(
+        Signature(r"DataLoader worker \(pid (?P<pid>\d+)\) is killed by signal: (?P<signal>[\w ]+)", "DataLoader worker (pid"),
+        Signature(r"Unexpected bus error encountered in worker"),
+        Signature(r"insufficient shared memory"),
+        Signature(r"DataLoader worker \(pid\(s\) (?P<pids>[\d, ]+)\) exited unexpectedly", "exited unexpectedly"),
+        Signature(r"unable to (?:allocate|write to file|open) shared memory", "shared memory"),
+    ),
+    explanation=Explanation(
+        what="A DataLoader worker process died (bus error, killed, or could not allocate shm).",
+        why="Workers pass batches through /dev/shm; containers default to 64 MB, so large "
+        "batches cause bus errors or ENOSPC. A 'Killed' worker can also be the host OOM killer.",
+        fix="Give the container more shared memory (docker --shm-size=16g or --ipc=host; "
+        "Kubernetes: an emptyDir with medium: Memory on /dev/shm), or lower num_workers.",
+        false_positives="'killed by signal: Killed' with plenty of shm is the OOM killer "
+        "(host memory), not shm.",
+    ),
+    fix=(
+        "Check `df -h /dev/shm`; enlarge it: docker run --shm-size=16g (or --ipc=host); in "
+        "Kubernetes mount an emptyDir {medium: Memory} at /dev/shm.",
+        "Or lower DataLoader(num_workers=...) / the batch size per worker.",
+    ),
+    positive=(
+        "RuntimeError: DataLoader worker (pid 325) is killed by signal: Bus error.",
+        "ERROR: Unexpected bus error encountered in worker. This might be caused by "
+        "insufficient shared memory (shm).",
+    ),
+    negative=("RuntimeError: CUDA error: initialization error",),
+)
+
+MISSING_MODULE = Rule(
+    code="ENV101",
+    kind="missing-module",
+    title="A Python module is missing in the interpreter that ran the job",
+    sources="CPython import system",
+    specificity=60,
+    signatures=(
+        Signature(r"ModuleNotFoundError: No module named '(?P<module>[^']+)'", "ModuleNotFoundError"),
+        Signature(r"ImportError: cannot import name '(?P<name>[^']+)'", "ImportError: cannot import name"),
+        Signature(r"ImportError: No module named (?P<module>\S+)", "ImportError: No module named"),
+    ),
+    context_none=(r"lib(?:cudnn|nccl|cublas|cudart|cuda)\w*\.so",),
+    explanation=Explanation(
+        what="Python could not import a module.",
+        why="The package is not installed for the interpreter the launcher used (torchrun from "
+        "another environment, user-site packages, a node with a different image), or versions "
+        "do not match (cannot import name).",
+        fix="Install it in the environment the job runs with; launch with `python -m "
+        "torch.distributed.run` to be sure the same interpreter is used.",
+        false_positives="None.",
+    ),
+    fix=(
+        "Check which interpreter runs: `which torchrun python`; install the package there "
+        "(python -m pip install PACKAGE).",
+        "Launch with `python -m torch.distributed.run ...` instead of `torchrun` to use the "
+        "same environment.",
+    ),
+    positive=("ModuleNotFoundError: No module named 'tensorboard'",),
+    negative=("/usr/bin/python3: No module named trainer_missing",),
+)
+
+WEIGHTS_ONLY = Rule(
+    code="ENV102",
+    kind="weights-only-load",
+    title="torch.load(weights_only=True) rejected the checkpoint",
+    sources="torch/serialization.py, torch/_weights_only_unpickler.py (torch >= 2.6 default)",
+    specificity=85,
+    signatures=(
+        Signature(r"Weights only load failed"),
+        Signature(r"WeightsUnpickler error: (?P<what>.+)", "WeightsUnpickler error"),
+        Signature(r"Unsupported global: GLOBAL (?P<global>\S+)", "Unsupported global: GLOBAL"),
+    ),
+    explanation=Explanation(
+        what="torch.load refused to unpickle objects that are not plain tensors/containers.",
+        why="Since PyTorch 2.6 torch.load defaults to weights_only=True; checkpoints holding "
+        "numpy arrays, argparse Namespaces or custom classes are rejected.",
+        fix="For a trusted checkpoint: torch.load(path, weights_only=False); or allowlist the "
+        "named globals with torch.serialization.add_safe_globals([...]).",
+        false_positives="None.",
+    ),
+    fix=(
+        "If you trust the file: torch.load(path, map_location='cpu', weights_only=False).",
+        "Or allowlist the class named in the error: "
+        "torch.serialization.add_safe_globals([TheClass]).",
+    ),
+    positive=(
+        "WeightsUnpickler error: Unsupported global: GLOBAL numpy.core.multiarray._reconstruct "
+        "was not an allowed global by default.",
+    ),
+    negative=("_pickle.UnpicklingError: invalid load key, '<'.",),
+)
+
+RULES = (DATA_ERROR, DISK_FULL, DATALOADER_WORKER_KILLED, MISSING_MODULE, WEIGHTS_ONLY)

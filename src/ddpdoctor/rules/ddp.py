@@ -1,0 +1,223 @@
+"""DistributedDataParallel reducer and construction errors (torch/csrc/distributed/c10d/reducer.cpp,
+torch/nn/parallel/distributed.py)."""
+
+from __future__ import annotations
+
+from ddpdoctor.rules.base import Explanation, Rule, Signature
+
+DDP_UNUSED_PARAMETERS = Rule(
+    code="DDP101",
+    kind="ddp-unused-parameters",
+    title="DDP reducer did not get gradients for some parameters",
+    sources="reducer.cpp Reducer::ensure_prior_reduction_finished()",
+    signatures=(
+        Signature(r"Expected to have finished reduction in the prior iteration"),
+        Signature(
+            r"Parameters which did not receive grad for rank (?P<rank>\d+): (?P<params>.+)",
+            "Parameters which did not receive grad",
+        ),
+        Signature(
+            r"Parameter indices which did not receive grad for rank (?P<rank>\d+): (?P<indices>.+)",
+            "Parameter indices which did not receive grad",
+        ),
+    ),
+    explanation=Explanation(
+        what="A DDP iteration started before the previous one had reduced the gradients of "
+        "every parameter.",
+        why="Some parameters took no part in computing the loss on this rank: a branch of "
+        "forward() that was skipped, a head that is only used on some steps, a loss computed "
+        "only on some ranks (e.g. a batch filtered to nothing), or outputs of forward() that DDP "
+        "cannot see. DDP waits for their gradients forever.",
+        fix="Make every trainable parameter take part in the loss on every rank, freeze the "
+        "unused ones (requires_grad=False), or pass find_unused_parameters=True to "
+        "DistributedDataParallel. Set TORCH_DISTRIBUTED_DEBUG=INFO to have the parameter names "
+        "printed (DETAIL adds more, but crashes DDP on gloo in torch 2.13).",
+        false_positives="None known: the message is only printed by the DDP reducer.",
+    ),
+    fix=(
+        "Run once with TORCH_DISTRIBUTED_DEBUG=INFO to print the names of the unused parameters.",
+        "Freeze parameters that are not used (param.requires_grad_(False)) or make them take "
+        "part in the loss on every rank and step.",
+        "Or wrap with DistributedDataParallel(model, find_unused_parameters=True) (slower).",
+    ),
+    references=("https://pytorch.org/docs/stable/notes/ddp.html",),
+    positive=(
+        "RuntimeError: Expected to have finished reduction in the prior iteration before "
+        "starting a new one. This error indicates that your module has parameters that were "
+        "not used in producing loss.",
+        "Parameter indices which did not receive grad for rank 0: 1",
+    ),
+    negative=(
+        "[W reducer.cpp:1346] Warning: find_unused_parameters=True was specified in DDP "
+        "constructor, but did not find any unused parameters in the forward pass.",
+    ),
+)
+
+DDP_MARK_READY_TWICE = Rule(
+    code="DDP102",
+    kind="ddp-mark-ready-twice",
+    title="DDP saw a parameter's gradient twice in one iteration",
+    sources="reducer.cpp Reducer::mark_variable_ready()",
+    signatures=(
+        Signature(r"Expected to mark a variable ready only once"),
+        Signature(
+            r"Parameter at index (?P<index>\d+)(?: with name (?P<params>\S+))? has been marked "
+            r"as ready twice",
+            "has been marked as ready twice",
+        ),
+    ),
+    explanation=Explanation(
+        what="An autograd hook fired twice for the same parameter within one backward pass.",
+        why="Reentrant activation checkpointing (torch.utils.checkpoint with use_reentrant=True) "
+        "wraps the same layers more than once, a parameter is shared and used in several "
+        "concurrent forward/backward passes, or a parameter is used outside forward().",
+        fix="Use torch.utils.checkpoint.checkpoint(..., use_reentrant=False); or call "
+        "model._set_static_graph() (static_graph=True) when the graph does not change; "
+        "do not reuse parameters across concurrent passes.",
+        false_positives="None known.",
+    ),
+    fix=(
+        "Pass use_reentrant=False to torch.utils.checkpoint.checkpoint (or "
+        "gradient_checkpointing_enable(gradient_checkpointing_kwargs={'use_reentrant': False})).",
+        "If the graph is the same every step: DistributedDataParallel(model, static_graph=True).",
+    ),
+    references=("https://pytorch.org/docs/stable/checkpoint.html",),
+    positive=(
+        "RuntimeError: Expected to mark a variable ready only once. This error is caused by "
+        "one of the following reasons: 1) Use of a module parameter outside the `forward` "
+        "function.",
+    ),
+    negative=(
+        "RuntimeError: Expected to have finished reduction in the prior iteration before "
+        "starting a new one.",
+    ),
+)
+
+DDP_GRAD_STRIDES = Rule(
+    code="DDP103",
+    kind="ddp-grad-strides",
+    title="Gradient strides do not match DDP bucket views (performance)",
+    sources="reducer.cpp copy_grad_to_bucket / mark_variable_ready_dense",
+    severity="warning",
+    signatures=(Signature(r"Grad strides do not match bucket view strides"),),
+    explanation=Explanation(
+        what="DDP copies a gradient whose memory layout differs from its bucket view.",
+        why="A parameter is not contiguous or changed layout after DDP was built (channels_last, "
+        "a transposed weight, a view). Each step pays an extra copy.",
+        fix="Make parameters contiguous (or convert the model to channels_last) before wrapping "
+        "it in DDP; pass gradient_as_bucket_view=True. For 1x1 convolutions the warning is "
+        "often spurious.",
+        false_positives="1x1 kernels: strides differ only nominally and nothing is lost.",
+    ),
+    fix=(
+        "Convert the model's memory format (model.to(memory_format=...)) before "
+        "DistributedDataParallel(...), not after.",
+        "Make transposed or viewed parameters .contiguous() before wrapping.",
+    ),
+    positive=(
+        "[W reducer.cpp:313] Warning: Grad strides do not match bucket view strides. This may "
+        "indicate grad was not created according to the gradient layout contract",
+    ),
+    negative=("bucket_view.sizes() = [1024, 1024, 1, 1], strides() = [1024, 1, 1, 1]",),
+)
+
+DDP_MODEL_MISMATCH = Rule(
+    code="DDP104",
+    kind="ddp-model-mismatch",
+    title="Ranks built different models",
+    sources="torch/csrc/distributed/c10d/comm.cpp _verify_params_across_processes",
+    signatures=(
+        Signature(
+            r"DDP expects same model across all ranks, but Rank (?P<rank_a>\d+) has "
+            r"(?P<count_a>\d+) params, while rank (?P<rank_b>\d+) has inconsistent "
+            r"(?P<count_b>\d+) params",
+            "DDP expects same model across all ranks",
+        ),
+        # older torch and shape mismatches: "params[0] in this process with sizes [4, 8]
+        # appears not to match sizes of the same param in process 0."
+        Signature(r"appears not to match (?:sizes|strides) of the same param in process 0"),
+    ),
+    explanation=Explanation(
+        what="DDP compared parameter counts or shapes across ranks at construction and they differ.",
+        why="A rank-dependent code path built or froze the model differently (e.g. only rank 0 "
+        "loads a checkpoint that changes the head, requires_grad differs, a config differs per "
+        "node).",
+        fix="Build the same model on every rank before wrapping; load checkpoints on all ranks "
+        "(or broadcast); freeze parameters identically.",
+        false_positives="None known.",
+    ),
+    fix=(
+        "Print sum(p.numel() for p in model.parameters() if p.requires_grad) on every rank "
+        "before DistributedDataParallel(...) and remove the rank-dependent difference.",
+    ),
+    positive=(
+        "RuntimeError: DDP expects same model across all ranks, but Rank 3 has 2247 params, "
+        "while rank 0 has inconsistent 0 params.",
+    ),
+    negative=("Expected to have finished reduction in the prior iteration",),
+)
+
+PROCESS_GROUP_NOT_INITIALIZED = Rule(
+    code="DDP105",
+    kind="process-group-not-initialized",
+    title="torch.distributed used before init_process_group",
+    sources="torch/distributed/distributed_c10d.py _get_default_group",
+    signatures=(
+        Signature(r"Default process group has not been initialized"),
+        Signature(r"Default process group is not initialized"),
+    ),
+    explanation=Explanation(
+        what="A distributed call (DDP, SyncBatchNorm, a collective) ran with no default group.",
+        why="init_process_group() was never called in this process: a single-process run of a "
+        "DDP script, a code path that skips init, or a subprocess that did not inherit it.",
+        fix="Call torch.distributed.init_process_group(backend) first (launch with torchrun), "
+        "or skip DDP/SyncBatchNorm when not distributed (torch.distributed.is_initialized()).",
+        false_positives="None known.",
+    ),
+    fix=(
+        "Launch with torchrun and call torch.distributed.init_process_group() before building "
+        "DistributedDataParallel.",
+        "For single-process runs, guard DDP with `if torch.distributed.is_initialized():`.",
+    ),
+    positive=(
+        "RuntimeError: Default process group has not been initialized, please make sure to "
+        "call init_process_group.",
+    ),
+    negative=("Initializing distributed: GLOBAL_RANK: 0, MEMBER: 1/2",),
+)
+
+UNEVEN_INPUTS = Rule(
+    code="DDP106",
+    kind="uneven-inputs",
+    title="Ranks ran out of data at different steps",
+    sources="torch/distributed/algorithms/join.py, DDP join()",
+    signatures=(
+        Signature(r"Detected at least one rank that exhausted inputs"),
+        Signature(r"rank (?P<rank>\d+) .{0,40}exhausted (?:its )?inputs", "exhausted"),
+    ),
+    explanation=Explanation(
+        what="One rank finished its batches while the others still ran collectives.",
+        why="The dataset is split unevenly (an IterableDataset without per-rank sharding, "
+        "drop_last=False, filtering per rank), so one rank leaves the loop early and the "
+        "others wait for it in the next collective until the timeout.",
+        fix="Give every rank the same number of batches (DistributedSampler with drop_last=True, "
+        "equal shards), or wrap the loop in `with model.join():`.",
+        false_positives="None known for the join message itself.",
+    ),
+    fix=(
+        "Use DistributedSampler(dataset, drop_last=True) or shard iterable datasets to equal "
+        "lengths per rank.",
+        "Or train inside `with ddp_model.join():` so ranks that finish early shadow the others.",
+    ),
+    positive=("RuntimeError: Detected at least one rank that exhausted inputs. Throwing across all ranks.",),
+    negative=("Epoch 3: 100%|##########| 250/250 [00:10<00:00]",),
+)
+
+RULES = (
+    DDP_UNUSED_PARAMETERS,
+    DDP_MARK_READY_TWICE,
+    DDP_GRAD_STRIDES,
+    DDP_MODEL_MISMATCH,
+    PROCESS_GROUP_NOT_INITIALIZED,
+    UNEVEN_INPUTS,
+)

@@ -1,0 +1,315 @@
+"""Launcher and process-exit evidence: torchrun/torchelastic worker exits and signals, the
+launcher's own errors (arguments, environment, entrypoint, rendezvous), Slurm terminations.
+Per-rank exit codes themselves are job facts (analysis/facts.py); these rules give them a kind."""
+
+from __future__ import annotations
+
+from ddpdoctor.rules.base import Explanation, Rule, Signature
+
+HOST_OOM_KILL = Rule(
+    code="LCH101",
+    kind="host-oom",
+    title="A worker was killed by SIGKILL (host out of memory)",
+    sources="torchelastic multiprocessing/api.py and errors/__init__.py, DeepSpeed launch.py, "
+    "kernel OOM killer, Slurm",
+    specificity=60,
+    signatures=(
+        Signature(r"failed \(exitcode: -9\) local_rank: (?P<local_rank>\d+)", "failed (exitcode: -9)"),
+        Signature(r"^\s*exitcode\s*: -9\b", "exitcode"),
+        Signature(r"Signal 9 \(SIGKILL\) received by PID (?P<pid>\d+)", "Signal 9 (SIGKILL)"),
+        Signature(r"exits with return code = -9"),
+        Signature(r"Out of memory: Kill(?:ed)? process (?P<pid>\d+)", "Out of memory: Kill"),
+        Signature(r"Memory cgroup out of memory"),
+        # slurmstepd: "Detected 1 oom_kill event in StepId=1234.0"
+        Signature(r"oom_kill events?", "oom_kill event"),
+    ),
+    explanation=Explanation(
+        what="A rank process died from SIGKILL with no Python traceback.",
+        why="Nearly always the kernel or cgroup OOM killer: host RAM ran out (data loaded per "
+        "rank, DataLoader workers, a state dict gathered on CPU at checkpoint time). An admin "
+        "kill or a scheduler limit also sends SIGKILL.",
+        fix="Check `dmesg -T | grep -i 'killed process'` (or the scheduler's oom_kill events); "
+        "lower host memory per rank: fewer DataLoader workers, memory-mapped datasets, "
+        "sharded checkpoint saving, more host RAM.",
+        false_positives="An explicit `kill -9` or a scheduler's hard kill looks the same; "
+        "dmesg tells them apart.",
+    ),
+    fix=(
+        "Confirm on the node: dmesg -T | grep -iE 'killed process|out of memory'.",
+        "Reduce host memory per rank: fewer DataLoader workers (num_workers), memory-mapped "
+        "datasets, save checkpoints sharded or from CPU offload in pieces.",
+        "Ask the scheduler for more memory (Slurm --mem) or use fewer ranks per node.",
+    ),
+    positive=(
+        "ERROR:torch.distributed.elastic.multiprocessing.api:failed (exitcode: -9) local_rank: 3 "
+        "(pid: 812917) of binary: /usr/bin/python",
+        "traceback : Signal 9 (SIGKILL) received by PID 4242",
+    ),
+    negative=(
+        "ERROR:torch.distributed.elastic.multiprocessing.api:failed (exitcode: 1) local_rank: 0 "
+        "(pid: 6067)",
+    ),
+)
+
+LAUNCHER_SIGTERM = Rule(
+    code="LCH102",
+    kind="python-exception",
+    title="Launcher terminated the other workers after a failure",
+    sources="torchelastic multiprocessing/api.py _close",
+    severity="info",
+    cascade=True,
+    specificity=5,
+    signatures=(
+        Signature(r"Sending process (?P<pid>\d+) closing signal SIG(?P<sig>\w+)", "closing signal"),
+        Signature(r"exitcode\s*: -15\b", "exitcode"),
+        Signature(r"Signal 15 \(SIGTERM\) received by PID", "Signal 15 (SIGTERM)"),
+    ),
+    explanation=Explanation(
+        what="torchrun stopped the surviving workers because one worker failed.",
+        why="A consequence, never a cause: look at the worker that failed first.",
+        fix="Find the first failing worker (ddpdoctor does this).",
+        false_positives="None.",
+    ),
+    fix=("Look at the rank that failed before the launcher sent SIGTERM.",),
+    positive=(
+        "WARNING:torch.distributed.elastic.multiprocessing.api:Sending process 812914 closing "
+        "signal SIGTERM",
+    ),
+    negative=("torch.distributed.elastic.multiprocessing.api.SignalException: Process 1 got signal: 15",),
+)
+
+CHILD_FAILED = Rule(
+    code="LCH103",
+    kind="python-exception",
+    title="torchrun reports that a worker failed (ChildFailedError)",
+    sources="torchelastic multiprocessing/errors/__init__.py ChildFailedError",
+    severity="info",
+    cascade=True,
+    specificity=5,
+    signatures=(
+        Signature(r"ChildFailedError"),
+        Signature(r"failed \(exitcode: (?P<code>-?\d+)\) local_rank: (?P<local_rank>\d+)", "failed (exitcode: "),
+    ),
+    explanation=Explanation(
+        what="The launcher's summary of failed workers.",
+        why="A consequence of a worker's failure; its 'Root Cause (first observed failure)' is "
+        "often a victim (a rank killed by SIGTERM, or the survivor of a rank that exited 0).",
+        fix="Read the failing workers' own output; ddpdoctor compares all ranks.",
+        false_positives="None.",
+    ),
+    fix=("Read the output of the worker that failed first, not the launcher's summary.",),
+    positive=("torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",),
+    negative=("Sending process 1 closing signal SIGTERM",),
+)
+
+NATIVE_CRASH = Rule(
+    code="LCH104",
+    kind="native-crash",
+    title="A rank died from a signal without a Python traceback",
+    sources="torchelastic errors/__init__.py, Python faulthandler, libc",
+    specificity=40,
+    signatures=(
+        Signature(r"Signal (?P<signum>11|6|7|4|8) \((?P<sig>SIG\w+)\) received by PID", "received by PID"),
+        Signature(r"^\s*exitcode\s*: -(?P<signum>11|6|7|4|8)\b", "exitcode"),
+        Signature(r"failed \(exitcode: -(?P<signum>11|6|7|4|8)\) local_rank: (?P<local_rank>\d+)", "failed (exitcode: -"),
+        Signature(r"Segmentation fault"),
+        Signature(r"Fatal Python error: (?P<what>\w+)", "Fatal Python error"),
+        Signature(r"terminate called after throwing an instance of"),
+        Signature(r"exits with return code = -(?:11|6|7)", "exits with return code = -"),
+    ),
+    explanation=Explanation(
+        what="A rank died from SIGSEGV/SIGABRT/SIGBUS in native code.",
+        why="A crash in a C/C++/CUDA extension, an ABI mismatch between compiled packages, "
+        "an abort from a library check (gloo/NCCL enforce), or a bus error from /dev/shm.",
+        fix="Re-run with `python -X faulthandler` or `ddpdoctor run` to get the Python stack at "
+        "the crash; check extension versions against torch; look for an abort message above.",
+        false_positives="An abort that follows a clear error message is that error's consequence.",
+    ),
+    fix=(
+        "Re-run with PYTHONFAULTHANDLER=1 (or under `ddpdoctor run`) to get the stack of the crash.",
+        "Rebuild compiled extensions against the installed torch; check for two CUDA/NCCL copies.",
+    ),
+    positive=(
+        "traceback : Signal 11 (SIGSEGV) received by PID 4242",
+        "Fatal Python error: Segmentation fault",
+    ),
+    negative=("traceback : Signal 9 (SIGKILL) received by PID 4242",),
+)
+
+LOCAL_RANK_ARGUMENT = Rule(
+    code="LCH105",
+    kind="local-rank-argument",
+    title="Script does not accept the --local_rank/--local-rank argument",
+    sources="argparse, torch/distributed/launch.py",
+    specificity=90,
+    signatures=(
+        Signature(
+            r"error: unrecognized arguments: .*?--local[-_]rank(?:=(?P<local_rank>\d+))?",
+            "error: unrecognized arguments: ",
+        ),
+    ),
+    explanation=Explanation(
+        what="argparse rejected the --local-rank (or --local_rank) argument.",
+        why="torch.distributed.launch passes --local-rank=N (hyphen since torch 2.0) while the "
+        "script declares only --local_rank, or the script declares none; torchrun passes no "
+        "argument at all and sets LOCAL_RANK in the environment instead.",
+        fix="Launch with torchrun and read int(os.environ['LOCAL_RANK']); or declare both "
+        "spellings: parser.add_argument('--local-rank', '--local_rank', type=int, default=0).",
+        false_positives="None.",
+    ),
+    fix=(
+        "Use torchrun and local_rank = int(os.environ['LOCAL_RANK']).",
+        "Or: parser.add_argument('--local-rank', '--local_rank', dest='local_rank', type=int, "
+        "default=0).",
+    ),
+    positive=("train.py: error: unrecognized arguments: --local-rank=4",),
+    negative=("train.py: error: unrecognized arguments: --lr=0.1",),
+)
+
+LAUNCHER_ENV_MISSING = Rule(
+    code="LCH106",
+    kind="launcher-env-missing",
+    title="Distributed environment variables are missing (not started by a launcher)",
+    sources="torch/distributed/rendezvous.py _env_rendezvous_handler, user code",
+    specificity=85,
+    signatures=(
+        Signature(
+            r"environment variable (?P<var>RANK|WORLD_SIZE|MASTER_ADDR|MASTER_PORT|LOCAL_RANK) "
+            r"expected, but not set",
+            "expected, but not set",
+        ),
+        Signature(r"KeyError: '(?P<var>RANK|LOCAL_RANK|WORLD_SIZE|MASTER_ADDR|MASTER_PORT)'", "KeyError: '"),
+        Signature(r"Error initializing torch\.distributed using env:// rendezvous", "Error initializing torch.distributed"),
+    ),
+    explanation=Explanation(
+        what="The script expected RANK/WORLD_SIZE/MASTER_ADDR/LOCAL_RANK in the environment.",
+        why="It was started with plain `python` instead of torchrun/srun/deepspeed, or a "
+        "launcher that does not export those variables.",
+        fix="Start it with torchrun (torchrun --nproc-per-node=N train.py), or map the "
+        "scheduler's variables (SLURM_PROCID -> RANK, ...).",
+        false_positives="None.",
+    ),
+    fix=(
+        "Launch with: torchrun --nproc-per-node=N train.py (it sets RANK, LOCAL_RANK, WORLD_SIZE, "
+        "MASTER_ADDR, MASTER_PORT).",
+        "Under Slurm without torchrun: export RANK=$SLURM_PROCID LOCAL_RANK=$SLURM_LOCALID "
+        "WORLD_SIZE=$SLURM_NTASKS and MASTER_ADDR/MASTER_PORT.",
+    ),
+    positive=(
+        "ValueError: Error initializing torch.distributed using env:// rendezvous: environment "
+        "variable RANK expected, but not set",
+        "KeyError: 'LOCAL_RANK'",
+    ),
+    negative=("KeyError: 'model_state'",),
+)
+
+ENTRYPOINT_NOT_FOUND = Rule(
+    code="LCH107",
+    kind="entrypoint-not-found",
+    title="The launcher was given a script or module that does not exist",
+    sources="CPython main (can't open file), runpy",
+    specificity=90,
+    signatures=(
+        Signature(r"can't open file '(?P<path>[^']+)': \[Errno 2\] No such file or directory", "can't open file"),
+        Signature(r"(?:python[\d.]*|bin/\w+): No module named (?P<module>[\w.]+)\s*$", ": No module named "),
+        Signature(r"Error while finding module specification for '(?P<module>[^']+)'", "Error while finding module specification"),
+    ),
+    explanation=Explanation(
+        what="Python could not find the training script or module given to the launcher.",
+        why="A wrong path relative to the working directory of each node, a typo, or a module "
+        "name given without -m (or with -m for a file).",
+        fix="Use an absolute path that exists on every node, or `-m package.module` from the "
+        "right working directory.",
+        false_positives="None.",
+    ),
+    fix=(
+        "Check the path exists on every node: ls -l PATH; pass an absolute path to torchrun.",
+        "For modules use `torchrun ... -m package.module` and run from the project root.",
+    ),
+    positive=(
+        "/usr/bin/python3: can't open file '/work/tarin.py': [Errno 2] No such file or directory",
+    ),
+    negative=("FileNotFoundError: [Errno 2] No such file or directory: 'data/train.json'",),
+)
+
+RENDEZVOUS_FAILURE = Rule(
+    code="LCH108",
+    kind="rendezvous-failure",
+    title="Ranks could not meet at the rendezvous (TCPStore / c10d)",
+    sources="torch/csrc/distributed/c10d/socket.cpp, TCPStore.cpp, elastic/rendezvous",
+    specificity=75,
+    signatures=(
+        Signature(r"The client socket has timed out after (?P<after>\w+) while trying to connect to (?P<endpoint>\S+)", "The client socket has timed out"),
+        Signature(r"The server socket has failed to (?:listen|bind)"),
+        Signature(r"RendezvousConnectionError"),
+        Signature(r"RendezvousTimeoutError"),
+        Signature(r"RendezvousClosedError"),
+        Signature(r"DistNetworkError"),
+        Signature(r"EADDRINUSE|[Aa]ddress already in use", "ddress already in use"),
+        Signature(r"The client socket has failed to connect to"),
+        Signature(r"Timed out after \d+ seconds waiting for clients", "waiting for clients"),
+    ),
+    explanation=Explanation(
+        what="The ranks could not reach the rendezvous store (MASTER_ADDR:MASTER_PORT or "
+        "--rdzv-endpoint) or it could not start.",
+        why="A wrong or unreachable MASTER_ADDR/endpoint, a port already in use (a stale job), "
+        "a firewall, nodes started too far apart, or a different --nnodes on each node.",
+        fix="Use the master node's reachable address and a free port on every node; kill stale "
+        "jobs on that port; start all nodes within the rendezvous timeout.",
+        false_positives="None.",
+    ),
+    fix=(
+        "Check MASTER_ADDR/--rdzv-endpoint is the master's address reachable from every node "
+        "(nc -zv ADDR PORT) and the port is free (ss -ltnp | grep PORT).",
+        "Use the same --nnodes/--nproc-per-node/--rdzv-id on every node; start them together.",
+    ),
+    positive=(
+        "[E socket.cpp:860] [c10d] The client socket has timed out after 60s while trying to "
+        "connect to 10.20.0.1:1234",
+        "torch.distributed.DistNetworkError: The server socket has failed to listen on any local "
+        "network address. port: 29500, useIpv6: 0, code: -98, name: EADDRINUSE, message: "
+        "address already in use",
+    ),
+    negative=("Connection closed by peer [127.0.0.1]:29500",),
+)
+
+SLURM_TERMINATED = Rule(
+    code="LCH109",
+    kind="preempted",
+    title="The scheduler ended the job (time limit, preemption, cancel)",
+    sources="slurmstepd, torchelastic SignalException",
+    specificity=65,
+    signatures=(
+        Signature(
+            r"\*\*\* (?:JOB|STEP) [\d.]+ ON \S+ CANCELLED AT \S+ DUE TO (?P<reason>TIME LIMIT|PREEMPTION) \*\*\*",
+            "CANCELLED AT",
+        ),
+        Signature(r"SignalException: Process \d+ got signal: (?P<signum>15|10|12)", "SignalException"),
+        Signature(r"DUE TO (?P<reason>TIME LIMIT|PREEMPTION)", "DUE TO "),
+    ),
+    explanation=Explanation(
+        what="The scheduler stopped the job: time limit, preemption or cancellation.",
+        why="The job ran longer than its allocation or was preempted by higher-priority work; "
+        "torchrun received SIGTERM and passed it on.",
+        fix="Checkpoint regularly and resume (requeue), or ask for a longer time limit.",
+        false_positives="A SIGTERM sent by a user looks the same in torchrun's output.",
+    ),
+    fix=(
+        "Save checkpoints periodically and resume on restart (Slurm --requeue / --signal=USR1@120).",
+        "Ask for a longer time limit (--time) if the job simply needs it.",
+    ),
+    positive=("slurmstepd: error: *** JOB 1234 ON node01 CANCELLED AT 2024-01-01T00:00:00 DUE TO TIME LIMIT ***",),
+    negative=("slurmstepd: error: Detected 1 oom_kill event in StepId=1234.0",),
+)
+
+RULES = (
+    HOST_OOM_KILL,
+    LAUNCHER_SIGTERM,
+    CHILD_FAILED,
+    NATIVE_CRASH,
+    LOCAL_RANK_ARGUMENT,
+    LAUNCHER_ENV_MISSING,
+    ENTRYPOINT_NOT_FOUND,
+    RENDEZVOUS_FAILURE,
+    SLURM_TERMINATED,
+)

@@ -1,0 +1,46 @@
+"""The one table of every rule. Codes are stable and never reused; a new rule is one line here
+plus its own module entry and examples."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from ddpdoctor.rules import collectives, cuda, data, ddp, generic, launch, transport
+from ddpdoctor.rules.base import Rule, RuleDefinitionError
+
+FAMILIES = (ddp, collectives, transport, cuda, launch, data, generic)
+
+
+@lru_cache(maxsize=1)
+def all_rules() -> tuple[Rule, ...]:
+    rules: list[Rule] = []
+    seen: set[str] = set()
+    for family in FAMILIES:
+        for rule in family.RULES:
+            if rule.code in seen:
+                raise RuleDefinitionError(f"duplicate rule code {rule.code}")
+            seen.add(rule.code)
+            rules.append(rule)
+    return tuple(rules)
+
+
+def rules_by_code() -> dict[str, Rule]:
+    return {r.code: r for r in all_rules()}
+
+
+def find_rules(query: str) -> list[Rule]:
+    """Rules named by code (DDP101), code prefix (DDP1), kind slug, or matching a log text."""
+    q = query.strip()
+    by_code = [r for r in all_rules() if r.code.upper() == q.upper()]
+    if by_code:
+        return by_code
+    by_kind = [r for r in all_rules() if r.kind == q.lower()]
+    if by_kind:
+        return by_kind
+    if q.isalnum() and q[:2].isalpha() and len(q) <= 6:
+        by_prefix = [r for r in all_rules() if r.code.upper().startswith(q.upper())]
+        if by_prefix:
+            return by_prefix
+    matched = [r for r in all_rules() if r.match(q) and r.context_ok(q) or r.match(q)]
+    matched.sort(key=lambda r: -r.specificity)
+    return matched

@@ -1,0 +1,173 @@
+"""Transport errors between ranks: peers that vanished (gloo/NCCL sockets), InfiniBand and
+peer-to-peer faults, socket interface selection. Whether a closed connection is a network fault
+or a dead peer is decided in analysis, not here."""
+
+from __future__ import annotations
+
+from ddpdoctor.rules.base import Explanation, Rule, Signature
+
+BISECTION_FIX = (
+    "Bisect the transport: rerun with NCCL_IB_DISABLE=1; if it still fails, also "
+    "NCCL_P2P_DISABLE=1 (`ddpdoctor check --nproc-per-node N` does this for you).",
+    "If NCCL_P2P_DISABLE=1 fixes it: check `nvidia-smi topo -m` (NVLink/PCIe paths), ACS and "
+    "IOMMU settings, and the driver version.",
+    "If NCCL_IB_DISABLE=1 fixes it: check the IB NICs (ibstat, link state), `ulimit -l` "
+    "(memlock) and set NCCL_SOCKET_IFNAME / NCCL_IB_HCA to the right devices.",
+)
+
+PEER_CLOSED = Rule(
+    code="NET101",
+    kind="nccl-network",
+    title="Connection to a peer rank closed or reset",
+    sources="gloo/transport/tcp/pair.cc, NCCL socket.cc, ProcessGroupNCCL service thread",
+    cascade=True,
+    specificity=20,
+    signatures=(
+        Signature(r"Connection closed by peer"),
+        Signature(r"Connection reset by peer"),
+        Signature(r"Connection closed by localRank (?P<peer_local_rank>\d+)", "Connection closed by localRank"),
+        Signature(r"remote process exited or there was a network error"),
+        Signature(r"ncclRemoteError"),
+        Signature(r"Broken pipe"),
+    ),
+    explanation=Explanation(
+        what="A rank lost its TCP/NCCL connection to a peer.",
+        why="Nearly always because the peer process died or exited (an error, an OOM kill, "
+        "an early sys.exit). Only when every peer is alive is it a network fault.",
+        fix="Find the peer that died first: its last lines hold the cause. If all ranks were "
+        "alive, bisect the transport.",
+        false_positives="The same text appears for a crashed peer and for a real network fault.",
+    ),
+    fix=(
+        "Read the logs of every rank: the rank that stopped first is the cause.",
+        *BISECTION_FIX,
+    ),
+    positive=(
+        "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed "
+        "by peer [127.0.0.1]:23456",
+        "socketProgressOpt: Call to recv from 10.20.0.4<33759> failed : Connection reset by peer",
+    ),
+    negative=("NCCL INFO Connected all rings",),
+)
+
+IB_ERROR = Rule(
+    code="NET102",
+    kind="nccl-network",
+    title="InfiniBand / RoCE transport error",
+    sources="NCCL net_ib.cc",
+    specificity=70,
+    signatures=(
+        Signature(r"NET/IB ?: Got completion from peer", "Got completion from peer"),
+        Signature(r"IBV_WC_RETRY_EXC_ERR"),
+        Signature(r"transport retry counter exceeded"),
+        Signature(r"NET/IB.{0,40}(?:ibv_\w+ failed|Unable to|error)", "NET/IB"),
+        Signature(r"ibv_reg_mr.{0,80}failed|ibv_create_qp.{0,80}failed", "ibv_"),
+    ),
+    explanation=Explanation(
+        what="NCCL's InfiniBand transport reported a completion error or a failed verbs call.",
+        why="A faulty cable, switch port or NIC, a link flapping, a too small memlock limit "
+        "(ibv_reg_mr), or mismatched IB configuration across nodes.",
+        fix="Identify the host pair in the message, check `ibstat`/link counters on both, raise "
+        "`ulimit -l` to unlimited, and test with NCCL_IB_DISABLE=1 to confirm.",
+        false_positives="ibv_reg_mr failures are configuration (memlock), not hardware.",
+    ),
+    fix=BISECTION_FIX,
+    positive=(
+        "NCCL WARN NET/IB : Got completion from peer 10.0.0.5<42115> with error 12, opcode 0, "
+        "len 0, vendor err 129",
+    ),
+    negative=("NCCL INFO NET/IB : Using [0]mlx5_0:1/IB ; OOB ib0:10.0.0.5<0>",),
+)
+
+P2P_ERROR = Rule(
+    code="NET103",
+    kind="nccl-p2p",
+    title="GPU peer-to-peer / IPC transport failure inside a node",
+    sources="NCCL transport/p2p.cc, CUDA runtime",
+    specificity=70,
+    signatures=(
+        Signature(r"peer access is not supported between these two devices"),
+        Signature(r"cudaIpcOpenMemHandle"),
+        Signature(r"P2P/IPC.{0,60}(?:failed|error)", "P2P/IPC"),
+    ),
+    explanation=Explanation(
+        what="NCCL could not use direct GPU-to-GPU copies (P2P/NVLink/IPC) inside a node.",
+        why="ACS or IOMMU enabled on the PCIe switches, a driver regression, GPUs split across "
+        "containers, or broken NVLink.",
+        fix="Confirm with NCCL_P2P_DISABLE=1; check `nvidia-smi topo -m`, disable ACS / set "
+        "iommu=pt, update or roll back the driver.",
+        false_positives="None known.",
+    ),
+    fix=BISECTION_FIX,
+    positive=("NCCL WARN Cuda failure 'peer access is not supported between these two devices'",),
+    negative=("NCCL INFO Channel 00 : 0[0] -> 1[1] via P2P/IPC",),
+)
+
+SOCKET_INTERFACE = Rule(
+    code="NET104",
+    kind="nccl-socket-interface",
+    title="No usable network interface for NCCL / gloo",
+    sources="NCCL bootstrap.cc / socket.cc, gloo/transport/tcp/device.cc",
+    specificity=70,
+    signatures=(
+        Signature(r"no socket interface found"),
+        Signature(r"Unable to find address for: ?(?P<ifname>\S+)", "Unable to find address for"),
+        Signature(r"neither AF_INET"),
+        Signature(r"ifa != nullptr"),
+        Signature(r"No usable listening interface found"),
+    ),
+    explanation=Explanation(
+        what="NCCL or gloo could not find the network interface it was told to use.",
+        why="NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME names an interface that does not exist on "
+        "this node (names differ between nodes: eth0 vs eno1), or no interface is up.",
+        fix="List interfaces with `ip -br addr` on every node and set NCCL_SOCKET_IFNAME / "
+        "GLOO_SOCKET_IFNAME to one that exists everywhere (comma list or prefix, e.g. `eno,eth`); "
+        "`lo` only works on a single node.",
+        false_positives="None known.",
+    ),
+    fix=(
+        "Run `ip -br addr` on every node; set NCCL_SOCKET_IFNAME (and GLOO_SOCKET_IFNAME) to an "
+        "interface that exists on all of them, e.g. NCCL_SOCKET_IFNAME=eth0,eno1 or a prefix.",
+        "Or unset it and let NCCL choose; `ddpdoctor check` tries each interface for you.",
+    ),
+    positive=(
+        "RuntimeError: [enforce fail at ../third_party/gloo/gloo/transport/tcp/device.cc:84] "
+        "ifa != nullptr. Unable to find address for: eth7",
+        "NCCL WARN Bootstrap : no socket interface found",
+    ),
+    negative=("NCCL INFO NET/Socket : Using [0]eth0:10.0.0.5<0>",),
+)
+
+NCCL_SYSTEM_ERROR = Rule(
+    code="NET105",
+    kind="nccl-socket-interface",
+    title="NCCL 'unhandled system error' (a socket, shm or sysfs call failed)",
+    sources="ProcessGroupNCCL.cpp C10D_NCCL_CHECK, NCCL ncclSystemError",
+    specificity=40,
+    signatures=(
+        Signature(r"unhandled system error"),
+        Signature(r"ncclSystemError"),
+    ),
+    explanation=Explanation(
+        what="An NCCL call failed because a system call failed; most often while NCCL "
+        "connects ranks (socket interface selection) and sometimes shared memory in containers.",
+        why="Nodes pick different or unreachable interfaces (NCCL_SOCKET_IFNAME naming `lo` or "
+        "an interface missing on one node), a firewall, or /dev/shm too small in a container.",
+        fix="Re-run with NCCL_DEBUG=INFO to see the failing call; set NCCL_SOCKET_IFNAME to an "
+        "interface every node has; in containers give /dev/shm room (--shm-size / --ipc=host).",
+        false_positives="The same code covers other system-call failures; NCCL_DEBUG=INFO says which.",
+    ),
+    fix=(
+        "Re-run with NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET to see the failing system call.",
+        "Set NCCL_SOCKET_IFNAME to interfaces that exist on every node (e.g. eno1,eth0); never "
+        "`lo` across nodes.",
+        "In containers, enlarge /dev/shm (docker --shm-size=16g or --ipc=host).",
+    ),
+    positive=(
+        "RuntimeError: NCCL error in: /pytorch/torch/lib/c10d/ProcessGroupNCCL.cpp:410, "
+        "unhandled system error, NCCL version 2.4.8",
+    ),
+    negative=("NCCL error in: ProcessGroupNCCL.cpp:1691, invalid usage",),
+)
+
+RULES = (PEER_CLOSED, IB_ERROR, P2P_ERROR, SOCKET_INTERFACE, NCCL_SYSTEM_ERROR)

@@ -1,0 +1,163 @@
+"""The end of a supervised run: call the post-mortem diagnosis on the run folder, add what only
+the supervisor knows (exact exit codes, hangs and their stacks, drops), write report.json/.txt.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from typing import TYPE_CHECKING, Any
+
+from ddpdoctor.supervise.rundir import RunDir
+
+if TYPE_CHECKING:
+    from ddpdoctor.supervise.watchdog import Hang
+
+SCHEMA = "ddpdoctor.report/v1"
+
+
+def _signal_name(code: int) -> str | None:
+    try:
+        return signal.Signals(-code).name if code < 0 else None
+    except ValueError:
+        return f"SIG{-code}"
+
+
+def _diagnose(rundir: RunDir) -> tuple[dict[str, Any] | None, str, str | None]:
+    """(report dict, rendered text, error) from the lead's post-mortem API when it exists."""
+    try:
+        from ddpdoctor.analysis.diagnose import diagnose_paths
+        from ddpdoctor.report.render import render
+        from ddpdoctor.report.to_json import report_to_dict
+    except ImportError as exc:
+        return None, "", f"diagnosis unavailable: {exc}"
+    try:
+        report = diagnose_paths([str(rundir.root)])
+        return report_to_dict(report), render(report, "text"), None
+    except Exception as exc:
+        return None, "", f"diagnosis failed: {type(exc).__name__}: {exc}"
+
+
+def _fallback(code: int, hung: bool) -> dict[str, Any]:
+    status = "hung" if hung else ("ok" if code == 0 else "failed")
+    return {
+        "schema": SCHEMA,
+        "tool": {"name": "ddpdoctor", "version": _version()},
+        "verdict": {
+            "status": status,
+            "kind": "hang" if hung else None,
+            "category": None,
+            "rule": None,
+            "title": "",
+            "confidence": 0.0,
+            "culprit": {"ranks": [], "hosts": []},
+            "summary": "",
+            "fix": [],
+            "evidence": [],
+        },
+        "findings": [],
+        "job": {
+            "world_size": None,
+            "ranks_seen": [],
+            "ranks_missing": [],
+            "hosts": [],
+            "exit": {"code": None, "signal": None, "per_rank": {}},
+        },
+        "sources": [],
+    }
+
+
+def _version() -> str:
+    try:
+        from ddpdoctor import __version__
+
+        return str(__version__)
+    except ImportError:
+        return "unknown"
+
+
+def finish_report(
+    rundir: RunDir,
+    code: int,
+    per_rank: dict[int, int],
+    hangs: list[Hang],
+    killed_for_hang: bool,
+    drops: dict[str, int],
+    progress: dict[str, Any],
+) -> tuple[dict[str, Any], str]:
+    report, text, error = _diagnose(rundir)
+    if report is None:
+        report = _fallback(code, killed_for_hang)
+    job = report.setdefault("job", {})
+    exit_ = job.setdefault("exit", {})
+    exit_["code"] = 128 - code if code < 0 else code
+    exit_["signal"] = _signal_name(code)
+    merged = {str(k): v for k, v in (exit_.get("per_rank") or {}).items()}
+    merged.update({str(k): v for k, v in per_rank.items()})  # observed beats parsed
+    exit_["per_rank"] = merged
+    last = hangs[-1] if hangs else None
+    if killed_for_hang and last is not None:
+        d = last.diagnosis
+        report["verdict"] = {
+            **report.get("verdict", {}),
+            "status": "hung",
+            "kind": d.taxonomy_kind,
+            "category": report.get("verdict", {}).get("category") or "unknown",
+            "rule": "RUN-HANG",
+            "title": f"Hang ({d.kind}) detected by ddpdoctor run",
+            "confidence": 0.8 if d.culprits else 0.5,
+            "culprit": {"ranks": d.culprits, "hosts": []},
+            "summary": d.summary,
+            "evidence": [
+                {
+                    "source": str(rundir.stacks_dir / f"hang-{len(hangs)}.txt"),
+                    "line": 1,
+                    "rank": None,
+                    "host": None,
+                    "time": last.detected_at,
+                    "text": d.summary,
+                }
+            ],
+        }
+    elif code == 0 and all(v == 0 for v in per_rank.values()):
+        report.setdefault("verdict", {})["status"] = report["verdict"].get("status") or "ok"
+    report["supervisor"] = {
+        "run_dir": str(rundir.root),
+        "hangs": [
+            {
+                "detected_at": h.detected_at,
+                "idle_s": round(h.idle_s, 3),
+                "stalled": h.stalled,
+                "collect_s": round(h.collect_s, 3),
+                **h.diagnosis.as_dict(),
+            }
+            for h in hangs
+        ],
+        "killed_for_hang": killed_for_hang,
+        "drops": drops,
+        "progress": progress,
+        "diagnosis_error": error,
+    }
+    lines = [text.rstrip()] if text else []
+    lines.append("")
+    lines.append(
+        f"ddpdoctor run: exit code {exit_['code']}"
+        + (f" ({exit_['signal']})" if exit_["signal"] else "")
+        + (", per rank " + ", ".join(f"{k}: {v}" for k, v in merged.items()) if merged else "")
+    )
+    for h in hangs:
+        lines.append(h.text)
+    if killed_for_hang:
+        lines.append("the job was ended by ddpdoctor (--on-hang kill)")
+    if any(drops.values()):
+        lines.append(f"output drops: {drops}")
+    if error:
+        lines.append(error)
+    lines.append(f"run folder: {rundir.root}")
+    full = "\n".join(lines).lstrip("\n") + "\n"
+    try:
+        rundir.report_json.write_text(json.dumps(report, indent=2, default=str) + "\n")
+        rundir.report_txt.write_text(full, encoding="utf-8")
+    except OSError:
+        pass
+    return report, full

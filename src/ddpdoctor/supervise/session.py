@@ -1,0 +1,185 @@
+"""One supervised run, start to finish: run folder, child, capture, watchdog, signal forwarding,
+then the end-of-job diagnosis written as report.json/report.txt. Returns values; never prints
+(the CLI passes `notify`).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from ddpdoctor.errors import SupervisorError
+from ddpdoctor.supervise import inject
+from ddpdoctor.supervise.capture import Capture
+from ddpdoctor.supervise.child import FORWARDED, Child, shell_code, spawn
+from ddpdoctor.supervise.progress import ProgressTracker
+from ddpdoctor.supervise.report import finish_report
+from ddpdoctor.supervise.rundir import RunDir
+from ddpdoctor.supervise.watchdog import Watchdog
+
+LABEL_TEMPLATE = "[rank${rank}]:"
+
+
+@dataclass
+class RunOptions:
+    argv: list[str]
+    run_dir: Path
+    hang_after_s: float | None = None
+    on_hang: str = "report"
+    stacks: str = "auto"
+    inject: bool = True
+    label_ranks: bool = False
+    grace_s: float = 5.0
+    echo: bool = True
+    notify: Callable[[str], None] = lambda _text: None
+
+
+@dataclass
+class RunResult:
+    exit_code: int
+    run_dir: Path
+    report_text: str
+    report: dict[str, Any]
+    hangs: int = 0
+    per_rank: dict[int, int] = field(default_factory=dict)
+    drops: dict[str, int] = field(default_factory=dict)
+
+
+def is_torchrun(argv: Sequence[str]) -> int | None:
+    """Index after which torchrun options may be inserted, or None if this is not torchrun."""
+    if argv and Path(argv[0]).name == "torchrun":
+        return 1
+    for i, a in enumerate(argv[:-1]):
+        if a == "-m" and argv[i + 1] in ("torch.distributed.run", "torch.distributed.launch"):
+            return i + 2
+    return None
+
+
+def with_rank_labels(argv: list[str]) -> list[str]:
+    """Ask torchrun to prefix every line with `[rankN]:` unless the user chose tee/redirects."""
+    at = is_torchrun(argv)
+    if at is None or any(
+        a.startswith(("--tee", "-t", "--redirects", "-r")) for a in argv[1 : at + 8]
+    ):
+        return argv
+    return [*argv[:at], "--tee", "3", "--log-line-prefix-template", LABEL_TEMPLATE, *argv[at:]]
+
+
+def run_job(opts: RunOptions) -> RunResult | SupervisorError:
+    rundir = RunDir(opts.run_dir)
+    try:
+        rundir.create()
+        inject_root = inject.prepare()
+    except OSError as exc:
+        return SupervisorError(f"cannot create the run folder {opts.run_dir}: {exc}")
+    argv = with_rank_labels(opts.argv) if opts.label_ranks else list(opts.argv)
+    env = inject.job_env(
+        dict(os.environ), inject_root, rundir.stacks_dir, opts.inject and opts.stacks != "py-spy"
+    )
+    progress = ProgressTracker(opts.hang_after_s, inject_root / "heartbeats")
+    run_id = uuid.uuid4().hex
+    started = time.monotonic()
+    child = spawn(argv, env, run_id, guardian_grace_s=opts.grace_s)
+    if isinstance(child, SupervisorError):
+        rundir.event("start_failed", argv=argv, error=str(child))
+        shutil.rmtree(inject_root, ignore_errors=True)
+        return child
+    rundir.event(
+        "start",
+        argv=argv,
+        pid=child.pid,
+        run_id=run_id,
+        hang_after_s=opts.hang_after_s,
+        on_hang=opts.on_hang,
+        stacks=opts.stacks,
+        run_dir=str(rundir.root),
+    )
+    received: list[int] = []
+    previous = _forward_signals(child, received, rundir)
+    capture = Capture(rundir, progress, echo=opts.echo)
+    capture.start(child.pipes)
+    child.start_exit_watch()
+    watchdog = Watchdog(
+        child,
+        progress,
+        rundir,
+        opts.on_hang,
+        opts.stacks,
+        inject_root / "armed",
+        opts.grace_s,
+        opts.notify,
+    )
+    watchdog.start()
+    try:
+        code = child.proc.wait()
+    finally:
+        _restore_signals(previous)
+    drained = capture.join(5.0)
+    watchdog.stop()
+    time.sleep(0.06)  # one more exit-watch pass for ranks that died with the agent
+    per_rank = child.per_rank_exit()
+    rundir.event(
+        "exit",
+        code=code,
+        shell_code=shell_code(code),
+        signal=signal.Signals(-code).name if code < 0 else None,
+        per_rank={str(k): v for k, v in per_rank.items()},
+        duration_s=round(time.monotonic() - started, 3),
+        drops=capture.drops.as_dict(),
+        output_drained=drained,
+        signals_received=received,
+    )
+    child.close()
+    shutil.rmtree(inject_root, ignore_errors=True)
+    report, text = finish_report(
+        rundir,
+        code,
+        per_rank,
+        watchdog.hangs,
+        watchdog.killed_for_hang,
+        capture.drops.as_dict(),
+        progress.snapshot(),
+    )
+    return RunResult(
+        shell_code(code),
+        rundir.root,
+        text,
+        report,
+        len(watchdog.hangs),
+        per_rank,
+        capture.drops.as_dict(),
+    )
+
+
+Handler = Callable[[int, FrameType | None], Any] | int | None
+
+
+def _forward_signals(child: Child, received: list[int], rundir: RunDir) -> dict[int, Handler]:
+    def handler(signum: int, _frame: FrameType | None) -> None:
+        received.append(signum)
+        rundir.event("signal_forwarded", signal=signal.Signals(signum).name)
+        child.forward(signum)
+
+    previous: dict[int, Handler] = {}
+    for sig in FORWARDED:
+        try:
+            previous[sig] = signal.signal(sig, handler)
+        except (OSError, ValueError):
+            continue
+    return previous
+
+
+def _restore_signals(previous: dict[int, Handler]) -> None:
+    for sig, old in previous.items():
+        try:
+            signal.signal(sig, old if old is not None else signal.SIG_DFL)
+        except (OSError, ValueError, TypeError):
+            continue

@@ -1,0 +1,125 @@
+"""Hang detection: a thread that watches progress, and on a stall collects every rank's stack,
+groups them, records and reports the diagnosis, and (with on_hang="kill") ends the job.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ddpdoctor.supervise.child import Child
+from ddpdoctor.supervise.progress import ProgressTracker
+from ddpdoctor.supervise.rundir import RunDir, utc_now
+from ddpdoctor.supervise.stacks import (
+    HangDiagnosis,
+    collect,
+    diagnose_stacks,
+    render_hang,
+    write_dumps,
+)
+
+
+@dataclass
+class Hang:
+    detected_at: str
+    idle_s: float
+    stalled: list[str]
+    diagnosis: HangDiagnosis
+    text: str
+    collect_s: float
+
+
+@dataclass
+class Watchdog:
+    child: Child
+    progress: ProgressTracker
+    rundir: RunDir
+    on_hang: str = "report"
+    stack_method: str = "auto"
+    armed_dir: Path | None = None
+    grace_s: float = 5.0
+    notify: Callable[[str], None] = lambda _text: None
+    hangs: list[Hang] = field(default_factory=list)
+    killed_for_hang: bool = False
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="ddpdoctor-watchdog")
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+    def _tick_s(self) -> float:
+        return max(0.2, min(1.0, self.progress.hang_after_s() / 20))
+
+    def _loop(self) -> None:
+        in_episode = False
+        while not self._stop.wait(self._tick_s()):
+            if self.child.proc.poll() is not None:
+                return
+            self.progress.poll_heartbeats()
+            stalled = self.progress.stalled()
+            if stalled is None:
+                if in_episode:
+                    self.rundir.event("progress_resumed")
+                in_episode = False
+                continue
+            if in_episode:
+                continue
+            in_episode = True
+            self.handle(*stalled)
+            if self.on_hang == "kill":
+                self.rundir.event("kill", reason="hang", grace_s=self.grace_s)
+                self.notify(f"ddpdoctor: ending the job (--on-hang kill, grace {self.grace_s} s)")
+                self.killed_for_hang = True
+                self.child.terminate(self.grace_s)
+                return
+
+    def handle(self, idle_s: float, stalled: list[str]) -> Hang:
+        """Dump, group and report the stacks of every rank once per stall episode."""
+        when = utc_now().isoformat()
+        limit = self.progress.hang_after_s()
+        self.rundir.event(
+            "hang_detected", idle_s=round(idle_s, 3), hang_after_s=limit, stalled=stalled
+        )
+        t0 = time.monotonic()
+        procs = [p for p in self.child.refresh() if p.role in ("rank", "main", "worker", "agent")]
+        ranks_alive = {p.rank for p in procs if p.role == "rank"}
+        gone = sorted(r for r in self.child.per_rank_exit() if r not in ranks_alive)
+        stacks = collect(procs, self.rundir.stacks_dir, self.stack_method, self.armed_dir)
+        collect_s = time.monotonic() - t0
+        n = len(self.hangs) + 1
+        write_dumps(stacks, self.rundir.stacks_dir, n, when)
+        diag = diagnose_stacks(stacks, missing=gone)
+        text = render_hang(diag, idle_s)
+        with contextlib.suppress(OSError):
+            (self.rundir.stacks_dir / f"hang-{n}.txt").write_text(text + "\n", encoding="utf-8")
+        self.rundir.event(
+            "stacks",
+            dump=n,
+            collect_s=round(collect_s, 3),
+            diagnosis=diag.as_dict(),
+            processes=[
+                {
+                    "pid": s.proc.pid,
+                    "role": s.proc.role,
+                    "rank": s.proc.rank,
+                    "method": s.method,
+                    "cpu": s.cpu,
+                    "error": s.error,
+                }
+                for s in stacks
+            ],
+        )
+        hang = Hang(when, idle_s, stalled, diag, text, collect_s)
+        self.hangs.append(hang)
+        self.notify(text)
+        return hang
