@@ -46,6 +46,18 @@ class StreamSummary:
     last_text: str = ""
     first_time: datetime | None = None
     last_time: datetime | None = None
+    progress_lines: int = 0
+    last_init_line: int = 0
+
+
+# Training progress (steps, epochs, loss) and distributed start-up, as seen in head and tail.
+PROGRESS_LINE = re.compile(
+    r"(?i)\b(?:step|iter(?:ation)?|epoch|loss|batch)\b\s*[:=\[]?\s*\d|\d+%\|"
+)
+INIT_LINE = re.compile(
+    r"Initializing distributed|init_process_group|torch\.dis|NCCL INFO (?:Bootstrap|NET/|comm )"
+    r"|Global seed set|GLOBAL_RANK|MASTER_ADDR|distributed_backend|Added key: store_based_barrier"
+)
 
 
 @dataclass(slots=True)
@@ -74,10 +86,10 @@ class Scanner:
         for rule in self.rules.values():
             for sig in rule.signatures:
                 self._targets.append(_Target(rule, sig, None))
-                patterns.append(Pattern(sig.regex, sig.required_literal))
+                patterns.append(Pattern(_unanchored(sig.regex), sig.required_literal))
         for fact in FACT_PATTERNS:
             self._targets.append(_Target(None, None, fact))
-            patterns.append(Pattern(fact.regex, fact.literal))
+            patterns.append(Pattern(_unanchored(fact.regex), fact.literal))
         self.matcher: Matcher = build_matcher(patterns, prefer=engine)
 
     def scan(self, item: Input) -> SourceScan:
@@ -201,7 +213,7 @@ class Scanner:
                 continue
             parsed = parse(raw)
             origin = parsed.origin.merged_with(file_origin)
-            key = parsed.prefix
+            key = parsed.prefix or (f"rank {origin.rank}" if origin.rank is not None else "")
             summary = result.streams.get(key)
             if summary is None:
                 summary = StreamSummary(key=key, origin=origin, first_line=line_base + offset + 1)
@@ -214,9 +226,19 @@ class Scanner:
                 summary.last_time = parsed.time
             if summary.origin.rank is None and origin.rank is not None:
                 summary.origin = origin
+            if PROGRESS_LINE.search(parsed.text):
+                summary.progress_lines += 1
+            if INIT_LINE.search(parsed.text):
+                summary.last_init_line = summary.last_line
 
 
 _Parse = type(parse_line)
+
+
+def _unanchored(regex: str) -> str:
+    """Lines carry prefixes the prefilter cannot strip, so `^` (meant for the message after the
+    prefix) is dropped for the prefilter; Python `re` applies it to the stripped message."""
+    return regex[1:] if regex.startswith("^") else regex
 
 
 @lru_cache(maxsize=8)
@@ -251,5 +273,3 @@ def _raw_lines_before(chunk: bytes, start: int, count: int) -> list[str]:
     out.reverse()
     return out
 
-
-WORD = re.compile(r"\w+")

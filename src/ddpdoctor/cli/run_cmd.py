@@ -68,6 +68,13 @@ def _notify(text: str) -> None:
     show_default=True,
     help="Seconds between SIGTERM and SIGKILL when ending the job.",
 )
+@click.option(
+    "--startup-grace",
+    type=float,
+    default=60.0,
+    show_default=True,
+    help="Seconds allowed before the first progress line (imports, rendezvous).",
+)
 @click.option("--quiet-report", is_flag=True, help="Do not print the final diagnosis.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
 def run(
@@ -78,6 +85,7 @@ def run(
     no_inject: bool,
     label_ranks: bool,
     grace: float,
+    startup_grace: float,
     quiet_report: bool,
     command: tuple[str, ...],
 ) -> None:

@@ -17,25 +17,40 @@ ATTEMPT_DIR = re.compile(r"^attempt_\d+$")
 STREAM_FILE = re.compile(r"^(stdout|stderr)\.log$|^error\.json$")
 
 
+DIR_RANK = re.compile(r"^(?:global_?)?rank[-_]?(\d{1,5})$", re.IGNORECASE)
+DIR_LOCAL_RANK = re.compile(r"^local_?rank[-_]?(\d{1,5})$", re.IGNORECASE)
+
+
 def origin_from_path(path: str) -> Origin:
-    """Best guess of rank/local rank/host from the path alone; unknown parts stay None."""
+    """Best guess of rank/local rank/host from the path alone; unknown parts stay None.
+
+    The file name may carry the rank anywhere in its stem (`train_rank3.log`); a folder only
+    counts when its whole name is a rank or host (`rank3/`, `node1/`), so that a project folder
+    such as `debug-rank0-runs/` does not label every file in it.
+    """
     parts = PurePath(path).parts
     origin = Origin()
+    if not parts:
+        return origin
     if len(parts) >= 3 and STREAM_FILE.match(parts[-1]) and parts[-2].isdigit():
         if ATTEMPT_DIR.match(parts[-3]):
             origin.local_rank = int(parts[-2])
-    for part in reversed(parts[-3:]):
-        stem = part.rsplit(".", 1)[0] if "." in part else part
-        if origin.local_rank is None:
-            m = LOCAL_RANK_NAME.search(stem)
-            if m:
-                origin.local_rank = int(m.group(1))
-        if origin.rank is None and not LOCAL_RANK_NAME.search(stem):
-            m = RANK_NAME.search(stem)
-            if m:
-                origin.rank = int(m.group(1))
-        if origin.host is None:
-            m = HOST_NAME.match(stem)
-            if m:
-                origin.host = m.group(1)
+    stem = parts[-1].split(".", 1)[0]
+    m = LOCAL_RANK_NAME.search(stem)
+    if m and origin.local_rank is None:
+        origin.local_rank = int(m.group(1))
+    elif not m:
+        m = RANK_NAME.search(stem)
+        if m:
+            origin.rank = int(m.group(1))
+    m = HOST_NAME.match(stem)
+    if m:
+        origin.host = m.group(1)
+    for folder in reversed(parts[-3:-1]):
+        if origin.rank is None and (m := DIR_RANK.match(folder)):
+            origin.rank = int(m.group(1))
+        if origin.local_rank is None and (m := DIR_LOCAL_RANK.match(folder)):
+            origin.local_rank = int(m.group(1))
+        if origin.host is None and (m := HOST_NAME.match(folder)):
+            origin.host = m.group(1)
     return origin

@@ -48,6 +48,8 @@ PLATFORM_TAG = re.compile(r"\[[^\[\]]{1,80}\]\s")
 PY_LEVEL = re.compile(r"(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL)[:\s]")
 # Inside c10d messages the global rank appears as `[Rank 3]` or `[PG 0 (default_pg) Rank 3]`.
 C10D_RANK = re.compile(r"\[(?:PG \d+ (?:\([^)]*\) )?)?Rank (?P<rank>\d+)\]")
+# Programs that name their rank at the start of a line: "Rank 3 finished", "[rank 1] step 10".
+LEADING_RANK = re.compile(r"\[?[Rr]ank[ =:]?(?P<rank>\d{1,5})\]?[:,]?\s")
 
 LEVEL_NAMES = {"I": "info", "W": "warning", "E": "error", "F": "fatal"}
 MAX_TEXT = 4000
@@ -171,8 +173,8 @@ def parse_line(raw: str, year: int = 1970) -> ParsedLine:  # noqa: C901 - one ta
         m = PY_LEVEL.match(message)
         if m:
             out.level = m.group("level").lower()
-    if origin.rank is None and "Rank " in message:
-        m = C10D_RANK.search(message)
+    if origin.rank is None and "ank" in message:
+        m = C10D_RANK.search(message) or LEADING_RANK.match(message)
         if m:
             origin.rank = int(m.group("rank"))
     out.text = message

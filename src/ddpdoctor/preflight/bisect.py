@@ -80,7 +80,7 @@ def ifname_variation(backend: str, name: str) -> Variation:
         var, value = "GLOO_SOCKET_IFNAME", name
     return Variation(
         {var: value},
-        f"The socket interface is the problem: with {var}={value} the test passes.",
+        f"The socket interface is the problem: the one selected now does not work, {name} does.",
         (f"Set {var}={value} on every node (use the interface peers can reach)",),
     )
 

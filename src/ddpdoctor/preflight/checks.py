@@ -439,8 +439,10 @@ NODE_CHECKS: tuple[Check, ...] = (
         "torch loads libnccl from the nvidia-nccl wheel unless LD_LIBRARY_PATH or LD_PRELOAD "
         "points at another copy. A different NCCL than the one torch was tested with is a "
         "classic source of hangs and version skew across nodes.",
-        ("Remove the system NCCL from LD_LIBRARY_PATH/LD_PRELOAD, or pin the same version "
-         "everywhere",),
+        (
+            "Remove the system NCCL from LD_LIBRARY_PATH/LD_PRELOAD, or pin the same version "
+            "everywhere",
+        ),
         _nccl_wheel,
     ),
     Check(
@@ -461,8 +463,10 @@ NODE_CHECKS: tuple[Check, ...] = (
         "NVML sees GPUs, but torch reports no CUDA: a CPU-only wheel, a driver/runtime "
         "mismatch, or CUDA_VISIBLE_DEVICES hiding every GPU. The job would fall back to gloo "
         "on CPU or fail in torch.cuda.set_device.",
-        ("Install a CUDA build of torch, and check `python -c 'import torch; "
-         "print(torch.cuda.is_available())'`",),
+        (
+            "Install a CUDA build of torch, and check `python -c 'import torch; "
+            "print(torch.cuda.is_available())'`",
+        ),
         _gpus_unusable,
     ),
     Check(

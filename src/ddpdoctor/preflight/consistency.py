@@ -148,8 +148,11 @@ def _differs(
         f"{value} on rank {format_ranks(ranks)} ({', '.join(sorted(hosts))})"
         for value, (ranks, hosts) in ordered
     ]
-    odd_ranks = sorted(r for _, (rs, _) in ordered[1:] for r in rs)
-    odd_hosts = sorted({h for _, (_, hs) in ordered[1:] for h in hs})
+    # with a tie for the majority nobody is the odd one out: every rank is named
+    tie = len(ordered[0][1][0]) == len(ordered[1][1][0])
+    odd = ordered if tie else ordered[1:]
+    odd_ranks = sorted(r for _, (rs, _) in odd for r in rs)
+    odd_hosts = sorted({h for _, (_, hs) in odd for h in hs})
     return [
         Issue(
             code=check.code,
@@ -161,9 +164,7 @@ def _differs(
             fix=list(check.fix),
             ranks=odd_ranks,
             hosts=odd_hosts,
-            evidence={
-                "values": {v: {"ranks": rs, "hosts": sorted(hs)} for v, (rs, hs) in ordered}
-            },
+            evidence={"values": {v: {"ranks": rs, "hosts": sorted(hs)} for v, (rs, hs) in ordered}},
         )
     ]
 
@@ -181,16 +182,18 @@ def _env_issues(facts_list: list[Facts]) -> list[Issue]:
     keys = sorted({k for f in facts_list for k in _must_match_env(f)})
     issues: list[Issue] = []
     for k in keys:
-        issues += _differs(
-            NCCL_ENV, k, facts_list, lambda f, k=k: _must_match_env(f).get(k, "<unset>")
-        )
+
+        def value(f: Facts, k: str = k) -> str:
+            return _must_match_env(f).get(k, "<unset>")
+
+        issues += _differs(NCCL_ENV, k, facts_list, value)
     return issues
 
 
 def _per_host(facts_list: list[Facts]) -> list[Facts]:
     """One fact set per host (the lowest rank's), for node-level facts."""
     seen: dict[str, Facts] = {}
-    for i, f in sorted(enumerate(facts_list), key=lambda t: rank_of(t[1], t[0])):
+    for _i, f in sorted(enumerate(facts_list), key=lambda t: rank_of(t[1], t[0])):
         seen.setdefault(str(f.get("host")), f)
     return list(seen.values())
 
@@ -279,9 +282,11 @@ def compare_ranks(facts_list: list[Facts], options: CheckOptions) -> list[Issue]
         TORCH_VERSION,
         "torch",
         facts_list,
-        lambda f: None
-        if not dig(f, "torch.version")
-        else f"{dig(f, 'torch.version')} (CUDA {dig(f, 'torch.cuda') or 'none'})",
+        lambda f: (
+            None
+            if not dig(f, "torch.version")
+            else f"{dig(f, 'torch.version')} (CUDA {dig(f, 'torch.cuda') or 'none'})"
+        ),
     )
     issues += _differs(NCCL_VERSION, "NCCL", facts_list, lambda f: dig(f, "torch.nccl"))
     issues += _differs(DRIVER_VERSION, "driver", hosts, lambda f: dig(f, "nvml.driver"))

@@ -251,9 +251,7 @@ def net_facts() -> dict[str, Any]:
     for name in sorted(set(stats) | set(addrs)):
         st = stats.get(name)
         ips = [
-            a.address
-            for a in addrs.get(name, [])
-            if a.family in (socket.AF_INET, socket.AF_INET6)
+            a.address for a in addrs.get(name, []) if a.family in (socket.AF_INET, socket.AF_INET6)
         ]
         ifaces.append(
             {

@@ -64,8 +64,10 @@ WRONG_RESULT = Check(
     "collective",
     "all_reduce or all_gather completed but produced wrong values: a broken transport (P2P "
     "through a faulty PCIe switch or NVLink) or faulty GPU memory.",
-    ("Run the bisection variations by hand (NCCL_P2P_DISABLE=1 first) and check the GPUs' "
-     "ECC counters (`nvidia-smi -q -d ECC`)",),
+    (
+        "Run the bisection variations by hand (NCCL_P2P_DISABLE=1 first) and check the GPUs' "
+        "ECC counters (`nvidia-smi -q -d ECC`)",
+    ),
 )
 COLLECTIVE_CHECKS = (PORT_IN_USE, TEST_FAILED, TEST_HUNG, WRONG_RESULT)
 

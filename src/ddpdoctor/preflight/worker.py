@@ -12,13 +12,13 @@ import os
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from ddpdoctor.preflight.collective import RESULT_ENV, busbw_factor
 from ddpdoctor.preflight.facts import collect_facts
-
 
 WORKER_SCHEMA = "ddpdoctor.check-worker/v1"
 DEFAULT_SIZES = (1 << 10, 1 << 14, 1 << 18, 1 << 20, 1 << 22)
@@ -183,29 +183,32 @@ def _device_facts(torch: Any, local_rank: int) -> dict[str, Any]:
     }
 
 
+def _op_step(
+    torch: Any, dist: Any, op: str, n: int, world: int, device: Any, gather_into: Any
+) -> Callable[[], None]:
+    """One iteration of `op` over n float32 elements in total (buffers allocated once)."""
+    if op == "all_reduce":
+        buf = torch.ones(n, dtype=torch.float32, device=device)
+        return lambda: dist.all_reduce(buf)
+    inp = torch.ones(n // world, dtype=torch.float32, device=device)
+    outp = torch.empty(n, dtype=torch.float32, device=device)
+    return lambda: gather_into(outp, inp)
+
+
 def measure_bandwidth(
     torch: Any, dist: Any, device: Any, world: int, sizes: list[int], iters: int, warmup: int
 ) -> list[dict[str, Any]]:
     """algbw and busbw as nccl-tests defines them: size is the full buffer (all_reduce) or the
     full gathered output (all_gather); time is the slowest rank's mean per iteration."""
     rows: list[dict[str, Any]] = []
+    # all_gather_into_tensor is deprecated in favour of all_gather_single in torch 2.13
+    gather_into = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     for op in ("all_reduce", "all_gather"):
         for size in sizes:
             n = max(world, size // 4 // world * world)  # float32 elements, divisible by world
             nbytes = n * 4
-            if op == "all_reduce":
-                buf = torch.ones(n, dtype=torch.float32, device=device)
-
-                def step(buf: Any = buf) -> None:
-                    dist.all_reduce(buf)
-            else:
-                inp = torch.ones(n // world, dtype=torch.float32, device=device)
-                outp = torch.empty(n, dtype=torch.float32, device=device)
-
-                def step(inp: Any = inp, outp: Any = outp) -> None:
-                    dist.all_gather_into_tensor(outp, inp)
-
+            step = _op_step(torch, dist, op, n, world, device, gather_into)
             for _ in range(warmup):
                 step()
             sync()

@@ -129,7 +129,7 @@ DDP_MODEL_MISMATCH = Rule(
     signatures=(
         Signature(
             r"DDP expects same model across all ranks, but Rank (?P<rank_a>\d+) has "
-            r"(?P<count_a>\d+) params, while rank (?P<rank_b>\d+) has inconsistent "
+            r"(?P<count_a>\d+) params, while rank (?P<culprit_rank>\d+) has inconsistent "
             r"(?P<count_b>\d+) params",
             "DDP expects same model across all ranks",
         ),

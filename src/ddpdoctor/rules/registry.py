@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from ddpdoctor.rules import collectives, cuda, data, ddp, generic, launch, transport
+from ddpdoctor.rules import collectives, cuda, data, ddp, generic, inferred, launch, transport
 from ddpdoctor.rules.base import Rule, RuleDefinitionError
 
-FAMILIES = (ddp, collectives, transport, cuda, launch, data, generic)
+FAMILIES = (ddp, collectives, transport, cuda, launch, data, generic, inferred)
 
 
 @lru_cache(maxsize=1)

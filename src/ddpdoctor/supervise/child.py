@@ -193,6 +193,10 @@ class Child:
                 role = "rank"
             info = ProcInfo(pid, ppids[pid], role, rank, local, names[pid])
             live.append(info)
+        if any(i.role == "rank" for i in live):
+            for info in live:
+                if info.role == "main":
+                    info.role = "agent"  # a launcher (torchrun, srun) above the ranks
         with self._lock:
             for info in live:
                 self.ranks[info.pid] = info

@@ -37,8 +37,14 @@ class Stream:
 class ProgressTracker:
     """Thread-safe: `note()` from the capture thread, `stalled()` from the watchdog."""
 
-    def __init__(self, hang_after_s: float | None, heartbeat_dir: Path | None = None) -> None:
+    def __init__(
+        self,
+        hang_after_s: float | None,
+        heartbeat_dir: Path | None = None,
+        startup_grace_s: float = 60.0,
+    ) -> None:
         self.fixed_hang_after_s = hang_after_s
+        self.startup_grace_s = startup_grace_s
         self.heartbeat_dir = heartbeat_dir
         self.started = time.monotonic()
         self._streams: dict[str, Stream] = {}
@@ -114,10 +120,14 @@ class ProgressTracker:
         limit = self.hang_after_s()
         with self._lock:
             job = self._streams.get(JOB)
-            if job is None:
-                idle = now - self.started
-                return (idle, []) if idle > limit else None
-            ref = job.last_progress if job.last_progress is not None else job.last_activity
+            if job is None or job.last_progress is None:
+                # Start-up (imports, rendezvous) is slow and silent: allow the grace period.
+                ref = self.started if job is None else job.last_activity
+                idle = now - ref
+                if idle > limit and now - self.started > max(limit, self.startup_grace_s):
+                    return idle, sorted(k for k in self._streams if k != JOB)
+                return None
+            ref = job.last_progress
             if now - ref > limit:
                 return now - ref, sorted(k for k in self._streams if k != JOB)
             lagging = [

@@ -38,6 +38,7 @@ class RunOptions:
     inject: bool = True
     label_ranks: bool = False
     grace_s: float = 5.0
+    startup_grace_s: float = 60.0
     echo: bool = True
     notify: Callable[[str], None] = lambda _text: None
 
@@ -70,7 +71,7 @@ def with_rank_labels(argv: list[str]) -> list[str]:
         a.startswith(("--tee", "-t", "--redirects", "-r")) for a in argv[1 : at + 8]
     ):
         return argv
-    return [*argv[:at], "--tee", "3", "--log-line-prefix-template", LABEL_TEMPLATE, *argv[at:]]
+    return [*argv[:at], "--tee", "3", *argv[at:]]
 
 
 def run_job(opts: RunOptions) -> RunResult | SupervisorError:
@@ -84,7 +85,9 @@ def run_job(opts: RunOptions) -> RunResult | SupervisorError:
     env = inject.job_env(
         dict(os.environ), inject_root, rundir.stacks_dir, opts.inject and opts.stacks != "py-spy"
     )
-    progress = ProgressTracker(opts.hang_after_s, inject_root / "heartbeats")
+    if opts.label_ranks and is_torchrun(argv) is not None:
+        env.setdefault("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", LABEL_TEMPLATE)
+    progress = ProgressTracker(opts.hang_after_s, inject_root / "heartbeats", opts.startup_grace_s)
     run_id = uuid.uuid4().hex
     started = time.monotonic()
     child = spawn(argv, env, run_id, guardian_grace_s=opts.grace_s)
@@ -139,6 +142,7 @@ def run_job(opts: RunOptions) -> RunResult | SupervisorError:
     )
     child.close()
     shutil.rmtree(inject_root, ignore_errors=True)
+    _drop_empty(rundir.stacks_dir)
     report, text = finish_report(
         rundir,
         code,
@@ -182,4 +186,14 @@ def _restore_signals(previous: dict[int, Handler]) -> None:
         try:
             signal.signal(sig, old if old is not None else signal.SIG_DFL)
         except (OSError, ValueError, TypeError):
+            continue
+
+
+def _drop_empty(folder: Path) -> None:
+    """Ranks arm faulthandler files up front; those never written are noise in the run folder."""
+    for path in folder.glob("*.txt"):
+        try:
+            if path.stat().st_size == 0:
+                path.unlink()
+        except OSError:
             continue

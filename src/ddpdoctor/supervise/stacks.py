@@ -22,12 +22,31 @@ import psutil
 from ddpdoctor.supervise.child import ProcInfo
 
 COLLECTIVES = frozenset(
-    (
-        "all_reduce barrier broadcast all_gather all_gather_into_tensor all_gather_object "
-        "reduce_scatter reduce_scatter_tensor reduce gather scatter all_to_all all_to_all_single "
-        "send recv monitored_barrier broadcast_object_list gather_object scatter_object_list "
-        "batch_isend_irecv _allgather_base _reduce_scatter_base all_reduce_coalesced"
-    ).split()
+    [
+        "all_reduce",
+        "barrier",
+        "broadcast",
+        "all_gather",
+        "all_gather_into_tensor",
+        "all_gather_object",
+        "reduce_scatter",
+        "reduce_scatter_tensor",
+        "reduce",
+        "gather",
+        "scatter",
+        "all_to_all",
+        "all_to_all_single",
+        "send",
+        "recv",
+        "monitored_barrier",
+        "broadcast_object_list",
+        "gather_object",
+        "scatter_object_list",
+        "batch_isend_irecv",
+        "_allgather_base",
+        "_reduce_scatter_base",
+        "all_reduce_coalesced",
+    ]
 )
 LIBRARY_MARKERS = ("site-packages", "dist-packages", "/lib/python3", "<frozen", "/torch/")
 # py-spy dump: `Thread 123 (idle): "MainThread"` then `    func (file.py:12)` frames.
@@ -280,7 +299,7 @@ def find_pyspy() -> str | None:
 def _pyspy(exe: str, pid: int, timeout_s: float) -> tuple[str, str | None]:
     try:
         out = subprocess.run(
-            [exe, "dump", "--pid", str(pid)],
+            [exe, "dump", "--full-filenames", "--pid", str(pid)],
             capture_output=True,
             text=True,
             timeout=timeout_s,

@@ -1,0 +1,5 @@
+"""`python -m ddpdoctor`."""
+
+from ddpdoctor.cli.main import main
+
+main()

@@ -1,0 +1,366 @@
+"""Root cause versus cascade across ranks: the heart of the product. Decides the role of every
+finding, picks the root (or infers one from how ranks behaved), names the culprit ranks and
+hosts, and does the timeout arithmetic. Never blames infrastructure without its evidence."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from ddpdoctor.analysis.facts import elapsed_seconds
+from ddpdoctor.analysis.job import JobView, resolve_rank
+from ddpdoctor.model.findings import Evidence, Finding, Hit
+from ddpdoctor.model.taxonomy import Category, Role, Status
+from ddpdoctor.rules import inferred
+from ddpdoctor.rules.base import Rule
+
+TIME_BUCKET_S = 30.0
+TIMEOUT_RULES = {"TMO101", "TMO102", "TMO103"}
+PEER_RULES = {"NET101"}
+LAUNCHER_ECHO_RULES = {"LCH102", "LCH103"}
+EARLY_STOP_RULE = "EXIT101"
+INFRA_EVIDENCE_RULES = {"NET102", "NET103", "CUDA104"}
+
+
+@dataclass(slots=True)
+class Analysis:
+    findings: list[Finding]
+    status: Status
+    rule: Rule | None = None
+    root: Finding | None = None
+    culprit_ranks: list[int] = field(default_factory=list)
+    culprit_hosts: list[str] = field(default_factory=list)
+    confidence: float = 0.0
+    category: str | None = None
+    notes: list[str] = field(default_factory=list)
+    extra_evidence: list[Evidence] = field(default_factory=list)
+    next_steps: list[str] = field(default_factory=list)
+
+
+def hit_rank(hit: Hit, job: JobView) -> int | None:
+    rank = resolve_rank(hit.record.origin, job.single_node)
+    if rank is None and "local_rank" in hit.captures and job.single_node:
+        rank = int(hit.captures["local_rank"])
+    if rank is None and "rank" in hit.captures:
+        rank = int(hit.captures["rank"])
+    return rank
+
+
+def annotate(findings: list[Finding], job: JobView) -> None:
+    """Fill ranks and hosts of every finding."""
+    for f in findings:
+        ranks = {r for h in f.hits if (r := hit_rank(h, job)) is not None}
+        hosts = {h.record.origin.host for h in f.hits if h.record.origin.host}
+        f.ranks, f.hosts = sorted(ranks), sorted(hosts)
+
+
+def _sort_key(f: Finding, rules: dict[str, Rule]) -> tuple[float, int, int]:
+    bucket = f.first_time.timestamp() // TIME_BUCKET_S if f.first_time else float("inf")
+    return (bucket, -rules[f.rule].specificity, f.hits[0].order)
+
+
+def decide(findings: list[Finding], job: JobView, rules: dict[str, Rule]) -> Analysis:
+    annotate(findings, job)
+    errors = [f for f in findings if rules[f.rule].severity == "error" and not rules[f.rule].cascade]
+    cascades = [f for f in findings if rules[f.rule].cascade]
+    for f in findings:
+        f.role = Role.CASCADE if rules[f.rule].cascade else Role.CONTEXT
+
+    stop = _early_stop(findings, job, errors, cascades)
+    if stop is not None:
+        return stop
+    if errors:
+        return _with_root(findings, errors, job, rules)
+    if cascades:
+        return _from_cascades(findings, cascades, job, rules)
+    return _quiet(findings, job, rules)
+
+
+def _with_root(
+    findings: list[Finding], errors: list[Finding], job: JobView, rules: dict[str, Rule]
+) -> Analysis:
+    errors.sort(key=lambda f: _sort_key(f, rules))
+    root = errors[0]
+    root.role = Role.ROOT
+    rule = rules[root.rule]
+    culprits = _culprit_ranks(root, job)
+    for f in errors[1:]:
+        if f.kind == root.kind:
+            f.role = Role.ROOT
+            culprits |= set(f.ranks)
+        elif f.ranks and culprits and not (set(f.ranks) & culprits):
+            f.role = Role.CASCADE
+        else:
+            f.role = Role.CONTEXT
+    analysis = Analysis(
+        findings=findings,
+        status=Status.FAILED,
+        rule=rule,
+        root=root,
+        culprit_ranks=sorted(culprits),
+        culprit_hosts=root.hosts,
+        confidence=0.6 if rule.specificity <= 5 else 0.9,
+    )
+    if rule.kind in ("nccl-network", "nccl-p2p", "gpu-hardware") and rule.code not in INFRA_EVIDENCE_RULES:
+        analysis.category = str(Category.UNKNOWN) if rule.cascade else None
+    _timeout_arithmetic(analysis, root, findings, job)
+    return analysis
+
+
+def _culprit_ranks(root: Finding, job: JobView) -> set[int]:
+    named = {int(h.captures["culprit_rank"]) for h in root.hits if "culprit_rank" in h.captures}
+    if named:
+        return named
+    if root.ranks:
+        return set(root.ranks)
+    failing = [
+        r for r, e in job.info.per_rank.items()
+        if e.code not in (None, 0) and e.signal not in ("SIGTERM",)
+    ]
+    return set(failing) if len(failing) == 1 else set()
+
+
+def _timeout_arithmetic(
+    analysis: Analysis, root: Finding, findings: list[Finding], job: JobView
+) -> None:
+    """A watchdog line says how long it waited; a root failure about that long before it is
+    the proof that the timeout is its echo."""
+    if root.first_time is None:
+        return
+    for f in findings:
+        if f.rule not in TIMEOUT_RULES:
+            continue
+        for hit in f.hits:
+            ms = hit.captures.get("timeout_ms", "")
+            if not ms.isdigit() or hit.record.time is None:
+                continue
+            waited = timedelta(milliseconds=int(ms))
+            since = hit.record.time - waited
+            gap = (since - root.first_time).total_seconds()
+            if -5.0 <= gap <= max(60.0, waited.total_seconds() * 0.25):
+                who = f"rank {hit_rank(hit, job)}" if hit_rank(hit, job) is not None else "a rank"
+                text = (
+                    f"timeout arithmetic: {who} timed out at {_hms(hit.record.time)} after "
+                    f"{waited.total_seconds():g} s, so it had waited since {_hms(since)}; the root "
+                    f"failure was at {_hms(root.first_time)}, {abs(gap):.1f} s "
+                    f"{'before' if gap >= 0 else 'after'} that: the timeout is its consequence."
+                )
+                analysis.notes.append(text)
+                analysis.extra_evidence.append(Evidence.of(hit.record, text))
+                return
+
+
+def _hms(t: datetime) -> str:
+    return t.strftime("%H:%M:%S.%f")[:-3]
+
+
+def _early_stop(
+    findings: list[Finding], job: JobView, errors: list[Finding], cascades: list[Finding]
+) -> Analysis | None:
+    stop = next((f for f in findings if f.rule == EARLY_STOP_RULE), None)
+    if stop is None:
+        return None
+    announcers = set(stop.ranks)
+    ranks = set(job.info.ranks_seen)
+    victims = {r for f in cascades if f.rule not in LAUNCHER_ECHO_RULES for r in f.ranks}
+    if announcers and ranks and announcers < ranks and (victims - announcers or cascades):
+        stop.role = Role.ROOT
+        return Analysis(
+            findings=findings,
+            status=Status.FAILED,
+            rule=inferred.UNCOORDINATED_EXIT,
+            root=stop,
+            culprit_ranks=sorted(announcers),
+            culprit_hosts=stop.hosts,
+            confidence=0.75,
+            notes=[
+                f"rank(s) {_list(announcers)} stopped early on their own; "
+                f"rank(s) {_list(ranks - announcers)} kept going and failed waiting for them."
+            ],
+        )
+    if (announcers and announcers >= ranks) or (not ranks and not errors):
+        stop.role = Role.ROOT
+        primary_errors = [f for f in errors if f.kind not in ("python-exception",)]
+        if primary_errors:
+            return None
+        for f in errors:
+            f.role = Role.CONTEXT
+        return Analysis(
+            findings=findings,
+            status=Status.FAILED if errors or cascades else Status.OK,
+            rule=inferred.EARLY_STOP_ALL,
+            root=stop,
+            culprit_ranks=[],
+            confidence=0.7,
+            notes=["every rank announced the early stop; only the exit path looks like a failure."],
+        )
+    return None
+
+
+def _from_cascades(
+    findings: list[Finding], cascades: list[Finding], job: JobView, rules: dict[str, Rule]
+) -> Analysis:
+    """No primary error anywhere: infer the cause from who waited, who was busy, who vanished."""
+    waiting = {r for f in cascades if f.rule in TIMEOUT_RULES | PEER_RULES for r in f.ranks}
+    error_ranks = {r for f in findings if rules[f.rule].severity != "info" for r in f.ranks}
+    alive_quiet = {
+        r
+        for s in job.streams
+        if (r := resolve_rank(s.origin, job.single_node)) is not None
+        and r not in error_ranks
+    }
+    missing = set(job.info.ranks_missing)
+    timeout_ms = _timeout_ms(cascades)
+    busy_note = _busy_progress(job, timeout_ms)
+    analysis = Analysis(findings=findings, status=Status.FAILED)
+
+    if busy_note is not None and (alive_quiet | missing):
+        culprit = alive_quiet if alive_quiet else missing
+        analysis.rule, analysis.culprit_ranks = inferred.SLOW_RANK, sorted(culprit)
+        analysis.confidence = 0.7
+        analysis.notes.append(busy_note[0])
+        analysis.extra_evidence.append(busy_note[1])
+    elif alive_quiet and waiting:
+        if len(waiting) < len(alive_quiet):
+            analysis.rule, analysis.culprit_ranks = inferred.COLLECTIVE_ASYMMETRY, sorted(waiting)
+            analysis.confidence = 0.5
+            analysis.notes.append(
+                f"only rank(s) {_list(waiting)} timed out; rank(s) {_list(alive_quiet)} went on "
+                "without error, so the waiting ranks were in a collective nobody else joined."
+            )
+        else:
+            analysis.rule, analysis.culprit_ranks = inferred.UNCOORDINATED_EXIT, sorted(alive_quiet)
+            analysis.confidence = 0.6
+            analysis.notes.append(
+                f"rank(s) {_list(alive_quiet)} stopped printing without any error while rank(s) "
+                f"{_list(waiting)} reported closed connections or timeouts: they left (or were "
+                "killed) first. This is not a network fault."
+            )
+    elif missing:
+        analysis.rule, analysis.culprit_ranks = inferred.MISSING_RANKS, sorted(missing)
+        analysis.confidence = 0.35
+        analysis.notes.append(
+            f"rank(s) {_list(missing)} left no lines at all: the root cause is most likely in "
+            "their logs, which were not given."
+        )
+        analysis.next_steps.append(f"Collect the logs of rank(s) {_list(missing)}.")
+    else:
+        failing = {
+            r: e for r, e in job.info.per_rank.items()
+            if e.code not in (None, 0) and e.signal != "SIGTERM"
+        }
+        if failing and not waiting:
+            analysis.rule = inferred.WORKER_EXIT
+            analysis.culprit_ranks = sorted(failing)
+            analysis.confidence = 0.5
+        else:
+            cascades.sort(key=lambda f: (-rules[f.rule].specificity, f.hits[0].order))
+            top = cascades[0]
+            analysis.rule = rules[top.rule]
+            analysis.root = top
+            top.role = Role.ROOT
+            analysis.confidence = 0.3
+            analysis.category = (
+                str(Category.UNKNOWN)
+                if analysis.rule.kind in ("nccl-network", "nccl-p2p")
+                else None
+            )
+            analysis.notes.append(
+                "only secondary errors are visible (timeouts or closed connections): the "
+                "failure that caused them is not in these logs, or every rank was present and "
+                "the transport itself failed."
+            )
+            analysis.next_steps.extend(
+                (
+                    "Diagnose the logs of ALL ranks and nodes together.",
+                    "If every rank was alive and waiting: run `ddpdoctor check` (transport "
+                    "bisection: NCCL_IB_DISABLE=1, NCCL_P2P_DISABLE=1, NCCL_SOCKET_IFNAME).",
+                    "Re-run with NCCL_DEBUG=INFO and under `ddpdoctor run` to catch stacks.",
+                )
+            )
+    return analysis
+
+
+def _timeout_ms(cascades: list[Finding]) -> float | None:
+    for f in cascades:
+        for h in f.hits:
+            ms = h.captures.get("timeout_ms", "")
+            if ms.isdigit():
+                return float(ms)
+    return None
+
+
+def _busy_progress(job: JobView, timeout_ms: float | None) -> tuple[str, Evidence] | None:
+    """A progress bar that kept moving for about the collective timeout proves a busy rank."""
+    best = None
+    for fact in job.progress:
+        elapsed = elapsed_seconds(fact.captures.get("elapsed", ""))
+        if elapsed is None:
+            continue
+        if best is None or elapsed > best[0]:
+            best = (elapsed, fact)
+    if best is None or best[0] < 30:
+        return None
+    elapsed, fact = best
+    if timeout_ms is not None and elapsed < 0.5 * timeout_ms / 1000:
+        return None
+    text = (
+        f"a rank was busy: its progress bar ran for {elapsed:g} s"
+        + (f", about the collective timeout of {timeout_ms / 1000:g} s" if timeout_ms else "")
+        + ", while the other ranks waited."
+    )
+    return text, Evidence.of(fact.record, f"{fact.record.text[-160:]}")
+
+
+def _quiet(findings: list[Finding], job: JobView, rules: dict[str, Rule]) -> Analysis:
+    """No error and no cascade: a healthy run, a performance warning, or a silent stall."""
+    warnings = [f for f in findings if rules[f.rule].severity == "warning"]
+    perf = [f for f in warnings if rules[f.rule].default_category == Category.PERFORMANCE]
+    if perf:
+        perf[0].role = Role.ROOT
+        return Analysis(
+            findings=findings,
+            status=Status.SLOW,
+            rule=rules[perf[0].rule],
+            root=perf[0],
+            culprit_ranks=perf[0].ranks,
+            confidence=0.5,
+        )
+    failing = {r: e for r, e in job.info.per_rank.items() if e.code not in (None, 0)}
+    if failing:
+        return Analysis(
+            findings=findings,
+            status=Status.FAILED,
+            rule=inferred.WORKER_EXIT,
+            culprit_ranks=sorted(failing),
+            confidence=0.5,
+        )
+    if _stalled_at_startup(job):
+        return Analysis(
+            findings=findings,
+            status=Status.HUNG,
+            rule=inferred.STARTUP_HANG if job.single_node else inferred.HANG,
+            category=str(Category.UNKNOWN),
+            confidence=0.3,
+            notes=[
+                "the output stops during distributed start-up: no error, no training step, "
+                "no exit. On one node, broken GPU peer-to-peer is the classic cause."
+            ],
+            next_steps=[
+                "Re-run with NCCL_DEBUG=INFO NCCL_P2P_DISABLE=1; or run `ddpdoctor check "
+                "--nproc-per-node N` on the node.",
+            ],
+        )
+    return Analysis(findings=findings, status=Status.OK, confidence=0.5)
+
+
+def _stalled_at_startup(job: JobView) -> bool:
+    streams = [s for s in job.streams if s.lines_seen]
+    if not streams or any(s.progress_lines for s in streams):
+        return False
+    last = max(streams, key=lambda s: s.last_line)
+    return last.last_init_line > 0 and last.last_line - last.last_init_line <= 3
+
+
+def _list(ranks: set[int] | list[int]) -> str:
+    return ",".join(str(r) for r in sorted(ranks))

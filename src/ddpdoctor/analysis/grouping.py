@@ -1,0 +1,79 @@
+"""From raw hits to findings: keep the most specific rule per line, drop the generic
+python-exception hit when a specific rule explains the same traceback, and group by rule."""
+
+from __future__ import annotations
+
+from ddpdoctor.model.findings import Evidence, Finding, Hit
+from ddpdoctor.model.records import Record
+from ddpdoctor.rules.base import Rule
+
+GENERIC_SPECIFICITY = 5
+MAX_EVIDENCE = 6
+
+
+def _line_key(record: Record) -> tuple[str, int]:
+    return (record.source, record.line)
+
+
+def dedupe(hits: list[Hit], rules: dict[str, Rule]) -> list[Hit]:
+    """One rule per line (the most specific), and no generic hit inside an explained traceback."""
+    best: dict[tuple[str, int], int] = {}
+    for hit in hits:
+        key = _line_key(hit.record)
+        best[key] = max(best.get(key, 0), rules[hit.rule].specificity)
+    kept = [h for h in hits if rules[h.rule].specificity == best[_line_key(h.record)]]
+
+    explained: set[tuple[str, int]] = set()
+    for hit in kept:
+        if rules[hit.rule].specificity > GENERIC_SPECIFICITY:
+            explained.add(_line_key(hit.record))
+            explained.update(_line_key(c) for c in hit.context)
+    out: list[Hit] = []
+    for hit in kept:
+        if rules[hit.rule].specificity <= GENERIC_SPECIFICITY and rules[hit.rule].severity == "error":
+            block = {_line_key(hit.record), *(_line_key(c) for c in hit.context)}
+            if block & explained:
+                continue
+        out.append(hit)
+    return out
+
+
+def group(hits: list[Hit], rules: dict[str, Rule], resolve: object = None) -> list[Finding]:
+    """One finding per rule, hits in scan order."""
+    by_rule: dict[str, list[Hit]] = {}
+    for hit in sorted(hits, key=lambda h: h.order):
+        by_rule.setdefault(hit.rule, []).append(hit)
+    findings: list[Finding] = []
+    for code, rule_hits in by_rule.items():
+        rule = rules[code]
+        times = [h.record.time for h in rule_hits if h.record.time is not None]
+        finding = Finding(
+            rule=code,
+            kind=rule.kind,
+            category=str(rule.default_category),
+            role="context",
+            title=rule.title,
+            first_time=min(times) if times else None,
+            count=len(rule_hits),
+            hits=rule_hits,
+        )
+        findings.append(finding)
+    return findings
+
+
+def evidence_of(hits: list[Hit], limit: int = MAX_EVIDENCE) -> list[Evidence]:
+    """Quote the first hit of each rank (then the rest) up to `limit`, with a short traceback
+    excerpt for the first one."""
+    chosen: list[Hit] = []
+    seen_writers: set[str] = set()
+    for hit in hits:
+        if hit.record.stream_key not in seen_writers:
+            seen_writers.add(hit.record.stream_key)
+            chosen.append(hit)
+    for hit in hits:
+        if len(chosen) >= limit:
+            break
+        if hit not in chosen:
+            chosen.append(hit)
+    chosen = sorted(chosen[:limit], key=lambda h: h.order)
+    return [Evidence.of(h.record) for h in chosen]

@@ -1,0 +1,108 @@
+"""The job as a whole: world size, which ranks and hosts left lines, per-rank exits from the
+launcher's summary, and each writer's last words. Built from all scans after scanning."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ddpdoctor.analysis.facts import parse_summary_entry
+from ddpdoctor.analysis.scanner import FactHit, SourceScan, StreamSummary
+from ddpdoctor.model.findings import JobInfo, RankExit
+from ddpdoctor.model.records import Origin
+
+
+@dataclass(slots=True)
+class JobView:
+    """JobInfo for the report plus what causality needs and the report does not show."""
+
+    info: JobInfo
+    streams: list[StreamSummary] = field(default_factory=list)
+    progress: list[FactHit] = field(default_factory=list)
+    world_size_inferred: bool = False
+    single_node: bool = True
+
+
+def resolve_rank(origin: Origin, single_node: bool) -> int | None:
+    """Global rank of a writer; on a single node the local rank is the global rank."""
+    if origin.rank is not None:
+        return origin.rank
+    if single_node and origin.local_rank is not None:
+        return origin.local_rank
+    return None
+
+
+def build_job(scans: list[SourceScan], hit_origins: list[Origin]) -> JobView:
+    hosts: set[str] = set()
+    streams = [s for scan in scans for s in scan.streams.values()]
+    origins = [s.origin for s in streams] + hit_origins
+    for o in origins:
+        if o.host:
+            hosts.add(o.host)
+    single_node = len(hosts) <= 1
+    ranks: set[int] = set()
+    for o in origins:
+        r = resolve_rank(o, single_node)
+        if r is not None:
+            ranks.add(r)
+
+    world_hints: list[int] = []
+    per_rank: dict[int, RankExit] = {}
+    root_cause_rank: int | None = None
+    progress: list[FactHit] = []
+    for scan in scans:
+        expect_root = False
+        for fact in scan.facts:
+            if fact.name == "world_size":
+                n = int(fact.captures.get("n", "0"))
+                if 0 < n <= 1_000_000:
+                    world_hints.append(n)
+            elif fact.name == "root_cause":
+                expect_root = True
+            elif fact.name == "summary_exit":
+                rank, exit_ = parse_summary_entry(fact.before, fact.record.text, [])
+                if rank is not None:
+                    per_rank.setdefault(rank, exit_)
+                    ranks.add(rank)
+                    if exit_.host:
+                        hosts.add(exit_.host)
+                    if expect_root:
+                        root_cause_rank, expect_root = rank, False
+            elif fact.name == "launcher_exit":
+                local = int(fact.captures["local_rank"])
+                code = int(fact.captures["code"])
+                rank = local if single_node else None
+                if rank is not None and rank not in per_rank:
+                    per_rank[rank] = RankExit(code=code, local_rank=local)
+                    if code < 0:
+                        from ddpdoctor.analysis.facts import SIGNAL_NAMES
+
+                        per_rank[rank].signal = SIGNAL_NAMES.get(-code, f"signal {-code}")
+            elif fact.name == "progress":
+                progress.append(fact)
+
+    world = max(world_hints) if world_hints else None
+    inferred = False
+    if ranks and (world is None or max(ranks) >= world):
+        world, inferred = max(ranks) + 1, True
+    missing = sorted(set(range(world)) - ranks) if world and world <= 100_000 else []
+    info = JobInfo(
+        world_size=world,
+        ranks_seen=sorted(ranks),
+        ranks_missing=missing,
+        hosts=sorted(hosts),
+        per_rank=per_rank,
+        launcher_root_cause_rank=root_cause_rank,
+    )
+    codes = [e.code for e in per_rank.values() if e.code is not None]
+    if codes:
+        bad = [c for c in codes if c != 0]
+        info.exit_code = bad[0] if bad else 0
+        sig = next((e.signal for e in per_rank.values() if e.signal), None)
+        info.exit_signal = sig
+    return JobView(
+        info=info,
+        streams=streams,
+        progress=progress,
+        world_size_inferred=inferred,
+        single_node=single_node,
+    )

@@ -1,0 +1,169 @@
+"""`ddpdoctor` command group: diagnose, explain, rules (and run, check, demo from their modules).
+Thin: parse options, call the layers below, choose a renderer, map outcomes to exit codes."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from ddpdoctor import __version__
+from ddpdoctor.cli import exitcodes
+from ddpdoctor.errors import DdpdoctorError
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="ddpdoctor")
+def cli() -> None:
+    """Tells you why a distributed PyTorch job failed, hung or crawled, which rank is to
+    blame, and what to change."""
+
+
+def _default_format() -> str:
+    return "text"
+
+
+@cli.command()
+@click.argument("paths", nargs=-1, required=True)
+@click.option("--format", "fmt", type=click.Choice(["text", "json", "html"]), default=None,
+              help="Output format (default: text).")
+@click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True), default=None,
+              help="Write the report to this file instead of stdout.")
+@click.option("--width", type=int, default=100, show_default=True, help="Text report width.")
+@click.option("--color/--no-color", default=None, help="Colour the text report (default: on a TTY).")
+@click.option("--engine", type=click.Choice(["auto", "stdlib"]), default="auto", hidden=True)
+@click.option("--jobs", "-j", type=int, default=None, help="Parallel scanner processes.")
+def diagnose(
+    paths: tuple[str, ...], fmt: str | None, output: str | None, width: int,
+    color: bool | None, engine: str, jobs: int | None,
+) -> None:
+    """Diagnose the logs of every rank and node: files, folders, globs, .gz files, - for stdin."""
+    from ddpdoctor.analysis.diagnose import diagnose_paths
+    from ddpdoctor.report.render import render
+
+    report = diagnose_paths(list(paths), engine=engine, jobs=jobs)
+    if not any(s.status != "skipped" for s in report.sources):
+        for s in report.sources:
+            click.echo(f"ddpdoctor: {s.path}: {s.reason}", err=True)
+        click.echo("ddpdoctor: nothing readable to diagnose", err=True)
+        sys.exit(exitcodes.USAGE_OR_INPUT)
+    fmt = fmt or _default_format()
+    use_color = color if color is not None else (output is None and sys.stdout.isatty())
+    text = render(report, fmt, width=width, color=use_color and fmt == "text")
+    if output:
+        Path(output).write_text(text, encoding="utf-8")
+    else:
+        click.echo(text, nl=not text.endswith("\n"))
+    for s in report.sources:
+        if s.status != "read":
+            click.echo(f"ddpdoctor: {s.status}: {s.path}: {s.reason}", err=True)
+    failed = report.verdict.status in ("failed", "hung", "slow", "unknown")
+    sys.exit(exitcodes.FAILURE_FOUND if failed else exitcodes.OK)
+
+
+@cli.command()
+@click.argument("query", nargs=-1, required=True)
+def explain(query: tuple[str, ...]) -> None:
+    """Document a rule: by code (DDP101), code prefix (DDP1), kind slug, or a log line."""
+    from rich.console import Console
+    from rich.markdown import Markdown
+
+    from ddpdoctor.rules.docs import rule_markdown
+    from ddpdoctor.rules.registry import find_rules
+
+    text = " ".join(query)
+    rules = find_rules(text)
+    if not rules:
+        click.echo(f"ddpdoctor: no rule matches {text!r}; see `ddpdoctor rules`.", err=True)
+        sys.exit(exitcodes.USAGE_OR_INPUT)
+    console = Console(width=min(100, _terminal_width()))
+    for rule in rules[:5]:
+        if sys.stdout.isatty():
+            console.print(Markdown(rule_markdown(rule)))
+        else:
+            click.echo(rule_markdown(rule))
+
+
+@cli.command("rules")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
+@click.option("--select", default=None, help="Only codes with this prefix (e.g. DDP1).")
+@click.option("--write-docs", type=click.Path(file_okay=False), default=None,
+              help="Write one Markdown page per rule and an index into this folder.")
+@click.option("--export-patterns", type=click.Path(dir_okay=False), default=None,
+              help="Write every signature regex, one per line, in a form `rg -f` accepts.")
+def rules_cmd(fmt: str, select: str | None, write_docs: str | None, export_patterns: str | None) -> None:
+    """List every rule: code, kind, category, title."""
+    import json
+
+    from ddpdoctor.rules.docs import index_markdown, rule_markdown
+    from ddpdoctor.rules.registry import all_rules
+
+    rules = [r for r in all_rules() if not select or r.code.startswith(select.upper())]
+    if write_docs:
+        out = Path(write_docs)
+        out.mkdir(parents=True, exist_ok=True)
+        for rule in rules:
+            (out / f"{rule.code}.md").write_text(rule_markdown(rule), encoding="utf-8")
+        (out / "README.md").write_text(index_markdown(tuple(rules)), encoding="utf-8")
+        click.echo(f"wrote {len(rules)} rule pages to {out}")
+        return
+    if export_patterns:
+        from ddpdoctor.analysis.facts import FACT_PATTERNS
+
+        regexes = [s.regex for r in rules for s in r.signatures] + [f.regex for f in FACT_PATTERNS]
+        Path(export_patterns).write_text(
+            "".join(_rg_regex(rx) + "\n" for rx in regexes), encoding="utf-8"
+        )
+        click.echo(f"wrote {len(regexes)} patterns to {export_patterns}")
+        return
+    if fmt == "json":
+        click.echo(json.dumps([
+            {"code": r.code, "kind": r.kind, "category": str(r.default_category),
+             "title": r.title, "severity": r.severity, "cascade": r.cascade,
+             "inferred": not r.signatures}
+            for r in rules
+        ], indent=2))
+        return
+    for r in rules:
+        click.echo(f"{r.code:<8} {r.kind:<30} {r.default_category!s:<15} {r.title}")
+
+
+def _rg_regex(regex: str) -> str:
+    """Python named groups to the plain groups every rg/grep -E understands."""
+    import re
+
+    return re.sub(r"\(\?P<\w+>", "(", regex)
+
+
+def _terminal_width() -> int:
+    try:
+        return os.get_terminal_size().columns
+    except OSError:
+        return 100
+
+
+def _register_optional() -> None:
+    """Commands owned by other packages; each is importable without torch."""
+    from ddpdoctor.cli.check_cmd import check
+    from ddpdoctor.cli.demo_cmd import demo
+    from ddpdoctor.cli.run_cmd import run
+
+    cli.add_command(run)
+    cli.add_command(check)
+    cli.add_command(demo)
+
+
+def main() -> None:
+    try:
+        _register_optional()
+    except ImportError:
+        pass
+    try:
+        cli(standalone_mode=True)
+    except DdpdoctorError as exc:
+        click.echo(f"ddpdoctor: {exc}", err=True)
+        sys.exit(exitcodes.USAGE_OR_INPUT)
+    except KeyboardInterrupt:
+        sys.exit(130)

@@ -1,0 +1,1 @@
+"""Rendering of reports (JSON, terminal, HTML). Never imports rules or analysis."""

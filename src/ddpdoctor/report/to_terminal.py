@@ -1,0 +1,139 @@
+"""The text report: rich renderables at a fixed width (100 columns by default), readable without
+colour. Tests render with no colour and compare text."""
+
+from __future__ import annotations
+
+from rich.console import Console, Group, RenderableType
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from ddpdoctor.model.findings import Evidence, Report
+
+STATUS_STYLE = {
+    "failed": "bold red",
+    "hung": "bold yellow",
+    "slow": "bold yellow",
+    "ok": "bold green",
+    "unknown": "bold magenta",
+}
+MAX_TEXT = 300
+
+
+def _where(e: Evidence) -> str:
+    parts = [f"{e.source}:{e.line}"]
+    if e.rank is not None:
+        parts.append(f"rank {e.rank}")
+    if e.host:
+        parts.append(e.host)
+    return "  ".join(parts)
+
+
+def _clip(text: str, limit: int = MAX_TEXT) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def renderables(report: Report) -> list[RenderableType]:
+    v = report.verdict
+    head = Text()
+    head.append(f"{v.status.upper()}", style=STATUS_STYLE.get(v.status, "bold"))
+    if v.kind:
+        head.append(f"  {v.kind}", style="bold")
+        head.append(f"  ({v.category})")
+        head.append(f"  rule {v.rule}  confidence {v.confidence:.2f}", style="dim")
+    lines: list[RenderableType] = [head, Text(v.title, style="bold")]
+    culprit = []
+    if v.culprit.ranks:
+        culprit.append("ranks " + ",".join(map(str, v.culprit.ranks)))
+    if v.culprit.hosts:
+        culprit.append("hosts " + ",".join(v.culprit.hosts))
+    if culprit:
+        lines.append(Text("Culprit: " + "; ".join(culprit), style="bold cyan"))
+    lines.append(Text(""))
+    lines.append(Text(v.summary))
+    out: list[RenderableType] = [Panel(Group(*lines), title="ddpdoctor verdict", expand=True)]
+
+    if v.evidence:
+        ev = Text()
+        for i, e in enumerate(v.evidence):
+            if i:
+                ev.append("\n")
+            ev.append(_where(e) + "\n", style="cyan")
+            ev.append("  " + _clip(e.text) + "\n")
+        out.append(Panel(ev, title="Evidence", expand=True))
+    if v.fix or v.next_steps:
+        steps = Text()
+        for i, step in enumerate([*v.fix, *v.next_steps], 1):
+            steps.append(f"{i}. {step}\n")
+        out.append(Panel(steps, title="What to do", expand=True))
+
+    if report.findings:
+        table = Table(title="Findings", expand=True, show_lines=False)
+        table.add_column("role", no_wrap=True)
+        table.add_column("rule", no_wrap=True)
+        table.add_column("kind", no_wrap=True)
+        table.add_column("ranks", overflow="fold", max_width=16)
+        table.add_column("n", justify="right")
+        table.add_column("first evidence", overflow="fold")
+        for f in report.findings:
+            first = f.evidence[0] if f.evidence else None
+            table.add_row(
+                f.role,
+                f.rule,
+                f.kind,
+                ",".join(map(str, f.ranks)) or "-",
+                str(f.count),
+                f"{first.source}:{first.line}" if first else "",
+            )
+        out.append(table)
+
+    job = report.job
+    facts = Text(style="dim")
+    facts.append(f"world size: {job.world_size if job.world_size is not None else 'unknown'}")
+    if job.ranks_seen:
+        facts.append(f"   ranks seen: {_ranges(job.ranks_seen)}")
+    if job.ranks_missing:
+        facts.append(f"   ranks with no lines: {_ranges(job.ranks_missing)}")
+    if job.hosts:
+        facts.append(f"   hosts: {', '.join(job.hosts[:8])}")
+    out.append(facts)
+    bad = [s for s in report.sources if s.status != "read"]
+    read = len(report.sources) - len(bad)
+    src = Text(f"sources: {read} read", style="dim")
+    for s in bad:
+        src.append(f"\n  {s.status}: {s.path}: {s.reason}", style="yellow")
+    out.append(src)
+    return out
+
+
+def _ranges(values: list[int]) -> str:
+    if not values:
+        return ""
+    out: list[str] = []
+    start = prev = values[0]
+    for v in values[1:]:
+        if v == prev + 1:
+            prev = v
+            continue
+        out.append(f"{start}-{prev}" if start != prev else str(start))
+        start = prev = v
+    out.append(f"{start}-{prev}" if start != prev else str(start))
+    return ",".join(out)
+
+
+def to_text(report: Report, width: int = 100, color: bool = False) -> str:
+    console = Console(
+        width=width, record=True, color_system="standard" if color else None,
+        force_terminal=color, file=_NullFile(),
+    )
+    for r in renderables(report):
+        console.print(r)
+    return console.export_text(styles=color)
+
+
+class _NullFile:
+    def write(self, _s: str) -> int:
+        return 0
+
+    def flush(self) -> None:
+        return None
