@@ -17,9 +17,11 @@ setup: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/ddpdoctor demo
 
+LINT_DIRS := $(wildcard src tests benchmarks)
+
 lint: $(STAMP)
-	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/ruff check $(LINT_DIRS)
+	$(BIN)/ruff format --check $(LINT_DIRS)
 	$(BIN)/mypy
 
 test: $(STAMP) lint

@@ -19,6 +19,8 @@ TIMEOUT_RULES = {"TMO101", "TMO102", "TMO103"}
 PEER_RULES = {"NET101"}
 LAUNCHER_ECHO_RULES = {"LCH102", "LCH103"}
 EARLY_STOP_RULE = "EXIT101"
+TEARDOWN_RULE = "EXIT102"
+ZERO3_RULE = "PERF101"
 INFRA_EVIDENCE_RULES = {"NET102", "NET103", "CUDA104"}
 
 
@@ -61,7 +63,9 @@ def _sort_key(f: Finding, rules: dict[str, Rule]) -> tuple[float, int, int]:
 
 def decide(findings: list[Finding], job: JobView, rules: dict[str, Rule]) -> Analysis:
     annotate(findings, job)
-    errors = [f for f in findings if rules[f.rule].severity == "error" and not rules[f.rule].cascade]
+    errors = [
+        f for f in findings if rules[f.rule].severity == "error" and not rules[f.rule].cascade
+    ]
     cascades = [f for f in findings if rules[f.rule].cascade]
     for f in findings:
         f.role = Role.CASCADE if rules[f.rule].cascade else Role.CONTEXT
@@ -81,6 +85,11 @@ def _with_root(
 ) -> Analysis:
     errors.sort(key=lambda f: _sort_key(f, rules))
     root = errors[0]
+    teardown = next((f for f in findings if f.rule == TEARDOWN_RULE), None)
+    if root.kind == "native-crash" and teardown is not None:
+        # the work was done; the crash happened while the process was being torn down
+        root.role = Role.CASCADE
+        root = teardown
     root.role = Role.ROOT
     rule = rules[root.rule]
     culprits = _culprit_ranks(root, job)
@@ -98,13 +107,29 @@ def _with_root(
         rule=rule,
         root=root,
         culprit_ranks=sorted(culprits),
-        culprit_hosts=root.hosts,
+        culprit_hosts=root.hosts or _host_of_dead_peer(findings),
         confidence=0.6 if rule.specificity <= 5 else 0.9,
     )
-    if rule.kind in ("nccl-network", "nccl-p2p", "gpu-hardware") and rule.code not in INFRA_EVIDENCE_RULES:
+    if (
+        rule.kind in ("nccl-network", "nccl-p2p", "gpu-hardware")
+        and rule.code not in INFRA_EVIDENCE_RULES
+    ):
         analysis.category = str(Category.UNKNOWN) if rule.cascade else None
     _timeout_arithmetic(analysis, root, findings, job)
     return analysis
+
+
+def _host_of_dead_peer(findings: list[Finding]) -> list[str]:
+    """NCCL service threads print "Connection closed by localRank N" on the host where local
+    rank N died: when they all come from one host, that host held the culprit."""
+    hosts = {
+        h.record.origin.host
+        for f in findings
+        if f.rule in PEER_RULES
+        for h in f.hits
+        if "peer_local_rank" in h.captures and h.record.origin.host
+    }
+    return sorted(h for h in hosts if h) if len(hosts) == 1 else []
 
 
 def _culprit_ranks(root: Finding, job: JobView) -> set[int]:
@@ -114,7 +139,8 @@ def _culprit_ranks(root: Finding, job: JobView) -> set[int]:
     if root.ranks:
         return set(root.ranks)
     failing = [
-        r for r, e in job.info.per_rank.items()
+        r
+        for r, e in job.info.per_rank.items()
         if e.code not in (None, 0) and e.signal not in ("SIGTERM",)
     ]
     return set(failing) if len(failing) == 1 else set()
@@ -206,8 +232,7 @@ def _from_cascades(
     alive_quiet = {
         r
         for s in job.streams
-        if (r := resolve_rank(s.origin, job.single_node)) is not None
-        and r not in error_ranks
+        if (r := resolve_rank(s.origin, job.single_node)) is not None and r not in error_ranks
     }
     missing = set(job.info.ranks_missing)
     timeout_ms = _timeout_ms(cascades)
@@ -246,7 +271,8 @@ def _from_cascades(
         analysis.next_steps.append(f"Collect the logs of rank(s) {_list(missing)}.")
     else:
         failing = {
-            r: e for r, e in job.info.per_rank.items()
+            r: e
+            for r, e in job.info.per_rank.items()
             if e.code not in (None, 0) and e.signal != "SIGTERM"
         }
         if failing and not waiting:
@@ -316,6 +342,9 @@ def _quiet(findings: list[Finding], job: JobView, rules: dict[str, Rule]) -> Ana
     """No error and no cascade: a healthy run, a performance warning, or a silent stall."""
     warnings = [f for f in findings if rules[f.rule].severity == "warning"]
     perf = [f for f in warnings if rules[f.rule].default_category == Category.PERFORMANCE]
+    zero3 = next((f for f in findings if f.rule == ZERO3_RULE), None)
+    if zero3 is not None and not job.single_node and job.transports == {"socket"}:
+        perf.insert(0, zero3)
     if perf:
         perf[0].role = Role.ROOT
         return Analysis(

@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor
+from contextlib import suppress
+from functools import lru_cache
 
 from ddpdoctor import __version__
 from ddpdoctor.analysis.causality import decide
@@ -36,23 +38,31 @@ def _scannable(rules: Iterable[Rule]) -> list[Rule]:
     return [r for r in rules if r.signatures]
 
 
-def scan_inputs(inputs: list[Input], engine: str = "auto", jobs: int | None = None) -> list[SourceScan]:
+def scan_inputs(
+    inputs: list[Input], engine: str = "auto", jobs: int | None = None
+) -> list[SourceScan]:
     total = 0
     for item in inputs:
-        try:
+        with suppress(OSError):
             total += os.path.getsize(item.path) if item.path != "-" else 0
-        except OSError:
-            pass
     workers = jobs if jobs is not None else (os.cpu_count() or 1)
     if workers > 1 and len(inputs) > 1 and total >= PARALLEL_MIN_BYTES and engine == "auto":
         with ProcessPoolExecutor(max_workers=workers) as pool:
             return list(pool.map(_scan_in_worker, inputs, chunksize=4))
-    scanner = Scanner(_scannable(all_rules()), engine=engine)
+    scanner = _scanner(engine)
     return [scanner.scan(item) for item in inputs]
 
 
+@lru_cache(maxsize=4)
+def _scanner(engine: str) -> Scanner:
+    """Compiling the pattern database takes ~0.3 s: once per process and engine."""
+    return Scanner(_scannable(all_rules()), engine=engine)
+
+
 def diagnose_inputs(
-    inputs: list[Input], problems: list[SourceInfo] | None = None, engine: str = "auto",
+    inputs: list[Input],
+    problems: list[SourceInfo] | None = None,
+    engine: str = "auto",
     jobs: int | None = None,
 ) -> Report:
     rules = {r.code: r for r in all_rules()}

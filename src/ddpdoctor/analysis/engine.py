@@ -6,8 +6,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Protocol
 
+_hs: ModuleType | None
 try:
     import hyperscan as _hs
 except ImportError:  # pragma: no cover - depends on the platform
@@ -107,7 +109,7 @@ def build_matcher(patterns: Sequence[Pattern], prefer: str = "auto") -> Matcher:
     if prefer != "stdlib" and _hs is not None:
         try:
             return HyperscanMatcher(patterns)
-        except Exception:  # noqa: BLE001 - any compile problem falls back to the stdlib engine
+        except Exception:
             if prefer == "hyperscan":
                 raise
     return LiteralMatcher(patterns)

@@ -4,7 +4,7 @@ launcher, progress bars. Patterns here run in the same prefilter pass as the rul
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ddpdoctor.model.findings import RankExit
 
@@ -45,6 +45,9 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
         r"failed \(exitcode: (?P<code>-?\d+)\) local_rank: (?P<local_rank>\d+)",
         "failed (exitcode: ",
     ),
+    # NCCL net.cc: which transport NCCL uses between nodes
+    FactPattern("socket_transport", r"NET/Socket : Using", "NET/Socket : Using"),
+    FactPattern("ib_transport", r"NET/IB : Using", "NET/IB : Using"),
     # tqdm: " 9%|███▊   | 280000/2969526 [29:55<4:48:08, 155.57 examples/s]"
     FactPattern(
         "progress",
@@ -57,12 +60,21 @@ SUMMARY_RANK = re.compile(r"^\s*rank\s*: (?P<rank>\d+) \(local_rank: (?P<local>\
 SUMMARY_HOST = re.compile(r"^\s*host\s*: (?P<host>\S+)")
 SUMMARY_SIGNAL = re.compile(r"\((?P<sig>SIG[A-Z]+)\)|Signal \d+ \((?P<sig2>SIG[A-Z]+)\)")
 SIGNAL_NAMES = {
-    1: "SIGHUP", 2: "SIGINT", 6: "SIGABRT", 7: "SIGBUS", 9: "SIGKILL",
-    11: "SIGSEGV", 15: "SIGTERM", 10: "SIGUSR1", 12: "SIGUSR2",
+    1: "SIGHUP",
+    2: "SIGINT",
+    6: "SIGABRT",
+    7: "SIGBUS",
+    9: "SIGKILL",
+    11: "SIGSEGV",
+    15: "SIGTERM",
+    10: "SIGUSR1",
+    12: "SIGUSR2",
 }
 
 
-def parse_summary_entry(before: list[str], line: str, after: list[str]) -> tuple[int | None, RankExit]:
+def parse_summary_entry(
+    before: list[str], line: str, after: list[str]
+) -> tuple[int | None, RankExit]:
     """One entry of torchrun's ChildFailedError summary: rank, host and exit of a worker."""
     rank: int | None = None
     exit_ = RankExit(code=None)

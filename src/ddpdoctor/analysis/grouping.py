@@ -30,7 +30,10 @@ def dedupe(hits: list[Hit], rules: dict[str, Rule]) -> list[Hit]:
             explained.update(_line_key(c) for c in hit.context)
     out: list[Hit] = []
     for hit in kept:
-        if rules[hit.rule].specificity <= GENERIC_SPECIFICITY and rules[hit.rule].severity == "error":
+        if (
+            rules[hit.rule].specificity <= GENERIC_SPECIFICITY
+            and rules[hit.rule].severity == "error"
+        ):
             block = {_line_key(hit.record), *(_line_key(c) for c in hit.context)}
             if block & explained:
                 continue

@@ -20,6 +20,7 @@ class JobView:
     progress: list[FactHit] = field(default_factory=list)
     world_size_inferred: bool = False
     single_node: bool = True
+    transports: set[str] = field(default_factory=set)
 
 
 def resolve_rank(origin: Origin, single_node: bool) -> int | None:
@@ -49,6 +50,7 @@ def build_job(scans: list[SourceScan], hit_origins: list[Origin]) -> JobView:
     per_rank: dict[int, RankExit] = {}
     root_cause_rank: int | None = None
     progress: list[FactHit] = []
+    transports: set[str] = set()
     for scan in scans:
         expect_root = False
         for fact in scan.facts:
@@ -79,6 +81,8 @@ def build_job(scans: list[SourceScan], hit_origins: list[Origin]) -> JobView:
                         per_rank[rank].signal = SIGNAL_NAMES.get(-code, f"signal {-code}")
             elif fact.name == "progress":
                 progress.append(fact)
+            elif fact.name in ("socket_transport", "ib_transport"):
+                transports.add(fact.name.split("_")[0])
 
     world = max(world_hints) if world_hints else None
     inferred = False
@@ -105,4 +109,5 @@ def build_job(scans: list[SourceScan], hit_origins: list[Origin]) -> JobView:
         progress=progress,
         world_size_inferred=inferred,
         single_node=single_node,
+        transports=transports,
     )

@@ -5,7 +5,7 @@ lines with a candidate (and a bounded head and tail, for job facts) are parsed i
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import lru_cache
@@ -20,6 +20,7 @@ from ddpdoctor.model.findings import Hit
 from ddpdoctor.model.records import Origin, Record, SourceInfo
 from ddpdoctor.rules.base import Rule, Signature
 
+_Parse = Callable[[str], ParsedLine]
 HEAD_TAIL_BYTES = 256 * 1024
 MAX_HITS_PER_PATTERN = 2000
 """After this many confirmed hits of one signature in one source, further ones are counted
@@ -119,8 +120,17 @@ class Scanner:
                 prev = start
                 order += 1
                 self._confirm(
-                    result, chunk, start, end, pids, line_no + 1, order,
-                    file_origin, item.display, parse, kept,
+                    result,
+                    chunk,
+                    start,
+                    end,
+                    pids,
+                    line_no + 1,
+                    order,
+                    file_origin,
+                    item.display,
+                    parse,
+                    kept,
                 )
             last_base = line_base
             last_chunk = chunk
@@ -132,17 +142,19 @@ class Scanner:
             first_tail_line = last_base + last_chunk.count(b"\n", 0, tail_start)
             if first_tail_line >= head_lines:
                 self._sample(
-                    result, last_chunk[tail_start:], first_tail_line, file_origin,
-                    item.display, parse,
+                    result,
+                    last_chunk[tail_start:],
+                    first_tail_line,
+                    file_origin,
+                    item.display,
+                    parse,
                 )
             elif first_tail_line < head_lines < line_base:
                 skip = head_lines - first_tail_line
                 pos = tail_start
                 for _ in range(skip):
                     pos = last_chunk.find(b"\n", pos) + 1
-                self._sample(
-                    result, last_chunk[pos:], head_lines, file_origin, item.display, parse
-                )
+                self._sample(result, last_chunk[pos:], head_lines, file_origin, item.display, parse)
         return result
 
     def _confirm(
@@ -162,6 +174,7 @@ class Scanner:
         raw = chunk[start:end].decode("utf-8", errors="replace")
         parsed: ParsedLine | None = None
         context: list[tuple[int, ParsedLine]] | None = None
+        rules_done: set[str] = set()
         for pid in pids:
             target = self._targets[pid]
             regex = target.signature.compiled if target.signature else None
@@ -181,7 +194,7 @@ class Scanner:
                 result.facts.append(FactHit(target.fact.name, captures, record, before))
                 continue
             rule = target.rule
-            if rule is None:
+            if rule is None or rule.code in rules_done:
                 continue
             if kept.get(pid, 0) >= MAX_HITS_PER_PATTERN:
                 result.dropped_hits[rule.code] = result.dropped_hits.get(rule.code, 0) + 1
@@ -194,6 +207,7 @@ class Scanner:
                 continue
             if record.time is None:
                 record.time = next((c.time for c in reversed(ctx_records) if c.time), None)
+            rules_done.add(rule.code)
             kept[pid] = kept.get(pid, 0) + 1
             result.hits.append(Hit(rule.code, record, captures, ctx_records, order))
 
@@ -230,9 +244,6 @@ class Scanner:
                 summary.progress_lines += 1
             if INIT_LINE.search(parsed.text):
                 summary.last_init_line = summary.last_line
-
-
-_Parse = type(parse_line)
 
 
 def _unanchored(regex: str) -> str:
@@ -272,4 +283,3 @@ def _raw_lines_before(chunk: bytes, start: int, count: int) -> list[str]:
         end = s - 1
     out.reverse()
     return out
-

@@ -64,11 +64,13 @@ def _ranks(ranks: list[int]) -> str:
 
 def _summary(analysis: Analysis, job: JobView, category: str) -> str:
     rule = analysis.rule
-    assert rule is not None  # noqa: S101 - build_verdict checked it
+    assert rule is not None
     where = _ranks(analysis.culprit_ranks)
     if analysis.culprit_hosts:
-        where = f"{where} on {','.join(analysis.culprit_hosts)}" if where else (
-            f"host {','.join(analysis.culprit_hosts)}"
+        where = (
+            f"{where} on {','.join(analysis.culprit_hosts)}"
+            if where
+            else (f"host {','.join(analysis.culprit_hosts)}")
         )
     parts = [f"{rule.title}" + (f" ({where})" if where else "") + "."]
     parts.append(rule.explanation.why)

@@ -27,17 +27,34 @@ def _default_format() -> str:
 
 @cli.command()
 @click.argument("paths", nargs=-1, required=True)
-@click.option("--format", "fmt", type=click.Choice(["text", "json", "html"]), default=None,
-              help="Output format (default: text).")
-@click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True), default=None,
-              help="Write the report to this file instead of stdout.")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["text", "json", "html"]),
+    default=None,
+    help="Output format (default: text).",
+)
+@click.option(
+    "--output",
+    "-o",
+    type=click.Path(dir_okay=False, writable=True),
+    default=None,
+    help="Write the report to this file instead of stdout.",
+)
 @click.option("--width", type=int, default=100, show_default=True, help="Text report width.")
-@click.option("--color/--no-color", default=None, help="Colour the text report (default: on a TTY).")
+@click.option(
+    "--color/--no-color", default=None, help="Colour the text report (default: on a TTY)."
+)
 @click.option("--engine", type=click.Choice(["auto", "stdlib"]), default="auto", hidden=True)
 @click.option("--jobs", "-j", type=int, default=None, help="Parallel scanner processes.")
 def diagnose(
-    paths: tuple[str, ...], fmt: str | None, output: str | None, width: int,
-    color: bool | None, engine: str, jobs: int | None,
+    paths: tuple[str, ...],
+    fmt: str | None,
+    output: str | None,
+    width: int,
+    color: bool | None,
+    engine: str,
+    jobs: int | None,
 ) -> None:
     """Diagnose the logs of every rank and node: files, folders, globs, .gz files, - for stdin."""
     from ddpdoctor.analysis.diagnose import diagnose_paths
@@ -89,11 +106,21 @@ def explain(query: tuple[str, ...]) -> None:
 @cli.command("rules")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
 @click.option("--select", default=None, help="Only codes with this prefix (e.g. DDP1).")
-@click.option("--write-docs", type=click.Path(file_okay=False), default=None,
-              help="Write one Markdown page per rule and an index into this folder.")
-@click.option("--export-patterns", type=click.Path(dir_okay=False), default=None,
-              help="Write every signature regex, one per line, in a form `rg -f` accepts.")
-def rules_cmd(fmt: str, select: str | None, write_docs: str | None, export_patterns: str | None) -> None:
+@click.option(
+    "--write-docs",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Write one Markdown page per rule and an index into this folder.",
+)
+@click.option(
+    "--export-patterns",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Write every signature regex, one per line, in a form `rg -f` accepts.",
+)
+def rules_cmd(
+    fmt: str, select: str | None, write_docs: str | None, export_patterns: str | None
+) -> None:
     """List every rule: code, kind, category, title."""
     import json
 
@@ -119,12 +146,23 @@ def rules_cmd(fmt: str, select: str | None, write_docs: str | None, export_patte
         click.echo(f"wrote {len(regexes)} patterns to {export_patterns}")
         return
     if fmt == "json":
-        click.echo(json.dumps([
-            {"code": r.code, "kind": r.kind, "category": str(r.default_category),
-             "title": r.title, "severity": r.severity, "cascade": r.cascade,
-             "inferred": not r.signatures}
-            for r in rules
-        ], indent=2))
+        click.echo(
+            json.dumps(
+                [
+                    {
+                        "code": r.code,
+                        "kind": r.kind,
+                        "category": str(r.default_category),
+                        "title": r.title,
+                        "severity": r.severity,
+                        "cascade": r.cascade,
+                        "inferred": not r.signatures,
+                    }
+                    for r in rules
+                ],
+                indent=2,
+            )
+        )
         return
     for r in rules:
         click.echo(f"{r.code:<8} {r.kind:<30} {r.default_category!s:<15} {r.title}")
@@ -145,21 +183,19 @@ def _terminal_width() -> int:
 
 
 def _register_optional() -> None:
-    """Commands owned by other packages; each is importable without torch."""
-    from ddpdoctor.cli.check_cmd import check
-    from ddpdoctor.cli.demo_cmd import demo
-    from ddpdoctor.cli.run_cmd import run
+    """Commands owned by other packages (run, check, demo); each is importable without torch."""
+    import importlib
 
-    cli.add_command(run)
-    cli.add_command(check)
-    cli.add_command(demo)
+    for module, name in (("run_cmd", "run"), ("check_cmd", "check"), ("demo_cmd", "demo")):
+        try:
+            command = getattr(importlib.import_module(f"ddpdoctor.cli.{module}"), name)
+        except ImportError:
+            continue
+        cli.add_command(command)
 
 
 def main() -> None:
-    try:
-        _register_optional()
-    except ImportError:
-        pass
+    _register_optional()
     try:
         cli(standalone_mode=True)
     except DdpdoctorError as exc:

@@ -32,9 +32,13 @@ def origin_from_path(path: str) -> Origin:
     origin = Origin()
     if not parts:
         return origin
-    if len(parts) >= 3 and STREAM_FILE.match(parts[-1]) and parts[-2].isdigit():
-        if ATTEMPT_DIR.match(parts[-3]):
-            origin.local_rank = int(parts[-2])
+    if (
+        len(parts) >= 3
+        and STREAM_FILE.match(parts[-1])
+        and parts[-2].isdigit()
+        and ATTEMPT_DIR.match(parts[-3])
+    ):
+        origin.local_rank = int(parts[-2])
     stem = parts[-1].split(".", 1)[0]
     m = LOCAL_RANK_NAME.search(stem)
     if m and origin.local_rank is None:

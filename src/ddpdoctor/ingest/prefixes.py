@@ -13,9 +13,7 @@ from ddpdoctor.model.records import Origin
 ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-_]")
 
 # Kubernetes `kubectl logs --timestamps` / fluentd: RFC 3339 at the start of the line.
-RFC3339 = re.compile(
-    r"(?P<ts>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d))\s+"
-)
+RFC3339 = re.compile(r"(?P<ts>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d))\s+")
 # Python logging asctime and most other loggers: optional brackets, optional millis.
 ISO_TIME = re.compile(
     r"\[?(?P<ts>\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[,.]\d{1,9})?)(?:Z|[+-]\d\d:?\d\d)?\]?[\s:|-]+"
@@ -37,9 +35,7 @@ NCCL = re.compile(r"(?P<host>[\w.-]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\]
 # Slurm `srun --label`: task id (SLURM_PROCID) then ': ', possibly space-padded.
 SLURM = re.compile(r"\s*(?P<task>\d{1,5}): ")
 # pdsh / DeepSpeed multi-node: `worker-1: `; a host-like token with a digit or a dash.
-PDSH = re.compile(
-    r"(?P<host>(?=[a-z0-9._-]*[0-9-])[a-z][a-z0-9._-]{0,62}):\s(?!\s*error:)"
-)
+PDSH = re.compile(r"(?P<host>(?=[a-z0-9._-]*[0-9-])[a-z][a-z0-9._-]{0,62}):\s(?!\s*error:)")
 # Capture platforms: `[stderr]`, `[stdout]`.
 STREAM_TAG = re.compile(r"\[(?:stderr|stdout)\]\s?")
 # Job platforms put step/run ids in brackets after their timestamp: `[177/train/578 (pid 1)] `.
@@ -78,31 +74,24 @@ def _parse_iso(ts: str) -> datetime | None:
 
 def _glog_time(md: str, hms: str, year: int) -> datetime | None:
     try:
-        return datetime.strptime(f"{year}{md} {hms[:15]}", "%Y%m%d %H:%M:%S.%f").replace(
-            tzinfo=UTC
-        )
+        return datetime.strptime(f"{year}{md} {hms[:15]}", "%Y%m%d %H:%M:%S.%f").replace(tzinfo=UTC)
     except ValueError:
         try:
-            return datetime.strptime(f"{year}{md} {hms[:8]}", "%Y%m%d %H:%M:%S").replace(
-                tzinfo=UTC
-            )
+            return datetime.strptime(f"{year}{md} {hms[:8]}", "%Y%m%d %H:%M:%S").replace(tzinfo=UTC)
         except ValueError:
             return None
 
 
 def clean(raw: str) -> str:
-    """Remove colour codes, keep the last redraw of a `\\r` progress bar, cap the length."""
+    """Remove colour codes and NUL bytes, cap the length."""
     if "\x1b" in raw:
         raw = ANSI.sub("", raw)
     raw = raw.rstrip("\r\n")
-    if "\r" in raw:
-        parts = [p for p in raw.split("\r") if p.strip()]
-        raw = parts[-1] if parts else ""
     raw = raw.replace("\x00", "")
     return raw[:MAX_TEXT]
 
 
-def parse_line(raw: str, year: int = 1970) -> ParsedLine:  # noqa: C901 - one table of formats
+def parse_line(raw: str, year: int = 1970) -> ParsedLine:
     """Strip every known prefix from the front of a line, repeatedly (they nest)."""
     text = clean(raw)
     out = ParsedLine(text=text)
@@ -169,6 +158,9 @@ def parse_line(raw: str, year: int = 1970) -> ParsedLine:  # noqa: C901 - one ta
             continue
         break
     message = text[pos:]
+    if "\r" in message:  # a progress bar redrawn in place: keep its last state
+        parts = [p for p in message.split("\r") if p.strip()]
+        message = parts[-1] if parts else ""
     if out.level is None:
         m = PY_LEVEL.match(message)
         if m:

@@ -11,10 +11,12 @@ import sys
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
+from types import ModuleType
 from typing import BinaryIO
 
 from ddpdoctor.model.records import SourceInfo
 
+_fast_gzip: ModuleType | None
 try:  # isal decompresses gzip about 1.5x faster than zlib; optional.
     from isal import igzip as _fast_gzip
 except ImportError:  # pragma: no cover - depends on the platform
@@ -24,6 +26,7 @@ CHUNK_BYTES = 4 * 1024 * 1024
 MAX_LINE_BYTES = 8 * 1024 * 1024
 """A single line longer than this is cut into pieces so memory stays bounded."""
 SNIFF_BYTES = 8192
+GZIP_READ_BYTES = 256 * 1024
 GZIP_MAGIC = b"\x1f\x8b"
 STDIN_NAME = "<stdin>"
 
@@ -92,6 +95,7 @@ class ChunkStream:
         self.chunk_bytes = chunk_bytes
         self.info = SourceInfo(path=item.display)
         self.mtime: float | None = None
+        self.read_bytes = chunk_bytes
 
     def _open(self) -> BinaryIO | None:
         if self.item.path == "-":
@@ -110,7 +114,9 @@ class ChunkStream:
             return None
         if head[:2] == GZIP_MAGIC:
             opener = _fast_gzip.open if _fast_gzip is not None else gzip.open
-            return opener(raw, "rb")  # type: ignore[no-any-return]
+            # small reads: a truncated archive then loses at most one read of text
+            self.read_bytes = GZIP_READ_BYTES
+            return opener(raw, "rb")  # type: ignore[no-any-return,no-untyped-call,return-value,unused-ignore]
         return raw
 
     def __iter__(self) -> Iterator[bytes]:
@@ -122,7 +128,7 @@ class ChunkStream:
         try:
             while True:
                 try:
-                    block = stream.read(self.chunk_bytes)
+                    block = stream.read(self.read_bytes)
                 except (EOFError, OSError, zlib.error, gzip.BadGzipFile) as exc:
                     self.info.status = "partial"
                     self.info.reason = f"truncated or corrupt compressed data: {exc}"

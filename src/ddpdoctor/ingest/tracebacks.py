@@ -9,7 +9,9 @@ from collections.abc import Callable
 from ddpdoctor.ingest.prefixes import ParsedLine
 
 TRACEBACK_HEAD = "Traceback (most recent call last):"
-CHAINED = re.compile(r"^(During handling of the above exception|The above exception was the direct)")
+CHAINED = re.compile(
+    r"^(During handling of the above exception|The above exception was the direct)"
+)
 EXCEPTION_LINE = re.compile(r"^\**[A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit|Warning)\b")
 MAX_WALK_LINES = 400
 MAX_TRACEBACK_LINES = 120
@@ -28,7 +30,7 @@ def is_traceback_line(text: str) -> bool:
 def walk_back(
     chunk: bytes, line_start: int, key: str, parse: Callable[[str], ParsedLine]
 ) -> list[tuple[int, ParsedLine]]:
-    """(lines back, line) for each line of the traceback that ends at the line starting at `line_start`, oldest first.
+    """(lines back, line) for each line of the traceback ending at `line_start`, oldest first.
 
     Only lines whose prefix equals `key` count (ranks interleave in one console). Stops at the
     traceback head, at a non-traceback line of the same writer, or after a bounded walk.

@@ -152,8 +152,11 @@ def bisect(
         others = [w.label for w in working[1:]]
         extra = f" (also works: {', '.join(others)})" if others else ""
         out.conclusion = f"{working[0].label} makes the test pass{extra}. {working[0].meaning}"
-    elif out.skipped and not out.attempts:
-        out.conclusion = "No variation could run within the time budget of the check."
+    elif out.skipped:
+        out.conclusion = (
+            f"Inconclusive: none of the {len(out.attempts)} variation(s) tried works and "
+            f"{len(out.skipped)} could not run within the time budget; raise --timeout."
+        )
     else:
         out.conclusion = NOTHING_MEANING
     return out

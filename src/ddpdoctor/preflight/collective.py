@@ -4,6 +4,7 @@ Attempt value. Also the bandwidth arithmetic of nccl-tests. Never raises for a f
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -120,9 +121,10 @@ def port_in_use(port: int, addr: str = "127.0.0.1") -> bool:
     """True when nobody may bind `port` (what torchrun's TCPStore will try)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         try:
-            s.bind(("" if addr in ("127.0.0.1", "localhost") else addr, port))
-        except OSError:
-            return True
+            s.bind(("" if addr in ("", "127.0.0.1", "localhost") else addr, port))
+        except OSError as exc:
+            # EADDRNOTAVAIL: MASTER_ADDR is another host; only that host can tell
+            return exc.errno == errno.EADDRINUSE
     return False
 
 
@@ -220,7 +222,7 @@ def interpret(
         elif stages:
             rank_stages[r] = f"{stages[-1]['name']}:{stages[-1]['status']}"
         else:
-            rank_stages[r] = "start"
+            rank_stages[r] = "starting"  # importing torch, collecting facts
         err = data.get("error")
         if err and error is None:
             failed_stage = err.get("stage")

@@ -194,10 +194,17 @@ def _collective(
     if baseline.ok:
         return collective, None, rank_facts, issues
 
+    if baseline.error and "EADDRINUSE" in baseline.error:
+        # taken between our precheck and torchrun's bind: the same diagnosis
+        port = cfg.master_port
+        issue = PORT_IN_USE.issue(
+            f"MASTER_PORT {port} is already in use: {baseline.error}",
+            {"port": port, "addr": cfg.master_addr},
+            facts,
+        )
+        return collective, None, rank_facts, [issue]
     wrong = baseline.error is not None and "wrong data" in baseline.error
-    reached_init = any(
-        not s.startswith(("not-started", "start")) for s in baseline.rank_stages.values()
-    )
+    reached_init = any(s not in ("not-started", "starting") for s in baseline.rank_stages.values())
     bisection: Bisection | None = None
     if cfg.bisect and (reached_init or baseline.status == "hung"):
 

@@ -1,4 +1,5 @@
-"""A self-contained HTML report (rich's recording console export): one file to attach to a ticket."""
+"""A self-contained HTML report (rich's recording console export), one file to attach to a
+ticket."""
 
 from __future__ import annotations
 

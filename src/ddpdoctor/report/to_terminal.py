@@ -3,6 +3,8 @@ colour. Tests render with no colour and compare text."""
 
 from __future__ import annotations
 
+import io
+
 from rich.console import Console, Group, RenderableType
 from rich.panel import Panel
 from rich.table import Table
@@ -123,17 +125,19 @@ def _ranges(values: list[int]) -> str:
 
 def to_text(report: Report, width: int = 100, color: bool = False) -> str:
     console = Console(
-        width=width, record=True, color_system="standard" if color else None,
-        force_terminal=color, file=_NullFile(),
+        width=width,
+        record=True,
+        color_system="standard" if color else None,
+        force_terminal=color,
+        file=_NullFile(),
     )
     for r in renderables(report):
         console.print(r)
     return console.export_text(styles=color)
 
 
-class _NullFile:
+class _NullFile(io.StringIO):
+    """Recording consoles render to memory only; nothing goes to the real stdout."""
+
     def write(self, _s: str) -> int:
         return 0
-
-    def flush(self) -> None:
-        return None

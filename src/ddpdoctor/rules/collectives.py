@@ -13,9 +13,7 @@ COLLECTIVE_MISMATCH = Rule(
     signatures=(
         Signature(r"Detected mismatch between collectives on ranks"),
         # gloo/transport/tcp/pair.cc: shapes differ between ranks
-        Signature(
-            r"op\.preamble\.length <= op\.nbytes", "op.preamble.length"
-        ),
+        Signature(r"op\.preamble\.length <= op\.nbytes", "op.preamble.length"),
         Signature(r"Is there a distributed collective mismatch in your code"),
     ),
     explanation=Explanation(

@@ -54,8 +54,7 @@ CHECKPOINT_LOAD_DEVICE = Rule(
         what="Out of GPU memory while torch.load restored CUDA tensors.",
         why="Without map_location, torch.load puts every tensor on the device it was saved "
         "from (cuda:0), so every rank allocates the whole checkpoint on GPU 0 at resume.",
-        fix="torch.load(path, map_location='cpu') then move, or "
-        "map_location=f'cuda:{local_rank}'.",
+        fix="torch.load(path, map_location='cpu') then move, or map_location=f'cuda:{local_rank}'.",
         false_positives="A genuinely too large checkpoint for one GPU also fails here.",
     ),
     fix=(
@@ -143,8 +142,13 @@ CUDA_LIBRARY_MISMATCH = Rule(
         Signature(r"The NVIDIA driver on your system is too old"),
         Signature(r"CUDA driver version is insufficient for CUDA runtime version"),
         Signature(r"cuDNN version incompatibility"),
-        Signature(r"CUDNN_STATUS_(?:NOT_INITIALIZED|ARCH_MISMATCH|VERSION_MISMATCH)", "CUDNN_STATUS_"),
-        Signature(r"lib(?:cudnn|nccl|cublas|cudart|cuda)\w*\.so[.\d]*: cannot open shared object file", ": cannot open shared object file"),
+        Signature(
+            r"CUDNN_STATUS_(?:NOT_INITIALIZED|ARCH_MISMATCH|VERSION_MISMATCH)", "CUDNN_STATUS_"
+        ),
+        Signature(
+            r"lib(?:cudnn|nccl|cublas|cudart|cuda)\w*\.so[.\d]*: cannot open shared object file",
+            ": cannot open shared object file",
+        ),
         Signature(r"undefined symbol: (?:nccl|cudnn|cublas)\w*", "undefined symbol: "),
     ),
     explanation=Explanation(
@@ -230,7 +234,9 @@ DATALOADER_CUDA_FORK = Rule(
         "Do not set a CUDA default tensor type; or DataLoader(..., "
         "multiprocessing_context='spawn').",
     ),
-    positive=("RuntimeError: Cannot re-initialize CUDA in forked subprocess. To use CUDA with multiprocessing, you must use the 'spawn' start method",),
+    positive=(
+        "RuntimeError: Cannot re-initialize CUDA in forked subprocess. To use CUDA with multiprocessing, you must use the 'spawn' start method",
+    ),
     negative=("RuntimeError: CUDA error: out of memory",),
 )
 

@@ -12,7 +12,10 @@ DATA_ERROR = Rule(
     sources="Python I/O, PIL, json, pickle, datasets/pyarrow",
     specificity=55,
     signatures=(
-        Signature(r"FileNotFoundError: \[Errno 2\] No such file or directory: (?P<path>.+)", "FileNotFoundError"),
+        Signature(
+            r"FileNotFoundError: \[Errno 2\] No such file or directory: (?P<path>.+)",
+            "FileNotFoundError",
+        ),
         Signature(r"FileNotFoundError"),
         Signature(r"IsADirectoryError|NotADirectoryError", "DirectoryError"),
         Signature(r"(?:PIL\.)?UnidentifiedImageError|cannot identify image file", "identif"),
@@ -71,7 +74,9 @@ DISK_FULL = Rule(
         "Keep fewer checkpoints (e.g. save_total_limit=2).",
     ),
     positive=("OSError: [Errno 28] No space left on device",),
-    negative=("RuntimeError: unable to allocate shared memory(shm) for file </torch_1_2>: No space left on device (28)",),
+    negative=(
+        "RuntimeError: unable to allocate shared memory(shm) for file </torch_1_2>: No space left on device (28)",
+    ),
 )
 
 DATALOADER_WORKER_KILLED = Rule(
@@ -81,10 +86,16 @@ DATALOADER_WORKER_KILLED = Rule(
     sources="torch/utils/data/_utils/signal_handling.py, dataloader.py",
     specificity=80,
     signatures=(
-        Signature(r"DataLoader worker \(pid (?P<pid>\d+)\) is killed by signal: (?P<signal>[\w ]+)", "DataLoader worker (pid"),
+        Signature(
+            r"DataLoader worker \(pid (?P<pid>\d+)\) is killed by signal: (?P<signal>[\w ]+)",
+            "DataLoader worker (pid",
+        ),
         Signature(r"Unexpected bus error encountered in worker"),
         Signature(r"insufficient shared memory"),
-        Signature(r"DataLoader worker \(pid\(s\) (?P<pids>[\d, ]+)\) exited unexpectedly", "exited unexpectedly"),
+        Signature(
+            r"DataLoader worker \(pid\(s\) (?P<pids>[\d, ]+)\) exited unexpectedly",
+            "exited unexpectedly",
+        ),
         Signature(r"unable to (?:allocate|write to file|open) shared memory", "shared memory"),
     ),
     explanation=Explanation(
@@ -116,8 +127,12 @@ MISSING_MODULE = Rule(
     sources="CPython import system",
     specificity=60,
     signatures=(
-        Signature(r"ModuleNotFoundError: No module named '(?P<module>[^']+)'", "ModuleNotFoundError"),
-        Signature(r"ImportError: cannot import name '(?P<name>[^']+)'", "ImportError: cannot import name"),
+        Signature(
+            r"ModuleNotFoundError: No module named '(?P<module>[^']+)'", "ModuleNotFoundError"
+        ),
+        Signature(
+            r"ImportError: cannot import name '(?P<name>[^']+)'", "ImportError: cannot import name"
+        ),
         Signature(r"ImportError: No module named (?P<module>\S+)", "ImportError: No module named"),
     ),
     context_none=(r"lib(?:cudnn|nccl|cublas|cudart|cuda)\w*\.so",),

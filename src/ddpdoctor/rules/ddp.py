@@ -209,7 +209,9 @@ UNEVEN_INPUTS = Rule(
         "lengths per rank.",
         "Or train inside `with ddp_model.join():` so ranks that finish early shadow the others.",
     ),
-    positive=("RuntimeError: Detected at least one rank that exhausted inputs. Throwing across all ranks.",),
+    positive=(
+        "RuntimeError: Detected at least one rank that exhausted inputs. Throwing across all ranks.",
+    ),
     negative=("Epoch 3: 100%|##########| 250/250 [00:10<00:00]",),
 )
 

@@ -13,11 +13,23 @@ def rule_markdown(rule: Rule) -> str:
         "",
         f"- kind: `{rule.kind}`",
         f"- category: `{rule.default_category}`",
-        f"- severity: {rule.severity}" + ("; can be a cascade of another rank's failure" if rule.cascade else ""),
+        f"- severity: {rule.severity}"
+        + ("; can be a cascade of another rank's failure" if rule.cascade else ""),
     ]
     if not rule.signatures:
         lines.append("- inferred from how ranks behaved (no single log line proves it)")
-    lines += ["", "## What it detects", ex.what, "", "## Why it happens", ex.why, "", "## How to fix", ex.fix, ""]
+    lines += [
+        "",
+        "## What it detects",
+        ex.what,
+        "",
+        "## Why it happens",
+        ex.why,
+        "",
+        "## How to fix",
+        ex.fix,
+        "",
+    ]
     if rule.fix:
         lines.append("Steps:")
         lines += [f"1. {step}" for step in rule.fix]

@@ -37,9 +37,7 @@ EARLY_STOP = Rule(
     sources="Lightning EarlyStopping, HF EarlyStoppingCallback, user code",
     severity="info",
     specificity=10,
-    signatures=(
-        Signature(r"(?i:early[ _-]?stop)\w*", "arly"),
-    ),
+    signatures=(Signature(r"(?i:early[ _-]?stop)\w*", "arly"),),
     explanation=Explanation(
         what="A line announcing an early stop.",
         why="Stopping early is fine when every rank stops at the same step; when one rank stops "
@@ -56,4 +54,69 @@ EARLY_STOP = Rule(
     negative=("Epoch 3: val_loss improved to 0.21",),
 )
 
-RULES = (PYTHON_EXCEPTION, EARLY_STOP)
+TEARDOWN_WITHOUT_DESTROY = Rule(
+    code="EXIT102",
+    kind="exit-teardown-crash",
+    title="Process exited without destroy_process_group (teardown)",
+    sources="ProcessGroupNCCL::~ProcessGroupNCCL (torch >= 2.4), CPython atexit",
+    severity="warning",
+    specificity=15,
+    signatures=(
+        Signature(r"process group has NOT been destroyed before we destruct ProcessGroupNCCL"),
+        Signature(r"Exception ignored in atexit callback"),
+        Signature(r"destroy_process_group\(\) was not called"),
+    ),
+    explanation=Explanation(
+        what="The program reached its end with the process group still alive; a crash or hang "
+        "after this point happens in teardown, after the work was done.",
+        why="Without destroy_process_group() NCCL/gloo threads are torn down by interpreter "
+        "exit in arbitrary order; that can abort, segfault or hang a process whose training "
+        "had finished.",
+        fix="Call torch.distributed.destroy_process_group() at the end of training on every "
+        "rank, before the process exits.",
+        false_positives="Alone it is only a warning: the run may have ended fine.",
+    ),
+    fix=(
+        "At the end of main(): torch.distributed.barrier(); "
+        "torch.distributed.destroy_process_group().",
+    ),
+    positive=(
+        "[rank0]:[W1130 10:00:00.000000 123 ProcessGroupNCCL.cpp:1250] Warning: WARNING: process "
+        "group has NOT been destroyed before we destruct ProcessGroupNCCL. On normal program "
+        "exit, the application should call destroy_process_group",
+    ),
+    negative=("Destroying process group",),
+)
+
+ZERO3_STAGE = Rule(
+    code="PERF101",
+    kind="zero3-multinode-slow",
+    title="ZeRO-3 / full sharding across nodes over a socket transport",
+    sources="DeepSpeed runtime/zero/stage3.py, NCCL net.cc (NET/Socket)",
+    severity="info",
+    specificity=10,
+    signatures=(
+        Signature(r"stage3\.py"),
+        Signature(r"ZeRO Stage 3"),
+        Signature(r"\"stage\": 3\b", '"stage": 3'),
+    ),
+    explanation=Explanation(
+        what="DeepSpeed ZeRO stage 3 (or FSDP full shard) runs across nodes whose NCCL "
+        "transport is plain sockets.",
+        why="Stage 3 gathers every layer's parameters for each forward and backward: across "
+        "nodes that is several times the traffic of DDP, and a TCP socket link (no IB/RoCE) "
+        "makes every step wait on the network.",
+        fix="Use ZeRO-2 or hybrid sharding (shard inside a node, replicate across nodes: "
+        "FSDP HYBRID_SHARD, DeepSpeed zero_hpz_partition_size / MiCS), or a faster fabric.",
+        false_positives="Stage 3 inside one node, or across nodes on IB, is normal.",
+    ),
+    fix=(
+        "Shard inside a node only: FSDP sharding_strategy=HYBRID_SHARD, or DeepSpeed "
+        '"zero_hpz_partition_size": <GPUs per node> (ZeRO++), or ZeRO stage 2.',
+        "Check the transport: NCCL_DEBUG=INFO shows 'NET/IB' (good) or 'NET/Socket' (slow).",
+    ),
+    positive=("[INFO] [stage3.py:113:__init__] Reduce bucket size 500000000",),
+    negative=("[INFO] [stage_1_and_2.py:148:__init__] Reduce bucket size 500000000",),
+)
+
+RULES = (PYTHON_EXCEPTION, EARLY_STOP, TEARDOWN_WITHOUT_DESTROY, ZERO3_STAGE)

@@ -14,7 +14,9 @@ HOST_OOM_KILL = Rule(
     "kernel OOM killer, Slurm",
     specificity=60,
     signatures=(
-        Signature(r"failed \(exitcode: -9\) local_rank: (?P<local_rank>\d+)", "failed (exitcode: -9)"),
+        Signature(
+            r"failed \(exitcode: -9\) local_rank: (?P<local_rank>\d+)", "failed (exitcode: -9)"
+        ),
         Signature(r"^\s*exitcode\s*: -9\b", "exitcode"),
         Signature(r"Signal 9 \(SIGKILL\) received by PID (?P<pid>\d+)", "Signal 9 (SIGKILL)"),
         Signature(r"exits with return code = -9"),
@@ -75,7 +77,9 @@ LAUNCHER_SIGTERM = Rule(
         "WARNING:torch.distributed.elastic.multiprocessing.api:Sending process 812914 closing "
         "signal SIGTERM",
     ),
-    negative=("torch.distributed.elastic.multiprocessing.api.SignalException: Process 1 got signal: 15",),
+    negative=(
+        "torch.distributed.elastic.multiprocessing.api.SignalException: Process 1 got signal: 15",
+    ),
 )
 
 CHILD_FAILED = Rule(
@@ -88,7 +92,10 @@ CHILD_FAILED = Rule(
     specificity=5,
     signatures=(
         Signature(r"ChildFailedError"),
-        Signature(r"failed \(exitcode: (?P<code>-?\d+)\) local_rank: (?P<local_rank>\d+)", "failed (exitcode: "),
+        Signature(
+            r"failed \(exitcode: (?P<code>-?\d+)\) local_rank: (?P<local_rank>\d+)",
+            "failed (exitcode: ",
+        ),
     ),
     explanation=Explanation(
         what="The launcher's summary of failed workers.",
@@ -109,9 +116,14 @@ NATIVE_CRASH = Rule(
     sources="torchelastic errors/__init__.py, Python faulthandler, libc",
     specificity=40,
     signatures=(
-        Signature(r"Signal (?P<signum>11|6|7|4|8) \((?P<sig>SIG\w+)\) received by PID", "received by PID"),
+        Signature(
+            r"Signal (?P<signum>11|6|7|4|8) \((?P<sig>SIG\w+)\) received by PID", "received by PID"
+        ),
         Signature(r"^\s*exitcode\s*: -(?P<signum>11|6|7|4|8)\b", "exitcode"),
-        Signature(r"failed \(exitcode: -(?P<signum>11|6|7|4|8)\) local_rank: (?P<local_rank>\d+)", "failed (exitcode: -"),
+        Signature(
+            r"failed \(exitcode: -(?P<signum>11|6|7|4|8)\) local_rank: (?P<local_rank>\d+)",
+            "failed (exitcode: -",
+        ),
         Signature(r"Segmentation fault"),
         Signature(r"Fatal Python error: (?P<what>\w+)", "Fatal Python error"),
         Signature(r"terminate called after throwing an instance of"),
@@ -178,8 +190,14 @@ LAUNCHER_ENV_MISSING = Rule(
             r"expected, but not set",
             "expected, but not set",
         ),
-        Signature(r"KeyError: '(?P<var>RANK|LOCAL_RANK|WORLD_SIZE|MASTER_ADDR|MASTER_PORT)'", "KeyError: '"),
-        Signature(r"Error initializing torch\.distributed using env:// rendezvous", "Error initializing torch.distributed"),
+        Signature(
+            r"KeyError: '(?P<var>RANK|LOCAL_RANK|WORLD_SIZE|MASTER_ADDR|MASTER_PORT)'",
+            "KeyError: '",
+        ),
+        Signature(
+            r"Error initializing torch\.distributed using env:// rendezvous",
+            "Error initializing torch.distributed",
+        ),
     ),
     explanation=Explanation(
         what="The script expected RANK/WORLD_SIZE/MASTER_ADDR/LOCAL_RANK in the environment.",
@@ -210,9 +228,18 @@ ENTRYPOINT_NOT_FOUND = Rule(
     sources="CPython main (can't open file), runpy",
     specificity=90,
     signatures=(
-        Signature(r"can't open file '(?P<path>[^']+)': \[Errno 2\] No such file or directory", "can't open file"),
-        Signature(r"(?:python[\d.]*|bin/\w+): No module named (?P<module>[\w.]+)\s*$", ": No module named "),
-        Signature(r"Error while finding module specification for '(?P<module>[^']+)'", "Error while finding module specification"),
+        Signature(
+            r"can't open file '(?P<path>[^']+)': \[Errno 2\] No such file or directory",
+            "can't open file",
+        ),
+        Signature(
+            r"(?:python[\d.]*|bin/\w+): No module named (?P<module>[\w.]+)\s*$",
+            ": No module named ",
+        ),
+        Signature(
+            r"Error while finding module specification for '(?P<module>[^']+)'",
+            "Error while finding module specification",
+        ),
     ),
     explanation=Explanation(
         what="Python could not find the training script or module given to the launcher.",
@@ -239,7 +266,10 @@ RENDEZVOUS_FAILURE = Rule(
     sources="torch/csrc/distributed/c10d/socket.cpp, TCPStore.cpp, elastic/rendezvous",
     specificity=75,
     signatures=(
-        Signature(r"The client socket has timed out after (?P<after>\w+) while trying to connect to (?P<endpoint>\S+)", "The client socket has timed out"),
+        Signature(
+            r"The client socket has timed out after (?P<after>\w+) while trying to connect to (?P<endpoint>\S+)",
+            "The client socket has timed out",
+        ),
         Signature(r"The server socket has failed to (?:listen|bind)"),
         Signature(r"RendezvousConnectionError"),
         Signature(r"RendezvousTimeoutError"),
@@ -284,7 +314,9 @@ SLURM_TERMINATED = Rule(
             r"\*\*\* (?:JOB|STEP) [\d.]+ ON \S+ CANCELLED AT \S+ DUE TO (?P<reason>TIME LIMIT|PREEMPTION) \*\*\*",
             "CANCELLED AT",
         ),
-        Signature(r"SignalException: Process \d+ got signal: (?P<signum>15|10|12)", "SignalException"),
+        Signature(
+            r"SignalException: Process \d+ got signal: (?P<signum>15|10|12)", "SignalException"
+        ),
         Signature(r"DUE TO (?P<reason>TIME LIMIT|PREEMPTION)", "DUE TO "),
     ),
     explanation=Explanation(
@@ -298,7 +330,9 @@ SLURM_TERMINATED = Rule(
         "Save checkpoints periodically and resume on restart (Slurm --requeue / --signal=USR1@120).",
         "Ask for a longer time limit (--time) if the job simply needs it.",
     ),
-    positive=("slurmstepd: error: *** JOB 1234 ON node01 CANCELLED AT 2024-01-01T00:00:00 DUE TO TIME LIMIT ***",),
+    positive=(
+        "slurmstepd: error: *** JOB 1234 ON node01 CANCELLED AT 2024-01-01T00:00:00 DUE TO TIME LIMIT ***",
+    ),
     negative=("slurmstepd: error: Detected 1 oom_kill event in StepId=1234.0",),
 )
 

@@ -41,6 +41,18 @@ def find_rules(query: str) -> list[Rule]:
         by_prefix = [r for r in all_rules() if r.code.upper().startswith(q.upper())]
         if by_prefix:
             return by_prefix
-    matched = [r for r in all_rules() if r.match(q) and r.context_ok(q) or r.match(q)]
-    matched.sort(key=lambda r: -r.specificity)
+    matched = [r for r in all_rules() if r.match(q)]
+    if not matched and len(q) >= 12:
+        # a fragment of a message: compare with each signature's required literal
+        lowered = q.lower()
+        matched = [
+            r
+            for r in all_rules()
+            if any(
+                lowered in s.required_literal.lower()
+                or (len(s.required_literal) >= 12 and s.required_literal.lower() in lowered)
+                for s in r.signatures
+            )
+        ]
+    matched.sort(key=lambda r: (not r.context_ok(q), -r.specificity))
     return matched

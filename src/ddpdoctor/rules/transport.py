@@ -25,7 +25,10 @@ PEER_CLOSED = Rule(
     signatures=(
         Signature(r"Connection closed by peer"),
         Signature(r"Connection reset by peer"),
-        Signature(r"Connection closed by localRank (?P<peer_local_rank>\d+)", "Connection closed by localRank"),
+        Signature(
+            r"Connection closed by localRank (?P<peer_local_rank>\d+)",
+            "Connection closed by localRank",
+        ),
         Signature(r"remote process exited or there was a network error"),
         Signature(r"ncclRemoteError"),
         Signature(r"Broken pipe"),

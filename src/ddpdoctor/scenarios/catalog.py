@@ -1,11 +1,15 @@
-"""The table of scenarios: which program injects which failure, how it is launched, and the
-diagnosis a correct analysis must give. Data only: running lives in runner.py."""
+"""The table of scenarios: which program injects which failure, how it is launched, the
+diagnosis a correct analysis must give, and how a report is checked against it. Running lives in
+runner.py; nothing here imports torch."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from ddpdoctor.model.findings import Report
 
 Launcher = Literal["torchrun", "launch", "python"]
 """torchrun: `torchrun --standalone`; launch: the deprecated `python -m torch.distributed.launch`;
@@ -26,8 +30,9 @@ class Scenario:
     """File name under programs/ (for entrypoint-not-found, a file that does not exist)."""
     expected_kind: str
     expected_category: str
-    expected_culprits: tuple[int, ...]
-    """Global ranks the verdict must blame; () when no rank is to blame (launcher errors)."""
+    expected_culprits: tuple[int, ...] | None
+    """Global ranks the verdict must blame; None when the logs cannot tell ranks apart (errors
+    raised before torch installs its `[rankN]:` excepthook, or outside any rank)."""
     cascade_ranks: tuple[int, ...] = ()
     """Ranks whose errors are consequences of the root: none of their findings may be the root,
     and at least one of them must be reported with role `cascade`."""
@@ -42,6 +47,9 @@ class Scenario:
     """Bind the master port before launching, so the rendezvous store cannot listen on it."""
     timeout_s: float = 60.0
     """Outer wall-clock limit; the scenario is killed (process group) past it."""
+    gaps: dict[str, str] = field(default_factory=dict)
+    """Known gaps of the analysis for this scenario: aspect ("kind", "category", "culprits",
+    "cascade") -> what it gets instead. Tests mark these aspects strict xfail."""
     notes: str = ""
 
     @property
@@ -53,6 +61,8 @@ class Scenario:
         return CAPTURED_DIR / self.name
 
 
+_CASCADE_NOTE = "torchrun names rank {0} as the root cause, the victim: it failed first."
+
 SCENARIOS: tuple[Scenario, ...] = (
     Scenario(
         name="data-error",
@@ -62,7 +72,202 @@ SCENARIOS: tuple[Scenario, ...] = (
         expected_category="user-code",
         expected_culprits=(1,),
         cascade_ranks=(0,),
-        notes="torchrun names rank 0 as the root cause: it failed first, by timing out.",
+        notes=_CASCADE_NOTE.format(0),
+    ),
+    Scenario(
+        name="ddp-unused-parameters",
+        title="a DDP parameter never used in forward: 'Expected to have finished reduction'",
+        program="ddp_unused_parameters.py",
+        env={"TORCH_DISTRIBUTED_DEBUG": "INFO"},
+        expected_kind="ddp-unused-parameters",
+        expected_category="user-code",
+        expected_culprits=(0, 1),
+        notes="INFO names the parameters; DETAIL segfaults DDP construction on gloo in 2.13.",
+    ),
+    Scenario(
+        name="uncoordinated-exit",
+        title="rank 1 stops early on its own and exits 0; rank 0 loses its peer",
+        program="uncoordinated_exit.py",
+        expected_kind="uncoordinated-exit",
+        expected_category="user-code",
+        expected_culprits=(1,),
+        cascade_ranks=(0,),
+        notes="torchrun: Root Cause rank 0 with <NO_OTHER_FAILURES>; rank 1 exited 0.",
+    ),
+    Scenario(
+        name="early-stop",
+        title="all ranks agree to stop early, then exit via sys.exit('message') (status 1)",
+        program="early_stop.py",
+        expected_kind="early-stop",
+        expected_category="intended-exit",
+        expected_culprits=None,
+        gaps={
+            "kind": "python-exception (INF208): the 'Early stopping at epoch' line is found "
+            "(EXIT101) but kept as context",
+            "category": "user-code, following the kind",
+        },
+    ),
+    Scenario(
+        name="host-oom",
+        title="rank 1 is SIGKILLed mid-training, as by the OOM killer",
+        program="host_oom.py",
+        expected_kind="host-oom",
+        expected_category="resource",
+        expected_culprits=(1,),
+        cascade_ranks=(0,),
+    ),
+    Scenario(
+        name="collective-mismatch-detail",
+        title="rank 0 all_reduce vs rank 1 broadcast, TORCH_DISTRIBUTED_DEBUG=DETAIL",
+        program="collective_mismatch.py",
+        args=("op",),
+        env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"},
+        expected_kind="collective-mismatch",
+        expected_category="user-code",
+        expected_culprits=(0, 1),
+    ),
+    Scenario(
+        name="collective-mismatch-shape",
+        title="all_reduce of 4096 floats on rank 0 vs 16 on rank 1 (gloo abort)",
+        program="collective_mismatch.py",
+        args=("shape",),
+        expected_kind="collective-mismatch",
+        expected_category="user-code",
+        expected_culprits=(1,),
+        cascade_ranks=(0,),
+        notes="Rank 1 dies by SIGABRT from gloo::EnforceNotMet; the text has no [rank1]: prefix.",
+        gaps={
+            "kind": "native-crash (LCH104) from the SIGABRT; COL101 ('Is there a distributed "
+            "collective mismatch') is found but kept as context",
+            "category": "unknown, following the kind",
+        },
+    ),
+    Scenario(
+        name="local-rank-argument",
+        title="torchrun-style script launched by torch.distributed.launch (--local-rank=N)",
+        program="local_rank_argument.py",
+        launcher="launch",
+        expected_kind="local-rank-argument",
+        expected_category="configuration",
+        expected_culprits=(0, 1),
+    ),
+    Scenario(
+        name="launcher-env-missing",
+        title="a torchrun script started with plain python: KeyError: 'LOCAL_RANK'",
+        program="launcher_env_missing.py",
+        launcher="python",
+        nproc=1,
+        expected_kind="launcher-env-missing",
+        expected_category="configuration",
+        expected_culprits=None,
+    ),
+    Scenario(
+        name="entrypoint-not-found",
+        title="torchrun pointed at a training script that does not exist",
+        program="no_such_train.py",
+        expected_kind="entrypoint-not-found",
+        expected_category="configuration",
+        expected_culprits=None,
+    ),
+    Scenario(
+        name="dataloader-worker-killed",
+        title="rank 1's DataLoader worker dies from SIGBUS (as with a full /dev/shm)",
+        program="dataloader_worker_killed.py",
+        expected_kind="dataloader-worker-killed",
+        expected_category="environment",
+        expected_culprits=(1,),
+        cascade_ranks=(0,),
+        notes="The worker's bus-error message is followed by a NUL byte.",
+    ),
+    Scenario(
+        name="ddp-model-mismatch",
+        title="rank 1 of 3 builds a wider layer; DDP's shape check fails",
+        program="ddp_model_mismatch.py",
+        nproc=3,
+        expected_kind="ddp-model-mismatch",
+        expected_category="user-code",
+        expected_culprits=(1,),
+        cascade_ranks=(0,),
+    ),
+    Scenario(
+        name="ddp-mark-ready-twice",
+        title="shared block under reentrant checkpointing with find_unused_parameters=True",
+        program="ddp_mark_ready_twice.py",
+        expected_kind="ddp-mark-ready-twice",
+        expected_category="user-code",
+        expected_culprits=(0, 1),
+    ),
+    Scenario(
+        name="slow-rank-timeout",
+        title="rank 0 preprocesses for 6 s while rank 1 waits in a barrier (3 s timeout)",
+        program="slow_rank_timeout.py",
+        expected_kind="slow-rank-timeout",
+        expected_category="configuration",
+        expected_culprits=(0,),
+        cascade_ranks=(1,),
+        gaps={
+            "kind": "uncoordinated-exit (INF202): the busy rank 0, stopped by SIGTERM, reads as "
+            "a rank that left",
+            "category": "user-code, following the kind",
+        },
+    ),
+    Scenario(
+        name="uneven-inputs",
+        title="rank 1 has 6 batches, rank 0 has 8; rank 1 waits in the final barrier",
+        program="uneven_inputs.py",
+        expected_kind="uneven-inputs",
+        expected_category="user-code",
+        expected_culprits=(1,),
+        cascade_ranks=(0,),
+        gaps={
+            "kind": "nccl-timeout (TMO102): both ranks time out, nothing names the uneven loop",
+            "category": "unknown, following the kind",
+            "culprits": "no rank blamed",
+            "cascade": "the timeouts on ranks 0 and 1 are the root finding",
+        },
+    ),
+    Scenario(
+        name="process-group-not-initialized",
+        title="dist.get_rank() called before init_process_group",
+        program="process_group_not_initialized.py",
+        expected_kind="process-group-not-initialized",
+        expected_category="user-code",
+        expected_culprits=None,
+        notes="No [rankN]: prefix: torch installs its excepthook in init_process_group.",
+    ),
+    Scenario(
+        name="weights-only-load",
+        title="torch.load of a checkpoint holding a custom dataclass (weights_only default)",
+        program="weights_only_load.py",
+        expected_kind="weights-only-load",
+        expected_category="user-code",
+        expected_culprits=(0, 1),
+    ),
+    Scenario(
+        name="missing-module",
+        title="the script imports apex, which is not installed",
+        program="missing_module.py",
+        expected_kind="missing-module",
+        expected_category="environment",
+        expected_culprits=(0, 1),
+    ),
+    Scenario(
+        name="socket-interface",
+        title="GLOO_SOCKET_IFNAME names an interface that does not exist",
+        program="barrier_only.py",
+        env={"GLOO_SOCKET_IFNAME": "eth9"},
+        expected_kind="nccl-socket-interface",
+        expected_category="configuration",
+        expected_culprits=None,
+    ),
+    Scenario(
+        name="rendezvous-port-in-use",
+        title="torchrun's master port is already taken by another process",
+        program="barrier_only.py",
+        occupy_master_port=True,
+        expected_kind="rendezvous-failure",
+        expected_category="configuration",
+        expected_culprits=None,
     ),
 )
 
@@ -76,3 +281,36 @@ def get(name: str) -> Scenario:
     except KeyError:
         known = ", ".join(sorted(BY_NAME))
         raise KeyError(f"unknown scenario {name!r}; known: {known}") from None
+
+
+ASPECTS = ("status", "kind", "category", "culprits", "cascade")
+"""What is checked of a diagnosis, each on its own so that a known gap hides nothing else."""
+SECONDARY_KINDS = frozenset({"nccl-timeout", "nccl-network"})
+"""Kinds of the timeout and closed-connection errors that must be cascades in every scenario."""
+
+
+def mismatches(scenario: Scenario, report: Report) -> dict[str, str]:
+    """Aspect -> how the report differs from what the scenario expects; empty when it agrees."""
+    v = report.verdict
+    out: dict[str, str] = {}
+    if v.status != "failed":
+        out["status"] = f"status {v.status!r}, expected 'failed'"
+    if v.kind != scenario.expected_kind:
+        out["kind"] = f"kind {v.kind!r} (rule {v.rule}), expected {scenario.expected_kind!r}"
+    if v.category != scenario.expected_category:
+        out["category"] = f"category {v.category!r}, expected {scenario.expected_category!r}"
+    want = scenario.expected_culprits
+    if want is not None and sorted(v.culprit.ranks) != sorted(want):
+        out["culprits"] = f"culprit ranks {sorted(v.culprit.ranks)}, expected {list(want)}"
+    wrong = [
+        f"{f.rule} ({f.kind}) on ranks {f.ranks} is {f.role!s}"
+        for f in report.findings
+        if f.kind in SECONDARY_KINDS and f.role != "cascade"
+    ]
+    if scenario.cascade_ranks and not any(
+        f.role == "cascade" and set(f.ranks) & set(scenario.cascade_ranks) for f in report.findings
+    ):
+        wrong.append(f"no cascade finding on ranks {list(scenario.cascade_ranks)}")
+    if wrong:
+        out["cascade"] = "; ".join(wrong)
+    return out

@@ -63,6 +63,9 @@ while pids and time.monotonic() < deadline:
     time.sleep(0.1)
     pids = tagged()
 send(pids, signal.SIGKILL)
+if len(sys.argv) > 4 and sys.argv[4]:
+    import shutil
+    shutil.rmtree(sys.argv[4], ignore_errors=True)
 """
 
 
@@ -203,7 +206,7 @@ class Child:
         return live
 
     # ---------------------------------------------------------------- exit codes
-    def start_exit_watch(self, interval_s: float = 0.05, rescan_s: float = 0.5) -> None:
+    def start_exit_watch(self, interval_s: float = 0.02, rescan_s: float = 0.5) -> None:
         t = threading.Thread(
             target=self._exit_watch, args=(interval_s, rescan_s), daemon=True, name="ddpdoctor-exit"
         )
@@ -301,6 +304,7 @@ def spawn(
     run_id: str,
     guardian_grace_s: float = 3.0,
     cwd: str | None = None,
+    cleanup: str = "",
 ) -> Child | SupervisorError:
     """Start the guardian, then the job in a new session with stdout/stderr on pipes."""
     guard_r, guard_w = os.pipe()
@@ -316,6 +320,7 @@ def spawn(
                 str(guard_r),
                 run_id,
                 str(guardian_grace_s),
+                cleanup,
             ],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,

@@ -90,7 +90,7 @@ def run_job(opts: RunOptions) -> RunResult | SupervisorError:
     progress = ProgressTracker(opts.hang_after_s, inject_root / "heartbeats", opts.startup_grace_s)
     run_id = uuid.uuid4().hex
     started = time.monotonic()
-    child = spawn(argv, env, run_id, guardian_grace_s=opts.grace_s)
+    child = spawn(argv, env, run_id, guardian_grace_s=opts.grace_s, cleanup=str(inject_root))
     if isinstance(child, SupervisorError):
         rundir.event("start_failed", argv=argv, error=str(child))
         shutil.rmtree(inject_root, ignore_errors=True)

@@ -7,7 +7,6 @@ names rank 0 as the root cause; rank 1 then gets SIGTERM. The real cause is rank
 """
 
 import os
-import tempfile
 import threading
 import time
 from datetime import timedelta
@@ -40,7 +39,8 @@ def main() -> None:
     dist.init_process_group("gloo", timeout=timedelta(seconds=3))
     rank = dist.get_rank()
     model = torch.nn.Linear(64, 1)
-    root = tempfile.mkdtemp(prefix=f"shards-r{rank}-")
+    root = os.path.abspath(f"shards/rank{rank}")
+    os.makedirs(root, exist_ok=True)
     for step in range(6):
         loss = model(read_shard(rank, step, root)).sum()
         loss.backward()

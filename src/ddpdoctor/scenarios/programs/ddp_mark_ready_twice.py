@@ -19,7 +19,8 @@ class Net(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for _ in range(2):
             x = checkpoint(self.block, x, use_reentrant=True)
-        return self.head(x)
+        out: torch.Tensor = self.head(x)
+        return out
 
 
 def main() -> None:

@@ -13,7 +13,9 @@ def main() -> None:
     dist.init_process_group("gloo", timeout=timedelta(seconds=3))
     rank = dist.get_rank()
     hidden = 48 if rank == 1 else 32  # rank 1 read a stale config file
-    model = torch.nn.Sequential(torch.nn.Linear(8, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, 1))
+    model = torch.nn.Sequential(
+        torch.nn.Linear(8, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, 1)
+    )
     print(f"rank {rank} model hidden={hidden}", flush=True)
     ddp = DDP(model)
     ddp(torch.randn(4, 8)).sum().backward()

@@ -20,7 +20,8 @@ class Net(torch.nn.Module):
         self.aux_head = torch.nn.Linear(8, 1)  # built but never used in forward
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(torch.relu(self.backbone(x)))
+        out: torch.Tensor = self.head(torch.relu(self.backbone(x)))
+        return out
 
 
 def main() -> None:

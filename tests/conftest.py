@@ -1,0 +1,47 @@
+"""Shared test fixtures: where the real corpus and captured logs live, and a CLI runner."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+CORPUS = REPO.parent / "shared" / "corpus"
+
+
+def corpus_cases() -> list[Path]:
+    if not CORPUS.is_dir():
+        return []
+    return sorted(p for p in CORPUS.iterdir() if (p / "label.json").is_file())
+
+
+def run_cli(
+    *args: str, stdin: bytes | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """The real command, as a user runs it."""
+    return subprocess.run(
+        [sys.executable, "-m", "ddpdoctor", *args],
+        input=stdin.decode() if stdin is not None else None,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
+    )
+
+
+def diagnose_json(*paths: str | Path) -> dict[str, Any]:
+    proc = run_cli("diagnose", "--format", "json", *map(str, paths))
+    assert proc.returncode in (0, 1), proc.stderr
+    return json.loads(proc.stdout)  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+def corpus() -> Path:
+    if not CORPUS.is_dir():
+        pytest.skip("../shared/corpus is not present")
+    return CORPUS

@@ -1,0 +1,66 @@
+"""The real `ddpdoctor` command on real logs: verbs, formats, exit codes, width."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.conftest import run_cli
+
+
+def test_diagnose_text_fits_100_columns(corpus: Path) -> None:
+    proc = run_cli("diagnose", str(corpus / "006-cuda-oom-rank2-funasr-cascade" / "logs"))
+    assert proc.returncode == 1
+    assert "cuda-oom" in proc.stdout
+    assert "Culprit: ranks 2" in proc.stdout
+    assert "paste-part1.log:1" in proc.stdout
+    assert max(len(line) for line in proc.stdout.splitlines()) <= 100
+
+
+def test_diagnose_json_and_output_file(corpus: Path, tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    proc = run_cli(
+        "diagnose",
+        "--format",
+        "json",
+        "-o",
+        str(out),
+        str(corpus / "021-host-oom-sigkill-localrank3-colossalai" / "logs" / "launcher.log"),
+    )
+    assert proc.returncode == 1
+    doc = json.loads(out.read_text())
+    assert doc["verdict"]["kind"] == "host-oom"
+    assert doc["verdict"]["culprit"]["ranks"] == [3]
+    roles = {f["rule"]: f["role"] for f in doc["findings"]}
+    assert roles["LCH102"] == "cascade"  # the launcher's SIGTERM to siblings
+
+
+def test_diagnose_html(corpus: Path) -> None:
+    proc = run_cli("diagnose", "--format", "html", str(corpus / "017-weights-only-remora-resume"))
+    assert proc.returncode == 1
+    assert proc.stdout.lstrip().lower().startswith("<!doctype html>")
+    assert "weights-only-load" in proc.stdout
+
+
+def test_explain_by_code_kind_and_text() -> None:
+    for query in ("DDP101", "ddp-unused-parameters", "Expected to have finished reduction"):
+        proc = run_cli("explain", query)
+        assert proc.returncode == 0, proc.stderr
+        assert "DDP101" in proc.stdout and "find_unused_parameters=True" in proc.stdout
+    assert run_cli("explain", "no such thing at all xyz").returncode == 2
+
+
+def test_rules_lists_every_rule() -> None:
+    proc = run_cli("rules", "--format", "json")
+    rules = json.loads(proc.stdout)
+    assert len(rules) >= 40
+    assert {"code", "kind", "category", "title"} <= set(rules[0])
+    text = run_cli("rules").stdout
+    assert "DDP101" in text and "ddp-unused-parameters" in text
+
+
+def test_export_patterns_for_rg(tmp_path: Path) -> None:
+    out = tmp_path / "patterns.txt"
+    assert run_cli("rules", "--export-patterns", str(out)).returncode == 0
+    lines = out.read_text().splitlines()
+    assert len(lines) > 50 and not any("(?P<" in line for line in lines)

@@ -1,0 +1,133 @@
+"""Every line prefix format we claim to strip, on lines copied from real logs."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from ddpdoctor.ingest.prefixes import parse_line
+
+
+@pytest.mark.parametrize(
+    ("line", "text", "rank", "local_rank", "host"),
+    [
+        # torchrun [rankN]: with nested glog (torch >= 2.2)
+        (
+            "[rank0]:[E1130 12:00:00.123456 1234 ProcessGroupNCCL.cpp:616] [Rank 0] Watchdog caught",
+            "[Rank 0] Watchdog caught",
+            0,
+            None,
+            None,
+        ),
+        # torchrun default role prefix: local rank
+        (
+            "[default1]:Traceback (most recent call last):",
+            "Traceback (most recent call last):",
+            None,
+            1,
+            None,
+        ),
+        # custom role
+        ("[trainer3]:loss=0.5", "loss=0.5", None, 3, None),
+        # NCCL debug line: host, pid, device
+        (
+            "asr-ddp-7f3k-train-job0-w-0:15325:16199 [2] NCCL INFO [Service thread] Connection closed by localRank 2",
+            "NCCL INFO [Service thread] Connection closed by localRank 2",
+            None,
+            2,
+            "asr-ddp-7f3k-train-job0-w-0",
+        ),
+        # Slurm srun --label, space padded
+        (
+            " 3: Traceback (most recent call last):",
+            "Traceback (most recent call last):",
+            3,
+            None,
+            None,
+        ),
+        ("12: RuntimeError: boom", "RuntimeError: boom", 12, None, None),
+        # pdsh / DeepSpeed host prefix, nested torchrun prefix
+        ("worker-1: [rank2]: RuntimeError: x", "RuntimeError: x", 2, None, "worker-1"),
+        # argparse line must not be taken for a host prefix
+        (
+            "train.py: error: unrecognized arguments: --local-rank=4",
+            "train.py: error: unrecognized arguments: --local-rank=4",
+            None,
+            None,
+            None,
+        ),
+        ("RuntimeError: CUDA error: x", "RuntimeError: CUDA error: x", None, None, None),
+        # capture platform tag
+        (
+            "[stderr]ModuleNotFoundError: No module named 'x'",
+            "ModuleNotFoundError: No module named 'x'",
+            None,
+            None,
+            None,
+        ),
+        # a program that names its rank at line start
+        ("Rank 4 finished", "Rank 4 finished", 4, None, None),
+    ],
+)
+def test_prefix_stripping(
+    line: str, text: str, rank: int | None, local_rank: int | None, host: str | None
+) -> None:
+    parsed = parse_line(line, 2026)
+    assert parsed.text == text
+    assert parsed.origin.rank == rank
+    assert parsed.origin.local_rank == local_rank
+    assert parsed.origin.host == host
+
+
+def test_glog_launcher_line_time_level_pid() -> None:
+    p = parse_line(
+        "W1130 09:09:31.210000 9401 torch/distributed/elastic/multiprocessing/api.py:900] "
+        "Sending process 9402 closing signal SIGTERM",
+        2026,
+    )
+    assert p.text == "Sending process 9402 closing signal SIGTERM"
+    assert p.level == "warning"
+    assert p.origin.pid == 9401
+    assert p.time == datetime(2026, 11, 30, 9, 9, 31, 210000, tzinfo=UTC)
+
+
+def test_old_bracket_glog() -> None:
+    p = parse_line(
+        "[E ProcessGroupNCCL.cpp:475] [Rank 2] Watchdog caught collective operation timeout"
+    )
+    assert p.level == "error"
+    assert p.origin.rank == 2
+    assert p.text.startswith("[Rank 2] Watchdog")
+
+
+def test_kubernetes_rfc3339_and_python_logging() -> None:
+    p = parse_line("2024-01-01T10:00:00.123456789Z [default1]:hello")
+    assert p.text == "hello"
+    assert p.origin.local_rank == 1
+    assert p.time is not None and p.time.tzinfo is not None
+    q = parse_line(
+        "[2024-10-28 06:14:36,059] torch.distributed.elastic.multiprocessing.api: [WARNING] Sending"
+    )
+    assert q.time == datetime(2024, 10, 28, 6, 14, 36, 59000, tzinfo=UTC)
+    assert q.text.startswith("torch.distributed.elastic")
+
+
+def test_platform_tags_after_timestamp() -> None:
+    p = parse_line(
+        "2023-04-29 06:01:12.977 [177/train/578 (pid 28936)] [1ae524d8-cda9-41ec-98e0-e919977e7830]"
+        '   File "/opt/conda/lib/python3.7/site-packages/torch/serialization.py", line 379, in save'
+    )
+    assert p.text.startswith('  File "/opt/conda')
+
+
+def test_ansi_and_carriage_return_progress() -> None:
+    p = parse_line("\x1b[31m[rank1]:\x1b[0m epoch 1:  10%|#  | 1/10\r epoch 1:  20%|## | 2/10\r")
+    assert p.origin.rank == 1
+    assert "20%" in p.text and "10%" not in p.text
+
+
+def test_nul_bytes_and_huge_line_are_tolerated() -> None:
+    p = parse_line("abc\x00def" + "x" * 100_000)
+    assert "\x00" not in p.text
+    assert len(p.text) <= 4000

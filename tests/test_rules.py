@@ -1,0 +1,100 @@
+"""The knowledge base itself: every rule is well formed, its own examples fire (or not), its
+signatures compile in both engines, and the generated docs are in sync."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from ddpdoctor.analysis.engine import HyperscanMatcher, LiteralMatcher, Pattern, hyperscan_available
+from ddpdoctor.model.taxonomy import KINDS
+from ddpdoctor.rules.docs import index_markdown, rule_markdown
+from ddpdoctor.rules.registry import all_rules, find_rules
+
+REPO = Path(__file__).resolve().parents[1]
+RULES = all_rules()
+SIGNED = [r for r in RULES if r.signatures]
+
+
+def test_codes_are_unique_and_well_formed() -> None:
+    codes = [r.code for r in RULES]
+    assert len(codes) == len(set(codes))
+    assert all(re.fullmatch(r"[A-Z]{2,5}\d{3}", c) for c in codes)
+
+
+def test_every_taxonomy_kind_has_a_rule() -> None:
+    covered = {r.kind for r in RULES}
+    missing = KINDS - covered
+    assert not missing, f"kinds without a rule: {sorted(missing)}"
+
+
+@pytest.mark.parametrize("rule", SIGNED, ids=lambda r: r.code)
+def test_rule_has_docs_examples_and_fix(rule) -> None:  # type: ignore[no-untyped-def]
+    assert rule.title and rule.explanation.what and rule.explanation.why and rule.explanation.fix
+    assert rule.fix, "a fix the user can paste"
+    assert rule.positive, "at least one positive example from a real log"
+    assert rule.negative, "at least one near-miss negative example"
+    assert rule.sources, "where upstream prints the message"
+
+
+@pytest.mark.parametrize("rule", SIGNED, ids=lambda r: r.code)
+def test_positive_examples_fire_and_negatives_do_not(rule) -> None:  # type: ignore[no-untyped-def]
+    for line in rule.positive:
+        assert rule.match(line), f"{rule.code} should match: {line}"
+    for line in rule.negative:
+        assert not (rule.match(line) and rule.context_ok(line)), (
+            f"{rule.code} must not match: {line}"
+        )
+
+
+@pytest.mark.parametrize("rule", SIGNED, ids=lambda r: r.code)
+def test_each_signature_has_a_required_literal_that_its_matches_contain(rule) -> None:  # type: ignore[no-untyped-def]
+    for sig in rule.signatures:
+        lit = sig.required_literal
+        assert len(lit) >= 4, f"{rule.code}: literal {lit!r} of {sig.regex!r} is too short"
+        for line in rule.positive:
+            m = sig.compiled.search(line)
+            if m:
+                assert lit in line, f"{rule.code}: {lit!r} not in a line {sig.regex!r} matches"
+
+
+def _patterns() -> list[Pattern]:
+    return [
+        Pattern(s.regex.removeprefix("^"), s.required_literal) for r in SIGNED for s in r.signatures
+    ]
+
+
+def test_all_signatures_compile_in_the_stdlib_engine() -> None:
+    LiteralMatcher(_patterns())
+    for r in SIGNED:
+        for s in r.signatures:
+            re.compile(s.regex)
+
+
+@pytest.mark.skipif(not hyperscan_available(), reason="hyperscan not installed")
+def test_all_signatures_compile_in_hyperscan() -> None:
+    HyperscanMatcher(_patterns())
+
+
+def test_generated_docs_are_in_sync() -> None:
+    docs = REPO / "docs" / "rules"
+    for rule in RULES:
+        page = docs / f"{rule.code}.md"
+        assert page.is_file(), f"missing {page}: run `make docs`"
+        assert page.read_text() == rule_markdown(rule), f"{page} is stale: run `make docs`"
+    assert (docs / "README.md").read_text() == index_markdown(RULES)
+
+
+@pytest.mark.parametrize(
+    ("query", "code"),
+    [
+        ("DDP101", "DDP101"),
+        ("ddp-unused-parameters", "DDP101"),
+        ("Expected to have finished reduction", "DDP101"),
+        ("RuntimeError: CUDA out of memory. Tried to allocate 20.00 MiB", "CUDA101"),
+    ],
+)
+def test_find_rules(query: str, code: str) -> None:
+    assert find_rules(query)[0].code == code

@@ -1,0 +1,94 @@
+"""Bad input never raises: binary, unreadable, truncated .gz, invalid UTF-8, huge lines,
+globs, folders and stdin all give a clear status per source. Input is never modified."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import os
+from pathlib import Path
+
+from ddpdoctor.analysis.diagnose import diagnose_paths
+from tests.conftest import run_cli
+
+# A real line from corpus case 030 (a FileNotFoundError on rank 0).
+REAL_ERROR = (
+    "FileNotFoundError: [Errno 2] No such file or directory: "
+    "'E:/visionlab/data/imnet_val/val5k/val_file_list.pickle'\n"
+)
+
+
+def _status(report, name: str) -> tuple[str, str | None]:  # type: ignore[no-untyped-def]
+    src = next(s for s in report.sources if s.path.endswith(name))
+    return src.status, src.reason
+
+
+def test_binary_file_is_skipped(tmp_path: Path) -> None:
+    (tmp_path / "model.bin").write_bytes(bytes(range(256)) * 100)
+    (tmp_path / "train.log").write_text(REAL_ERROR)
+    report = diagnose_paths([str(tmp_path)])
+    assert _status(report, "model.bin")[0] == "skipped"
+    assert "binary" in (_status(report, "model.bin")[1] or "")
+    assert report.verdict.kind == "data-error"
+
+
+def test_truncated_gzip_is_partial_and_still_diagnosed(tmp_path: Path) -> None:
+    data = gzip.compress(((REAL_ERROR + "x" * 200 + "\n") * 2000).encode())
+    (tmp_path / "train.log.gz").write_bytes(data[: len(data) // 2])
+    report = diagnose_paths([str(tmp_path / "train.log.gz")])
+    status, reason = _status(report, "train.log.gz")
+    assert status == "partial" and reason
+    assert report.verdict.kind == "data-error"
+
+
+def test_gzip_by_magic_bytes_not_extension(tmp_path: Path) -> None:
+    (tmp_path / "rank1.txt").write_bytes(gzip.compress(REAL_ERROR.encode()))
+    report = diagnose_paths([str(tmp_path / "rank1.txt")])
+    assert report.verdict.kind == "data-error"
+    assert report.verdict.culprit.ranks == [1]
+
+
+def test_missing_and_unmatched_paths(tmp_path: Path) -> None:
+    report = diagnose_paths([str(tmp_path / "nope.log"), str(tmp_path / "*.none")])
+    assert [s.status for s in report.sources] == ["skipped", "skipped"]
+
+
+def test_unreadable_file(tmp_path: Path) -> None:
+    target = tmp_path / "dir.log"
+    target.mkdir()
+    os.symlink(tmp_path / "gone", tmp_path / "dangling.log")
+    report = diagnose_paths([str(tmp_path / "dangling.log")])
+    assert report.sources[0].status == "skipped"
+
+
+def test_invalid_utf8_ansi_and_long_lines(tmp_path: Path) -> None:
+    log = tmp_path / "r.log"
+    log.write_bytes(
+        b"\xff\xfe garbage \xc3\x28\n"
+        + b"\x1b[31m"
+        + REAL_ERROR.encode()
+        + b"\x1b[0m"
+        + b"y" * (20 * 1024 * 1024)
+        + b"\n"
+    )
+    report = diagnose_paths([str(log)])
+    assert report.verdict.kind == "data-error"
+    assert report.sources[0].status == "read"
+
+
+def test_input_is_never_modified(tmp_path: Path) -> None:
+    log = tmp_path / "train.log"
+    log.write_text(REAL_ERROR)
+    before = (hashlib.sha256(log.read_bytes()).hexdigest(), log.stat().st_mtime_ns)
+    diagnose_paths([str(tmp_path)])
+    assert (hashlib.sha256(log.read_bytes()).hexdigest(), log.stat().st_mtime_ns) == before
+
+
+def test_stdin_and_exit_codes(tmp_path: Path) -> None:
+    proc = run_cli("diagnose", "--format", "json", "-", stdin=REAL_ERROR.encode())
+    assert proc.returncode == 1
+    assert '"data-error"' in proc.stdout
+    assert run_cli("diagnose", str(tmp_path / "missing.log")).returncode == 2
+    ok = tmp_path / "fine.log"
+    ok.write_text("epoch 1 loss 0.3\nepoch 2 loss 0.2\ntraining done\n")
+    assert run_cli("diagnose", str(ok)).returncode == 0
