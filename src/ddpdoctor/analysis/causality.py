@@ -5,6 +5,7 @@ hosts, and does the timeout arithmetic. Never blames infrastructure without its 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cmp_to_key
 from datetime import datetime, timedelta
 
 from ddpdoctor.analysis.facts import elapsed_seconds
@@ -56,9 +57,18 @@ def annotate(findings: list[Finding], job: JobView) -> None:
         f.ranks, f.hosts = sorted(ranks), sorted(hosts)
 
 
-def _sort_key(f: Finding, rules: dict[str, Rule]) -> tuple[float, int, int]:
-    bucket = f.first_time.timestamp() // TIME_BUCKET_S if f.first_time else float("inf")
-    return (bucket, -rules[f.rule].specificity, f.hits[0].order)
+def _earlier_or_more_specific(a: Finding, b: Finding, rules: dict[str, Rule]) -> int:
+    """Root order: clearly earlier first when both have times (timestamps are sparse, so a
+    timed line is never preferred to an untimed one for that reason alone), else the more
+    specific rule, else the earlier line."""
+    if a.first_time and b.first_time:
+        gap = (a.first_time - b.first_time).total_seconds()
+        if abs(gap) > TIME_BUCKET_S:
+            return -1 if gap < 0 else 1
+    spec = rules[b.rule].specificity - rules[a.rule].specificity
+    if spec:
+        return spec
+    return a.hits[0].order - b.hits[0].order
 
 
 def decide(findings: list[Finding], job: JobView, rules: dict[str, Rule]) -> Analysis:
@@ -83,7 +93,7 @@ def decide(findings: list[Finding], job: JobView, rules: dict[str, Rule]) -> Ana
 def _with_root(
     findings: list[Finding], errors: list[Finding], job: JobView, rules: dict[str, Rule]
 ) -> Analysis:
-    errors.sort(key=lambda f: _sort_key(f, rules))
+    errors.sort(key=cmp_to_key(lambda a, b: _earlier_or_more_specific(a, b, rules)))
     root = errors[0]
     teardown = next((f for f in findings if f.rule == TEARDOWN_RULE), None)
     if root.kind == "native-crash" and teardown is not None:
@@ -183,13 +193,18 @@ def _hms(t: datetime) -> str:
 def _early_stop(
     findings: list[Finding], job: JobView, errors: list[Finding], cascades: list[Finding]
 ) -> Analysis | None:
+    """An announced early stop: on every rank it is intended (only the exit path may look
+    like a failure); on some ranks only, the others were left waiting (uncoordinated exit)."""
     stop = next((f for f in findings if f.rule == EARLY_STOP_RULE), None)
     if stop is None:
         return None
     announcers = set(stop.ranks)
     ranks = set(job.info.ranks_seen)
-    victims = {r for f in cascades if f.rule not in LAUNCHER_ECHO_RULES for r in f.ranks}
-    if announcers and ranks and announcers < ranks and (victims - announcers or cascades):
+    every_rank = (
+        (announcers and announcers >= ranks)
+        or (not announcers and stop.count >= max(1, len(ranks)))
+    )
+    if announcers and ranks and announcers < ranks and cascades:
         stop.role = Role.ROOT
         return Analysis(
             findings=findings,
@@ -204,23 +219,20 @@ def _early_stop(
                 f"rank(s) {_list(ranks - announcers)} kept going and failed waiting for them."
             ],
         )
-    if (announcers and announcers >= ranks) or (not ranks and not errors):
-        stop.role = Role.ROOT
-        primary_errors = [f for f in errors if f.kind not in ("python-exception",)]
-        if primary_errors:
-            return None
-        for f in errors:
-            f.role = Role.CONTEXT
-        return Analysis(
-            findings=findings,
-            status=Status.FAILED if errors or cascades else Status.OK,
-            rule=inferred.EARLY_STOP_ALL,
-            root=stop,
-            culprit_ranks=[],
-            confidence=0.7,
-            notes=["every rank announced the early stop; only the exit path looks like a failure."],
-        )
-    return None
+    if not every_rank or any(f.kind != "python-exception" for f in errors):
+        return None
+    stop.role = Role.ROOT
+    for f in errors:
+        f.role = Role.CONTEXT
+    exited_badly = any(e.code not in (None, 0) for e in job.info.per_rank.values())
+    return Analysis(
+        findings=findings,
+        status=Status.FAILED if errors or exited_badly else Status.OK,
+        rule=inferred.EARLY_STOP_ALL,
+        root=stop,
+        confidence=0.7,
+        notes=["every rank announced the early stop; only the exit path looks like a failure."],
+    )
 
 
 def _from_cascades(
@@ -239,12 +251,25 @@ def _from_cascades(
     busy_note = _busy_progress(job, timeout_ms)
     analysis = Analysis(findings=findings, status=Status.FAILED)
 
+    busy = {r for r in alive_quiet if _still_working(r, job)}
+    uneven = _uneven_totals(job)
     if busy_note is not None and (alive_quiet | missing):
         culprit = alive_quiet if alive_quiet else missing
         analysis.rule, analysis.culprit_ranks = inferred.SLOW_RANK, sorted(culprit)
         analysis.confidence = 0.7
         analysis.notes.append(busy_note[0])
         analysis.extra_evidence.append(busy_note[1])
+    elif busy and waiting:
+        analysis.rule, analysis.culprit_ranks = inferred.SLOW_RANK, sorted(busy)
+        analysis.confidence = 0.6
+        analysis.notes.append(
+            f"rank(s) {_list(busy)} printed no error and were still running (the launcher had "
+            f"to terminate them) while rank(s) {_list(waiting)} timed out waiting for them."
+        )
+    elif uneven is not None and waiting:
+        analysis.rule, analysis.culprit_ranks = inferred.UNEVEN, sorted(uneven[0])
+        analysis.confidence = 0.6
+        analysis.notes.append(uneven[1])
     elif alive_quiet and waiting:
         if len(waiting) < len(alive_quiet):
             analysis.rule, analysis.culprit_ranks = inferred.COLLECTIVE_ASYMMETRY, sorted(waiting)
@@ -305,6 +330,31 @@ def _from_cascades(
                 )
             )
     return analysis
+
+
+def _still_working(rank: int, job: JobView) -> bool:
+    """The launcher had to SIGTERM this rank: it was alive and busy when the others failed."""
+    exit_ = job.info.per_rank.get(rank)
+    return exit_ is not None and exit_.signal == "SIGTERM"
+
+
+def _uneven_totals(job: JobView) -> tuple[set[int], str] | None:
+    """Ranks counting to different totals ("step 5/8" vs "step 5/6") got uneven inputs; the
+    ones with the fewest batches leave the loop first."""
+    totals: dict[int, int] = {}
+    for s in job.streams:
+        rank = resolve_rank(s.origin, job.single_node)
+        if rank is not None and s.progress_total is not None:
+            totals[rank] = s.progress_total
+    if len(set(totals.values())) < 2:
+        return None
+    fewest = min(totals.values())
+    short = {r for r, t in totals.items() if t == fewest}
+    detail = ", ".join(f"rank {r}: {t}" for r, t in sorted(totals.items()))
+    return short, (
+        f"the ranks iterate over different numbers of batches ({detail}): rank(s) "
+        f"{_list(short)} ran out of data first and left the loop while the others waited."
+    )
 
 
 def _timeout_ms(cascades: list[Finding]) -> float | None:

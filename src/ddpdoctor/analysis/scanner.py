@@ -49,11 +49,16 @@ class StreamSummary:
     last_time: datetime | None = None
     progress_lines: int = 0
     last_init_line: int = 0
+    progress_total: int | None = None
+    """The M of the last "step n/M" counter: ranks with different M have uneven inputs."""
 
 
 # Training progress (steps, epochs, loss) and distributed start-up, as seen in head and tail.
 PROGRESS_LINE = re.compile(
     r"(?i)\b(?:step|iter(?:ation)?|epoch|loss|batch)\b\s*[:=\[]?\s*\d|\d+%\|"
+)
+PROGRESS_COUNTER = re.compile(
+    r"(?i)\b(?:step|iter(?:ation)?|batch|it)\b\D{0,3}?(?P<n>\d+)\s*/\s*(?P<total>\d+)"
 )
 INIT_LINE = re.compile(
     r"Initializing distributed|init_process_group|torch\.dis|NCCL INFO (?:Bootstrap|NET/|comm )"
@@ -242,6 +247,9 @@ class Scanner:
                 summary.origin = origin
             if PROGRESS_LINE.search(parsed.text):
                 summary.progress_lines += 1
+                counter = PROGRESS_COUNTER.search(parsed.text)
+                if counter:
+                    summary.progress_total = int(counter.group("total"))
             if INIT_LINE.search(parsed.text):
                 summary.last_init_line = summary.last_line
 

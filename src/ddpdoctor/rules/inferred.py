@@ -155,7 +155,28 @@ WORKER_EXIT = Rule(
     fix=("Re-run with torchrun --tee 3 (or --log-dir DIR) so each worker's output is kept.",),
 )
 
+UNEVEN = Rule(
+    code="INF209",
+    kind="uneven-inputs",
+    title="Ranks iterated over different numbers of batches",
+    signatures=(),
+    explanation=Explanation(
+        what="The ranks' progress counters run to different totals, and ranks then timed out "
+        "waiting for each other.",
+        why="Each rank got a different number of batches (uneven sharding, an IterableDataset "
+        "without per-rank split, drop_last=False), so the rank with fewer batches left the loop "
+        "while the others entered the next collective.",
+        fix="Give every rank the same number of batches, or train inside `with model.join():`.",
+        false_positives="Counters that are not per-rank batch counts.",
+    ),
+    fix=(
+        "Use DistributedSampler(dataset, drop_last=True) or equal shards per rank.",
+        "Or wrap the training loop in `with ddp_model.join():`.",
+    ),
+)
+
 RULES = (
+    UNEVEN,
     SLOW_RANK,
     UNCOORDINATED_EXIT,
     COLLECTIVE_ASYMMETRY,

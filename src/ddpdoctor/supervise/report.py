@@ -119,6 +119,12 @@ def finish_report(
                 }
             ],
         }
+    elif code != 0 and report.get("verdict", {}).get("status") == "ok":
+        # The logs hold no error but the job did fail: say so rather than "ok".
+        report["verdict"]["status"] = "unknown"
+        report["verdict"]["summary"] = (
+            f"The job exited with code {exit_['code']} but its output names no cause."
+        )
     elif code == 0 and all(v == 0 for v in per_rank.values()):
         report.setdefault("verdict", {})["status"] = report["verdict"].get("status") or "ok"
     report["supervisor"] = {
