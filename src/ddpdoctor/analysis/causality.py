@@ -5,8 +5,8 @@ hosts, and does the timeout arithmetic. Never blames infrastructure without its 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import cmp_to_key
 from datetime import datetime, timedelta
+from functools import cmp_to_key
 
 from ddpdoctor.analysis.facts import elapsed_seconds
 from ddpdoctor.analysis.job import JobView, resolve_rank
@@ -200,9 +200,8 @@ def _early_stop(
         return None
     announcers = set(stop.ranks)
     ranks = set(job.info.ranks_seen)
-    every_rank = (
-        (announcers and announcers >= ranks)
-        or (not announcers and stop.count >= max(1, len(ranks)))
+    every_rank = (announcers and announcers >= ranks) or (
+        not announcers and stop.count >= max(1, len(ranks))
     )
     if announcers and ranks and announcers < ranks and cascades:
         stop.role = Role.ROOT
