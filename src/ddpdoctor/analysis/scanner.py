@@ -111,6 +111,11 @@ class Scanner:
         last_base = 0
         kept: dict[int, int] = {}
         for chunk in stream:
+            if line_base == 0 and order == 0 and is_own_output(chunk[:4096]):
+                result.info.status = "skipped"
+                result.info.reason = "a ddpdoctor report, not a log"
+                result.info.lines = 0
+                return result
             if stream.mtime is not None and line_base == 0:
                 year = datetime.fromtimestamp(stream.mtime, UTC).year
                 parse = _parser(year)
@@ -252,6 +257,15 @@ class Scanner:
                     summary.progress_total = int(counter.group("total"))
             if INIT_LINE.search(parsed.text):
                 summary.last_init_line = summary.last_line
+
+
+OWN_OUTPUT = re.compile(rb'^\s*\{\s*"schema": "ddpdoctor\.|ddpdoctor verdict|"schema": "ddpdoctor\.')
+
+
+def is_own_output(head: bytes) -> bool:
+    """Reports ddpdoctor wrote (JSON, text) quote log lines; reading them again as logs would
+    count every error twice, e.g. when diagnosing a `ddpdoctor run` folder."""
+    return bool(OWN_OUTPUT.search(head[:600]))
 
 
 def _unanchored(regex: str) -> str:

@@ -3,10 +3,12 @@ and what to collect next when no root could be established."""
 
 from __future__ import annotations
 
+import re
+
 from ddpdoctor.analysis.causality import Analysis
 from ddpdoctor.analysis.grouping import evidence_of
 from ddpdoctor.analysis.job import JobView
-from ddpdoctor.model.findings import Culprit, Evidence, Verdict
+from ddpdoctor.model.findings import Culprit, Evidence, Finding, Verdict
 from ddpdoctor.model.taxonomy import Role, Status
 
 MAX_VERDICT_EVIDENCE = 8
@@ -84,6 +86,13 @@ def _summary(analysis: Analysis, job: JobView, category: str) -> str:
             + ") are consequences, not causes."
         )
     parts.extend(analysis.notes)
+    if analysis.root is not None:
+        named = _named_parameters(analysis.root)
+        if named:
+            parts.append(f"Parameters named in the log: {named}.")
+        frame = user_frame(analysis.root)
+        if frame:
+            parts.append(f"Raised from your code at {frame}.")
     if category == "infrastructure":
         parts.append("The logs carry hardware or fabric evidence for this.")
     launcher = job.info.launcher_root_cause_rank
@@ -93,6 +102,29 @@ def _summary(analysis: Analysis, job: JobView, category: str) -> str:
             "rank was a victim."
         )
     return " ".join(parts)
+
+
+FRAME = re.compile(r'File "(?P<path>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)')
+LIBRARY_PATH = re.compile(r"site-packages|dist-packages|/lib/python\d|<frozen|/torch/")
+
+
+def user_frame(finding: Finding) -> str | None:
+    """The deepest traceback frame outside installed libraries: where the user should look."""
+    for hit in finding.hits:
+        for record in reversed(hit.context):
+            m = FRAME.search(record.text)
+            if m and not LIBRARY_PATH.search(m.group("path")):
+                return f"{m.group('path')}:{m.group('line')} in {m.group('func')}"
+    return None
+
+
+def _named_parameters(finding: Finding) -> str:
+    names: list[str] = []
+    for hit in finding.hits:
+        for name in re.split(r",\s*", hit.captures.get("params", "")):
+            if name and name not in names:
+                names.append(name.strip())
+    return ", ".join(names[:20])
 
 
 def _ok_summary(job: JobView) -> str:

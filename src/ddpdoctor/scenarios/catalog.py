@@ -75,6 +75,17 @@ SCENARIOS: tuple[Scenario, ...] = (
         notes=_CASCADE_NOTE.format(0),
     ),
     Scenario(
+        name="data-error-tee",
+        title="data-error run with --tee 3 --log-dir: prefixed console plus per-rank files",
+        program="data_error.py",
+        tee=True,
+        expected_kind="data-error",
+        expected_category="user-code",
+        expected_culprits=(1,),
+        cascade_ranks=(0,),
+        notes="Console lines carry [default0]:/[default1]: (local ranks); files in ranks/.",
+    ),
+    Scenario(
         name="ddp-unused-parameters",
         title="a DDP parameter never used in forward: 'Expected to have finished reduction'",
         program="ddp_unused_parameters.py",
