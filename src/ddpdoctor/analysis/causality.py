@@ -21,6 +21,7 @@ PEER_RULES = {"NET101"}
 LAUNCHER_ECHO_RULES = {"LCH102", "LCH103"}
 EARLY_STOP_RULE = "EXIT101"
 TEARDOWN_RULE = "EXIT102"
+KILL_ECHO_KINDS = {"preempted", "python-exception", "native-crash"}
 ZERO3_RULE = "PERF101"
 INFRA_EVIDENCE_RULES = {"NET102", "NET103", "CUDA104"}
 
@@ -80,11 +81,20 @@ def decide(findings: list[Finding], job: JobView, rules: dict[str, Rule]) -> Ana
     for f in findings:
         f.role = Role.CASCADE if rules[f.rule].cascade else Role.CONTEXT
 
+    if job.killed_for_hang:
+        # ddpdoctor run ended the job itself: the signals and tracebacks that follow are the
+        # echo of that kill, not failures of the job
+        for f in errors:
+            if f.kind in KILL_ECHO_KINDS:
+                f.role = Role.CASCADE
+        errors = [f for f in errors if f.kind not in KILL_ECHO_KINDS]
     stop = _early_stop(findings, job, errors, cascades)
     if stop is not None:
         return stop
     if errors:
         return _with_root(findings, errors, job, rules)
+    if job.hangs:
+        return _from_supervised_hang(findings, job)
     if cascades:
         return _from_cascades(findings, cascades, job, rules)
     return _quiet(findings, job, rules)
@@ -354,6 +364,36 @@ def _uneven_totals(job: JobView) -> tuple[set[int], str] | None:
         f"the ranks iterate over different numbers of batches ({detail}): rank(s) "
         f"{_list(short)} ran out of data first and left the loop while the others waited."
     )
+
+
+def _from_supervised_hang(findings: list[Finding], job: JobView) -> Analysis:
+    """`ddpdoctor run` caught the job stalled and grouped the stacks of every rank."""
+    hang = job.hangs[-1]
+    rule = inferred.HANG_BY_KIND.get(hang.taxonomy_kind or "", inferred.HANG)
+    groups = "; ".join(f"{_who(g.get('who'))} {g.get('where')}" for g in hang.groups[:6])
+    analysis = Analysis(
+        findings=findings,
+        status=Status.HUNG,
+        rule=rule,
+        culprit_ranks=sorted(hang.culprit_ranks),
+        confidence=0.8 if hang.culprit_ranks else 0.5,
+        notes=[f"ddpdoctor run caught the hang ({hang.kind}): {hang.summary}"],
+    )
+    analysis.extra_evidence.append(
+        Evidence(
+            source=hang.source.rsplit(":", 1)[0],
+            line=int(hang.source.rsplit(":", 1)[1]),
+            rank=None,
+            host=None,
+            time=datetime.fromisoformat(hang.time) if hang.time else None,
+            text=f"stacks: {groups}" if groups else hang.summary,
+        )
+    )
+    return analysis
+
+
+def _who(who: object) -> str:
+    return ", ".join(map(str, who)) if isinstance(who, list) else str(who)
 
 
 def _timeout_ms(cascades: list[Finding]) -> float | None:

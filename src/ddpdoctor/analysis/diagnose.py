@@ -15,6 +15,7 @@ from ddpdoctor.analysis.grouping import dedupe, evidence_of, group
 from ddpdoctor.analysis.job import build_job
 from ddpdoctor.analysis.scanner import Scanner, SourceScan
 from ddpdoctor.analysis.verdict import build_verdict
+from ddpdoctor.ingest.run_events import is_events_file, read_events
 from ddpdoctor.ingest.sources import Input, expand_paths
 from ddpdoctor.model.findings import Report
 from ddpdoctor.model.records import SourceInfo
@@ -66,6 +67,9 @@ def diagnose_inputs(
     jobs: int | None = None,
 ) -> Report:
     rules = {r.code: r for r in all_rules()}
+    run_events = [read_events(i.path) for i in inputs if is_events_file(i.path)]
+    event_paths = {e.source for e in run_events}
+    inputs = [i for i in inputs if i.path not in event_paths]
     scans = scan_inputs(inputs, engine=engine, jobs=jobs)
     hits = [h for scan in scans for h in scan.hits]
     order = 0
@@ -74,7 +78,7 @@ def diagnose_inputs(
             order += 1
             h.order = order
     hits = dedupe(hits, rules)
-    job = build_job(scans, [h.record.origin for h in hits])
+    job = build_job(scans, [h.record.origin for h in hits], run_events)
     findings = group(hits, rules)
     analysis = decide(findings, job, rules)
     verdict = build_verdict(analysis, job)
@@ -83,6 +87,9 @@ def diagnose_inputs(
     role_order = {"root": 0, "cascade": 1, "context": 2}
     findings.sort(key=lambda f: (role_order.get(f.role, 3), f.hits[0].order if f.hits else 0))
     sources: list[SourceInfo] = [scan.info for scan in scans] + list(problems or [])
+    sources += [
+        SourceInfo(e.source, status="read", reason="ddpdoctor run events") for e in run_events
+    ]
     return Report(
         tool_version=__version__,
         verdict=verdict,

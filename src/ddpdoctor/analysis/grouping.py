@@ -29,7 +29,15 @@ def dedupe(hits: list[Hit], rules: dict[str, Rule]) -> list[Hit]:
             explained.add(_line_key(hit.record))
             explained.update(_line_key(c) for c in hit.context)
     out: list[Hit] = []
+    first_source: dict[tuple[str, int | None, int | None, str], str] = {}
     for hit in kept:
+        # the same line in two sources (a console and the per-rank file `ddpdoctor run` or
+        # torchrun --tee wrote) is one event, not two
+        origin = hit.record.origin
+        event = (hit.rule, origin.rank, origin.local_rank, hit.record.text)
+        source = first_source.setdefault(event, hit.record.source)
+        if source != hit.record.source:
+            continue
         if (
             rules[hit.rule].specificity <= GENERIC_SPECIFICITY
             and rules[hit.rule].severity == "error"

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from ddpdoctor.analysis.facts import parse_summary_entry
 from ddpdoctor.analysis.scanner import FactHit, SourceScan, StreamSummary
+from ddpdoctor.ingest.run_events import RunEvents, RunHang
 from ddpdoctor.model.findings import JobInfo, RankExit
 from ddpdoctor.model.records import Origin
 
@@ -21,6 +22,8 @@ class JobView:
     world_size_inferred: bool = False
     single_node: bool = True
     transports: set[str] = field(default_factory=set)
+    hangs: list[RunHang] = field(default_factory=list)
+    killed_for_hang: bool = False
 
 
 def resolve_rank(origin: Origin, single_node: bool) -> int | None:
@@ -32,7 +35,9 @@ def resolve_rank(origin: Origin, single_node: bool) -> int | None:
     return None
 
 
-def build_job(scans: list[SourceScan], hit_origins: list[Origin]) -> JobView:
+def build_job(
+    scans: list[SourceScan], hit_origins: list[Origin], run_events: list[RunEvents] | None = None
+) -> JobView:
     hosts: set[str] = set()
     streams = [s for scan in scans for s in scan.streams.values()]
     origins = [s.origin for s in streams] + hit_origins
@@ -84,6 +89,13 @@ def build_job(scans: list[SourceScan], hit_origins: list[Origin]) -> JobView:
             elif fact.name in ("socket_transport", "ib_transport"):
                 transports.add(fact.name.split("_")[0])
 
+    hangs: list[RunHang] = []
+    for events in run_events or []:
+        for rank, code in events.per_rank_exit.items():  # observed by the supervisor: exact
+            per_rank[rank] = RankExit(code=code, signal=_signal_of(code))
+            ranks.add(rank)
+        hangs.extend(events.hangs)
+
     world = max(world_hints) if world_hints else None
     inferred = False
     if ranks and (world is None or max(ranks) >= world):
@@ -110,4 +122,12 @@ def build_job(scans: list[SourceScan], hit_origins: list[Origin]) -> JobView:
         world_size_inferred=inferred,
         single_node=single_node,
         transports=transports,
+        hangs=hangs,
+        killed_for_hang=any(e.killed_for_hang for e in run_events or []),
     )
+
+
+def _signal_of(code: int) -> str | None:
+    from ddpdoctor.analysis.facts import SIGNAL_NAMES
+
+    return SIGNAL_NAMES.get(-code, f"signal {-code}") if code < 0 else None

@@ -259,7 +259,9 @@ class Scanner:
                 summary.last_init_line = summary.last_line
 
 
-OWN_OUTPUT = re.compile(rb'^\s*\{\s*"schema": "ddpdoctor\.|ddpdoctor verdict|"schema": "ddpdoctor\.')
+OWN_OUTPUT = re.compile(
+    rb'^\s*\{\s*"schema": "ddpdoctor\.|ddpdoctor verdict|"schema": "ddpdoctor\.'
+)
 
 
 def is_own_output(head: bytes) -> bool:

@@ -105,7 +105,7 @@ def _summary(analysis: Analysis, job: JobView, category: str) -> str:
 
 
 FRAME = re.compile(r'File "(?P<path>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)')
-LIBRARY_PATH = re.compile(r"site-packages|dist-packages|/lib/python\d|<frozen|/torch/")
+LIBRARY_PATH = re.compile(r"site-packages|dist-packages|/lib/python\d|<frozen|/torch/|/bin/")
 
 
 def user_frame(finding: Finding) -> str | None:

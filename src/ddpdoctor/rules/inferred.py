@@ -186,3 +186,12 @@ RULES = (
     EARLY_STOP_ALL,
     WORKER_EXIT,
 )
+
+
+HANG_BY_KIND: dict[str, Rule] = {
+    "slow-rank-timeout": SLOW_RANK,
+    "uncoordinated-exit": UNCOORDINATED_EXIT,
+    "collective-mismatch": COLLECTIVE_ASYMMETRY,
+    "hang": HANG,
+}
+"""How a hang classified from live stacks (`ddpdoctor run`) maps to documented rules."""

@@ -103,7 +103,7 @@ SCENARIOS: tuple[Scenario, ...] = (
         expected_category="user-code",
         expected_culprits=(1,),
         cascade_ranks=(0,),
-        notes="torchrun: Root Cause rank 0 with <NO_OTHER_FAILURES>; rank 1 exited 0.",
+        notes="torchrun: Root Cause rank 0; rank 1 exited 0 (<NO_OTHER_FAILURES>) or got SIGTERM.",
     ),
     Scenario(
         name="early-stop",

@@ -1,8 +1,8 @@
 """Injects uncoordinated-exit: rank 1 decides alone to stop early and leaves the training loop.
 
 Rank 1 breaks out, destroys its process group and exits 0 while rank 0 trains on; rank 0's next
-all_reduce loses its peer ("Connection closed by peer"). torchrun sees rank 1 succeed and names
-rank 0, the victim, as the root cause, with <NO_OTHER_FAILURES>.
+all_reduce loses its peer ("Connection closed by peer"). torchrun names rank 0, the victim, as the
+root cause: rank 1 either exited 0 already (<NO_OTHER_FAILURES>) or gets SIGTERM on its way out.
 """
 
 from datetime import timedelta
