@@ -27,7 +27,8 @@ GLOG = re.compile(
 )
 # older torch: `[E ProcessGroupNCCL.cpp:475] `, `[W reducer.cpp:313] `, also with glog date.
 GLOG_BRACKET = re.compile(
-    r"\[(?P<level>[IWEF])(?:(?P<md>\d{4}) (?P<hms>\d\d:\d\d:\d\d(?:\.\d+)?)\s+(?P<pid>\d+)\s+|\s)"
+    r"\[(?P<level>[IWEF])(?:(?P<md>\d{4}) (?P<hms>\d\d:\d\d:\d\d(?:\.\d+)?)(?:\s+(?P<pid>\d+))?\s+"
+    r"|\s)"
     r"(?P<file>[\w./<>-]+:\d+)\]\s?"
 )
 # NCCL debug lines: `host:pid:tid [dev] NCCL INFO ...` (kept in the text, origin taken).
@@ -39,7 +40,7 @@ PDSH = re.compile(r"(?P<host>(?=[a-z0-9._-]*[0-9-])[a-z][a-z0-9._-]{0,62}):\s(?!
 # Capture platforms: `[stderr]`, `[stdout]`.
 STREAM_TAG = re.compile(r"\[(?:stderr|stdout)\]\s?")
 # Job platforms put step/run ids in brackets after their timestamp: `[177/train/578 (pid 1)] `.
-PLATFORM_TAG = re.compile(r"\[[^\[\]]{1,80}\]\s")
+PLATFORM_TAG = re.compile(r"\[(?!Rank |PG |rank\d)[^\[\]]{1,80}\]\s")
 # Python logging `LEVEL:logger:` or `LEVEL logger` heads (level only, message kept).
 PY_LEVEL = re.compile(r"(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL)[:\s]")
 # Inside c10d messages the global rank appears as `[Rank 3]` or `[PG 0 (default_pg) Rank 3]`.
@@ -99,10 +100,12 @@ def parse_line(raw: str, year: int = 1970) -> ParsedLine:
     prefix_parts: list[str] = []
     pos = 0
     platform_tags = 0
+    platform_ok = False  # job platforms put their tags right after an ISO timestamp
     for _ in range(8):
         m = RFC3339.match(text, pos) or ISO_TIME.match(text, pos)
         if m:
             out.time = out.time or _parse_iso(m.group("ts"))
+            platform_ok = True
             pos = m.end()
             continue
         m = TORCHRUN.match(text, pos)
@@ -139,7 +142,7 @@ def parse_line(raw: str, year: int = 1970) -> ParsedLine:
             pos = m.end()
             continue
         m = PLATFORM_TAG.match(text, pos)
-        if m and out.time is not None and len(prefix_parts) == platform_tags:
+        if m and platform_ok and len(prefix_parts) == platform_tags:
             platform_tags += 1
             prefix_parts.append(m.group(0).strip())
             pos = m.end()

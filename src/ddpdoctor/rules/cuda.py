@@ -111,6 +111,7 @@ GPU_HARDWARE = Rule(
         Signature(r"uncorrectable ECC error encountered"),
         Signature(r"NVRM: Xid \(PCI:(?P<pci>[\w:.]+)\): (?P<xid>\d+)", "NVRM: Xid"),
         Signature(r"GPU has fallen off the bus"),
+        Signature(r"PCIe Bus Error: severity=(?P<severity>\w+)", "PCIe Bus Error"),
         Signature(r"unrecoverable.{0,20}(?:ECC|NVLink)", "unrecoverable"),
         Signature(r"CUDA error: GPU is lost"),
     ),
@@ -126,7 +127,10 @@ GPU_HARDWARE = Rule(
         "Exclude the node (Slurm: --exclude=HOST) and resubmit.",
         "Report the node to operations with `nvidia-smi -q -d ECC` and `dmesg | grep -i xid`.",
     ),
-    positive=("RuntimeError: CUDA error: uncorrectable ECC error encountered",),
+    positive=(
+        "RuntimeError: CUDA error: uncorrectable ECC error encountered",
+        "pcieport 0000:00:03.1: PCIe Bus Error: severity=Uncorrected (Non-Fatal), type=Transaction Layer",
+    ),
     negative=("CUDA error: device-side assert triggered",),
 )
 
@@ -240,7 +244,45 @@ DATALOADER_CUDA_FORK = Rule(
     negative=("RuntimeError: CUDA error: out of memory",),
 )
 
+SHARED_GPU_OOM = Rule(
+    code="CUDA108",
+    kind="device-assignment",
+    title="Out of GPU memory on a GPU that several processes share",
+    sources="c10/cuda/CUDACachingAllocator.cpp (lists other processes on the device)",
+    specificity=70,
+    signatures=(
+        Signature(
+            r"Process \d+ has [\d.]+ [KMGT]iB memory in use\. Process \d+ has",
+            "memory in use. Process ",
+        ),
+    ),
+    explanation=Explanation(
+        what="The OOM message lists several processes holding memory on the same GPU.",
+        why="Ranks landed on the same device: torch.cuda.set_device(local_rank) missing, a "
+        "hard-coded cuda:0, CUDA_VISIBLE_DEVICES set after CUDA started, or torch.load without "
+        "map_location putting every rank's checkpoint on GPU 0.",
+        fix="torch.cuda.set_device(local_rank) first thing; load checkpoints with "
+        "map_location='cpu'; check nvidia-smi shows one process per GPU.",
+        false_positives="Another user's job on a shared GPU also shows up as a second process.",
+    ),
+    fix=(
+        "torch.cuda.set_device(int(os.environ['LOCAL_RANK'])) before any CUDA work.",
+        "torch.load(path, map_location='cpu') on resume; run `nvidia-smi` to see who shares the GPU.",
+    ),
+    positive=(
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 64.00 MiB. GPU 0 has a total "
+        "capacity of 23.65 GiB of which 9.06 MiB is free. Process 3522 has 5.91 GiB memory in use. "
+        "Process 3523 has 5.91 GiB memory in use.",
+    ),
+    negative=(
+        "torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 336.00 MiB. GPU  has a "
+        "total capacity of 79.15 GiB of which 141.25 MiB is free. Process 2109115 has 78.99 GiB "
+        "memory in use.",
+    ),
+)
+
 RULES = (
+    SHARED_GPU_OOM,
     CUDA_OOM,
     CHECKPOINT_LOAD_DEVICE,
     DEVICE_SIDE_ASSERT,

@@ -112,11 +112,6 @@ SCENARIOS: tuple[Scenario, ...] = (
         expected_kind="early-stop",
         expected_category="intended-exit",
         expected_culprits=None,
-        gaps={
-            "kind": "python-exception (INF208): the 'Early stopping at epoch' line is found "
-            "(EXIT101) but kept as context",
-            "category": "user-code, following the kind",
-        },
     ),
     Scenario(
         name="host-oom",
@@ -147,11 +142,6 @@ SCENARIOS: tuple[Scenario, ...] = (
         expected_culprits=(1,),
         cascade_ranks=(0,),
         notes="Rank 1 dies by SIGABRT from gloo::EnforceNotMet; the text has no [rank1]: prefix.",
-        gaps={
-            "kind": "native-crash (LCH104) from the SIGABRT; COL101 ('Is there a distributed "
-            "collective mismatch') is found but kept as context",
-            "category": "unknown, following the kind",
-        },
     ),
     Scenario(
         name="local-rank-argument",
@@ -216,11 +206,6 @@ SCENARIOS: tuple[Scenario, ...] = (
         expected_category="configuration",
         expected_culprits=(0,),
         cascade_ranks=(1,),
-        gaps={
-            "kind": "uncoordinated-exit (INF202): the busy rank 0, stopped by SIGTERM, reads as "
-            "a rank that left",
-            "category": "user-code, following the kind",
-        },
     ),
     Scenario(
         name="uneven-inputs",
@@ -230,12 +215,6 @@ SCENARIOS: tuple[Scenario, ...] = (
         expected_category="user-code",
         expected_culprits=(1,),
         cascade_ranks=(0,),
-        gaps={
-            "kind": "nccl-timeout (TMO102): both ranks time out, nothing names the uneven loop",
-            "category": "unknown, following the kind",
-            "culprits": "no rank blamed",
-            "cascade": "the timeouts on ranks 0 and 1 are the root finding",
-        },
     ),
     Scenario(
         name="process-group-not-initialized",

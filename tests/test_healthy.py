@@ -1,0 +1,38 @@
+"""A healthy run is `ok`: logs of real successful 2-rank gloo runs (captured by
+tests/fixtures/real/capture_healthy.sh), with and without c10d INFO noise."""
+
+from __future__ import annotations
+
+import pytest
+
+from ddpdoctor.analysis.diagnose import diagnose_paths
+from tests.conftest import REPO
+
+HEALTHY = REPO / "tests" / "fixtures" / "real"
+
+
+@pytest.mark.parametrize("name", ["healthy-plain", "healthy-noisy"])
+def test_healthy_run_is_ok(name: str) -> None:
+    report = diagnose_paths([str(HEALTHY / name / "console.log")])
+    assert report.verdict.status == "ok", report.verdict.summary
+    assert report.verdict.kind is None
+    assert not [f for f in report.findings if f.role == "root"]
+    assert report.job.ranks_seen == [0, 1]
+
+
+def test_grad_strides_alone_is_slow_not_failed(corpus) -> None:  # type: ignore[no-untyped-def]
+    report = diagnose_paths([str(corpus / "013-ddp-grad-strides-conv1x1" / "logs")])
+    assert report.verdict.status == "slow"
+    assert report.verdict.kind == "ddp-grad-strides"
+
+
+def test_grad_strides_next_to_a_failure_is_context(corpus, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Two real logs together: the performance warning of case 013 and the OOM of case 006."""
+    logs = [
+        corpus / "013-ddp-grad-strides-conv1x1" / "logs",
+        corpus / "006-cuda-oom-rank2-funasr-cascade" / "logs",
+    ]
+    report = diagnose_paths([str(p) for p in logs])
+    assert report.verdict.kind == "cuda-oom"
+    roles = {f.rule: f.role for f in report.findings}
+    assert roles["DDP103"] == "context"
