@@ -36,3 +36,15 @@ def test_grad_strides_next_to_a_failure_is_context(corpus, tmp_path) -> None:  #
     assert report.verdict.kind == "cuda-oom"
     roles = {f.rule: f.role for f in report.findings}
     assert roles["DDP103"] == "context"
+
+
+def test_torchrun_log_dir_error_files() -> None:
+    """Real `@record` error files from `torchrun --log-dir`: JSON with an escaped traceback."""
+    run = next((HEALTHY / "elastic-error-json").glob("*_*"))
+    report = diagnose_paths([str(run)])
+    assert report.verdict.kind == "data-error"
+    assert report.verdict.culprit.ranks == [1]
+    assert report.verdict.evidence[0].rank == 1
+    assert report.verdict.evidence[0].time is not None
+    roles = {f.rule: f.role for f in report.findings}
+    assert roles["NET101"] == "cascade"

@@ -53,6 +53,9 @@ def hit_rank(hit: Hit, job: JobView) -> int | None:
 def annotate(findings: list[Finding], job: JobView) -> None:
     """Fill ranks and hosts of every finding."""
     for f in findings:
+        for h in f.hits:
+            if h.record.origin.rank is None:
+                h.record.origin.rank = resolve_rank(h.record.origin, job.single_node)
         ranks = {r for h in f.hits if (r := hit_rank(h, job)) is not None}
         hosts = {h.record.origin.host for h in f.hits if h.record.origin.host}
         f.ranks, f.hosts = sorted(ranks), sorted(hosts)

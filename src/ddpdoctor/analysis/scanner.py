@@ -12,6 +12,7 @@ from functools import lru_cache
 
 from ddpdoctor.analysis.engine import Matcher, Pattern, build_matcher
 from ddpdoctor.analysis.facts import FACT_PATTERNS, FactPattern
+from ddpdoctor.ingest.elastic_error import ErrorFileChunks, is_error_file
 from ddpdoctor.ingest.filenames import origin_from_path
 from ddpdoctor.ingest.prefixes import ParsedLine, parse_line
 from ddpdoctor.ingest.sources import ChunkStream, Input
@@ -99,7 +100,11 @@ class Scanner:
         self.matcher: Matcher = build_matcher(patterns, prefer=engine)
 
     def scan(self, item: Input) -> SourceScan:
-        stream = ChunkStream(item)
+        stream: ChunkStream | ErrorFileChunks = (
+            ErrorFileChunks(item.path, item.display)
+            if is_error_file(item.path)
+            else ChunkStream(item)
+        )
         result = SourceScan(info=stream.info)
         file_origin = origin_from_path(item.path) if item.path != "-" else Origin()
         year = datetime.now(UTC).year

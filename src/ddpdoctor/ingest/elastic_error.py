@@ -1,0 +1,71 @@
+"""torchelastic error files (`error.json`, written by `@record` under torchrun --log-dir or
+TORCHELASTIC_ERROR_FILE): a JSON document whose traceback is one escaped string. Turned back
+into the log lines it stands for, each stamped with the file's timestamp."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+from ddpdoctor.model.records import SourceInfo
+
+MAX_ERROR_FILE_BYTES = 16 * 1024 * 1024
+
+
+def is_error_file(path: str) -> bool:
+    return Path(path).name == "error.json"
+
+
+class ErrorFileChunks:
+    """Same interface as sources.ChunkStream: iterate for the text, then read `info`."""
+
+    def __init__(self, path: str, display: str) -> None:
+        self.path = path
+        self.info = SourceInfo(path=display)
+        self.mtime: float | None = None
+
+    def __iter__(self) -> Iterator[bytes]:
+        try:
+            size = os.path.getsize(self.path)
+            self.mtime = os.path.getmtime(self.path)
+            if size > MAX_ERROR_FILE_BYTES:
+                self.info.status, self.info.reason = "skipped", "error file too large"
+                return
+            raw = Path(self.path).read_bytes()
+        except OSError as exc:
+            self.info.status, self.info.reason = "skipped", f"cannot read: {exc.strerror}"
+            return
+        self.info.bytes = len(raw)
+        text = render_error_file(raw)
+        if text is None:
+            self.info.status, self.info.reason = "skipped", "not a torchelastic error file"
+            return
+        data = text.encode("utf-8", errors="replace")
+        self.info.lines = data.count(b"\n")
+        yield data
+
+
+def render_error_file(raw: bytes) -> str | None:
+    """The traceback (or message) lines of a torchelastic error file, ISO-timestamped."""
+    try:
+        doc = json.loads(raw.decode("utf-8", errors="replace"))
+    except ValueError:
+        return None
+    message = doc.get("message") if isinstance(doc, dict) else None
+    if isinstance(message, str):  # older format: a bare message string
+        body, stamp = message, None
+    elif isinstance(message, dict):
+        extra = message.get("extraInfo") or {}
+        body = extra.get("py_callstack") or message.get("message") or ""
+        stamp = extra.get("timestamp")
+    else:
+        return None
+    prefix = ""
+    if isinstance(stamp, str | int) and str(stamp).isdigit():
+        when = datetime.fromtimestamp(int(stamp), UTC)
+        prefix = when.strftime("%Y-%m-%dT%H:%M:%SZ ")
+    lines = [line for line in str(body).splitlines() if line.strip()]
+    return "".join(f"{prefix}{line}\n" for line in lines)
