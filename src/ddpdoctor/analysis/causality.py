@@ -9,7 +9,7 @@ from datetime import datetime, timedelta
 from functools import cmp_to_key
 
 from ddpdoctor.analysis.facts import elapsed_seconds
-from ddpdoctor.analysis.job import JobView, resolve_rank
+from ddpdoctor.analysis.job import JobView
 from ddpdoctor.model.findings import Evidence, Finding, Hit
 from ddpdoctor.model.taxonomy import Category, Role, Status
 from ddpdoctor.rules import inferred
@@ -42,7 +42,7 @@ class Analysis:
 
 
 def hit_rank(hit: Hit, job: JobView) -> int | None:
-    rank = resolve_rank(hit.record.origin, job.single_node)
+    rank = job.resolve(hit.record.origin)
     if rank is None and "local_rank" in hit.captures and job.single_node:
         rank = int(hit.captures["local_rank"])
     if rank is None and "rank" in hit.captures:
@@ -55,7 +55,7 @@ def annotate(findings: list[Finding], job: JobView) -> None:
     for f in findings:
         for h in f.hits:
             if h.record.origin.rank is None:
-                h.record.origin.rank = resolve_rank(h.record.origin, job.single_node)
+                h.record.origin.rank = job.resolve(h.record.origin)
         ranks = {r for h in f.hits if (r := hit_rank(h, job)) is not None}
         hosts = {h.record.origin.host for h in f.hits if h.record.origin.host}
         f.ranks, f.hosts = sorted(ranks), sorted(hosts)
@@ -254,9 +254,7 @@ def _from_cascades(
     waiting = {r for f in cascades if f.rule in TIMEOUT_RULES | PEER_RULES for r in f.ranks}
     error_ranks = {r for f in findings if rules[f.rule].severity != "info" for r in f.ranks}
     alive_quiet = {
-        r
-        for s in job.streams
-        if (r := resolve_rank(s.origin, job.single_node)) is not None and r not in error_ranks
+        r for s in job.streams if (r := job.resolve(s.origin)) is not None and r not in error_ranks
     }
     missing = set(job.info.ranks_missing)
     timeout_ms = _timeout_ms(cascades)
@@ -355,7 +353,7 @@ def _uneven_totals(job: JobView) -> tuple[set[int], str] | None:
     ones with the fewest batches leave the loop first."""
     totals: dict[int, int] = {}
     for s in job.streams:
-        rank = resolve_rank(s.origin, job.single_node)
+        rank = job.resolve(s.origin)
         if rank is not None and s.progress_total is not None:
             totals[rank] = s.progress_total
     if len(set(totals.values())) < 2:

@@ -32,6 +32,11 @@ def _compiled(regex: str) -> re.Pattern[str]:
 FACT_PATTERNS: tuple[FactPattern, ...] = (
     # NCCL INFO comm ... rank 8 nranks 16 (NCCL init.cc)
     FactPattern("world_size", r"\bnranks (?P<n>\d+)", "nranks "),
+    FactPattern(
+        "nccl_comm",
+        r"comm 0x[0-9a-f]+ rank (?P<rank>\d+) nranks (?P<n>\d+) cudaDev (?P<dev>\d+)",
+        " cudaDev ",
+    ),
     FactPattern("world_size", r"\bWORLD_SIZE[=:]\s*(?P<n>\d+)", "WORLD_SIZE"),
     FactPattern("world_size", r"\bworld[_ ]size\W{1,4}(?P<n>\d+)", "world"),
     # Lightning: "Initializing distributed: GLOBAL_RANK: 0, MEMBER: 1/8"

@@ -24,15 +24,45 @@ class JobView:
     transports: set[str] = field(default_factory=set)
     hangs: list[RunHang] = field(default_factory=list)
     killed_for_hang: bool = False
+    rank_map: dict[tuple[str, int], int] = field(default_factory=dict)
+
+    def resolve(self, origin: Origin) -> int | None:
+        return resolve_rank(origin, self.single_node, self.rank_map)
 
 
-def resolve_rank(origin: Origin, single_node: bool) -> int | None:
-    """Global rank of a writer; on a single node the local rank is the global rank."""
+def resolve_rank(
+    origin: Origin, single_node: bool, rank_map: dict[tuple[str, int], int] | None = None
+) -> int | None:
+    """Global rank of a writer: its own, else what the job said about (host, local rank) or
+    (host, pid), else on a single node the local rank."""
     if origin.rank is not None:
         return origin.rank
+    if rank_map and origin.host:
+        for key in (origin.local_rank, -origin.pid if origin.pid else None):
+            if key is not None and (origin.host, key) in rank_map:
+                return rank_map[(origin.host, key)]
     if single_node and origin.local_rank is not None:
         return origin.local_rank
     return None
+
+
+def learn_rank_map(scans: list[SourceScan]) -> dict[tuple[str, int], int]:
+    """(host, local rank) and (host, -pid) to global rank, from NCCL's comm lines and
+    torchrun's failure summary, so that multi-node lines without a global rank get one."""
+    mapping: dict[tuple[str, int], int] = {}
+    for scan in scans:
+        for fact in scan.facts:
+            host = fact.record.origin.host
+            if fact.name == "nccl_comm" and host:
+                rank = int(fact.captures["rank"])
+                mapping.setdefault((host, int(fact.captures["dev"])), rank)
+                if fact.record.origin.pid:
+                    mapping.setdefault((host, -fact.record.origin.pid), rank)
+            elif fact.name == "summary_exit":
+                r, exit_ = parse_summary_entry(fact.before, fact.record.text, [])
+                if r is not None and exit_.host and exit_.local_rank is not None:
+                    mapping.setdefault((exit_.host, exit_.local_rank), r)
+    return mapping
 
 
 def build_job(
@@ -45,9 +75,10 @@ def build_job(
         if o.host:
             hosts.add(o.host)
     single_node = len(hosts) <= 1
+    rank_map = learn_rank_map(scans)
     ranks: set[int] = set()
     for o in origins:
-        r = resolve_rank(o, single_node)
+        r = resolve_rank(o, single_node, rank_map)
         if r is not None:
             ranks.add(r)
 
@@ -124,6 +155,7 @@ def build_job(
         transports=transports,
         hangs=hangs,
         killed_for_hang=any(e.killed_for_hang for e in run_events or []),
+        rank_map=rank_map,
     )
 
 
