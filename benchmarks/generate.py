@@ -138,6 +138,8 @@ def write_log(path: Path, size: int, seed: int, ranks: list[int], world: int, er
             written += len(block)
             while e < len(error_at) and error_at[e] <= written:
                 line = real[(seed + e) % len(real)]
+                if not line.startswith("[rank"):  # torchrun prefixes what a worker prints
+                    line = f"[rank{ranks[(seed + e) % len(ranks)]}]:{line}"
                 fh.write(line.encode() + b"\n")
                 written += len(line) + 1
                 e += 1

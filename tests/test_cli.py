@@ -12,7 +12,7 @@ def test_diagnose_text_fits_100_columns(corpus: Path) -> None:
     proc = run_cli("diagnose", str(corpus / "006-cuda-oom-rank2-funasr-cascade" / "logs"))
     assert proc.returncode == 1
     assert "cuda-oom" in proc.stdout
-    assert "Culprit: ranks 2" in proc.stdout
+    assert "Culprit: rank 2" in proc.stdout
     assert "paste-part1.log:1" in proc.stdout
     assert max(len(line) for line in proc.stdout.splitlines()) <= 100
 

@@ -5,6 +5,7 @@ Known analysis gaps are strict xfails. Skipped where torch cannot be imported.""
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 
 import pytest
@@ -56,3 +57,18 @@ def test_real_scenario(scenario: catalog.Scenario, aspect: str, run_dir: Path) -
         return
     problems = catalog.mismatches(scenario, report)
     assert aspect not in problems, problems[aspect]
+
+
+@pytest.mark.timeout(180)
+def test_demo_runs_live(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from ddpdoctor.cli.demo_cmd import demo
+
+    result = CliRunner().invoke(demo, ["--format", "json", "--keep", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["demo"]["mode"] == "live"
+    assert data["demo"]["matches_expected"] is True
+    assert data["verdict"]["culprit"]["ranks"] == [1]
+    assert runner.read_meta(tmp_path)["scenario"] == "data-error"

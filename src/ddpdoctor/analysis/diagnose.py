@@ -3,61 +3,17 @@ One entry point for the CLI, `run` and `demo`."""
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterable
-from concurrent.futures import ProcessPoolExecutor
-from contextlib import suppress
-from functools import lru_cache
-
 from ddpdoctor import __version__
 from ddpdoctor.analysis.causality import decide
 from ddpdoctor.analysis.grouping import dedupe, evidence_of, group
 from ddpdoctor.analysis.job import build_job
-from ddpdoctor.analysis.scanner import Scanner, SourceScan
+from ddpdoctor.analysis.parallel import scan_inputs
 from ddpdoctor.analysis.verdict import build_verdict
 from ddpdoctor.ingest.run_events import is_events_file, read_events
 from ddpdoctor.ingest.sources import Input, expand_paths
 from ddpdoctor.model.findings import Report
 from ddpdoctor.model.records import SourceInfo
-from ddpdoctor.rules.base import Rule
 from ddpdoctor.rules.registry import all_rules
-
-PARALLEL_MIN_BYTES = 64 * 1024 * 1024
-"""Below this much input, starting worker processes costs more than it saves."""
-
-_WORKER_SCANNER: Scanner | None = None
-
-
-def _scan_in_worker(item: Input) -> SourceScan:
-    global _WORKER_SCANNER
-    if _WORKER_SCANNER is None:
-        _WORKER_SCANNER = Scanner(_scannable(all_rules()))
-    return _WORKER_SCANNER.scan(item)
-
-
-def _scannable(rules: Iterable[Rule]) -> list[Rule]:
-    return [r for r in rules if r.signatures]
-
-
-def scan_inputs(
-    inputs: list[Input], engine: str = "auto", jobs: int | None = None
-) -> list[SourceScan]:
-    total = 0
-    for item in inputs:
-        with suppress(OSError):
-            total += os.path.getsize(item.path) if item.path != "-" else 0
-    workers = jobs if jobs is not None else (os.cpu_count() or 1)
-    if workers > 1 and len(inputs) > 1 and total >= PARALLEL_MIN_BYTES and engine == "auto":
-        with ProcessPoolExecutor(max_workers=workers) as pool:
-            return list(pool.map(_scan_in_worker, inputs, chunksize=4))
-    scanner = _scanner(engine)
-    return [scanner.scan(item) for item in inputs]
-
-
-@lru_cache(maxsize=4)
-def _scanner(engine: str) -> Scanner:
-    """Compiling the pattern database takes ~0.3 s: once per process and engine."""
-    return Scanner(_scannable(all_rules()), engine=engine)
 
 
 def diagnose_inputs(

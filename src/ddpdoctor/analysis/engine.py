@@ -1,6 +1,6 @@
 """Multi-pattern prefilter over large byte chunks. Finds candidate lines for many signatures in
 one pass (Hyperscan when installed, a stdlib literal search otherwise); the caller confirms each
-candidate with Python `re`. Owns no rule semantics."""
+candidate with Python `re`. Owns no rule semantics; both engines report the same sampled lines."""
 
 from __future__ import annotations
 
@@ -15,13 +15,21 @@ try:
 except ImportError:  # pragma: no cover - depends on the platform
     _hs = None
 
+SAMPLE_LINES = 4
+"""Per chunk, a `sampled` pattern reports only the last this many lines holding its literal."""
+
 
 @dataclass(frozen=True, slots=True)
 class Pattern:
-    """A regex for the prefilter plus a literal every match contains (for the fallback)."""
+    """A regex for the prefilter plus a literal every match contains (for the fallback).
+
+    `sampled`: the caller needs only the latest few occurrences per chunk (a progress bar that
+    redraws every step); a callback per line would cost more than the whole scan.
+    """
 
     regex: str
     literal: str
+    sampled: bool = False
 
 
 class Matcher(Protocol):
@@ -48,19 +56,42 @@ def _group_by_line(chunk: bytes, hits: list[tuple[int, int]]) -> list[tuple[int,
     return out
 
 
+def _by_literal(patterns: Sequence[Pattern], sampled: bool) -> list[tuple[bytes, list[int]]]:
+    by_literal: dict[bytes, list[int]] = {}
+    for pid, pat in enumerate(patterns):
+        if pat.sampled == sampled:
+            by_literal.setdefault(pat.literal.encode(), []).append(pid)
+    return list(by_literal.items())
+
+
+def _sampled_hits(chunk: bytes, sampled: list[tuple[bytes, list[int]]]) -> list[tuple[int, int]]:
+    """The last SAMPLE_LINES lines holding each sampled literal, found from the end in C."""
+    hits: list[tuple[int, int]] = []
+    rfind = chunk.rfind
+    for literal, pids in sampled:
+        end = len(chunk)
+        for _ in range(SAMPLE_LINES):
+            pos = rfind(literal, 0, end)
+            if pos < 0:
+                break
+            hits.extend((pid, pos) for pid in pids)
+            end = rfind(b"\n", 0, pos)
+            if end < 0:
+                break
+    return hits
+
+
 class LiteralMatcher:
     """Stdlib fallback: `bytes.find` per distinct literal. About 25 MB/s with ~200 literals."""
 
     name = "stdlib"
 
     def __init__(self, patterns: Sequence[Pattern]) -> None:
-        by_literal: dict[bytes, list[int]] = {}
-        for pid, pat in enumerate(patterns):
-            by_literal.setdefault(pat.literal.encode(), []).append(pid)
-        self._literals = list(by_literal.items())
+        self._literals = _by_literal(patterns, sampled=False)
+        self._sampled = _by_literal(patterns, sampled=True)
 
     def candidate_lines(self, chunk: bytes) -> list[tuple[int, int, list[int]]]:
-        hits: list[tuple[int, int]] = []
+        hits = _sampled_hits(chunk, self._sampled)
         for literal, pids in self._literals:
             find = chunk.find
             pos = find(literal)
@@ -82,25 +113,32 @@ class HyperscanMatcher:
     def __init__(self, patterns: Sequence[Pattern]) -> None:
         if _hs is None:
             raise RuntimeError("hyperscan is not installed")
-        self._db = _hs.Database(mode=_hs.HS_MODE_BLOCK)
-        flags = _hs.HS_FLAG_PREFILTER | _hs.HS_FLAG_ALLOWEMPTY
-        self._db.compile(
-            expressions=[p.regex.encode() for p in patterns],
-            ids=list(range(len(patterns))),
-            elements=len(patterns),
-            flags=[flags] * len(patterns),
-        )
-        self._scratch = _hs.Scratch(self._db)
+        self._sampled = _by_literal(patterns, sampled=True)
+        ids = [pid for pid, p in enumerate(patterns) if not p.sampled]
+        self._db: object | None = None
+        if ids:
+            db = _hs.Database(mode=_hs.HS_MODE_BLOCK)
+            flags = _hs.HS_FLAG_PREFILTER | _hs.HS_FLAG_ALLOWEMPTY
+            db.compile(
+                expressions=[patterns[pid].regex.encode() for pid in ids],
+                ids=ids,
+                elements=len(ids),
+                flags=[flags] * len(ids),
+            )
+            self._db = db
+            self._scratch = _hs.Scratch(db)
 
     def candidate_lines(self, chunk: bytes) -> list[tuple[int, int, list[int]]]:
-        hits: list[tuple[int, int]] = []
-        append = hits.append
+        hits = _sampled_hits(chunk, self._sampled)
+        if self._db is not None:
+            append = hits.append
 
-        def on_match(pid: int, start: int, end: int, flags: int, ctx: object) -> bool | None:
-            append((pid, end - 1 if end > 0 else 0))
-            return None
+            def on_match(pid: int, start: int, end: int, flags: int, ctx: object) -> None:
+                append((pid, end - 1 if end > 0 else 0))
 
-        self._db.scan(chunk, match_event_handler=on_match, scratch=self._scratch)
+            self._db.scan(  # type: ignore[attr-defined]
+                chunk, match_event_handler=on_match, scratch=self._scratch
+            )
         return _group_by_line(chunk, hits)
 
 

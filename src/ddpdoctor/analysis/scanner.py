@@ -96,7 +96,9 @@ class Scanner:
                 patterns.append(Pattern(_unanchored(sig.regex), sig.required_literal))
         for fact in FACT_PATTERNS:
             self._targets.append(_Target(None, None, fact))
-            patterns.append(Pattern(_unanchored(fact.regex), fact.literal))
+            # a progress bar redraws every step: the latest few per chunk are enough
+            sampled = fact.name == "progress"
+            patterns.append(Pattern(_unanchored(fact.regex), fact.literal, sampled))
         self.matcher: Matcher = build_matcher(patterns, prefer=engine)
 
     def scan(self, item: Input) -> SourceScan:
@@ -111,7 +113,7 @@ class Scanner:
         parse = _parser(year)
         line_base = 0
         order = 0
-        head_left = HEAD_TAIL_BYTES
+        head_left = HEAD_TAIL_BYTES if item.start == 0 else 0  # a later part of a split file
         last_chunk = b""
         last_base = 0
         kept: dict[int, int] = {}
@@ -150,7 +152,7 @@ class Scanner:
             last_base = line_base
             last_chunk = chunk
             line_base += chunk.count(b"\n")
-        if last_chunk and line_base > 0:
+        if last_chunk and line_base > 0 and item.end is None:
             tail_start = max(0, len(last_chunk) - HEAD_TAIL_BYTES)
             tail_start = last_chunk.find(b"\n", tail_start - 1) + 1 if tail_start else 0
             head_lines = sum(s.lines_seen for s in result.streams.values())

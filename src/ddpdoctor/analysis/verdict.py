@@ -79,11 +79,11 @@ def _summary(analysis: Analysis, job: JobView, category: str) -> str:
     cascades = [f for f in analysis.findings if f.role == Role.CASCADE]
     if cascades and analysis.status != Status.OK:
         other = sorted({r for f in cascades for r in f.ranks} - set(analysis.culprit_ranks))
-        titles = ", ".join(sorted({f.title.lower() for f in cascades})[:3])
+        titles = "; ".join(sorted({f.title for f in cascades})[:3])
         parts.append(
-            f"The other errors ({titles}"
+            "The other errors"
             + (f" on {_ranks(other)}" if other else "")
-            + ") are consequences, not causes."
+            + f" are consequences, not causes: {titles}."
         )
     parts.extend(analysis.notes)
     if analysis.root is not None:

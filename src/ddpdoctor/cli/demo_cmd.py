@@ -108,10 +108,10 @@ def demo(name: str, list_only: bool, fmt: str, keep: str | None, replay: bool, w
     live = not replay and torch_available()
     if live:
         out_dir = Path(keep) if keep else Path(tempfile.mkdtemp(prefix="ddpdoctor-demo-"))
-        command = runner.build_command(scenario, None, None)
         click.echo(f"ddpdoctor demo: {scenario.name}: {scenario.title}", err=True)
-        click.echo(f"  $ {shlex.join(command)}", err=True)
-        result = runner.run(scenario, out_dir)
+        result = runner.run(
+            scenario, out_dir, on_start=lambda cmd: click.echo(f"  $ {shlex.join(cmd)}", err=True)
+        )
         how = f"exit code {result.exit_code} after {result.duration_s:.1f} s"
         if result.timed_out:
             how = f"killed after the {scenario.timeout_s:.0f} s limit"

@@ -33,10 +33,13 @@ STDIN_NAME = "<stdin>"
 
 @dataclass(slots=True)
 class Input:
-    """One thing to read: a path on disk, or stdin."""
+    """One thing to read: a path on disk, or stdin; or the byte range [start, end) of a plain
+    file (end None: to the end), cut just after a newline so that ranges share no line."""
 
     path: str
     display: str
+    start: int = 0
+    end: int | None = None
 
 
 def expand_paths(paths: list[str]) -> tuple[list[Input], list[SourceInfo]]:
@@ -104,6 +107,9 @@ class ChunkStream:
             try:
                 raw = open(self.item.path, "rb")  # noqa: SIM115 - closed in __iter__
                 self.mtime = os.path.getmtime(self.item.path)
+                if self.item.start or self.item.end is not None:
+                    raw.seek(self.item.start)
+                    return raw  # a part of a plain file: never compressed, never sniffed
             except OSError as exc:
                 self.info.status, self.info.reason = "skipped", f"cannot read: {exc.strerror}"
                 return None
@@ -124,11 +130,13 @@ class ChunkStream:
         if stream is None:
             return
         carry = b""
-        first = True
+        first = self.item.start == 0
+        left = -1 if self.item.end is None else self.item.end - self.item.start
         try:
-            while True:
+            while left != 0:
                 try:
-                    block = stream.read(self.read_bytes)
+                    block = stream.read(self.read_bytes if left < 0 else min(left, self.read_bytes))
+                    left = left - len(block) if left > 0 else left
                 except (EOFError, OSError, zlib.error, gzip.BadGzipFile) as exc:
                     self.info.status = "partial"
                     self.info.reason = f"truncated or corrupt compressed data: {exc}"

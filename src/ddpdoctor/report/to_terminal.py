@@ -46,9 +46,11 @@ def renderables(report: Report) -> list[RenderableType]:
     lines: list[RenderableType] = [head, Text(v.title, style="bold")]
     culprit = []
     if v.culprit.ranks:
-        culprit.append("ranks " + ",".join(map(str, v.culprit.ranks)))
+        label = "rank " if len(v.culprit.ranks) == 1 else "ranks "
+        culprit.append(label + ",".join(map(str, v.culprit.ranks)))
     if v.culprit.hosts:
-        culprit.append("hosts " + ",".join(v.culprit.hosts))
+        label = "host " if len(v.culprit.hosts) == 1 else "hosts "
+        culprit.append(label + ",".join(v.culprit.hosts))
     if culprit:
         lines.append(Text("Culprit: " + "; ".join(culprit), style="bold cyan"))
     lines.append(Text(""))

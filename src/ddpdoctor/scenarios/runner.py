@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib import metadata
@@ -123,8 +124,13 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
             continue
 
 
-def run(scenario: Scenario, out_dir: str | Path) -> RunResult:
-    """Runs the scenario once into `out_dir` (created; previous logs there are replaced)."""
+def run(
+    scenario: Scenario,
+    out_dir: str | Path,
+    on_start: Callable[[list[str]], None] | None = None,
+) -> RunResult:
+    """Runs the scenario once into `out_dir` (created; previous logs there are replaced).
+    `on_start` gets the command line just before it starts."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     for stale in (out / CONSOLE_LOG, out / META_JSON):
@@ -140,6 +146,8 @@ def run(scenario: Scenario, out_dir: str | Path) -> RunResult:
         holder.listen()
         master_port = holder.getsockname()[1]
     command = build_command(scenario, log_dir, master_port)
+    if on_start is not None:
+        on_start(command)
     started = datetime.now(UTC)
     t0 = time.monotonic()
     timed_out = False
@@ -159,6 +167,11 @@ def run(scenario: Scenario, out_dir: str | Path) -> RunResult:
                 start_new_session=True,  # its own process group: the timeout kills ranks too
             )
             try:
+                if scenario.sigterm_after_s is not None:
+                    try:
+                        proc.wait(timeout=scenario.sigterm_after_s)
+                    except subprocess.TimeoutExpired:
+                        proc.send_signal(signal.SIGTERM)  # the launcher only, as a scheduler
                 exit_code = proc.wait(timeout=scenario.timeout_s)
             except subprocess.TimeoutExpired:
                 timed_out = True

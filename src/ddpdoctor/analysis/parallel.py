@@ -1,0 +1,210 @@
+"""Scanning many inputs fast: cut big plain files into newline-aligned byte ranges, scan files
+and ranges in worker processes, and merge the parts of one file back into one SourceScan.
+The plan does not depend on the worker count, so one process and many give the same result.
+Owns no rule semantics: it keeps what job building needs and bounds what it keeps."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from collections.abc import Iterable, Iterator
+from concurrent.futures import ProcessPoolExecutor
+from contextlib import suppress
+from functools import lru_cache
+
+from ddpdoctor.analysis.facts import elapsed_seconds
+from ddpdoctor.analysis.scanner import MAX_HITS_PER_PATTERN, FactHit, Scanner, SourceScan
+from ddpdoctor.ingest.sources import GZIP_MAGIC, Input
+from ddpdoctor.model.records import Record
+from ddpdoctor.rules.base import Rule
+from ddpdoctor.rules.registry import all_rules
+
+PARALLEL_MIN_BYTES = 64 * 1024 * 1024
+"""Below this much input, starting worker processes costs more than it saves."""
+PART_BYTES = 128 * 1024 * 1024
+"""Plain files above this are scanned as ranges of about this size: two cores share one big
+file, and what a part keeps in memory before merging stays bounded."""
+BOUNDARY_SEARCH_BYTES = 8 * 1024 * 1024
+"""How far past a cut point to look for a newline; a longer line is not cut there."""
+
+
+def _scannable(rules: Iterable[Rule]) -> list[Rule]:
+    return [r for r in rules if r.signatures]
+
+
+@lru_cache(maxsize=4)
+def _scanner(engine: str) -> Scanner:
+    """Compiling the pattern database takes ~0.3 s: once per process and engine (workers
+    started by fork inherit the parent's)."""
+    return Scanner(_scannable(all_rules()), engine=engine)
+
+
+def plan(inputs: list[Input]) -> list[tuple[int, Input]]:
+    """(input index, part) for every part to scan, in input order and file order."""
+    units: list[tuple[int, Input]] = []
+    for index, item in enumerate(inputs):
+        units.extend((index, part) for part in split(item))
+    return units
+
+
+def split(item: Input, part_bytes: int = PART_BYTES) -> list[Input]:
+    """A big plain file as newline-aligned ranges; anything else (stdin, .gz, small) whole."""
+    if item.path == "-" or item.start or item.end is not None:
+        return [item]
+    try:
+        size = os.path.getsize(item.path)
+        if size <= part_bytes or not os.path.isfile(item.path):
+            return [item]
+        with open(item.path, "rb") as fh:
+            if fh.read(2) == GZIP_MAGIC:
+                return [item]
+            cuts = [0]
+            parts = -(-size // part_bytes)
+            for k in range(1, parts):
+                cut = _line_start_after(fh, k * size // parts)
+                if cut is not None and cuts[-1] < cut < size:
+                    cuts.append(cut)
+    except OSError:
+        return [item]
+    ends: list[int | None] = [*cuts[1:], None]
+    return [
+        Input(item.path, item.display, start, end) for start, end in zip(cuts, ends, strict=True)
+    ]
+
+
+def _line_start_after(fh: object, offset: int) -> int | None:
+    """The offset just after the first newline at or after `offset`, if one is near."""
+    seek, read = fh.seek, fh.read  # type: ignore[attr-defined]
+    seek(offset)
+    looked = 0
+    while looked < BOUNDARY_SEARCH_BYTES:
+        block: bytes = read(256 * 1024)
+        if not block:
+            return None
+        nl = block.find(b"\n")
+        if nl >= 0:
+            return offset + looked + nl + 1
+        looked += len(block)
+    return None
+
+
+def _scan_part(job: tuple[str, Input]) -> SourceScan:
+    engine, item = job
+    return compact(_scanner(engine).scan(item))
+
+
+def scan_inputs(
+    inputs: list[Input], engine: str = "auto", jobs: int | None = None
+) -> list[SourceScan]:
+    """One SourceScan per input, in input order; parts of a split file are merged back."""
+    units = plan(inputs)
+    total = 0
+    for item in inputs:
+        with suppress(OSError):
+            total += os.path.getsize(item.path) if item.path != "-" else 0
+    workers = min(jobs if jobs is not None else (os.cpu_count() or 1), len(units))
+    scanner = _scanner(engine)  # compiled before forking, so that workers share it
+    merged: list[SourceScan | None] = [None] * len(inputs)
+    parts: Iterator[SourceScan]
+    if workers > 1 and total >= PARALLEL_MIN_BYTES:
+        methods = multiprocessing.get_all_start_methods()
+        context = multiprocessing.get_context("fork" if "fork" in methods else None)
+        with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+            chunksize = max(1, min(16, len(units) // (workers * 8)))
+            parts = pool.map(_scan_part, [(engine, u) for _, u in units], chunksize=chunksize)
+            _merge_all(merged, [i for i, _ in units], parts)
+    else:
+        parts = (compact(scanner.scan(u)) for _, u in units)
+        _merge_all(merged, [i for i, _ in units], parts)
+    return [m for m in merged if m is not None]
+
+
+def _merge_all(
+    merged: list[SourceScan | None], owners: list[int], parts: Iterable[SourceScan]
+) -> None:
+    for owner, part in zip(owners, parts, strict=True):
+        acc = merged[owner]
+        merged[owner] = part if acc is None else merge(acc, part)
+
+
+def merge(acc: SourceScan, part: SourceScan) -> SourceScan:
+    """Append the scan of the next range of the same file to `acc` (both compacted)."""
+    shift = acc.info.lines
+    shifted: set[int] = set()
+
+    def move(record: Record) -> None:
+        if id(record) not in shifted:
+            shifted.add(id(record))
+            record.line += shift
+
+    for hit in part.hits:
+        move(hit.record)
+        for ctx in hit.context:
+            move(ctx)
+    for fact in part.facts:
+        move(fact.record)
+    info = acc.info
+    info.bytes += part.info.bytes
+    info.lines += part.info.lines
+    if info.status == "read" and part.info.status != "read":
+        info.status, info.reason = part.info.status, part.info.reason
+    kept: dict[str, int] = {}
+    for hit in acc.hits:
+        kept[hit.rule] = kept.get(hit.rule, 0) + 1
+    for hit in part.hits:
+        if kept.get(hit.rule, 0) >= MAX_HITS_PER_PATTERN:
+            acc.dropped_hits[hit.rule] = acc.dropped_hits.get(hit.rule, 0) + 1
+            continue
+        kept[hit.rule] = kept.get(hit.rule, 0) + 1
+        acc.hits.append(hit)
+    for code, n in part.dropped_hits.items():
+        acc.dropped_hits[code] = acc.dropped_hits.get(code, 0) + n
+    acc.facts.extend(part.facts)
+    for key, s in part.streams.items():
+        s.first_line += shift if s.first_line else 0
+        s.last_line += shift if s.last_line else 0
+        s.last_init_line += shift if s.last_init_line else 0
+        a = acc.streams.get(key)
+        if a is None:
+            acc.streams[key] = s
+            continue
+        a.lines_seen += s.lines_seen
+        a.last_line, a.last_text = s.last_line, s.last_text
+        a.first_time = a.first_time or s.first_time
+        a.last_time = s.last_time or a.last_time
+        a.progress_lines += s.progress_lines
+        a.last_init_line = s.last_init_line or a.last_init_line
+        if a.origin.rank is None and s.origin.rank is not None:
+            a.origin = s.origin
+    return compact(acc)
+
+
+def compact(scan: SourceScan) -> SourceScan:
+    """Drop facts that job building cannot tell apart from ones kept: the same world size
+    twice, a transport seen before, every progress bar but the first longest-running one."""
+    best: FactHit | None = None
+    best_s = -1.0
+    for fact in scan.facts:
+        if fact.name == "progress":
+            elapsed = elapsed_seconds(fact.captures.get("elapsed", ""))
+            if best is None or (elapsed is not None and elapsed > best_s):
+                best, best_s = fact, elapsed if elapsed is not None else best_s
+    seen: set[tuple[str, str]] = set()
+    kept: list[FactHit] = []
+    for fact in scan.facts:
+        if fact.name == "progress":
+            if fact is best:
+                kept.append(fact)
+            continue
+        if fact.name == "world_size":
+            key = (fact.name, fact.captures.get("n", ""))
+        elif fact.name in ("socket_transport", "ib_transport"):
+            key = (fact.name, "")
+        else:
+            kept.append(fact)
+            continue
+        if key not in seen:
+            seen.add(key)
+            kept.append(fact)
+    scan.facts = kept
+    return scan
