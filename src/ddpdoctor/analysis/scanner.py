@@ -14,7 +14,7 @@ from ddpdoctor.analysis.engine import Matcher, Pattern, build_matcher
 from ddpdoctor.analysis.facts import FACT_PATTERNS, FactPattern
 from ddpdoctor.ingest.elastic_error import ErrorFileChunks, is_error_file
 from ddpdoctor.ingest.filenames import origin_from_path
-from ddpdoctor.ingest.prefixes import ParsedLine, parse_line
+from ddpdoctor.ingest.prefixes import ParsedLine, parse_line, rank_before
 from ddpdoctor.ingest.sources import ChunkStream, Input
 from ddpdoctor.ingest.tracebacks import walk_back
 from ddpdoctor.model.findings import Hit
@@ -205,6 +205,10 @@ class Scanner:
             if m is None:
                 continue
             record = _record(parsed, display, line_no, file_origin)
+            if parsed.rank_from_text and m.string is parsed.text:
+                near = rank_before(parsed.text, m.start())
+                if near is not None:
+                    record.origin.rank = near
             captures = {k: v for k, v in m.groupdict().items() if v is not None}
             if target.fact is not None:
                 before = _raw_lines_before(chunk, start, 5)

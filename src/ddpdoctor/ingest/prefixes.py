@@ -60,6 +60,8 @@ class ParsedLine:
     level: str | None = None
     prefix: str = ""
     """The stripped prefix that names the writer; lines of one writer share it."""
+    rank_from_text: bool = False
+    """The rank came from the message ("rank 3 ..."), not from a launcher prefix."""
 
 
 def _parse_iso(ts: str) -> datetime | None:
@@ -90,6 +92,18 @@ def clean(raw: str) -> str:
     raw = raw.rstrip("\r\n")
     raw = raw.replace("\x00", "")
     return raw[:MAX_TEXT]
+
+
+TEXT_RANK = re.compile(r"(?<![A-Za-z])[Rr]ank[ =:]?(?P<rank>\d{1,5})\b")
+
+
+def rank_before(text: str, pos: int) -> int | None:
+    """The rank named last before `pos`: when ranks' prints interleave inside one line
+    ("...loss 0.8rank 1: early stopping"), the words nearest a match belong to that rank."""
+    last = None
+    for m in TEXT_RANK.finditer(text, 0, pos):
+        last = int(m.group("rank"))
+    return last
 
 
 def parse_line(raw: str, year: int = 1970) -> ParsedLine:
@@ -172,6 +186,7 @@ def parse_line(raw: str, year: int = 1970) -> ParsedLine:
         m = C10D_RANK.search(message) or LEADING_RANK.match(message)
         if m:
             origin.rank = int(m.group("rank"))
+            out.rank_from_text = True
     out.text = message
     out.prefix = " ".join(prefix_parts)
     return out
