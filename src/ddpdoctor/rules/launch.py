@@ -276,7 +276,6 @@ RENDEZVOUS_FAILURE = Rule(
         Signature(r"RendezvousClosedError"),
         Signature(r"DistNetworkError"),
         Signature(r"EADDRINUSE|[Aa]ddress already in use", "ddress already in use"),
-        Signature(r"The client socket has failed to connect to"),
         Signature(r"Timed out after \d+ seconds waiting for clients", "waiting for clients"),
     ),
     explanation=Explanation(
@@ -336,7 +335,36 @@ SLURM_TERMINATED = Rule(
     negative=("slurmstepd: error: Detected 1 oom_kill event in StepId=1234.0",),
 )
 
+RENDEZVOUS_RETRY = Rule(
+    code="LCH110",
+    kind="rendezvous-failure",
+    title="A rank retried connecting to the rendezvous store",
+    sources="torch/csrc/distributed/c10d/socket.cpp (a warning; torch retries until its timeout)",
+    severity="warning",
+    specificity=30,
+    signatures=(
+        Signature(
+            r"The client socket has failed to connect to (?P<endpoint>\S+)",
+            "The client socket has failed to connect to",
+        ),
+    ),
+    explanation=Explanation(
+        what="A rank could not connect to MASTER_ADDR:MASTER_PORT yet and will retry.",
+        why="Usually harmless: the master had not started listening yet. It only matters when "
+        "the rendezvous then times out (LCH108).",
+        fix="Nothing, unless the job then fails at rendezvous: then check the address and port.",
+        false_positives="Printed by healthy jobs whose ranks start before the master.",
+    ),
+    fix=("Only if the rendezvous then fails: check MASTER_ADDR/MASTER_PORT from every node.",),
+    positive=(
+        "[W socket.cpp:663] [c10d] The client socket has failed to connect to [localhost]:29500 "
+        "(errno: 99 - Cannot assign requested address).",
+    ),
+    negative=("[c10d] The client socket has connected to [::ffff:127.0.0.1]:34957 on SocketImpl",),
+)
+
 RULES = (
+    RENDEZVOUS_RETRY,
     HOST_OOM_KILL,
     LAUNCHER_SIGTERM,
     CHILD_FAILED,
