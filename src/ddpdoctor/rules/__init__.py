@@ -1,0 +1,1 @@
+"""The knowledge base: one module per rule family, one registry table (registry.py)."""
