@@ -64,3 +64,19 @@ def test_export_patterns_for_rg(tmp_path: Path) -> None:
     assert run_cli("rules", "--export-patterns", str(out)).returncode == 0
     lines = out.read_text().splitlines()
     assert len(lines) > 50 and not any("(?P<" in line for line in lines)
+
+
+def test_diagnose_works_without_torch(corpus: Path) -> None:
+    """Core diagnosis never imports torch: run it with torch made unimportable."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "from ddpdoctor.analysis.diagnose import diagnose_paths\n"
+        f"r = diagnose_paths([{str(corpus / '030-data-error-wrong-path-ct2')!r}])\n"
+        "print(r.verdict.kind)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "data-error"
