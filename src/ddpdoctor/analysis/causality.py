@@ -296,6 +296,16 @@ def _from_cascades(
                 f"{_list(waiting)} reported closed connections or timeouts: they left (or were "
                 "killed) first. This is not a network fault."
             )
+    elif missing and (startup := _startup_barrier(cascades)) is not None:
+        analysis.rule, analysis.culprit_ranks = inferred.SLOW_RANK, sorted(missing)
+        analysis.confidence = 0.5
+        analysis.notes.append(
+            f"the ranks timed out in collective #{startup} of a 1-element barrier, at the very "
+            f"start of the job, and rank(s) {_list(missing)} never joined: the classic picture "
+            "of one rank doing start-up work alone (downloading, tokenising, preprocessing under "
+            "main_process_first) for longer than the timeout."
+        )
+        analysis.next_steps.append(f"Check what rank(s) {_list(missing)} printed at start-up.")
     elif missing:
         analysis.rule, analysis.culprit_ranks = inferred.MISSING_RANKS, sorted(missing)
         analysis.confidence = 0.35
@@ -340,6 +350,21 @@ def _from_cascades(
                 )
             )
     return analysis
+
+
+STARTUP_SEQ = 5
+
+
+def _startup_barrier(cascades: list[Finding]) -> int | None:
+    """SeqNum of a watchdog timeout in a barrier-like collective (1 element, or BARRIER) among
+    the first few collectives of the job, if there is one."""
+    for f in cascades:
+        for h in f.hits:
+            seq = h.captures.get("seq", "")
+            barrier_like = h.captures.get("numel") == "1" or h.captures.get("op") == "BARRIER"
+            if seq.isdigit() and int(seq) <= STARTUP_SEQ and barrier_like:
+                return int(seq)
+    return None
 
 
 def _still_working(rank: int, job: JobView) -> bool:

@@ -17,6 +17,7 @@ CUDA_OOM = Rule(
             "CUDA out of memory",
         ),
         Signature(r"CUDA out of memory"),
+        Signature(r"CUDA error: out of memory"),
         Signature(r"OutOfMemoryError"),
         Signature(r"CUBLAS_STATUS_ALLOC_FAILED"),
         Signature(r"cudaErrorMemoryAllocation"),
@@ -146,6 +147,8 @@ CUDA_LIBRARY_MISMATCH = Rule(
         Signature(r"The NVIDIA driver on your system is too old"),
         Signature(r"CUDA driver version is insufficient for CUDA runtime version"),
         Signature(r"cuDNN version incompatibility"),
+        Signature(r"Found no NVIDIA driver on your system"),
+        Signature(r"Driver/library version mismatch"),
         Signature(
             r"CUDNN_STATUS_(?:NOT_INITIALIZED|ARCH_MISMATCH|VERSION_MISMATCH)", "CUDNN_STATUS_"
         ),
@@ -190,6 +193,10 @@ DEVICE_ASSIGNMENT = Rule(
             "Duplicate GPU detected",
         ),
         Signature(r"CUDA error: invalid device ordinal"),
+        Signature(
+            r"Expected all tensors to be on the same device, but found at least two devices",
+            "Expected all tensors to be on the same device",
+        ),
         Signature(r"Tensors must be CUDA and dense"),
         Signature(r"NCCL error.{0,80}invalid usage", "invalid usage"),
     ),

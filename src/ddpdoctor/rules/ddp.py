@@ -12,6 +12,8 @@ DDP_UNUSED_PARAMETERS = Rule(
     sources="reducer.cpp Reducer::ensure_prior_reduction_finished()",
     signatures=(
         Signature(r"Expected to have finished reduction in the prior iteration"),
+        # Lightning's wording of the same reducer error
+        Signature(r"parameters that were not used in producing the loss"),
         Signature(
             r"Parameters which did not receive grad for rank (?P<rank>\d+): (?P<params>.+)",
             "Parameters which did not receive grad",

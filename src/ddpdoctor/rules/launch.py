@@ -22,6 +22,9 @@ HOST_OOM_KILL = Rule(
         Signature(r"exits with return code = -9"),
         Signature(r"Out of memory: Kill(?:ed)? process (?P<pid>\d+)", "Out of memory: Kill"),
         Signature(r"Memory cgroup out of memory"),
+        # Kubernetes pod status and shells reporting a child killed by the OOM killer
+        Signature(r"\bOOMKilled\b", "OOMKilled"),
+        Signature(r"line \d+: +\d+ Killed +\S*python", " Killed "),
         # slurmstepd: "Detected 1 oom_kill event in StepId=1234.0"
         Signature(r"oom_kill events?", "oom_kill event"),
     ),
