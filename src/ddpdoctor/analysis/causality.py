@@ -254,7 +254,9 @@ def _from_cascades(
     waiting = {r for f in cascades if f.rule in TIMEOUT_RULES | PEER_RULES for r in f.ranks}
     error_ranks = {r for f in findings if rules[f.rule].severity != "info" for r in f.ranks}
     alive_quiet = {
-        r for s in job.streams if (r := job.resolve(s.origin)) is not None and r not in error_ranks
+        r
+        for s in job.streams
+        if (r := job.resolve(s.origin)) is not None and r not in error_ranks and not s.error_lines
     }
     missing = set(job.info.ranks_missing)
     timeout_ms = _timeout_ms(cascades)

@@ -50,6 +50,8 @@ class StreamSummary:
     last_time: datetime | None = None
     progress_lines: int = 0
     last_init_line: int = 0
+    error_lines: int = 0
+    """Lines logged at error level (glog E/F, logging ERROR): this writer is not quiet."""
     progress_total: int | None = None
     """The M of the last "step n/M" counter: ranks with different M have uneven inputs."""
 
@@ -261,6 +263,8 @@ class Scanner:
                 summary.last_time = parsed.time
             if summary.origin.rank is None and origin.rank is not None:
                 summary.origin = origin
+            if parsed.level in ("error", "fatal", "critical"):
+                summary.error_lines += 1
             if PROGRESS_LINE.search(parsed.text):
                 summary.progress_lines += 1
                 counter = PROGRESS_COUNTER.search(parsed.text)

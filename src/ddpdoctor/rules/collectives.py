@@ -55,8 +55,7 @@ NCCL_WATCHDOG_TIMEOUT = Rule(
         ),
         Signature(r"Timeout at NCCL work: (?P<seq>\d+)", "Timeout at NCCL work"),
         Signature(r"Some NCCL operations have failed or timed out"),
-        Signature(r"NCCL watchdog thread terminated with exception"),
-        Signature(r"Process group watchdog thread terminated with exception"),
+        Signature(r"watchdog thread terminated with"),
     ),
     explanation=Explanation(
         what="A collective did not complete within the process group timeout.",
