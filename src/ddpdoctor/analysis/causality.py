@@ -481,6 +481,19 @@ def _quiet(findings: list[Finding], job: JobView, rules: dict[str, Rule]) -> Ana
             culprit_ranks=sorted(failing),
             confidence=0.5,
         )
+    if job.info.exit_code not in (None, 0):
+        return Analysis(
+            findings=findings,
+            status=Status.UNKNOWN,
+            confidence=0.2,
+            notes=[
+                f"The job exited with code {job.info.exit_code}, but its output names no cause."
+            ],
+            next_steps=[
+                "Re-run with PYTHONFAULTHANDLER=1 and torchrun --tee 3 so every rank's output is "
+                "kept; check dmesg for killed processes.",
+            ],
+        )
     if _stalled_at_startup(job):
         return Analysis(
             findings=findings,

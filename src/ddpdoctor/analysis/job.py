@@ -121,11 +121,14 @@ def build_job(
                 transports.add(fact.name.split("_")[0])
 
     hangs: list[RunHang] = []
+    job_exit: int | None = None
     for events in run_events or []:
         for rank, code in events.per_rank_exit.items():  # observed by the supervisor: exact
             per_rank[rank] = RankExit(code=code, signal=_signal_of(code))
             ranks.add(rank)
         hangs.extend(events.hangs)
+        if events.exit_code is not None:
+            job_exit = events.exit_code
 
     world = max(world_hints) if world_hints else None
     inferred = False
@@ -141,7 +144,10 @@ def build_job(
         launcher_root_cause_rank=root_cause_rank,
     )
     codes = [e.code for e in per_rank.values() if e.code is not None]
-    if codes:
+    if job_exit is not None:  # observed by `ddpdoctor run`: exact
+        info.exit_code = job_exit
+        info.exit_signal = _signal_of(job_exit)
+    elif codes:
         bad = [c for c in codes if c != 0]
         info.exit_code = bad[0] if bad else 0
         sig = next((e.signal for e in per_rank.values() if e.signal), None)

@@ -22,12 +22,13 @@ def build_verdict(analysis: Analysis, job: JobView) -> Verdict:
             kind=None,
             category=None,
             rule=None,
-            title="No failure found",
+            title="No failure found" if analysis.status == Status.OK else "No cause found",
             confidence=analysis.confidence,
             culprit=Culprit(),
-            summary=_ok_summary(job),
+            summary=" ".join(analysis.notes) if analysis.notes else _ok_summary(job),
             fix=[],
             evidence=[],
+            next_steps=analysis.next_steps,
         )
     category = analysis.category or str(rule.default_category)
     evidence: list[Evidence] = []
