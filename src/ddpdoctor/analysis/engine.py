@@ -4,8 +4,13 @@ candidate with Python `re`. Owns no rule semantics; both engines report the same
 
 from __future__ import annotations
 
+import hashlib
+import os
+import platform
 from collections.abc import Sequence
+from contextlib import suppress
 from dataclasses import dataclass
+from pathlib import Path
 from types import ModuleType
 from typing import Protocol
 
@@ -117,16 +122,8 @@ class HyperscanMatcher:
         ids = [pid for pid, p in enumerate(patterns) if not p.sampled]
         self._db: object | None = None
         if ids:
-            db = _hs.Database(mode=_hs.HS_MODE_BLOCK)
-            flags = _hs.HS_FLAG_PREFILTER | _hs.HS_FLAG_ALLOWEMPTY
-            db.compile(
-                expressions=[patterns[pid].regex.encode() for pid in ids],
-                ids=ids,
-                elements=len(ids),
-                flags=[flags] * len(ids),
-            )
-            self._db = db
-            self._scratch = _hs.Scratch(db)
+            self._db = _compiled_database([patterns[pid].regex for pid in ids], ids)
+            self._scratch = _hs.Scratch(self._db)
 
     def candidate_lines(self, chunk: bytes) -> list[tuple[int, int, list[int]]]:
         hits = _sampled_hits(chunk, self._sampled)
@@ -140,6 +137,34 @@ class HyperscanMatcher:
                 chunk, match_event_handler=on_match, scratch=self._scratch
             )
         return _group_by_line(chunk, hits)
+
+
+def _compiled_database(regexes: list[str], ids: list[int]) -> object:
+    """Compile, or load the same database compiled before: compiling takes ~0.3 s, loading
+    ~5 ms. The cache is keyed by everything that goes into the database."""
+    if _hs is None:
+        raise RuntimeError("hyperscan is not installed")
+    flags = _hs.HS_FLAG_PREFILTER | _hs.HS_FLAG_ALLOWEMPTY
+    key = hashlib.sha256(
+        repr((regexes, ids, flags, getattr(_hs, "__version__", ""), platform.machine())).encode()
+    ).hexdigest()[:32]
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ddpdoctor"
+    path = cache / f"hs-{key}.db"
+    with suppress(Exception):
+        return _hs.loadb(path.read_bytes(), _hs.HS_MODE_BLOCK)
+    db = _hs.Database(mode=_hs.HS_MODE_BLOCK)
+    db.compile(
+        expressions=[rx.encode() for rx in regexes],
+        ids=ids,
+        elements=len(ids),
+        flags=[flags] * len(ids),
+    )
+    with suppress(OSError):  # a read-only home only costs the compile next time
+        cache.mkdir(parents=True, exist_ok=True)
+        tmp = cache / f".hs-{key}.{os.getpid()}.tmp"
+        tmp.write_bytes(_hs.dumpb(db))
+        os.replace(tmp, path)
+    return db
 
 
 def build_matcher(patterns: Sequence[Pattern], prefer: str = "auto") -> Matcher:

@@ -27,6 +27,7 @@ MAX_LINE_BYTES = 8 * 1024 * 1024
 """A single line longer than this is cut into pieces so memory stays bounded."""
 SNIFF_BYTES = 8192
 GZIP_READ_BYTES = 256 * 1024
+PROBE_BYTES = 64 * 1024
 GZIP_MAGIC = b"\x1f\x8b"
 STDIN_NAME = "<stdin>"
 
@@ -129,42 +130,93 @@ class ChunkStream:
         stream = self._open()
         if stream is None:
             return
-        carry = b""
-        first = self.item.start == 0
+        plain = self.read_bytes == self.chunk_bytes and self.item.path != "-"
+        if plain and isinstance(stream, io.BufferedReader):
+            try:
+                yield from self._exact_chunks(stream)
+            finally:
+                stream.close()
+            return
         left = -1 if self.item.end is None else self.item.end - self.item.start
         try:
-            while left != 0:
-                try:
-                    block = stream.read(self.read_bytes if left < 0 else min(left, self.read_bytes))
-                    left = left - len(block) if left > 0 else left
-                except (EOFError, OSError, zlib.error, gzip.BadGzipFile) as exc:
-                    self.info.status = "partial"
-                    self.info.reason = f"truncated or corrupt compressed data: {exc}"
-                    break
-                if first:
-                    first = False
-                    if looks_binary(block[:SNIFF_BYTES]):
-                        self.info.status, self.info.reason = "skipped", "binary data, not a log"
-                        return
-                if not block:
-                    break
-                self.info.bytes += len(block)
-                data = carry + block if carry else block
-                cut = data.rfind(b"\n")
-                if cut < 0:
-                    if len(data) > MAX_LINE_BYTES:
-                        yield self._count(data + b"\n")
-                        carry = b""
-                    else:
-                        carry = data
-                    continue
-                carry = data[cut + 1 :]
-                yield self._count(data[: cut + 1])
-            if carry:
-                yield self._count(carry + b"\n")
+            yield from self._joined_chunks(stream, left)
         finally:
             if stream is not sys.stdin.buffer:
                 stream.close()
+
+    def _joined_chunks(self, stream: BinaryIO, left: int) -> Iterator[bytes]:
+        """Any stream: read blocks, carry the partial last line into the next one. `left` is
+        how many bytes to read, or -1 for all."""
+        carry = b""
+        first = stream.tell() == 0 if stream.seekable() else True
+        while left != 0:
+            try:
+                block = stream.read(self.read_bytes if left < 0 else min(left, self.read_bytes))
+                left = left - len(block) if left > 0 else left
+            except (EOFError, OSError, zlib.error, gzip.BadGzipFile) as exc:
+                self.info.status = "partial"
+                self.info.reason = f"truncated or corrupt compressed data: {exc}"
+                break
+            if first:
+                first = False
+                if looks_binary(block[:SNIFF_BYTES]):
+                    self.info.status, self.info.reason = "skipped", "binary data, not a log"
+                    return
+            if not block:
+                break
+            self.info.bytes += len(block)
+            data = carry + block if carry else block
+            cut = data.rfind(b"\n")
+            if cut < 0:
+                if len(data) > MAX_LINE_BYTES:
+                    yield self._count(data + b"\n")
+                    carry = b""
+                else:
+                    carry = data
+                continue
+            carry = data[cut + 1 :]
+            yield self._count(data[: cut + 1])
+        if carry:
+            yield self._count(carry + b"\n")
+
+    def _exact_chunks(self, stream: io.BufferedReader) -> Iterator[bytes]:
+        """Plain files: a small read near the end of each window finds its last newline, so
+        each chunk is read once at its exact length (no carry joined, no slice copied)."""
+        fd = stream.fileno()
+        pos = self.item.start
+        try:
+            stop = os.fstat(fd).st_size if self.item.end is None else self.item.end
+        except OSError as exc:
+            self.info.status, self.info.reason = "skipped", f"cannot read: {exc.strerror}"
+            return
+        while pos < stop:
+            want = min(self.chunk_bytes, stop - pos)
+            if pos + want < stop:
+                probe_at = max(pos, pos + want - PROBE_BYTES)
+                try:
+                    nl = os.pread(fd, pos + want - probe_at, probe_at).rfind(b"\n")
+                except OSError:
+                    nl = -1
+                if nl < 0:
+                    stream.seek(pos)  # a long line near the cut: the general path copes
+                    yield from self._joined_chunks(stream, stop - pos)
+                    return
+                want = probe_at + nl + 1 - pos
+            try:
+                block = os.pread(fd, want, pos)
+            except OSError as exc:
+                self.info.status, self.info.reason = "partial", f"read failed: {exc.strerror}"
+                return
+            if pos == 0 and looks_binary(block[:SNIFF_BYTES]):
+                self.info.status, self.info.reason = "skipped", "binary data, not a log"
+                return
+            if not block:
+                break
+            pos += len(block)
+            self.info.bytes += len(block)
+            if not block.endswith(b"\n"):  # the file grew or its last line has no newline
+                block += b"\n"
+            yield self._count(block)
 
     def _count(self, chunk: bytes) -> bytes:
         self.info.lines += chunk.count(b"\n")

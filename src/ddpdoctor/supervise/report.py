@@ -95,38 +95,8 @@ def finish_report(
     merged = {str(k): v for k, v in (exit_.get("per_rank") or {}).items()}
     merged.update({str(k): v for k, v in per_rank.items()})  # observed beats parsed
     exit_["per_rank"] = merged
-    last = hangs[-1] if hangs else None
-    if killed_for_hang and last is not None:
-        d = last.diagnosis
-        report["verdict"] = {
-            **report.get("verdict", {}),
-            "status": "hung",
-            "kind": d.taxonomy_kind,
-            "category": report.get("verdict", {}).get("category") or "unknown",
-            "rule": "RUN-HANG",
-            "title": f"Hang ({d.kind}) detected by ddpdoctor run",
-            "confidence": 0.8 if d.culprits else 0.5,
-            "culprit": {"ranks": d.culprits, "hosts": []},
-            "summary": d.summary,
-            "evidence": [
-                {
-                    "source": str(rundir.stacks_dir / f"hang-{len(hangs)}.txt"),
-                    "line": 1,
-                    "rank": None,
-                    "host": None,
-                    "time": last.detected_at,
-                    "text": d.summary,
-                }
-            ],
-        }
-    elif code != 0 and report.get("verdict", {}).get("status") == "ok":
-        # The logs hold no error but the job did fail: say so rather than "ok".
-        report["verdict"]["status"] = "unknown"
-        report["verdict"]["summary"] = (
-            f"The job exited with code {exit_['code']} but its output names no cause."
-        )
-    elif code == 0 and all(v == 0 for v in per_rank.values()):
-        report.setdefault("verdict", {})["status"] = report["verdict"].get("status") or "ok"
+    # Hangs, their stacks and the exact exit codes are in events.jsonl, which the diagnosis
+    # reads: its verdict already covers them, and report.txt and report.json agree.
     report["supervisor"] = {
         "run_dir": str(rundir.root),
         "hangs": [
