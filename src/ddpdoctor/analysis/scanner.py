@@ -153,7 +153,7 @@ class Scanner:
                 )
             last_base = line_base
             last_chunk = chunk
-            line_base += chunk.count(b"\n")
+            line_base = stream.info.lines  # the stream counted this chunk's lines already
         if last_chunk and line_base > 0 and item.end is None:
             tail_start = max(0, len(last_chunk) - HEAD_TAIL_BYTES)
             tail_start = last_chunk.find(b"\n", tail_start - 1) + 1 if tail_start else 0
