@@ -48,3 +48,15 @@ def test_torchrun_log_dir_error_files() -> None:
     assert report.verdict.evidence[0].time is not None
     roles = {f.rule: f.role for f in report.findings}
     assert roles["NET101"] == "cascade"
+
+
+def test_timeout_arithmetic_on_real_timestamps() -> None:
+    """Real run (tests/programs/timed_failure.py): rank 1's error at t0, rank 0's 3 s gloo
+    timeout at about t0 + 3 s. The evidence must say the timeout is the consequence."""
+    report = diagnose_paths([str(HEALTHY / "timed-data-error" / "console.log")])
+    assert report.verdict.kind == "data-error"
+    assert report.verdict.culprit.ranks == [1]
+    notes = [e.text for e in report.verdict.evidence if e.text.startswith("Timeout arithmetic")]
+    assert notes and "rank 0 timed out" in notes[0] and "consequence" in notes[0]
+    timeouts = next(f for f in report.findings if f.rule == "TMO102")
+    assert timeouts.role == "cascade" and timeouts.ranks == [0]

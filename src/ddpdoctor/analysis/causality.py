@@ -189,9 +189,9 @@ def _timeout_arithmetic(
             if -5.0 <= gap <= max(60.0, waited.total_seconds() * 0.25):
                 who = f"rank {hit_rank(hit, job)}" if hit_rank(hit, job) is not None else "a rank"
                 text = (
-                    f"timeout arithmetic: {who} timed out at {_hms(hit.record.time)} after "
+                    f"Timeout arithmetic: {who} timed out at {_hms(hit.record.time)} after "
                     f"{waited.total_seconds():g} s, so it had waited since {_hms(since)}; the root "
-                    f"failure was at {_hms(root.first_time)}, {abs(gap):.1f} s "
+                    f"failure was at {_hms(root.first_time)}, {abs(gap):.2f} s "
                     f"{'before' if gap >= 0 else 'after'} that: the timeout is its consequence."
                 )
                 analysis.notes.append(text)

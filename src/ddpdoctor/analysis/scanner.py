@@ -230,6 +230,11 @@ class Scanner:
                 continue
             if record.time is None:
                 record.time = next((c.time for c in reversed(ctx_records) if c.time), None)
+            if record.origin.rank is None:  # e.g. logger.exception's header names the rank
+                record.origin.rank = next(
+                    (c.origin.rank for c in reversed(ctx_records) if c.origin.rank is not None),
+                    None,
+                )
             rules_done.add(rule.code)
             kept[pid] = kept.get(pid, 0) + 1
             result.hits.append(Hit(rule.code, record, captures, ctx_records, order))

@@ -47,6 +47,8 @@ def walk_back(
         if parsed.prefix != key or not parsed.text.strip():
             continue
         if after_head and not CHAINED.match(parsed.text):
+            if parsed.time is not None:  # logger.exception's header line dates the traceback
+                found.append((walked, parsed))
             break
         if not is_traceback_line(parsed.text):
             break
