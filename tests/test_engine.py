@@ -18,3 +18,16 @@ def test_same_report_with_and_without_hyperscan(case: Path) -> None:
     fast = report_to_dict(diagnose_paths([str(case / "logs")], engine="auto"))
     slow = report_to_dict(diagnose_paths([str(case / "logs")], engine="stdlib"))
     assert fast == slow
+
+
+@pytest.mark.skipif(not hyperscan_available(), reason="hyperscan not installed")
+def test_same_report_on_generated_multi_rank_log(tmp_path: Path) -> None:
+    """Several 4 MB chunks of torchrun output with tqdm bars, NCCL noise and real error lines."""
+    from benchmarks.generate import write_log
+
+    log = tmp_path / "train.log"
+    write_log(log, 10 * 1024 * 1024, seed=3, ranks=list(range(8)), world=8, errors=60)
+    fast = report_to_dict(diagnose_paths([str(log)], engine="auto"))
+    slow = report_to_dict(diagnose_paths([str(log)], engine="stdlib"))
+    assert fast["verdict"]["status"] == "failed"
+    assert fast == slow

@@ -47,8 +47,9 @@ def plan(inputs: list[Input]) -> list[tuple[int, Input]]:
     return units
 
 
-def split(item: Input, part_bytes: int = PART_BYTES) -> list[Input]:
+def split(item: Input, part_bytes: int | None = None) -> list[Input]:
     """A big plain file as newline-aligned ranges; anything else (stdin, .gz, small) whole."""
+    part_bytes = part_bytes or PART_BYTES
     if item.path == "-" or item.start or item.end is not None:
         return [item]
     try:

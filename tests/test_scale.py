@@ -1,0 +1,90 @@
+"""Scale, not speed: many files, one huge line, and a big file split across processes all give
+the right verdict with bounded memory. Timing lives in benchmarks/run.py."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from benchmarks.generate import write_log
+
+from ddpdoctor.analysis import parallel
+from ddpdoctor.analysis.diagnose import diagnose_paths
+from ddpdoctor.ingest.sources import Input
+from ddpdoctor.report.to_json import report_to_dict
+from tests.conftest import REPO
+
+# A real line from corpus case 030 (a FileNotFoundError on rank 0).
+REAL_ERROR = (
+    "FileNotFoundError: [Errno 2] No such file or directory: "
+    "'E:/visionlab/data/imnet_val/val5k/val_file_list.pickle'\n"
+)
+HEALTHY = "[rank{r}]: step 10 loss 2.31\n[rank{r}]: step 11 loss 2.29\n"
+
+RSS_PROBE = """
+import json, resource, sys
+from ddpdoctor.analysis.diagnose import diagnose_paths
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+report = diagnose_paths([sys.argv[1]], jobs=1)
+after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+src = report.sources[0]
+print(json.dumps({"grew_kib": after - before, "status": report.verdict.status,
+                  "kind": report.verdict.kind, "source": src.status, "lines": src.lines}))
+"""
+
+
+def test_ten_thousand_files(tmp_path: Path) -> None:
+    for r in range(10_000):
+        sub = tmp_path / f"node{r // 1000}"
+        sub.mkdir(exist_ok=True)
+        text = HEALTHY.format(r=r)
+        if r == 4321:
+            text += f"[rank{r}]: {REAL_ERROR}"
+        (sub / f"rank{r}.log").write_text(text)
+    report = diagnose_paths([str(tmp_path)])
+    assert len(report.sources) == 10_000
+    assert all(s.status == "read" for s in report.sources)
+    assert report.verdict.status == "failed"
+    assert 4321 in report.verdict.culprit.ranks
+
+
+def test_hundred_megabyte_line_is_bounded(tmp_path: Path) -> None:
+    log = tmp_path / "rank0.log"
+    with open(log, "wb") as fh:
+        fh.write(b"[rank0]: step 1 loss 2.0\n")
+        for _ in range(100):
+            fh.write(b"x" * (1 << 20))  # one 100 MiB line without a newline
+        fh.write(b"\n[rank0]: " + REAL_ERROR.encode())
+    proc = subprocess.run(
+        [sys.executable, "-c", RSS_PROBE, str(log)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+        check=True,
+    )
+    out = json.loads(proc.stdout)
+    assert out["status"] == "failed"
+    assert out["source"] == "read"
+    assert out["grew_kib"] < 96 * 1024  # far below the 100 MiB line
+
+
+def test_big_file_same_report_split_or_not_one_or_two_processes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log = tmp_path / "train.log"
+    write_log(log, 72 * 1024 * 1024, seed=11, ranks=list(range(8)), world=8, errors=40)
+    monkeypatch.setattr(parallel, "PART_BYTES", 20 * 1024 * 1024)
+    parts = parallel.split(Input(str(log), str(log)))
+    assert len(parts) == 4
+    assert all(p.end is None or p.end > p.start for p in parts)
+    sequential = report_to_dict(diagnose_paths([str(log)], jobs=1))
+    two = report_to_dict(diagnose_paths([str(log)], jobs=2))
+    assert sequential == two
+    monkeypatch.setattr(parallel, "PART_BYTES", 1 << 40)
+    whole = report_to_dict(diagnose_paths([str(log)], jobs=1))
+    assert whole["verdict"] == sequential["verdict"]
+    assert whole["sources"] == sequential["sources"]
