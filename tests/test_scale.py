@@ -88,3 +88,28 @@ def test_big_file_same_report_split_or_not_one_or_two_processes(
     whole = report_to_dict(diagnose_paths([str(log)], jobs=1))
     assert whole["verdict"] == sequential["verdict"]
     assert whole["sources"] == sequential["sources"]
+
+
+def test_evidence_line_numbers_are_exact_across_chunks(tmp_path: Path) -> None:
+    """Errors placed at known lines of a file spanning several 4 MB chunks, among progress
+    lines (sampled facts) and noise: every quoted line is exactly at source:line."""
+    error = "[rank1]: FileNotFoundError: [Errno 2] No such file or directory: 'shard-{n}.bin'"
+    noise = "[rank0]: step {n} loss 0.25 | 12%|#         | {n}/100000 [00:{s:02d}<10:00, 3.1it/s]"
+    log = tmp_path / "console.log"
+    wanted: dict[int, str] = {}
+    with log.open("w") as fh:
+        for n in range(1, 160_001):
+            if n % 37_001 == 0:
+                line = error.format(n=n)
+                wanted[n] = line
+            else:
+                line = noise.format(n=n, s=n % 60)
+            fh.write(line + "\n")
+    assert log.stat().st_size > 3 * 4 * 1024 * 1024
+    report = diagnose_paths([str(log)])
+    lines = log.read_text().splitlines()
+    data = next(f for f in report.findings if f.rule == "DATA101")
+    assert data.count == len(wanted)
+    for hit in data.hits:
+        assert hit.record.line in wanted
+        assert lines[hit.record.line - 1] == wanted[hit.record.line]

@@ -13,7 +13,13 @@ from contextlib import suppress
 from functools import lru_cache
 
 from ddpdoctor.analysis.facts import elapsed_seconds
-from ddpdoctor.analysis.scanner import MAX_HITS_PER_PATTERN, FactHit, Scanner, SourceScan
+from ddpdoctor.analysis.scanner import (
+    MAX_HITS_PER_PATTERN,
+    FactHit,
+    Scanner,
+    SourceScan,
+    sample_bytes_for,
+)
 from ddpdoctor.ingest.sources import GZIP_MAGIC, Input
 from ddpdoctor.model.records import Record
 from ddpdoctor.rules.base import Rule
@@ -89,9 +95,9 @@ def _line_start_after(fh: object, offset: int) -> int | None:
     return None
 
 
-def _scan_part(job: tuple[str, Input]) -> SourceScan:
-    engine, item = job
-    return compact(_scanner(engine).scan(item))
+def _scan_part(job: tuple[str, Input, int]) -> SourceScan:
+    engine, item, sample = job
+    return compact(_scanner(engine).scan(item, sample))
 
 
 def scan_inputs(
@@ -99,6 +105,7 @@ def scan_inputs(
 ) -> list[SourceScan]:
     """One SourceScan per input, in input order; parts of a split file are merged back."""
     units = plan(inputs)
+    sample = sample_bytes_for(len(inputs))
     total = 0
     for item in inputs:
         with suppress(OSError):
@@ -112,10 +119,12 @@ def scan_inputs(
         context = multiprocessing.get_context("fork" if "fork" in methods else None)
         with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
             chunksize = max(1, min(16, len(units) // (workers * 8)))
-            parts = pool.map(_scan_part, [(engine, u) for _, u in units], chunksize=chunksize)
+            parts = pool.map(
+                _scan_part, [(engine, u, sample) for _, u in units], chunksize=chunksize
+            )
             _merge_all(merged, [i for i, _ in units], parts)
     else:
-        parts = (compact(scanner.scan(u)) for _, u in units)
+        parts = (compact(scanner.scan(u, sample)) for _, u in units)
         _merge_all(merged, [i for i, _ in units], parts)
     return [m for m in merged if m is not None]
 

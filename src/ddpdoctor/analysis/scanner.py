@@ -23,6 +23,16 @@ from ddpdoctor.rules.base import Rule, Signature
 
 _Parse = Callable[[str], ParsedLine]
 HEAD_TAIL_BYTES = 256 * 1024
+MIN_SAMPLE_BYTES = 4 * 1024
+SAMPLE_BUDGET_BYTES = 4 * 1024 * 1024
+"""Head and tail are parsed line by line in Python (~50 us a line): a few files get 256 KB
+each, thousands of rank files share a budget so that sampling never dominates the scan."""
+
+
+def sample_bytes_for(n_inputs: int) -> int:
+    return max(MIN_SAMPLE_BYTES, min(HEAD_TAIL_BYTES, SAMPLE_BUDGET_BYTES // max(1, n_inputs)))
+
+
 MAX_HITS_PER_PATTERN = 2000
 """After this many confirmed hits of one signature in one source, further ones are counted
 but not kept: memory stays bounded on a log that repeats one warning every step."""
@@ -103,7 +113,7 @@ class Scanner:
             patterns.append(Pattern(_unanchored(fact.regex), fact.literal, sampled))
         self.matcher: Matcher = build_matcher(patterns, prefer=engine)
 
-    def scan(self, item: Input) -> SourceScan:
+    def scan(self, item: Input, sample_bytes: int = HEAD_TAIL_BYTES) -> SourceScan:
         stream: ChunkStream | ErrorFileChunks = (
             ErrorFileChunks(item.path, item.display)
             if is_error_file(item.path)
@@ -115,9 +125,8 @@ class Scanner:
         parse = _parser(year)
         line_base = 0
         order = 0
-        head_left = HEAD_TAIL_BYTES if item.start == 0 else 0  # a later part of a split file
+        head_left = sample_bytes if item.start == 0 else 0  # a later part of a split file
         last_chunk = b""
-        last_base = 0
         kept: dict[int, int] = {}
         for chunk in stream:
             if line_base == 0 and order == 0 and is_own_output(chunk[:4096]):
@@ -132,11 +141,17 @@ class Scanner:
                 head = chunk[:head_left]
                 self._sample(result, head, line_base, file_origin, item.display, parse)
                 head_left -= len(head)
-            line_no = line_base
+            chunk_lines = stream.info.lines - line_base  # the stream counted them already
+            before = 0  # newlines before `prev` in this chunk
             prev = 0
             for start, end, pids in self.matcher.candidate_lines(chunk):
-                line_no += chunk.count(b"\n", prev, start)
+                # count from whichever side is nearer: sampled facts sit near the chunk's end
+                if start - prev <= len(chunk) - start:
+                    before += chunk.count(b"\n", prev, start)
+                else:
+                    before = chunk_lines - chunk.count(b"\n", start)
                 prev = start
+                line_no = line_base + before
                 order += 1
                 self._confirm(
                     result,
@@ -151,14 +166,13 @@ class Scanner:
                     parse,
                     kept,
                 )
-            last_base = line_base
             last_chunk = chunk
             line_base = stream.info.lines  # the stream counted this chunk's lines already
         if last_chunk and line_base > 0 and item.end is None:
-            tail_start = max(0, len(last_chunk) - HEAD_TAIL_BYTES)
+            tail_start = max(0, len(last_chunk) - sample_bytes)
             tail_start = last_chunk.find(b"\n", tail_start - 1) + 1 if tail_start else 0
             head_lines = sum(s.lines_seen for s in result.streams.values())
-            first_tail_line = last_base + last_chunk.count(b"\n", 0, tail_start)
+            first_tail_line = line_base - last_chunk.count(b"\n", tail_start)
             if first_tail_line >= head_lines:
                 self._sample(
                     result,

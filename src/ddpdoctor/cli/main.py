@@ -172,7 +172,8 @@ def _rg_regex(regex: str) -> str:
     """Python named groups to the plain groups every rg/grep -E understands."""
     import re
 
-    return re.sub(r"\(\?P<\w+>", "(", regex)
+    plain = re.sub(r"\(\?P<\w+>", "(", regex)
+    return plain.replace('\\"', '"')  # rg rejects the needless escape of a quote
 
 
 def _terminal_width() -> int:

@@ -78,13 +78,21 @@ def _parse_iso(ts: str) -> datetime | None:
 
 
 def _glog_time(md: str, hms: str, year: int) -> datetime | None:
+    """glog's MMDD and HH:MM:SS.ffffff(fff), parsed by hand: strptime is 10x slower."""
     try:
-        return datetime.strptime(f"{year}{md} {hms[:15]}", "%Y%m%d %H:%M:%S.%f").replace(tzinfo=UTC)
+        frac = hms[9:15] if len(hms) > 8 else ""
+        return datetime(
+            year,
+            int(md[:2]),
+            int(md[2:4]),
+            int(hms[0:2]),
+            int(hms[3:5]),
+            int(hms[6:8]),
+            int(frac.ljust(6, "0")) if frac else 0,
+            tzinfo=UTC,
+        )
     except ValueError:
-        try:
-            return datetime.strptime(f"{year}{md} {hms[:8]}", "%Y%m%d %H:%M:%S").replace(tzinfo=UTC)
-        except ValueError:
-            return None
+        return None
 
 
 def clean(raw: str) -> str:

@@ -87,8 +87,11 @@ def looks_binary(head: bytes) -> bool:
     are tolerated."""
     if not head:
         return False
-    control = sum(1 for b in head if b < 9 or 13 < b < 32)
+    control = len(head) - len(head.translate(None, CONTROL_BYTES))
     return control / len(head) > 0.10
+
+
+CONTROL_BYTES = bytes([*range(0, 9), *range(14, 32)])
 
 
 class ChunkStream:
