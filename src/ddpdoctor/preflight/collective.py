@@ -8,7 +8,6 @@ import errno
 import json
 import os
 import re
-import signal
 import socket
 import subprocess
 import sys
@@ -17,6 +16,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from ddpdoctor.process_group import kill_group
 
 RESULT_ENV = "DDPDOCTOR_CHECK_RESULT"  # same value as worker.RESULT_ENV; worker imports torch
 TAIL_LINES = 40
@@ -173,25 +174,11 @@ def run_attempt(cfg: LaunchConfig, env_changes: dict[str, str]) -> Attempt:
                 code: int | None = proc.wait(timeout=cfg.attempt_timeout_s)
             except subprocess.TimeoutExpired:
                 hung = True
-                _kill_group(proc)
+                kill_group(proc, 3.0)
                 code = None
         duration = time.monotonic() - t0
         tail = log.read_text(errors="replace").splitlines()[-TAIL_LINES:]
         return interpret(env_changes, result, cfg.nproc_per_node, code, hung, duration, tail)
-
-
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    """Our own child's session only: SIGTERM, then SIGKILL."""
-    for sig, wait_s in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait_s)
-            return
-        except subprocess.TimeoutExpired:
-            continue
 
 
 def interpret(

@@ -20,6 +20,7 @@ from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
 
+from ddpdoctor.process_group import kill_group
 from ddpdoctor.scenarios.catalog import Scenario
 
 CONSOLE_LOG = "console.log"
@@ -111,19 +112,6 @@ def build_env(scenario: Scenario) -> dict[str, str]:
     return env
 
 
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    for sig, wait_s in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, None)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait_s)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
 def run(
     scenario: Scenario,
     out_dir: str | Path,
@@ -175,7 +163,7 @@ def run(
                 exit_code = proc.wait(timeout=scenario.timeout_s)
             except subprocess.TimeoutExpired:
                 timed_out = True
-                _kill_group(proc)
+                kill_group(proc, KILL_GRACE_S)
                 exit_code = proc.returncode
     finally:
         if holder is not None:
