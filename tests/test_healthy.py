@@ -60,3 +60,13 @@ def test_timeout_arithmetic_on_real_timestamps() -> None:
     assert notes and "rank 0 timed out" in notes[0] and "consequence" in notes[0]
     timeouts = next(f for f in report.findings if f.rule == "TMO102")
     assert timeouts.role == "cascade" and timeouts.ranks == [0]
+
+
+def test_really_small_dev_shm_is_a_dataloader_problem_not_a_full_disk() -> None:
+    """Real run with /dev/shm mounted as a 1 MB tmpfs: 'No space left on device (28)' from the
+    shared-memory allocator is DL101, not disk-full."""
+    report = diagnose_paths([str(HEALTHY / "small-dev-shm" / "console.log")])
+    assert report.verdict.kind == "dataloader-worker-killed"
+    assert report.verdict.category == "environment"
+    assert "DATA102" not in {f.rule for f in report.findings}
+    assert "PY101" not in {f.rule for f in report.findings}  # same traceback, explained

@@ -22,7 +22,9 @@ def is_traceback_line(text: str) -> bool:
     and C++ frame lists that torch appends to errors."""
     if not text:
         return False
-    if text[0] in " \t" or text.startswith((TRACEBACK_HEAD, "frame #", "Exception raised from")):
+    if text[0] in " \t" or text.startswith(
+        (TRACEBACK_HEAD, "Original " + TRACEBACK_HEAD, "frame #", "Exception raised from")
+    ):
         return True
     return bool(CHAINED.match(text) or EXCEPTION_LINE.match(text))
 
