@@ -70,3 +70,27 @@ def test_really_small_dev_shm_is_a_dataloader_problem_not_a_full_disk() -> None:
     assert report.verdict.category == "environment"
     assert "DATA102" not in {f.rule for f in report.findings}
     assert "PY101" not in {f.rule for f in report.findings}  # same traceback, explained
+
+
+MULTINODE = HEALTHY
+
+
+@pytest.mark.parametrize(
+    ("case", "kind", "ranks", "hosts"),
+    [
+        # rank 3 logs its error without a rank prefix: the only rank of node1 not waiting
+        ("multinode-data-error", "data-error", [3], ["node1"]),
+        # rank 3 is SIGTERMed by its agent before its error is printed: still busy, never joined
+        ("multinode-silent-rank", "slow-rank-timeout", [3], []),
+    ],
+)
+def test_two_node_jobs(case: str, kind: str, ranks: list[int], hosts: list[str]) -> None:
+    """Real 2 x 2 gloo jobs (two torchrun agents, static rendezvous), one console per node."""
+    base = MULTINODE / case
+    report = diagnose_paths([str(base / "node0"), str(base / "node1")])
+    assert report.verdict.kind == kind
+    assert report.verdict.culprit.ranks == ranks
+    assert report.verdict.culprit.hosts == hosts
+    assert report.job.ranks_seen == [0, 1, 2, 3]
+    timeouts = next(f for f in report.findings if f.rule == "TMO102")
+    assert timeouts.role == "cascade" and 3 not in timeouts.ranks

@@ -115,7 +115,7 @@ def _with_root(
         root = teardown
     root.role = Role.ROOT
     rule = rules[root.rule]
-    culprits = _culprit_ranks(root, job)
+    culprits = _culprit_ranks(root, job) or _only_rank_not_waiting(root, findings, job)
     for f in errors[1:]:
         if f.kind == root.kind:
             f.role = Role.ROOT
@@ -153,6 +153,24 @@ def _host_of_dead_peer(findings: list[Finding]) -> list[str]:
         if "peer_local_rank" in h.captures and h.record.origin.host
     }
     return sorted(h for h in hosts if h) if len(hosts) == 1 else []
+
+
+def _only_rank_not_waiting(root: Finding, findings: list[Finding], job: JobView) -> set[int]:
+    """A root error printed without a rank (a caught-and-logged traceback): if every other
+    rank seen on its host (or in the job) reported a timeout or a closed connection, the one
+    left is the rank that failed."""
+    victims = {r for f in findings if f.rule in TIMEOUT_RULES | PEER_RULES for r in f.ranks}
+    if not victims:
+        return set()
+    hosts = set(root.hosts)
+    candidates = {
+        r
+        for s in job.streams
+        if (r := job.resolve(s.origin)) is not None
+        and (not hosts or s.origin.host in hosts)
+        and r not in victims
+    }
+    return candidates if len(candidates) == 1 else set()
 
 
 def _culprit_ranks(root: Finding, job: JobView) -> set[int]:
