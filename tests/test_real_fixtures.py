@@ -1,4 +1,4 @@
-"""A healthy run is `ok`: logs of real successful 2-rank gloo runs (captured by
+"""Diagnoses of real runs kept as fixtures (tests/fixtures/real): healthy runs are `ok` (captured by
 tests/fixtures/real/capture_healthy.sh), with and without c10d INFO noise."""
 
 from __future__ import annotations
