@@ -142,6 +142,7 @@ CUDA_LIBRARY_MISMATCH = Rule(
     sources="torch/cuda/__init__.py _check_capability, CUDA runtime, dynamic loader",
     specificity=80,
     signatures=(
+        Signature(r"the provided PTX was compiled with an unsupported toolchain"),
         Signature(r"no kernel image is available for execution on the device"),
         Signature(r"is not compatible with the current PyTorch installation"),
         Signature(r"The NVIDIA driver on your system is too old"),

@@ -12,6 +12,9 @@ DATA_ERROR = Rule(
     sources="Python I/O, PIL, json, pickle, datasets/pyarrow",
     specificity=55,
     signatures=(
+        Signature(r"broken data stream when reading image file"),
+        Signature(r"OSError: Unable to open file", "Unable to open file"),
+        Signature(r"DatasetGenerationError"),
         Signature(
             r"FileNotFoundError: \[Errno 2\] No such file or directory: (?P<path>.+)",
             "FileNotFoundError",

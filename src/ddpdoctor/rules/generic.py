@@ -62,6 +62,8 @@ TEARDOWN_WITHOUT_DESTROY = Rule(
     severity="warning",
     specificity=15,
     signatures=(
+        # Lightning EarlyStopping: "... did not improve ... Signaling Trainer to stop."
+        Signature(r"Signaling Trainer to stop"),
         Signature(r"process group has NOT been destroyed before we destruct ProcessGroupNCCL"),
         Signature(r"Exception ignored in atexit callback"),
         Signature(r"destroy_process_group\(\) was not called"),

@@ -119,6 +119,8 @@ NATIVE_CRASH = Rule(
     sources="torchelastic errors/__init__.py, Python faulthandler, libc",
     specificity=40,
     signatures=(
+        Signature(r"\(core dumped\)", "core dumped"),
+        Signature(r"Illegal instruction"),
         Signature(
             r"Signal (?P<signum>11|6|7|4|8) \((?P<sig>SIG\w+)\) received by PID", "received by PID"
         ),
@@ -269,6 +271,9 @@ RENDEZVOUS_FAILURE = Rule(
     sources="torch/csrc/distributed/c10d/socket.cpp, TCPStore.cpp, elastic/rendezvous",
     specificity=75,
     signatures=(
+        # a MASTER_ADDR / rendezvous host name that does not resolve
+        Signature(r"Name or service not known"),
+        Signature(r"Temporary failure in name resolution"),
         Signature(
             r"The client socket has timed out after (?P<after>\w+) while trying to connect to (?P<endpoint>\S+)",
             "The client socket has timed out",
@@ -312,6 +317,11 @@ SLURM_TERMINATED = Rule(
     sources="slurmstepd, torchelastic SignalException",
     specificity=65,
     signatures=(
+        # torchelastic agent receiving SIGTERM; Lightning's SIGTERM handler
+        Signature(
+            r"Received (?P<signum>15|10|12) death signal, shutting down workers", " death signal"
+        ),
+        Signature(r"Received SIGTERM: 15"),
         Signature(
             r"\*\*\* (?:JOB|STEP) [\d.]+ ON \S+ CANCELLED AT \S+ DUE TO (?P<reason>TIME LIMIT|PREEMPTION) \*\*\*",
             "CANCELLED AT",

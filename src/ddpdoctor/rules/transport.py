@@ -23,6 +23,7 @@ PEER_CLOSED = Rule(
     cascade=True,
     specificity=20,
     signatures=(
+        Signature(r"Connection closed by remote peer"),
         Signature(r"Connection closed by peer"),
         Signature(r"Connection reset by peer"),
         Signature(
@@ -60,6 +61,8 @@ IB_ERROR = Rule(
     sources="NCCL net_ib.cc",
     specificity=70,
     signatures=(
+        Signature(r"ibv_poll_cq.{0,80}(?:failed|error)", "ibv_poll_cq"),
+        Signature(r"local catastrophic error"),
         Signature(r"NET/IB ?: Got completion from peer", "Got completion from peer"),
         Signature(r"IBV_WC_RETRY_EXC_ERR"),
         Signature(r"transport retry counter exceeded"),
@@ -89,6 +92,7 @@ P2P_ERROR = Rule(
     sources="NCCL transport/p2p.cc, CUDA runtime",
     specificity=70,
     signatures=(
+        Signature(r"transport/p2p\.cc:\d+ NCCL WARN", "p2p.cc"),
         Signature(r"peer access is not supported between these two devices"),
         Signature(r"cudaIpcOpenMemHandle"),
         Signature(r"P2P/IPC.{0,60}(?:failed|error)", "P2P/IPC"),
