@@ -315,13 +315,12 @@ SLURM_TERMINATED = Rule(
     kind="preempted",
     title="The scheduler ended the job (time limit, preemption, cancel)",
     sources="slurmstepd, torchelastic SignalException",
-    specificity=65,
+    specificity=20,
     signatures=(
-        # torchelastic agent receiving SIGTERM; Lightning's SIGTERM handler
+        # the torchelastic agent itself received SIGTERM (from the scheduler or a user)
         Signature(
             r"Received (?P<signum>15|10|12) death signal, shutting down workers", " death signal"
         ),
-        Signature(r"Received SIGTERM: 15"),
         Signature(
             r"\*\*\* (?:JOB|STEP) [\d.]+ ON \S+ CANCELLED AT \S+ DUE TO (?P<reason>TIME LIMIT|PREEMPTION) \*\*\*",
             "CANCELLED AT",
