@@ -94,3 +94,20 @@ def test_two_node_jobs(case: str, kind: str, ranks: list[int], hosts: list[str])
     assert report.job.ranks_seen == [0, 1, 2, 3]
     timeouts = next(f for f in report.findings if f.rule == "TMO102")
     assert timeouts.role == "cascade" and 3 not in timeouts.ranks
+
+
+def test_crash_after_training_completed_is_a_teardown_problem() -> None:
+    """Real run (tests/programs/teardown_crash.py): both ranks print 'Training complete', then
+    rank 1 exits at once and rank 0's last all_reduce loses its peer."""
+    report = diagnose_paths([str(HEALTHY / "teardown-crash" / "console.log")])
+    assert report.verdict.kind == "exit-teardown-crash"
+    assert report.verdict.category == "intended-exit"
+
+
+def test_faulthandler_dumps_of_a_stalled_job_are_a_hang() -> None:
+    """Real run (tests/programs/hang_dump.py): faulthandler.dump_traceback_later fires on both
+    ranks while rank 1 sleeps outside the barrier; no error text at all."""
+    report = diagnose_paths([str(HEALTHY / "hang-dump" / "console.log")])
+    assert report.verdict.status == "hung"
+    assert report.verdict.kind == "hang"
+    assert report.verdict.category == "unknown"

@@ -4,6 +4,7 @@ hosts, and does the timeout arithmetic. Never blames infrastructure without its 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import cmp_to_key
@@ -22,6 +23,8 @@ LAUNCHER_ECHO_RULES = {"LCH102", "LCH103"}
 EARLY_STOP_RULE = "EXIT101"
 TEARDOWN_RULE = "EXIT102"
 KILL_ECHO_KINDS = {"preempted", "python-exception", "native-crash"}
+TEARDOWN_KINDS = {"native-crash", "python-exception", "nccl-timeout", "nccl-network"}
+HANG_DUMP_RULE = "HANG101"
 ZERO3_RULE = "PERF101"
 INFRA_EVIDENCE_RULES = {"NET102", "NET103", "CUDA104"}
 
@@ -98,6 +101,10 @@ def decide(findings: list[Finding], job: JobView, rules: dict[str, Rule]) -> Ana
         return _with_root(findings, errors, job, rules)
     if job.hangs:
         return _from_supervised_hang(findings, job)
+    if not any(f.rule in TIMEOUT_RULES | PEER_RULES for f in cascades):
+        dumped = _from_dumps(findings, rules)
+        if dumped is not None:
+            return dumped
     if cascades:
         return _from_cascades(findings, cascades, job, rules)
     return _quiet(findings, job, rules)
@@ -108,6 +115,19 @@ def _with_root(
 ) -> Analysis:
     errors.sort(key=cmp_to_key(lambda a, b: _earlier_or_more_specific(a, b, rules)))
     root = errors[0]
+    if _after_completion(root, job) and root.kind in TEARDOWN_KINDS:
+        analysis = Analysis(
+            findings=findings,
+            status=Status.FAILED,
+            rule=inferred.TEARDOWN_CRASH,
+            root=root,
+            culprit_ranks=sorted(_culprit_ranks(root, job)),
+            culprit_hosts=root.hosts,
+            confidence=0.7,
+            notes=["training had announced its end before this happened: the work was done."],
+        )
+        root.role = Role.ROOT
+        return analysis
     teardown = next((f for f in findings if f.rule == TEARDOWN_RULE), None)
     if root.kind == "native-crash" and teardown is not None:
         # the work was done; the crash happened while the process was being torn down
@@ -140,6 +160,14 @@ def _with_root(
         analysis.category = str(Category.UNKNOWN) if rule.cascade else None
     _timeout_arithmetic(analysis, root, findings, job)
     return analysis
+
+
+def _after_completion(root: Finding, job: JobView) -> bool:
+    """Every hit of the root comes after training announced its end in the same source."""
+    return bool(root.hits) and all(
+        h.record.source in job.completed_at and h.record.line > job.completed_at[h.record.source]
+        for h in root.hits
+    )
 
 
 def _host_of_dead_peer(findings: list[Finding]) -> list[str]:
@@ -281,6 +309,17 @@ def _from_cascades(
     busy_note = _busy_progress(job, timeout_ms)
     analysis = Analysis(findings=findings, status=Status.FAILED)
 
+    echoes = [f for f in cascades if f.rule in TIMEOUT_RULES | PEER_RULES]
+    if echoes and all(_after_completion(f, job) for f in echoes):
+        top = echoes[0]
+        top.role = Role.ROOT
+        analysis.rule, analysis.root = inferred.TEARDOWN_CRASH, top
+        analysis.confidence = 0.6
+        analysis.notes.append(
+            "training had announced its end before these timeouts or closed connections: "
+            "ranks left at different times without destroy_process_group()."
+        )
+        return analysis
     busy = {r for r in alive_quiet if _still_working(r, job)}
     uneven = _uneven_totals(job)
     if busy_note is not None and (alive_quiet | missing):
@@ -289,6 +328,10 @@ def _from_cascades(
         analysis.confidence = 0.7
         analysis.notes.append(busy_note[0])
         analysis.extra_evidence.append(busy_note[1])
+    elif waiting and (phase := _busy_phase(job, alive_quiet | missing)) is not None:
+        analysis.rule, analysis.culprit_ranks = inferred.SLOW_RANK, sorted(phase[0])
+        analysis.confidence = 0.55
+        analysis.notes.append(phase[1])
     elif busy and waiting:
         analysis.rule, analysis.culprit_ranks = inferred.SLOW_RANK, sorted(busy)
         analysis.confidence = 0.6
@@ -387,6 +430,27 @@ def _startup_barrier(cascades: list[Finding]) -> int | None:
     return None
 
 
+BUSY_PHASE = re.compile(
+    r"(?i)sav(?:e|ing) (?:the )?(?:model|checkpoint|state)|evaluat|validat|tokeniz|preprocess"
+    r"|download|loading (?:the )?(?:dataset|data|checkpoint|model)|building (?:the )?index"
+    r"|consolidat|gather(?:ing)? (?:the )?(?:full )?state|running (?:on|the) (?:dataset|eval)"
+)
+
+
+def _busy_phase(job: JobView, candidates: set[int]) -> tuple[set[int], str] | None:
+    """A rank that never joined, whose last words announce a long one-rank phase (saving a
+    checkpoint, evaluation, preprocessing): it was busy, not gone."""
+    for s in job.streams:
+        rank = job.resolve(s.origin)
+        if rank not in candidates or s.error_lines or not BUSY_PHASE.search(s.last_text):
+            continue
+        return {rank}, (
+            f"rank {rank}'s last line says it had started a long phase on its own "
+            f'("{s.last_text[:80]}") while the others waited in a collective.'
+        )
+    return None
+
+
 def _still_working(rank: int, job: JobView) -> bool:
     """The launcher had to SIGTERM this rank: it was alive and busy when the others failed."""
     exit_ = job.info.per_rank.get(rank)
@@ -473,12 +537,28 @@ def _busy_progress(job: JobView, timeout_ms: float | None) -> tuple[str, Evidenc
     return text, Evidence.of(fact.record, f"{fact.record.text[-160:]}")
 
 
+def _from_dumps(findings: list[Finding], rules: dict[str, Rule]) -> Analysis | None:
+    """Stack dumps and no error: somebody dumped the stacks of a job that hung."""
+    dumps = next((f for f in findings if f.rule == HANG_DUMP_RULE), None)
+    if dumps is not None:
+        dumps.role = Role.ROOT
+        return Analysis(
+            findings=findings,
+            status=Status.HUNG,
+            rule=rules[HANG_DUMP_RULE],
+            root=dumps,
+            confidence=0.5,
+            next_steps=["Compare the dumped stacks rank by rank: the odd one out is the cause."],
+        )
+    return None
+
+
 def _quiet(findings: list[Finding], job: JobView, rules: dict[str, Rule]) -> Analysis:
     """No error and no cascade: a healthy run, a performance warning, or a silent stall."""
     warnings = [f for f in findings if rules[f.rule].severity == "warning"]
     perf = [f for f in warnings if rules[f.rule].default_category == Category.PERFORMANCE]
     zero3 = next((f for f in findings if f.rule == ZERO3_RULE), None)
-    if zero3 is not None and not job.single_node and job.transports == {"socket"}:
+    if zero3 is not None and not job.single_node and "ib" not in job.transports:
         perf.insert(0, zero3)
     if perf:
         perf[0].role = Role.ROOT

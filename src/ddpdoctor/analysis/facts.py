@@ -53,6 +53,20 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
     # NCCL net.cc: which transport NCCL uses between nodes
     FactPattern("socket_transport", r"NET/Socket : Using", "NET/Socket : Using"),
     FactPattern("ib_transport", r"NET/IB : Using", "NET/IB : Using"),
+    # the end of training as frameworks announce it (Lightning, HF Trainer, scripts)
+    FactPattern(
+        "completed",
+        r"`Trainer\.fit` stopped: `max_(?:epochs|steps)=\d+` reached",
+        "` stopped: `max_",
+    ),
+    FactPattern(
+        "completed", r"Training completed\. Do not forget to share your model", "Training completed"
+    ),
+    FactPattern("completed", r"'train_runtime': [\d.]+", "'train_runtime'"),
+    FactPattern("completed", r"Training complete", "Training complete"),
+    FactPattern("completed", r"training complete", "training complete"),
+    FactPattern("completed", r"Training finished", "Training finished"),
+    FactPattern("completed", r"Finished training", "Finished training"),
     # tqdm: " 9%|███▊   | 280000/2969526 [29:55<4:48:08, 155.57 examples/s]"
     FactPattern(
         "progress",

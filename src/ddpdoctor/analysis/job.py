@@ -24,6 +24,8 @@ class JobView:
     transports: set[str] = field(default_factory=set)
     hangs: list[RunHang] = field(default_factory=list)
     killed_for_hang: bool = False
+    completed_at: dict[str, int] = field(default_factory=dict)
+    """First line per source where training announced its end."""
     rank_map: dict[tuple[str, int], int] = field(default_factory=dict)
 
     def resolve(self, origin: Origin) -> int | None:
@@ -87,6 +89,7 @@ def build_job(
     root_cause_rank: int | None = None
     progress: list[FactHit] = []
     transports: set[str] = set()
+    completed_at: dict[str, int] = {}
     for scan in scans:
         expect_root = False
         for fact in scan.facts:
@@ -117,6 +120,9 @@ def build_job(
                         per_rank[rank].signal = SIGNAL_NAMES.get(-code, f"signal {-code}")
             elif fact.name == "progress":
                 progress.append(fact)
+            elif fact.name == "completed":
+                src = fact.record.source
+                completed_at[src] = min(completed_at.get(src, fact.record.line), fact.record.line)
             elif fact.name in ("socket_transport", "ib_transport"):
                 transports.add(fact.name.split("_")[0])
 
@@ -162,6 +168,7 @@ def build_job(
         hangs=hangs,
         killed_for_hang=any(e.killed_for_hang for e in run_events or []),
         rank_map=rank_map,
+        completed_at=completed_at,
     )
 
 

@@ -76,6 +76,7 @@ PROGRESS_COUNTER = re.compile(
 INIT_LINE = re.compile(
     r"Initializing distributed|init_process_group|torch\.dis|NCCL INFO (?:Bootstrap|NET/|comm )"
     r"|Global seed set|GLOBAL_RANK|MASTER_ADDR|distributed_backend|Added key: store_based_barrier"
+    r"|NCCL INFO (?:Channel|Connected all|Trees|Ring)|via P2P|P2P/IPC|P2P/CUMEM|Init COMPLETE"
 )
 
 

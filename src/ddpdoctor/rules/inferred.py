@@ -4,7 +4,7 @@ covers them; they have no signatures."""
 
 from __future__ import annotations
 
-from ddpdoctor.rules.base import Explanation, Rule
+from ddpdoctor.rules.base import Explanation, Rule, Signature
 
 SLOW_RANK = Rule(
     code="INF201",
@@ -175,7 +175,64 @@ UNEVEN = Rule(
     ),
 )
 
+TEARDOWN_CRASH = Rule(
+    code="INF210",
+    kind="exit-teardown-crash",
+    title="Training finished, then a rank crashed or hung while shutting down",
+    signatures=(),
+    explanation=Explanation(
+        what="The failure came after the job announced the end of training.",
+        why="Ranks left the process group at different times (no destroy_process_group), a "
+        "final collective ran on some ranks only, or library teardown (NCCL/gloo threads, "
+        "atexit hooks, DataLoader workers) crashed during interpreter exit.",
+        fix="End every rank the same way: barrier(), destroy_process_group(), then exit 0; "
+        "keep end-of-training work (saving, evaluation) on every rank or behind a barrier.",
+        false_positives="A real failure while saving the final checkpoint (disk full, host "
+        "OOM) is reported as that failure instead.",
+    ),
+    fix=(
+        "At the very end on every rank: torch.distributed.barrier(); "
+        "torch.distributed.destroy_process_group(); sys.exit(0).",
+    ),
+)
+
+HANG_DUMP = Rule(
+    code="HANG101",
+    kind="hang",
+    title="Stack dumps of a stalled job (py-spy / faulthandler)",
+    sources="Python faulthandler dump_traceback, py-spy dump",
+    severity="warning",
+    specificity=10,
+    signatures=(
+        # faulthandler.dump_traceback_later(timeout) firing: "Timeout (0:00:05)!"
+        Signature(r"^Timeout \(\d+:\d\d:\d\d(?:\.\d+)?\)!", "Timeout ("),
+        Signature(r"Thread 0x[0-9a-f]+ \(most recent call first\):", "(most recent call first):"),
+        Signature(r"Thread \d+ \(idle\): \"", '(idle): "'),
+        Signature(r"Thread \d+ \(active(?:\+gil)?\): \"", "(active"),
+    ),
+    explanation=Explanation(
+        what="The log holds Python stack dumps taken while the job made no progress.",
+        why="Someone (or a watchdog) dumped the stacks of a job that hung: ranks wait in a "
+        "collective that another rank never reaches, or sit in data loading or a lock.",
+        fix="Compare the ranks' stacks: the rank that is not in the same collective as the "
+        "others is the culprit. `ddpdoctor run` takes and groups them automatically.",
+        false_positives="A dump printed by a crash handler next to a real error; the error is "
+        "then the root.",
+    ),
+    fix=(
+        "Group the ranks by their top frames; the odd one out is where to look "
+        "(`ddpdoctor run --hang-after 120 -- torchrun ...` does this for you).",
+    ),
+    positive=(
+        "Thread 0x00007f3b8c4f1740 (most recent call first):",
+        'Thread 1234 (idle): "MainThread"',
+    ),
+    negative=("Traceback (most recent call last):",),
+)
+
 RULES = (
+    TEARDOWN_CRASH,
+    HANG_DUMP,
     UNEVEN,
     SLOW_RANK,
     UNCOORDINATED_EXIT,
