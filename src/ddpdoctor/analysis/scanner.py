@@ -23,8 +23,8 @@ from ddpdoctor.rules.base import Rule, Signature
 
 _Parse = Callable[[str], ParsedLine]
 HEAD_TAIL_BYTES = 256 * 1024
-MIN_SAMPLE_BYTES = 4 * 1024
-SAMPLE_BUDGET_BYTES = 4 * 1024 * 1024
+MIN_SAMPLE_BYTES = 2 * 1024
+SAMPLE_BUDGET_BYTES = 2 * 1024 * 1024
 """Head and tail are parsed line by line in Python (~50 us a line): a few files get 256 KB
 each, thousands of rank files share a budget so that sampling never dominates the scan."""
 

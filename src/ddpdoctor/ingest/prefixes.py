@@ -126,13 +126,18 @@ def parse_line(raw: str, year: int = 1970) -> ParsedLine:
     platform_tags = 0
     platform_ok = False  # job platforms put their tags right after an ISO timestamp
     for _ in range(8):
-        m = RFC3339.match(text, pos) or ISO_TIME.match(text, pos)
+        if pos >= len(text):
+            break
+        # each format starts with a known kind of character: try only those that can match
+        c = text[pos]
+        bracket, digit = c == "[", c.isdigit()
+        m = (RFC3339.match(text, pos) or ISO_TIME.match(text, pos)) if digit or bracket else None
         if m:
             out.time = out.time or _parse_iso(m.group("ts"))
             platform_ok = True
             pos = m.end()
             continue
-        m = TORCHRUN.match(text, pos)
+        m = TORCHRUN.match(text, pos) if bracket else None
         if m:
             num = int(m.group("num"))
             if m.group("role").lower() == "rank":
@@ -142,7 +147,13 @@ def parse_line(raw: str, year: int = 1970) -> ParsedLine:
             prefix_parts.append(m.group(0).strip())
             pos = m.end()
             continue
-        m = GLOG.match(text, pos) or GLOG_BRACKET.match(text, pos)
+        m = (
+            GLOG.match(text, pos)
+            if c in "IWEF"
+            else GLOG_BRACKET.match(text, pos)
+            if bracket
+            else None
+        )
         if m:
             out.level = LEVEL_NAMES.get(m.group("level"))
             if m.group("md"):
@@ -151,7 +162,7 @@ def parse_line(raw: str, year: int = 1970) -> ParsedLine:
                 origin.pid = int(m.group("pid"))
             pos = m.end()
             continue
-        m = NCCL.match(text, pos)
+        m = NCCL.match(text, pos) if c.isalnum() or c in "._-" else None
         if m:
             origin.host = origin.host or m.group("host")
             origin.pid = int(m.group("pid"))
@@ -161,24 +172,24 @@ def parse_line(raw: str, year: int = 1970) -> ParsedLine:
             prefix_parts.append(f"{m.group('host')}:{m.group('pid')}")
             pos = m.end()
             break
-        m = STREAM_TAG.match(text, pos)
+        m = STREAM_TAG.match(text, pos) if bracket else None
         if m:
             pos = m.end()
             continue
-        m = PLATFORM_TAG.match(text, pos)
+        m = PLATFORM_TAG.match(text, pos) if bracket and platform_ok else None
         if m and platform_ok and len(prefix_parts) == platform_tags:
             platform_tags += 1
             prefix_parts.append(m.group(0).strip())
             pos = m.end()
             continue
-        m = SLURM.match(text, pos)
-        if m and pos == 0:
+        m = SLURM.match(text) if pos == 0 and (digit or c == " ") else None
+        if m:
             origin.rank = int(m.group("task"))
             prefix_parts.append(m.group(0).strip())
             pos = m.end()
             continue
-        m = PDSH.match(text, pos)
-        if m and not prefix_parts:
+        m = PDSH.match(text, pos) if c.islower() and not prefix_parts else None
+        if m:
             origin.host = m.group("host")
             prefix_parts.append(m.group(0).strip())
             pos = m.end()
