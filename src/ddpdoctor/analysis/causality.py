@@ -369,6 +369,19 @@ def _from_cascades(
             "main_process_first) for longer than the timeout."
         )
         analysis.next_steps.append(f"Check what rank(s) {_list(missing)} printed at start-up.")
+    elif missing and not any(f.rule in TIMEOUT_RULES for f in cascades):
+        # closed connections, no timeout: a peer went away; which one is not in these logs
+        top = next(f for f in cascades if f.rule in PEER_RULES) if waiting else cascades[0]
+        top.role = Role.ROOT
+        analysis.rule, analysis.root = rules[top.rule], top
+        analysis.confidence = 0.3
+        analysis.category = str(Category.UNKNOWN) if analysis.rule.kind.startswith("nccl") else None
+        analysis.notes.append(
+            f"a peer closed the connection; rank(s) {_list(missing)} left no lines, so the "
+            "peer that died first is most likely among them (or the network failed: only the "
+            "other ranks' logs or a transport check can tell)."
+        )
+        analysis.next_steps.append(f"Collect the logs of rank(s) {_list(missing)}.")
     elif missing:
         analysis.rule, analysis.culprit_ranks = inferred.MISSING_RANKS, sorted(missing)
         analysis.confidence = 0.35

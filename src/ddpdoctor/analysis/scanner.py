@@ -270,7 +270,9 @@ class Scanner:
                 continue
             parsed = parse(raw)
             origin = parsed.origin.merged_with(file_origin)
-            key = parsed.prefix or (f"rank {origin.rank}" if origin.rank is not None else "")
+            key = parsed.prefix
+            if parsed.rank_from_text or not key:  # the program names its rank in the text
+                key += f" rank {origin.rank}" if origin.rank is not None else ""
             summary = result.streams.get(key)
             if summary is None:
                 summary = StreamSummary(key=key, origin=origin, first_line=line_base + offset + 1)

@@ -1,0 +1,59 @@
+"""Metamorphic tests on the real corpus: wrapping every line the way launchers and log
+collectors do (torchrun rank prefix, Slurm label, pdsh host, Kubernetes timestamps, CRLF,
+gzip) must not change the diagnosed kind. The log text itself is never altered."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from ddpdoctor.analysis.diagnose import diagnose_paths
+from tests.conftest import corpus_cases
+
+# A rank prefix claims every line for one writer: only for logs that name no rank themselves.
+RANK_TRANSFORMS: dict[str, Callable[[str], str]] = {
+    "torchrun-rank": lambda line: f"[rank5]:{line}",
+    "slurm-label": lambda line: f" 5: {line}",
+}
+TRANSFORMS: dict[str, Callable[[str], str]] = {
+    "pdsh-host": lambda line: f"worker-3: {line}",
+    "k8s-time": lambda line: f"2024-05-01T10:00:00.123456789Z {line}",
+    "crlf": lambda line: f"{line}\r",
+}
+
+
+def _kind(paths: list[str]) -> str | None:
+    return diagnose_paths(paths).verdict.kind
+
+
+def _write(case: Path, out: Path, transform: Callable[[str], str], gz: bool = False) -> list[str]:
+    written = []
+    for log in sorted((case / "logs").iterdir()):
+        lines = log.read_text(encoding="utf-8", errors="replace").splitlines()
+        text = "".join(transform(line) + "\n" for line in lines)
+        target = out / (log.name + (".gz" if gz else ""))
+        target.write_bytes(gzip.compress(text.encode()) if gz else text.encode())
+        written.append(str(target))
+    return written
+
+
+@pytest.mark.parametrize("case", corpus_cases(), ids=lambda p: p.name)
+def test_wrapping_lines_keeps_the_kind(case: Path, tmp_path: Path) -> None:
+    label = json.loads((case / "label.json").read_text())
+    base = _kind([str(case / "logs")])
+    text = " ".join(p.read_text(errors="replace") for p in (case / "logs").iterdir())
+    single_writer = re.search(r"(?i)\brank\s?\d|\[rank", text) is None
+    transforms = {**TRANSFORMS, **(RANK_TRANSFORMS if single_writer else {})}
+    for name, transform in transforms.items():
+        out = tmp_path / name
+        out.mkdir()
+        got = _kind(_write(case, out, transform))
+        assert got == base, f"{name}: {got} != {base} (label {label['kind']})"
+    out = tmp_path / "gz"
+    out.mkdir()
+    assert _kind(_write(case, out, lambda line: line, gz=True)) == base
