@@ -57,3 +57,20 @@ def test_wrapping_lines_keeps_the_kind(case: Path, tmp_path: Path) -> None:
     out = tmp_path / "gz"
     out.mkdir()
     assert _kind(_write(case, out, lambda line: line, gz=True)) == base
+
+
+_HEALTHY = (
+    Path(__file__).parent / "fixtures" / "real" / "healthy-noisy" / "console.log"
+).read_text()
+# the run up to (not including) its announced end: a job that ran fine for a while
+HEALTHY_NOISE = _HEALTHY[: _HEALTHY.index("saved and reloaded checkpoint")]
+
+
+@pytest.mark.parametrize("case", corpus_cases(), ids=lambda p: p.name)
+def test_healthy_noise_before_the_failure_keeps_the_kind(case: Path, tmp_path: Path) -> None:
+    """The start of a real healthy run (c10d INFO, DDP init, training steps) in front of each
+    corpus log, as when a job runs fine for a while and then fails."""
+    base = _kind([str(case / "logs")])
+    for log in sorted((case / "logs").iterdir()):
+        (tmp_path / log.name).write_text(HEALTHY_NOISE + log.read_text(errors="replace"))
+    assert _kind([str(tmp_path)]) == base

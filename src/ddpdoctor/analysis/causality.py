@@ -626,10 +626,13 @@ def _quiet(findings: list[Finding], job: JobView, rules: dict[str, Rule]) -> Ana
 
 def _stalled_at_startup(job: JobView) -> bool:
     streams = [s for s in job.streams if s.lines_seen]
-    if not streams or any(s.progress_lines for s in streams):
+    if not streams:
         return False
     last = max(streams, key=lambda s: s.last_line)
-    return last.last_init_line > 0 and last.last_line - last.last_init_line <= 3
+    init = last.last_init_line
+    # no training step since the (last) start-up, and the output ends right after it
+    progressed = any(s.last_progress_line > init for s in streams)
+    return init > 0 and not progressed and last.last_line - init <= 3
 
 
 def _list(ranks: set[int] | list[int]) -> str:

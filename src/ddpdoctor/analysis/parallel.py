@@ -174,6 +174,7 @@ def merge(acc: SourceScan, part: SourceScan) -> SourceScan:
         s.first_line += shift if s.first_line else 0
         s.last_line += shift if s.last_line else 0
         s.last_init_line += shift if s.last_init_line else 0
+        s.last_progress_line += shift if s.last_progress_line else 0
         a = acc.streams.get(key)
         if a is None:
             acc.streams[key] = s
@@ -184,6 +185,9 @@ def merge(acc: SourceScan, part: SourceScan) -> SourceScan:
         a.last_time = s.last_time or a.last_time
         a.progress_lines += s.progress_lines
         a.last_init_line = s.last_init_line or a.last_init_line
+        a.last_progress_line = s.last_progress_line or a.last_progress_line
+        a.error_lines += s.error_lines
+        a.progress_total = s.progress_total or a.progress_total
         if a.origin.rank is None and s.origin.rank is not None:
             a.origin = s.origin
     return compact(acc)

@@ -59,6 +59,7 @@ class StreamSummary:
     first_time: datetime | None = None
     last_time: datetime | None = None
     progress_lines: int = 0
+    last_progress_line: int = 0
     last_init_line: int = 0
     error_lines: int = 0
     """Lines logged at error level (glog E/F, logging ERROR): this writer is not quiet."""
@@ -289,6 +290,7 @@ class Scanner:
                 summary.error_lines += 1
             if PROGRESS_LINE.search(parsed.text):
                 summary.progress_lines += 1
+                summary.last_progress_line = summary.last_line
                 counter = PROGRESS_COUNTER.search(parsed.text)
                 if counter:
                     summary.progress_total = int(counter.group("total"))
