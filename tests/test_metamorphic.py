@@ -74,3 +74,28 @@ def test_healthy_noise_before_the_failure_keeps_the_kind(case: Path, tmp_path: P
     for log in sorted((case / "logs").iterdir()):
         (tmp_path / log.name).write_text(HEALTHY_NOISE + log.read_text(errors="replace"))
     assert _kind([str(tmp_path)]) == base
+
+
+CAPTURED = Path(__file__).parents[1] / "src" / "ddpdoctor" / "scenarios" / "captured"
+PREFIX = re.compile(r"^\[rank(\d+)\]:\s?")
+
+
+@pytest.mark.parametrize(
+    "scenario", sorted(p.name for p in CAPTURED.iterdir() if (p / "console.log").is_file())
+)
+def test_console_split_into_rank_files_keeps_the_verdict(scenario: str, tmp_path: Path) -> None:
+    """A real console split the way per-rank logging writes it (rank<N>.log without the
+    prefix, everything else in launcher.log) gives the same kind and culprit."""
+    console = CAPTURED / scenario / "console.log"
+    whole = diagnose_paths([str(console)]).verdict
+    files: dict[str, list[str]] = {}
+    for line in console.read_text(errors="replace").splitlines():
+        m = PREFIX.match(line)
+        name = f"rank{m.group(1)}.log" if m else "launcher.log"
+        files.setdefault(name, []).append(line[m.end() :] if m else line)
+    if len(files) < 2:
+        pytest.skip("no rank-prefixed lines to split")
+    for name, lines in files.items():
+        (tmp_path / name).write_text("\n".join(lines) + "\n")
+    split = diagnose_paths([str(tmp_path)]).verdict
+    assert (split.kind, split.culprit.ranks) == (whole.kind, whole.culprit.ranks)
