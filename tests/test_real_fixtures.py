@@ -111,3 +111,10 @@ def test_faulthandler_dumps_of_a_stalled_job_are_a_hang() -> None:
     assert report.verdict.status == "hung"
     assert report.verdict.kind == "hang"
     assert report.verdict.category == "unknown"
+
+
+def test_no_master_listening_is_a_rendezvous_failure() -> None:
+    """Real run: node 1 of 2 against a master address and port where nothing listens."""
+    report = diagnose_paths([str(HEALTHY / "rendezvous-no-master" / "console.log")])
+    assert report.verdict.kind == "rendezvous-failure"
+    assert report.verdict.category == "configuration"
