@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -127,7 +128,7 @@ def test_barrier_hang_names_the_culprit(tmp_path: Path) -> None:
     detected = next(e for e in evs if e["event"] == "hang_detected")
     stacks = next(e for e in evs if e["event"] == "stacks")
     console = (run_dir / "console.log").read_text()
-    hang_start = max(float(x.split()[-1]) for x in console.splitlines() if "HANG_START" in x)
+    hang_start = max(float(t) for t in re.findall(r"HANG_START (\d+\.\d{3})", console))
     from datetime import datetime
 
     latency = datetime.fromisoformat(str(detected["time"])).timestamp() - hang_start
@@ -179,7 +180,8 @@ def _start_waiting_job(run_dir: Path) -> tuple[subprocess.Popen[str], list[int]]
     while time.monotonic() < deadline:
         console = run_dir / "console.log"
         text = console.read_text() if console.exists() else ""
-        pids = [int(x.split()[-1]) for x in text.splitlines() if x.startswith("WAITING")]
+        # two ranks printing at once can interleave inside one line: match, do not split
+        pids = [int(pid) for pid in re.findall(r"WAITING rank \d+ pid (\d+)", text)]
         if len(pids) == 2:
             return proc, pids
         time.sleep(0.2)
