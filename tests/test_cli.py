@@ -80,3 +80,24 @@ def test_diagnose_works_without_torch(corpus: Path) -> None:
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "data-error"
+
+
+def test_internal_error_is_one_line_and_exit_3(tmp_path: Path) -> None:
+    """A bug must not print a traceback at the user: simulate one by making the scanner fail."""
+    import subprocess
+    import sys
+
+    log = tmp_path / "x.log"
+    log.write_text("RuntimeError: boom\n")
+    code = (
+        "import ddpdoctor.analysis.diagnose as d\n"
+        "def boom(*a, **k):\n    raise ValueError('simulated bug')\n"
+        "d.scan_inputs = boom\n"
+        "import sys\nsys.argv = ['ddpdoctor', 'diagnose', sys.argv[1]]\n"
+        "from ddpdoctor.cli.main import main\nmain()\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(log)], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 3
+    assert "internal error" in proc.stderr and "Traceback" not in proc.stderr

@@ -204,3 +204,12 @@ def main() -> None:
         sys.exit(exitcodes.USAGE_OR_INPUT)
     except KeyboardInterrupt:
         sys.exit(130)
+    except Exception as exc:  # a bug in ddpdoctor: one clear line, exit 3, details on demand
+        if os.environ.get("DDPDOCTOR_DEBUG"):
+            raise
+        click.echo(
+            f"ddpdoctor: internal error ({type(exc).__name__}: {exc}). This is a bug in "
+            "ddpdoctor; re-run with DDPDOCTOR_DEBUG=1 for the traceback and report it.",
+            err=True,
+        )
+        sys.exit(exitcodes.INTERNAL)
