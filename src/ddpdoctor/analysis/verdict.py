@@ -10,6 +10,7 @@ from ddpdoctor.analysis.grouping import evidence_of
 from ddpdoctor.analysis.job import JobView
 from ddpdoctor.model.findings import Culprit, Evidence, Finding, Verdict
 from ddpdoctor.model.taxonomy import Role, Status
+from ddpdoctor.rules.base import Rule
 
 MAX_VERDICT_EVIDENCE = 8
 
@@ -42,7 +43,7 @@ def build_verdict(analysis: Analysis, job: JobView) -> Verdict:
         if f.role == Role.CASCADE and len(evidence) < MAX_VERDICT_EVIDENCE:
             evidence.extend(evidence_of(f.hits, limit=1))
     culprit = Culprit(ranks=analysis.culprit_ranks, hosts=analysis.culprit_hosts)
-    summary = _summary(analysis, job, category)
+    summary = _summary(analysis, rule, job, category)
     return Verdict(
         status=str(analysis.status),
         kind=rule.kind,
@@ -65,9 +66,7 @@ def _ranks(ranks: list[int]) -> str:
     return f"{label} {','.join(str(r) for r in ranks)}"
 
 
-def _summary(analysis: Analysis, job: JobView, category: str) -> str:
-    rule = analysis.rule
-    assert rule is not None
+def _summary(analysis: Analysis, rule: Rule, job: JobView, category: str) -> str:
     where = _ranks(analysis.culprit_ranks)
     if analysis.culprit_hosts:
         where = (
