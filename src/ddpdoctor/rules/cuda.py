@@ -12,6 +12,8 @@ CUDA_OOM = Rule(
     sources="c10/cuda/CUDACachingAllocator.cpp",
     specificity=60,
     signatures=(
+        # NCCL running out of GPU memory for its buffers
+        Signature(r"Cuda failure 'out of memory'", "Cuda failure 'out of memory'"),
         Signature(
             r"CUDA out of memory\. Tried to allocate (?P<size>[\d.]+ [KMGT]i?B)",
             "CUDA out of memory",
@@ -188,6 +190,7 @@ DEVICE_ASSIGNMENT = Rule(
     sources="NCCL init.cc (Duplicate GPU detected), CUDA runtime",
     specificity=85,
     signatures=(
+        Signature(r"CUDA-capable device\(s\) is/are busy or unavailable", "busy or unavailable"),
         Signature(
             r"Duplicate GPU detected : rank (?P<rank_a>\d+) and rank (?P<rank_b>\d+) both on "
             r"CUDA device (?P<busid>\w+)",

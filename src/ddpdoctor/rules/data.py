@@ -89,6 +89,7 @@ DATALOADER_WORKER_KILLED = Rule(
     sources="torch/utils/data/_utils/signal_handling.py, dataloader.py",
     specificity=80,
     signatures=(
+        Signature(r"Unexpected segmentation fault encountered in worker"),
         Signature(
             r"DataLoader worker \(pid (?P<pid>\d+)\) is killed by signal: (?P<signal>[\w ]+)",
             "DataLoader worker (pid",
@@ -189,4 +190,38 @@ WEIGHTS_ONLY = Rule(
     negative=("_pickle.UnpicklingError: invalid load key, '<'.",),
 )
 
-RULES = (DATA_ERROR, DISK_FULL, DATALOADER_WORKER_KILLED, MISSING_MODULE, WEIGHTS_ONLY)
+DATALOADER_FD_LIMIT = Rule(
+    code="DL102",
+    kind="dataloader-worker-killed",
+    title="DataLoader workers ran out of file descriptors",
+    sources="torch/multiprocessing/reductions.py (file_descriptor sharing), OS errno 24",
+    specificity=70,
+    signatures=(
+        Signature(r"received 0 items of ancdata"),
+        Signature(r"\[Errno 24\] Too many open files", "Too many open files"),
+    ),
+    explanation=Explanation(
+        what="Passing tensors from DataLoader workers failed for lack of file descriptors.",
+        why="The default 'file_descriptor' sharing strategy keeps one descriptor per shared "
+        "tensor; with many workers and prefetching the process hits `ulimit -n`.",
+        fix="Raise the limit (ulimit -n 65535 in the launcher's shell or container), or call "
+        "torch.multiprocessing.set_sharing_strategy('file_system') at start-up.",
+        false_positives="Too many open files from the program's own files (logs, datasets) "
+        "has the same errno.",
+    ),
+    fix=(
+        "ulimit -n 65535 (or the container's nofile limit) before starting the job.",
+        "Or at the top of the script: torch.multiprocessing.set_sharing_strategy('file_system').",
+    ),
+    positive=("RuntimeError: received 0 items of ancdata",),
+    negative=("DataLoader worker (pid 12) is killed by signal: Killed.",),
+)
+
+RULES = (
+    DATA_ERROR,
+    DISK_FULL,
+    DATALOADER_WORKER_KILLED,
+    DATALOADER_FD_LIMIT,
+    MISSING_MODULE,
+    WEIGHTS_ONLY,
+)

@@ -14,6 +14,13 @@ HOST_OOM_KILL = Rule(
     "kernel OOM killer, Slurm",
     specificity=60,
     signatures=(
+        # a bare "Killed" printed by the shell when the kernel killed the process
+        Signature(r"^Killed\s*$", "Killed"),
+        # host RAM exhausted without a kill: the CPU allocator says so
+        Signature(
+            r"DefaultCPUAllocator: (?:not enough memory|can't allocate memory)",
+            "DefaultCPUAllocator",
+        ),
         Signature(
             r"failed \(exitcode: -9\) local_rank: (?P<local_rank>\d+)", "failed (exitcode: -9)"
         ),
@@ -271,6 +278,10 @@ RENDEZVOUS_FAILURE = Rule(
     sources="torch/csrc/distributed/c10d/socket.cpp, TCPStore.cpp, elastic/rendezvous",
     specificity=75,
     signatures=(
+        # init_process_group: not every rank arrived at the store-based barrier
+        Signature(
+            r"Timed out initializing process group in store based barrier", "store based barrier"
+        ),
         # a MASTER_ADDR / rendezvous host name that does not resolve
         Signature(r"Name or service not known"),
         Signature(r"Temporary failure in name resolution"),
@@ -375,7 +386,32 @@ RENDEZVOUS_RETRY = Rule(
     negative=("[c10d] The client socket has connected to [::ffff:127.0.0.1]:34957 on SocketImpl",),
 )
 
+STORE_ERROR = Rule(
+    code="LCH111",
+    kind="rendezvous-failure",
+    title="The c10d store (TCPStore) failed or timed out",
+    sources="torch/csrc/distributed/c10d/TCPStore.cpp (DistStoreError)",
+    cascade=True,
+    specificity=20,
+    signatures=(Signature(r"DistStoreError"),),
+    explanation=Explanation(
+        what="A rank's request to the c10d key-value store failed or timed out.",
+        why="The store lives in the master's agent (or rank 0): when that process died or is "
+        "stuck, every other rank gets this error; otherwise the store is unreachable.",
+        fix="Look at the master node / rank 0 first; if it was healthy, check MASTER_ADDR and "
+        "MASTER_PORT reachability from every node.",
+        false_positives="Usually an echo of rank 0 or the master agent failing.",
+    ),
+    fix=(
+        "Read rank 0's and the master node's log first.",
+        "Check that MASTER_ADDR:MASTER_PORT is reachable from every node (nc -zv ADDR PORT).",
+    ),
+    positive=("torch.distributed.DistStoreError: Socket Timeout",),
+    negative=("torch.distributed.DistNetworkError: The server socket has failed to listen",),
+)
+
 RULES = (
+    STORE_ERROR,
     RENDEZVOUS_RETRY,
     HOST_OOM_KILL,
     LAUNCHER_SIGTERM,

@@ -23,6 +23,11 @@ PEER_CLOSED = Rule(
     cascade=True,
     specificity=20,
     signatures=(
+        # a rank waiting for rank 0 to publish the NCCL id in the store: rank 0 is gone or late
+        Signature(
+            r"retrieving ncclUniqueId from \[\d+\] via c10d key-value store",
+            "retrieving ncclUniqueId",
+        ),
         Signature(r"Connection closed by remote peer"),
         Signature(r"Connection closed by peer"),
         Signature(r"Connection reset by peer"),
@@ -152,6 +157,11 @@ NCCL_SYSTEM_ERROR = Rule(
     sources="ProcessGroupNCCL.cpp C10D_NCCL_CHECK, NCCL ncclSystemError",
     specificity=40,
     signatures=(
+        # a connect() of NCCL's bootstrap or socket transport failed: often the wrong interface
+        Signature(
+            r"NCCL WARN.{0,120}(?:No route to host|Connection refused|Network is unreachable)",
+            "NCCL WARN",
+        ),
         Signature(r"unhandled system error"),
         Signature(r"ncclSystemError"),
     ),
