@@ -14,6 +14,7 @@ from functools import lru_cache
 
 from ddpdoctor.analysis.facts import elapsed_seconds
 from ddpdoctor.analysis.scanner import (
+    MANY_FILES,
     MAX_HITS_PER_PATTERN,
     FactHit,
     Scanner,
@@ -95,9 +96,9 @@ def _line_start_after(fh: object, offset: int) -> int | None:
     return None
 
 
-def _scan_part(job: tuple[str, Input, int]) -> SourceScan:
-    engine, item, sample = job
-    return compact(_scanner(engine).scan(item, sample))
+def _scan_part(job: tuple[str, Input, int, bool]) -> SourceScan:
+    engine, item, sample, head = job
+    return compact(_scanner(engine).scan(item, sample, head))
 
 
 def scan_inputs(
@@ -106,6 +107,7 @@ def scan_inputs(
     """One SourceScan per input, in input order; parts of a split file are merged back."""
     units = plan(inputs)
     sample = sample_bytes_for(len(inputs))
+    head = len(inputs) < MANY_FILES
     total = 0
     for item in inputs:
         with suppress(OSError):
@@ -120,11 +122,11 @@ def scan_inputs(
         with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
             chunksize = max(1, min(16, len(units) // (workers * 8)))
             parts = pool.map(
-                _scan_part, [(engine, u, sample) for _, u in units], chunksize=chunksize
+                _scan_part, [(engine, u, sample, head) for _, u in units], chunksize=chunksize
             )
             _merge_all(merged, [i for i, _ in units], parts)
     else:
-        parts = (compact(scanner.scan(u, sample)) for _, u in units)
+        parts = (compact(scanner.scan(u, sample, head)) for _, u in units)
         _merge_all(merged, [i for i, _ in units], parts)
     return [m for m in merged if m is not None]
 

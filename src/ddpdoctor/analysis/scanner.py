@@ -29,6 +29,11 @@ SAMPLE_BUDGET_BYTES = 2 * 1024 * 1024
 each, thousands of rank files share a budget so that sampling never dominates the scan."""
 
 
+MANY_FILES = 64
+"""From this many inputs on, files are taken to be one writer each (per-rank logs): their tail
+says who wrote them and how they ended, and the head is not sampled."""
+
+
 def sample_bytes_for(n_inputs: int) -> int:
     return max(MIN_SAMPLE_BYTES, min(HEAD_TAIL_BYTES, SAMPLE_BUDGET_BYTES // max(1, n_inputs)))
 
@@ -115,7 +120,9 @@ class Scanner:
             patterns.append(Pattern(_unanchored(fact.regex), fact.literal, sampled))
         self.matcher: Matcher = build_matcher(patterns, prefer=engine)
 
-    def scan(self, item: Input, sample_bytes: int = HEAD_TAIL_BYTES) -> SourceScan:
+    def scan(
+        self, item: Input, sample_bytes: int = HEAD_TAIL_BYTES, sample_head: bool = True
+    ) -> SourceScan:
         stream: ChunkStream | ErrorFileChunks = (
             ErrorFileChunks(item.path, item.display)
             if is_error_file(item.path)
@@ -127,7 +134,8 @@ class Scanner:
         parse = _parser(year)
         line_base = 0
         order = 0
-        head_left = sample_bytes if item.start == 0 else 0  # a later part of a split file
+        # no head for a later part of a split file, or when sampling tails only
+        head_left = sample_bytes if item.start == 0 and sample_head else 0
         last_chunk = b""
         kept: dict[int, int] = {}
         for chunk in stream:

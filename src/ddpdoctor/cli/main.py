@@ -14,7 +14,33 @@ from ddpdoctor.cli import exitcodes
 from ddpdoctor.errors import DdpdoctorError
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class LazyGroup(click.Group):
+    """Commands of other packages (run, check, demo) are imported only when used, so that
+    `diagnose` does not pay for the supervisor's and preflight's imports."""
+
+    lazy: dict[str, tuple[str, str]] = {
+        "run": ("ddpdoctor.cli.run_cmd", "run"),
+        "check": ("ddpdoctor.cli.check_cmd", "check"),
+        "demo": ("ddpdoctor.cli.demo_cmd", "demo"),
+    }
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *self.lazy})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in self.lazy and cmd_name not in self.commands:
+            import importlib
+
+            module, attr = self.lazy[cmd_name]
+            try:
+                command = getattr(importlib.import_module(module), attr)
+            except ImportError:
+                return None
+            self.add_command(command, cmd_name)
+        return super().get_command(ctx, cmd_name)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="ddpdoctor")
 def cli() -> None:
     """Tells you why a distributed PyTorch job failed, hung or crawled, which rank is to
@@ -183,20 +209,7 @@ def _terminal_width() -> int:
         return 100
 
 
-def _register_optional() -> None:
-    """Commands owned by other packages (run, check, demo); each is importable without torch."""
-    import importlib
-
-    for module, name in (("run_cmd", "run"), ("check_cmd", "check"), ("demo_cmd", "demo")):
-        try:
-            command = getattr(importlib.import_module(f"ddpdoctor.cli.{module}"), name)
-        except ImportError:
-            continue
-        cli.add_command(command)
-
-
 def main() -> None:
-    _register_optional()
     try:
         cli(standalone_mode=True)
     except DdpdoctorError as exc:

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 from ddpdoctor.model.findings import Report
-from ddpdoctor.report.to_html import to_html
 from ddpdoctor.report.to_json import to_json
-from ddpdoctor.report.to_terminal import to_text
 
 FORMATS = ("text", "json", "html")
 
@@ -13,6 +11,10 @@ FORMATS = ("text", "json", "html")
 def render(report: Report, fmt: str = "text", width: int | None = None, color: bool = False) -> str:
     if fmt == "json":
         return to_json(report)
-    if fmt == "html":
+    if fmt == "html":  # rich is imported only for the formats that use it
+        from ddpdoctor.report.to_html import to_html
+
         return to_html(report, width=width or 110)
+    from ddpdoctor.report.to_terminal import to_text
+
     return to_text(report, width=width or 100, color=color)
