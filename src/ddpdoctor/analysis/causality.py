@@ -257,6 +257,8 @@ def _early_stop(
     stop = next((f for f in findings if f.rule == EARLY_STOP_RULE), None)
     if stop is None:
         return None
+    if any(f.kind != "python-exception" for f in errors):
+        return None  # a real error elsewhere explains the job's end better than a stop notice
     announcers = set(stop.ranks)
     ranks = set(job.info.ranks_seen)
     every_rank = (announcers and announcers >= ranks) or (

@@ -37,7 +37,13 @@ EARLY_STOP = Rule(
     sources="Lightning EarlyStopping, HF EarlyStoppingCallback, user code",
     severity="info",
     specificity=10,
-    signatures=(Signature(r"(?i:early[ _-]?stop)\w*", "arly"),),
+    signatures=(
+        # an event, not a setting: "Early stopping at epoch 5", not early_stopping_patience=3
+        # or EarlyStopping(monitor=...) in a config dump
+        Signature(r"(?i:\bearly[ -]stop(?:ping|ped)?)\b(?![_=(:])", "arly"),
+        # Lightning EarlyStopping: "... did not improve ... Signaling Trainer to stop."
+        Signature(r"Signaling Trainer to stop"),
+    ),
     explanation=Explanation(
         what="A line announcing an early stop.",
         why="Stopping early is fine when every rank stops at the same step; when one rank stops "
@@ -51,7 +57,10 @@ EARLY_STOP = Rule(
         "all ranks break together, then dist.destroy_process_group() and exit 0.",
     ),
     positive=("Early stopping at epoch 3: val_loss did not improve",),
-    negative=("Epoch 3: val_loss improved to 0.21",),
+    negative=(
+        "Epoch 3: val_loss improved to 0.21",
+        "early_stopping_patience=3,",
+    ),
 )
 
 TEARDOWN_WITHOUT_DESTROY = Rule(
@@ -62,8 +71,6 @@ TEARDOWN_WITHOUT_DESTROY = Rule(
     severity="warning",
     specificity=15,
     signatures=(
-        # Lightning EarlyStopping: "... did not improve ... Signaling Trainer to stop."
-        Signature(r"Signaling Trainer to stop"),
         Signature(r"process group has NOT been destroyed before we destruct ProcessGroupNCCL"),
         Signature(r"Exception ignored in atexit callback"),
         Signature(r"destroy_process_group\(\) was not called"),
