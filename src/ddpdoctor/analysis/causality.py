@@ -23,7 +23,9 @@ LAUNCHER_ECHO_RULES = {"LCH102", "LCH103"}
 EARLY_STOP_RULE = "EXIT101"
 TEARDOWN_RULE = "EXIT102"
 KILL_ECHO_KINDS = {"preempted", "python-exception", "native-crash"}
-TEARDOWN_KINDS = {"native-crash", "python-exception", "nccl-timeout", "nccl-network"}
+TEARDOWN_KINDS = {"native-crash", "nccl-timeout", "nccl-network"}
+"""Only crashes and lost peers: an exception after training (final evaluation, upload) is a
+real failure of that step, not teardown."""
 HANG_DUMP_RULE = "HANG101"
 ZERO3_RULE = "PERF101"
 INFRA_EVIDENCE_RULES = {"NET102", "NET103", "CUDA104"}
