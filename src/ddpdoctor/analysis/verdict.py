@@ -85,7 +85,7 @@ def _summary(analysis: Analysis, rule: Rule, job: JobView, category: str) -> str
             + (f" on {_ranks(other)}" if other else "")
             + f" are consequences, not causes: {titles}."
         )
-    parts.extend(analysis.notes)
+    parts.extend(note[:1].upper() + note[1:] for note in analysis.notes)
     if analysis.root is not None:
         named = _named_parameters(analysis.root)
         if named:
