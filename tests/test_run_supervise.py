@@ -221,3 +221,22 @@ def test_sigkill_of_ddpdoctor_leaves_no_rank(tmp_path: Path) -> None:
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=10)
     assert _gone(pids + agent, 15), [p for p in pids + agent if psutil.pid_exists(p)]
+
+
+@pytest.mark.parametrize(("grace", "flagged"), [("2", True), ("30", False)])
+def test_startup_grace_option_is_honoured(tmp_path: Path, grace: str, flagged: bool) -> None:
+    """A job silent for 6 s from its start: a hang after a 2 s start-up grace, none within 30 s."""
+    out = ddpdoctor_run(
+        tmp_path / "r",
+        "--hang-after",
+        "1",
+        "--startup-grace",
+        grace,
+        "--stacks",
+        "none",
+        "--quiet-report",
+        cmd=[sys.executable, "-c", "import time; time.sleep(6)"],
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    hangs = [e for e in events(tmp_path / "r") if e["event"] == "hang_detected"]
+    assert bool(hangs) is flagged

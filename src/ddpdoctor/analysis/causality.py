@@ -19,7 +19,6 @@ from ddpdoctor.rules.base import Rule
 TIME_BUCKET_S = 30.0
 TIMEOUT_RULES = {"TMO101", "TMO102", "TMO103"}
 PEER_RULES = {"NET101"}
-LAUNCHER_ECHO_RULES = {"LCH102", "LCH103"}
 EARLY_STOP_RULE = "EXIT101"
 TEARDOWN_RULE = "EXIT102"
 KILL_ECHO_KINDS = {"preempted", "python-exception", "native-crash"}

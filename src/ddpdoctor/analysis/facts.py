@@ -4,6 +4,7 @@ launcher, progress bars. Patterns here run in the same prefilter pass as the rul
 from __future__ import annotations
 
 import re
+import signal
 from dataclasses import dataclass
 
 from ddpdoctor.model.findings import RankExit
@@ -77,23 +78,19 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
 
 SUMMARY_RANK = re.compile(r"^\s*rank\s*: (?P<rank>\d+) \(local_rank: (?P<local>\d+)\)")
 SUMMARY_HOST = re.compile(r"^\s*host\s*: (?P<host>\S+)")
-SUMMARY_SIGNAL = re.compile(r"\((?P<sig>SIG[A-Z]+)\)|Signal \d+ \((?P<sig2>SIG[A-Z]+)\)")
-SIGNAL_NAMES = {
-    1: "SIGHUP",
-    2: "SIGINT",
-    6: "SIGABRT",
-    7: "SIGBUS",
-    9: "SIGKILL",
-    11: "SIGSEGV",
-    15: "SIGTERM",
-    10: "SIGUSR1",
-    12: "SIGUSR2",
-}
 
 
-def parse_summary_entry(
-    before: list[str], line: str, after: list[str]
-) -> tuple[int | None, RankExit]:
+def signal_name(exit_code: int) -> str | None:
+    """The signal a negative exit code stands for (-9 -> SIGKILL), as launchers report it."""
+    if exit_code >= 0:
+        return None
+    try:
+        return signal.Signals(-exit_code).name
+    except ValueError:
+        return f"signal {-exit_code}"
+
+
+def parse_summary_entry(before: list[str], line: str) -> tuple[int | None, RankExit]:
     """One entry of torchrun's ChildFailedError summary: rank, host and exit of a worker."""
     rank: int | None = None
     exit_ = RankExit(code=None)
@@ -110,8 +107,8 @@ def parse_summary_entry(
         mh = SUMMARY_HOST.match(text)
         if mh and exit_.host is None:
             exit_.host = mh.group("host")
-    if exit_.code is not None and exit_.code < 0:
-        exit_.signal = SIGNAL_NAMES.get(-exit_.code, f"signal {-exit_.code}")
+    if exit_.code is not None:
+        exit_.signal = signal_name(exit_.code)
     return rank, exit_
 
 

@@ -49,7 +49,7 @@ def dedupe(hits: list[Hit], rules: dict[str, Rule]) -> list[Hit]:
     return out
 
 
-def group(hits: list[Hit], rules: dict[str, Rule], resolve: object = None) -> list[Finding]:
+def group(hits: list[Hit], rules: dict[str, Rule]) -> list[Finding]:
     """One finding per rule, hits in scan order."""
     by_rule: dict[str, list[Hit]] = {}
     for hit in sorted(hits, key=lambda h: h.order):

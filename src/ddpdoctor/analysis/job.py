@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ddpdoctor.analysis.facts import parse_summary_entry
+from ddpdoctor.analysis.facts import parse_summary_entry, signal_name
 from ddpdoctor.analysis.scanner import FactHit, SourceScan, StreamSummary
 from ddpdoctor.ingest.run_events import RunEvents, RunHang
 from ddpdoctor.model.findings import JobInfo, RankExit
@@ -19,7 +19,6 @@ class JobView:
     info: JobInfo
     streams: list[StreamSummary] = field(default_factory=list)
     progress: list[FactHit] = field(default_factory=list)
-    world_size_inferred: bool = False
     single_node: bool = True
     transports: set[str] = field(default_factory=set)
     hangs: list[RunHang] = field(default_factory=list)
@@ -61,7 +60,7 @@ def learn_rank_map(scans: list[SourceScan]) -> dict[tuple[str, int], int]:
                 if fact.record.origin.pid:
                     mapping.setdefault((host, -fact.record.origin.pid), rank)
             elif fact.name == "summary_exit":
-                r, exit_ = parse_summary_entry(fact.before, fact.record.text, [])
+                r, exit_ = parse_summary_entry(fact.before, fact.record.text)
                 if r is not None and exit_.host and exit_.local_rank is not None:
                     mapping.setdefault((exit_.host, exit_.local_rank), r)
     return mapping
@@ -100,7 +99,7 @@ def build_job(
             elif fact.name == "root_cause":
                 expect_root = True
             elif fact.name == "summary_exit":
-                rank, exit_ = parse_summary_entry(fact.before, fact.record.text, [])
+                rank, exit_ = parse_summary_entry(fact.before, fact.record.text)
                 if rank is not None:
                     per_rank.setdefault(rank, exit_)
                     ranks.add(rank)
@@ -113,11 +112,7 @@ def build_job(
                 code = int(fact.captures["code"])
                 rank = local if single_node else None
                 if rank is not None and rank not in per_rank:
-                    per_rank[rank] = RankExit(code=code, local_rank=local)
-                    if code < 0:
-                        from ddpdoctor.analysis.facts import SIGNAL_NAMES
-
-                        per_rank[rank].signal = SIGNAL_NAMES.get(-code, f"signal {-code}")
+                    per_rank[rank] = RankExit(code=code, signal=signal_name(code), local_rank=local)
             elif fact.name == "progress":
                 progress.append(fact)
             elif fact.name == "completed":
@@ -130,16 +125,15 @@ def build_job(
     job_exit: int | None = None
     for events in run_events or []:
         for rank, code in events.per_rank_exit.items():  # observed by the supervisor: exact
-            per_rank[rank] = RankExit(code=code, signal=_signal_of(code))
+            per_rank[rank] = RankExit(code=code, signal=signal_name(code))
             ranks.add(rank)
         hangs.extend(events.hangs)
         if events.exit_code is not None:
             job_exit = events.exit_code
 
     world = max(world_hints) if world_hints else None
-    inferred = False
     if ranks and (world is None or max(ranks) >= world):
-        world, inferred = max(ranks) + 1, True
+        world = max(ranks) + 1  # ranks count from 0: the highest one seen bounds the size
     missing = sorted(set(range(world)) - ranks) if world and world <= 100_000 else []
     info = JobInfo(
         world_size=world,
@@ -152,7 +146,7 @@ def build_job(
     codes = [e.code for e in per_rank.values() if e.code is not None]
     if job_exit is not None:  # observed by `ddpdoctor run`: exact
         info.exit_code = job_exit
-        info.exit_signal = _signal_of(job_exit)
+        info.exit_signal = signal_name(job_exit)
     elif codes:
         bad = [c for c in codes if c != 0]
         info.exit_code = bad[0] if bad else 0
@@ -162,7 +156,6 @@ def build_job(
         info=info,
         streams=streams,
         progress=progress,
-        world_size_inferred=inferred,
         single_node=single_node,
         transports=transports,
         hangs=hangs,
@@ -170,9 +163,3 @@ def build_job(
         rank_map=rank_map,
         completed_at=completed_at,
     )
-
-
-def _signal_of(code: int) -> str | None:
-    from ddpdoctor.analysis.facts import SIGNAL_NAMES
-
-    return SIGNAL_NAMES.get(-code, f"signal {-code}") if code < 0 else None

@@ -12,6 +12,7 @@ import click
 from ddpdoctor import __version__
 from ddpdoctor.cli import exitcodes
 from ddpdoctor.errors import DdpdoctorError
+from ddpdoctor.report.render import FORMATS
 
 
 class LazyGroup(click.Group):
@@ -47,16 +48,12 @@ def cli() -> None:
     blame, and what to change."""
 
 
-def _default_format() -> str:
-    return "text"
-
-
 @cli.command()
 @click.argument("paths", nargs=-1, required=True)
 @click.option(
     "--format",
     "fmt",
-    type=click.Choice(["text", "json", "html"]),
+    type=click.Choice(FORMATS),
     default=None,
     help="Output format (default: text).",
 )
@@ -92,7 +89,7 @@ def diagnose(
             click.echo(f"ddpdoctor: {s.path}: {s.reason}", err=True)
         click.echo("ddpdoctor: nothing readable to diagnose", err=True)
         sys.exit(exitcodes.USAGE_OR_INPUT)
-    fmt = fmt or _default_format()
+    fmt = fmt or "text"
     use_color = color if color is not None else (output is None and sys.stdout.isatty())
     text = render(report, fmt, width=width, color=use_color and fmt == "text")
     if output:

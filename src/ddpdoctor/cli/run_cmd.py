@@ -108,6 +108,7 @@ def run(
         inject=not no_inject and stacks != "none",
         label_ranks=label_ranks,
         grace_s=grace,
+        startup_grace_s=startup_grace,
         notify=_notify,
     )
     try:

@@ -224,12 +224,3 @@ class ChunkStream:
     def _count(self, chunk: bytes) -> bytes:
         self.info.lines += chunk.count(b"\n")
         return chunk
-
-
-def read_all_text(item: Input) -> tuple[str, SourceInfo]:
-    """Small helper for tests and tiny inputs: the whole input as text."""
-    stream = ChunkStream(item)
-    buf = io.BytesIO()
-    for chunk in stream:
-        buf.write(chunk)
-    return buf.getvalue().decode("utf-8", errors="replace"), stream.info

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 import re._constants as sre_constants
 import re._parser as sre_parse
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
 
 from ddpdoctor.model.taxonomy import KINDS, Category, default_category
@@ -76,7 +76,6 @@ class Rule:
     negative: tuple[str, ...] = ()
     sources: str = ""
     """Where upstream prints the messages the signatures match."""
-    captures_doc: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:

@@ -24,10 +24,6 @@ def all_rules() -> tuple[Rule, ...]:
     return tuple(rules)
 
 
-def rules_by_code() -> dict[str, Rule]:
-    return {r.code: r for r in all_rules()}
-
-
 def find_rules(query: str) -> list[Rule]:
     """Rules named by code (DDP101), code prefix (DDP1), kind slug, or matching a log text."""
     q = query.strip()

@@ -69,13 +69,6 @@ def torch_version() -> str | None:
         return None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 def _torchrun() -> list[str]:
     beside = Path(sys.executable).with_name("torchrun")
     return [str(beside)] if beside.exists() else [sys.executable, "-m", "torch.distributed.run"]

@@ -78,14 +78,14 @@ class Capture:
             except OSError:
                 data = _EOF
             if term is not None:
-                self._put(term, data, terminal=True)
+                self._put(term, data)
             self._put_disk(out_fd, data)
             if not data:
                 break
         with contextlib.suppress(OSError):
             os.close(read_fd)
 
-    def _put(self, q: queue.Queue[bytes], data: bytes, terminal: bool) -> None:
+    def _put(self, q: queue.Queue[bytes], data: bytes) -> None:
         try:
             q.put_nowait(data)
         except queue.Full:

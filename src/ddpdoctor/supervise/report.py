@@ -5,22 +5,15 @@ the supervisor knows (exact exit codes, hangs and their stacks, drops), write re
 from __future__ import annotations
 
 import json
-import signal
 from typing import TYPE_CHECKING, Any
 
+from ddpdoctor.analysis.facts import signal_name
 from ddpdoctor.supervise.rundir import RunDir
 
 if TYPE_CHECKING:
     from ddpdoctor.supervise.watchdog import Hang
 
 SCHEMA = "ddpdoctor.report/v1"
-
-
-def _signal_name(code: int) -> str | None:
-    try:
-        return signal.Signals(-code).name if code < 0 else None
-    except ValueError:
-        return f"SIG{-code}"
 
 
 def _diagnose(rundir: RunDir) -> tuple[dict[str, Any] | None, str, str | None]:
@@ -91,7 +84,7 @@ def finish_report(
     job = report.setdefault("job", {})
     exit_ = job.setdefault("exit", {})
     exit_["code"] = 128 - code if code < 0 else code
-    exit_["signal"] = _signal_name(code)
+    exit_["signal"] = signal_name(code)
     merged = {str(k): v for k, v in (exit_.get("per_rank") or {}).items()}
     merged.update({str(k): v for k, v in per_rank.items()})  # observed beats parsed
     exit_["per_rank"] = merged
