@@ -118,3 +118,11 @@ def test_no_master_listening_is_a_rendezvous_failure() -> None:
     report = diagnose_paths([str(HEALTHY / "rendezvous-no-master" / "console.log")])
     assert report.verdict.kind == "rendezvous-failure"
     assert report.verdict.category == "configuration"
+
+
+def test_sigkill_alone_is_suggested_not_proven(corpus) -> None:  # type: ignore[no-untyped-def]
+    """Corpus 021: only torchrun's exit -9 lines. Host OOM is the likely reading, not a proof."""
+    report = diagnose_paths([str(corpus / "021-host-oom-sigkill-localrank3-colossalai" / "logs")])
+    assert report.verdict.kind == "host-oom"
+    assert report.verdict.confidence < 0.7
+    assert "dmesg" in report.verdict.summary

@@ -152,8 +152,13 @@ def _with_root(
         root=root,
         culprit_ranks=sorted(culprits),
         culprit_hosts=root.hosts or _host_of_dead_peer(findings),
-        confidence=0.6 if rule.specificity <= 5 else 0.9,
+        confidence=0.6 if rule.specificity <= 5 or all(h.suggests for h in root.hits) else 0.9,
     )
+    if all(h.suggests for h in root.hits):
+        analysis.notes.append(
+            "The logs show the symptom, not the proof (e.g. SIGKILL without the OOM killer's "
+            "own message): confirm on the node (dmesg, the scheduler's records)."
+        )
     if (
         rule.kind in ("nccl-network", "nccl-p2p", "gpu-hardware")
         and rule.code not in INFRA_EVIDENCE_RULES

@@ -261,7 +261,8 @@ class Scanner:
                 )
             rules_done.add(rule.code)
             kept[pid] = kept.get(pid, 0) + 1
-            result.hits.append(Hit(rule.code, record, captures, ctx_records, order))
+            suggests = target.signature is not None and target.signature.suggests
+            result.hits.append(Hit(rule.code, record, captures, ctx_records, order, suggests))
 
     def _sample(
         self,

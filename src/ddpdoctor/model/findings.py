@@ -42,6 +42,8 @@ class Hit:
     """Earlier lines of the same writer's traceback, oldest first (may be empty)."""
     order: int = 0
     """Position of the line in the whole scan: used as a tie-breaker within one source."""
+    suggests: bool = False
+    """The matching signature only suggests the kind (see rules.base.Signature.suggests)."""
 
 
 @dataclass(slots=True)

@@ -24,6 +24,9 @@ class Signature:
 
     regex: str
     literal: str | None = None
+    suggests: bool = False
+    """True when the line only suggests the kind (SIGKILL suggests host OOM; the OOM killer's
+    own message proves it): a verdict resting on such lines alone gets a lower confidence."""
 
     @cached_property
     def compiled(self) -> re.Pattern[str]:

@@ -37,7 +37,13 @@ def rule_markdown(rule: Rule) -> str:
     if ex.false_positives:
         lines += ["## False positives", ex.false_positives, ""]
     if rule.signatures:
-        lines += ["## Signatures", *(f"- `{s.regex}`" for s in rule.signatures)]
+        lines += [
+            "## Signatures",
+            *(
+                f"- `{s.regex}`" + (" (suggests only: lowers confidence)" if s.suggests else "")
+                for s in rule.signatures
+            ),
+        ]
         if rule.sources:
             lines.append(f"\nPrinted by: {rule.sources}")
         lines.append("")

@@ -15,23 +15,29 @@ HOST_OOM_KILL = Rule(
     specificity=60,
     signatures=(
         # a bare "Killed" printed by the shell when the kernel killed the process
-        Signature(r"^Killed\s*$", "Killed"),
+        Signature(r"^Killed\s*$", "Killed", suggests=True),
         # host RAM exhausted without a kill: the CPU allocator says so
         Signature(
             r"DefaultCPUAllocator: (?:not enough memory|can't allocate memory)",
             "DefaultCPUAllocator",
         ),
         Signature(
-            r"failed \(exitcode: -9\) local_rank: (?P<local_rank>\d+)", "failed (exitcode: -9)"
+            r"failed \(exitcode: -9\) local_rank: (?P<local_rank>\d+)",
+            "failed (exitcode: -9)",
+            suggests=True,
         ),
-        Signature(r"^\s*exitcode\s*: -9\b", "exitcode"),
-        Signature(r"Signal 9 \(SIGKILL\) received by PID (?P<pid>\d+)", "Signal 9 (SIGKILL)"),
-        Signature(r"exits with return code = -9"),
+        Signature(r"^\s*exitcode\s*: -9\b", "exitcode", suggests=True),
+        Signature(
+            r"Signal 9 \(SIGKILL\) received by PID (?P<pid>\d+)",
+            "Signal 9 (SIGKILL)",
+            suggests=True,
+        ),
+        Signature(r"exits with return code = -9", suggests=True),
         Signature(r"Out of memory: Kill(?:ed)? process (?P<pid>\d+)", "Out of memory: Kill"),
         Signature(r"Memory cgroup out of memory"),
         # Kubernetes pod status and shells reporting a child killed by the OOM killer
         Signature(r"\bOOMKilled\b", "OOMKilled"),
-        Signature(r"line \d+: +\d+ Killed +\S*python", " Killed "),
+        Signature(r"line \d+: +\d+ Killed +\S*python", " Killed ", suggests=True),
         # slurmstepd: "Detected 1 oom_kill event in StepId=1234.0"
         Signature(r"oom_kill events?", "oom_kill event"),
     ),
