@@ -89,6 +89,5 @@ def test_stdin_and_exit_codes(tmp_path: Path) -> None:
     assert proc.returncode == 1
     assert '"data-error"' in proc.stdout
     assert run_cli("diagnose", str(tmp_path / "missing.log")).returncode == 2
-    ok = tmp_path / "fine.log"
-    ok.write_text("epoch 1 loss 0.3\nepoch 2 loss 0.2\ntraining done\n")
-    assert run_cli("diagnose", str(ok)).returncode == 0
+    healthy = Path(__file__).parent / "fixtures" / "real" / "healthy-plain" / "console.log"
+    assert run_cli("diagnose", str(healthy)).returncode == 0
