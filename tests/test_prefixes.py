@@ -68,6 +68,14 @@ from ddpdoctor.ingest.prefixes import parse_line
         ),
         # a program that names its rank at line start
         ("Rank 4 finished", "Rank 4 finished", 4, None, None),
+        # kubectl logs --prefix, then torchrun's prefix
+        (
+            "[pod/train-worker-1/pytorch] [rank3]:Traceback (most recent call last):",
+            "Traceback (most recent call last):",
+            3,
+            None,
+            "train-worker-1",
+        ),
     ],
 )
 def test_prefix_stripping(

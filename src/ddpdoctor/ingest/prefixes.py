@@ -39,6 +39,8 @@ NCCL = re.compile(r"(?P<host>[\w.-]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\]
 SLURM = re.compile(r"\s*(?P<task>\d{1,5}): ")
 # pdsh / DeepSpeed multi-node: `worker-1: `; a host-like token with a digit or a dash.
 PDSH = re.compile(r"(?P<host>(?=[a-z0-9._-]*[0-9-])[a-z][a-z0-9._-]{0,62}):\s(?!\s*error:)")
+# `kubectl logs --prefix`: `[pod/train-worker-1/pytorch] `; the pod is the host.
+KUBECTL = re.compile(r"\[pod/(?P<pod>[^/\]\s]+)/[^\]\s]+\] ")
 # Capture platforms: `[stderr]`, `[stdout]`.
 STREAM_TAG = re.compile(r"\[(?:stderr|stdout)\]\s?")
 # Job platforms put step/run ids in brackets after their timestamp: `[177/train/578 (pid 1)] `.
@@ -137,6 +139,12 @@ def parse_line(raw: str, year: int = 1970) -> ParsedLine:
         if m:
             out.time = out.time or _parse_iso(m.group("ts"))
             platform_ok = True
+            pos = m.end()
+            continue
+        m = KUBECTL.match(text, pos) if bracket else None
+        if m:
+            origin.host = origin.host or m.group("pod")
+            prefix_parts.append(m.group(0).strip())
             pos = m.end()
             continue
         m = TORCHRUN.match(text, pos) if bracket else None
