@@ -126,3 +126,13 @@ def test_sigkill_alone_is_suggested_not_proven(corpus) -> None:  # type: ignore[
     assert report.verdict.kind == "host-oom"
     assert report.verdict.confidence < 0.7
     assert "dmesg" in report.verdict.summary
+
+
+def test_early_stop_announced_twice_on_one_glued_line() -> None:
+    """Real run where both ranks' "Early stopping" lines share one physical line: the stop was
+    announced by every rank, so it is an intended exit, not a worker failure."""
+    report = diagnose_paths([str(HEALTHY / "early-stop-glued" / "console.log")])
+    glued = [e for e in report.verdict.evidence if e.text.count("Early stopping") == 2]
+    assert glued, "the fixture must hold the glued line"
+    assert report.verdict.kind == "early-stop"
+    assert report.verdict.category == "intended-exit"

@@ -95,7 +95,7 @@ def decide(findings: list[Finding], job: JobView, rules: dict[str, Rule]) -> Ana
             if f.kind in KILL_ECHO_KINDS:
                 f.role = Role.CASCADE
         errors = [f for f in errors if f.kind not in KILL_ECHO_KINDS]
-    stop = _early_stop(findings, job, errors, cascades)
+    stop = _early_stop(findings, job, errors, cascades, rules)
     if stop is not None:
         return stop
     if errors:
@@ -256,7 +256,11 @@ def _hms(t: datetime) -> str:
 
 
 def _early_stop(
-    findings: list[Finding], job: JobView, errors: list[Finding], cascades: list[Finding]
+    findings: list[Finding],
+    job: JobView,
+    errors: list[Finding],
+    cascades: list[Finding],
+    rules: dict[str, Rule],
 ) -> Analysis | None:
     """An announced early stop: on every rank it is intended (only the exit path may look
     like a failure); on some ranks only, the others were left waiting (uncoordinated exit)."""
@@ -268,7 +272,7 @@ def _early_stop(
     announcers = set(stop.ranks)
     ranks = set(job.info.ranks_seen)
     every_rank = (announcers and announcers >= ranks) or (
-        not announcers and stop.count >= max(1, len(ranks))
+        not announcers and _announcements(stop, rules[stop.rule]) >= max(1, len(ranks))
     )
     if announcers and ranks and announcers < ranks and cascades:
         stop.role = Role.ROOT
@@ -299,6 +303,19 @@ def _early_stop(
         confidence=0.7,
         notes=["every rank announced the early stop; only the exit path looks like a failure."],
     )
+
+
+def _announcements(stop: Finding, rule: Rule) -> int:
+    """How many announcements the stop's lines hold. Ranks that write to one console at the
+    same moment glue their lines together ("...2 epochsEarly stopping at epoch 5..."), so one
+    line can carry the same announcement several times; the repeat is counted, not the line."""
+    total = 0
+    for hit in stop.hits:
+        text = hit.record.text.casefold()
+        found = (sig.compiled.search(hit.record.text) for sig in rule.signatures)
+        said = next((m.group(0).casefold() for m in found if m is not None), "")
+        total += max(1, text.count(said)) if said else 1
+    return total
 
 
 def _from_cascades(
