@@ -60,17 +60,14 @@ def measured(cmd: list[str]) -> Run:
 
 
 def patterns_for_rg(out: Path) -> Path:
-    """The exported signatures; `\\"` (valid in Python, rejected by rg) written as `"`."""
+    """The exported signatures, as `ddpdoctor rules --export-patterns` writes them for rg."""
     exported = out / "patterns.txt"
     subprocess.run(
         [*ddpdoctor_cmd(), "rules", "--export-patterns", str(exported)],
         check=True,
         capture_output=True,
     )
-    text = exported.read_text(encoding="utf-8").replace('\\"', '"')
-    fixed = out / "patterns-rg.txt"
-    fixed.write_text(text, encoding="utf-8")
-    return fixed
+    return exported
 
 
 def dataset(mode: str, gib: float, files: int, seed: int) -> tuple[list[Path], int]:

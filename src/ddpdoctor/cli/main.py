@@ -161,10 +161,11 @@ def rules_cmd(
         return
     if export_patterns:
         from ddpdoctor.analysis.facts import FACT_PATTERNS
+        from ddpdoctor.rules.export import rg_regex
 
         regexes = [s.regex for r in rules for s in r.signatures] + [f.regex for f in FACT_PATTERNS]
         Path(export_patterns).write_text(
-            "".join(_rg_regex(rx) + "\n" for rx in regexes), encoding="utf-8"
+            "".join(rg_regex(rx) + "\n" for rx in regexes), encoding="utf-8"
         )
         click.echo(f"wrote {len(regexes)} patterns to {export_patterns}")
         return
@@ -189,14 +190,6 @@ def rules_cmd(
         return
     for r in rules:
         click.echo(f"{r.code:<8} {r.kind:<30} {r.default_category!s:<15} {r.title}")
-
-
-def _rg_regex(regex: str) -> str:
-    """Python named groups to the plain groups every rg/grep -E understands."""
-    import re
-
-    plain = re.sub(r"\(\?P<\w+>", "(", regex)
-    return plain.replace('\\"', '"')  # rg rejects the needless escape of a quote
 
 
 def _terminal_width() -> int:
