@@ -151,17 +151,11 @@ class Scanner:
                 head = chunk[:head_left]
                 self._sample(result, head, line_base, file_origin, item.display, parse)
                 head_left -= len(head)
-            chunk_lines = stream.info.lines - line_base  # the stream counted them already
-            before = 0  # newlines before `prev` in this chunk
+            before = 0  # newlines before `prev` in this chunk: one pass numbers hits and lines
             prev = 0
             for start, end, pids in self.matcher.candidate_lines(chunk):
-                # count from whichever side is nearer: sampled facts sit near the chunk's end
-                if start - prev <= len(chunk) - start:
-                    before += chunk.count(b"\n", prev, start)
-                else:
-                    before = chunk_lines - chunk.count(b"\n", start)
+                before += chunk.count(b"\n", prev, start)
                 prev = start
-                line_no = line_base + before
                 order += 1
                 self._confirm(
                     result,
@@ -169,7 +163,7 @@ class Scanner:
                     start,
                     end,
                     pids,
-                    line_no + 1,
+                    line_base + before + 1,
                     order,
                     file_origin,
                     item.display,
@@ -177,7 +171,8 @@ class Scanner:
                     kept,
                 )
             last_chunk = chunk
-            line_base = stream.info.lines  # the stream counted this chunk's lines already
+            line_base += before + chunk.count(b"\n", prev)
+            result.info.lines = line_base
         if last_chunk and line_base > 0 and item.end is None:
             tail_start = max(0, len(last_chunk) - sample_bytes)
             tail_start = last_chunk.find(b"\n", tail_start - 1) + 1 if tail_start else 0

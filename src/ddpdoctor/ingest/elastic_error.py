@@ -20,7 +20,8 @@ def is_error_file(path: str) -> bool:
 
 
 class ErrorFileChunks:
-    """Same interface as sources.ChunkStream: iterate for the text, then read `info`."""
+    """Same interface as sources.ChunkStream: iterate for the text, then read `info` (whose
+    `lines` the scanner counts as it goes)."""
 
     def __init__(self, path: str, display: str) -> None:
         self.path = path
@@ -43,9 +44,7 @@ class ErrorFileChunks:
         if text is None:
             self.info.status, self.info.reason = "skipped", "not a torchelastic error file"
             return
-        data = text.encode("utf-8", errors="replace")
-        self.info.lines = data.count(b"\n")
-        yield data
+        yield text.encode("utf-8", errors="replace")
 
 
 def render_error_file(raw: bytes) -> str | None:

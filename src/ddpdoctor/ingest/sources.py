@@ -95,7 +95,8 @@ CONTROL_BYTES = bytes([*range(0, 9), *range(14, 32)])
 
 
 class ChunkStream:
-    """Newline-aligned chunks of one input. After iteration, `info` says how it went."""
+    """Newline-aligned chunks of one input. After iteration, `info` says how it went; its
+    `lines` are left to the reader, which counts them in the same pass that numbers its hits."""
 
     def __init__(self, item: Input, chunk_bytes: int = CHUNK_BYTES) -> None:
         self.item = item
@@ -172,15 +173,15 @@ class ChunkStream:
             cut = data.rfind(b"\n")
             if cut < 0:
                 if len(data) > MAX_LINE_BYTES:
-                    yield self._count(data + b"\n")
+                    yield data + b"\n"
                     carry = b""
                 else:
                     carry = data
                 continue
             carry = data[cut + 1 :]
-            yield self._count(data[: cut + 1])
+            yield data[: cut + 1]
         if carry:
-            yield self._count(carry + b"\n")
+            yield carry + b"\n"
 
     def _exact_chunks(self, stream: io.BufferedReader) -> Iterator[bytes]:
         """Plain files: a small read near the end of each window finds its last newline, so
@@ -219,8 +220,4 @@ class ChunkStream:
             self.info.bytes += len(block)
             if not block.endswith(b"\n"):  # the file grew or its last line has no newline
                 block += b"\n"
-            yield self._count(block)
-
-    def _count(self, chunk: bytes) -> bytes:
-        self.info.lines += chunk.count(b"\n")
-        return chunk
+            yield block
