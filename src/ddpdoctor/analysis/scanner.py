@@ -12,6 +12,7 @@ from functools import lru_cache
 
 from ddpdoctor.analysis.engine import Matcher, Pattern, build_matcher
 from ddpdoctor.analysis.facts import FACT_PATTERNS, FactPattern
+from ddpdoctor.analysis.newlines import count_newlines
 from ddpdoctor.ingest.elastic_error import ErrorFileChunks, is_error_file
 from ddpdoctor.ingest.filenames import origin_from_path
 from ddpdoctor.ingest.prefixes import ParsedLine, parse_line, rank_before
@@ -154,7 +155,7 @@ class Scanner:
             before = 0  # newlines before `prev` in this chunk: one pass numbers hits and lines
             prev = 0
             for start, end, pids in self.matcher.candidate_lines(chunk):
-                before += chunk.count(b"\n", prev, start)
+                before += count_newlines(chunk, prev, start)
                 prev = start
                 order += 1
                 self._confirm(
@@ -171,7 +172,7 @@ class Scanner:
                     kept,
                 )
             last_chunk = chunk
-            line_base += before + chunk.count(b"\n", prev)
+            line_base += before + count_newlines(chunk, prev, len(chunk))
             result.info.lines = line_base
         if last_chunk and line_base > 0 and item.end is None:
             tail_start = max(0, len(last_chunk) - sample_bytes)
