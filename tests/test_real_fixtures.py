@@ -136,3 +136,13 @@ def test_early_stop_announced_twice_on_one_glued_line() -> None:
     assert glued, "the fixture must hold the glued line"
     assert report.verdict.kind == "early-stop"
     assert report.verdict.category == "intended-exit"
+
+
+def test_monitored_barrier_names_the_rank_that_kept_the_others_waiting() -> None:
+    """Real run: rank 1 prints nothing and is terminated by torchrun; rank 0's monitored barrier
+    names it. The culprit is rank 1 (busy), not the rank that reported the timeout."""
+    report = diagnose_paths([str(HEALTHY / "monitored-barrier" / "console.log")])
+    assert report.verdict.kind == "slow-rank-timeout"
+    assert report.verdict.culprit.ranks == [1]
+    roles = {f.rule: f.role for f in report.findings}
+    assert roles["TMO103"] == "cascade"

@@ -18,6 +18,7 @@ from ddpdoctor.rules.base import Rule
 
 TIME_BUCKET_S = 30.0
 TIMEOUT_RULES = {"TMO101", "TMO102", "TMO103"}
+MONITORED_BARRIER_RULE = "TMO103"
 PEER_RULES = {"NET101"}
 EARLY_STOP_RULE = "EXIT101"
 TEARDOWN_RULE = "EXIT102"
@@ -329,6 +330,9 @@ def _from_cascades(
         for s in job.streams
         if (r := job.resolve(s.origin)) is not None and r not in error_ranks and not s.error_lines
     }
+    # a rank that printed nothing but that the launcher had to terminate was alive and quiet too
+    alive_quiet |= {r for r in job.info.per_rank if r not in error_ranks and _still_working(r, job)}
+    named = _named_absent(cascades)
     missing = set(job.info.ranks_missing)
     timeout_ms = _timeout_ms(cascades)
     busy_note = _busy_progress(job, timeout_ms)
@@ -358,11 +362,17 @@ def _from_cascades(
         analysis.confidence = 0.55
         analysis.notes.append(phase[1])
     elif busy and waiting:
-        analysis.rule, analysis.culprit_ranks = inferred.SLOW_RANK, sorted(busy)
-        analysis.confidence = 0.6
+        culprit = (busy & named) or busy
+        analysis.rule, analysis.culprit_ranks = inferred.SLOW_RANK, sorted(culprit)
+        analysis.confidence = 0.7 if busy & named else 0.6
         analysis.notes.append(
-            f"rank(s) {_list(busy)} printed no error and were still running (the launcher had "
-            f"to terminate them) while rank(s) {_list(waiting)} timed out waiting for them."
+            f"rank(s) {_list(culprit)} printed no error and were still running (the launcher had "
+            f"to terminate them) while rank(s) {_list(waiting)} timed out waiting for them"
+            + (
+                ", and the monitored barrier names them as the ranks that never arrived."
+                if busy & named
+                else "."
+            )
         )
     elif uneven is not None and waiting:
         analysis.rule, analysis.culprit_ranks = inferred.UNEVEN, sorted(uneven[0])
@@ -487,6 +497,17 @@ def _busy_phase(job: JobView, candidates: set[int]) -> tuple[set[int], str] | No
             f'("{s.last_text[:80]}") while the others waited in a collective.'
         )
     return None
+
+
+def _named_absent(cascades: list[Finding]) -> set[int]:
+    """Ranks that a monitored barrier names as not arriving ("Rank 1 failed to pass
+    monitoredBarrier"): the log's own word on who kept the others waiting."""
+    named: set[int] = set()
+    for f in cascades:
+        if f.rule == MONITORED_BARRIER_RULE:
+            for hit in f.hits:
+                named.update(int(n) for n in re.findall(r"\d+", hit.captures.get("missing", "")))
+    return named
 
 
 def _still_working(rank: int, job: JobView) -> bool:

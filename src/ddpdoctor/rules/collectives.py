@@ -137,7 +137,8 @@ MONITORED_BARRIER = Rule(
         false_positives="None.",
     ),
     fix=("Read the log of the ranks named in the message: they never reached the barrier.",),
-    positive=("RuntimeError: Rank 1 failed to pass monitoredBarrier in 3000 ms",),
+    # tests/fixtures/real/monitored-barrier
+    positive=("RuntimeError: [Rank 0]: Rank 1 failed to pass monitoredBarrier in 2000 ms",),
     negative=("Watchdog caught collective operation timeout",),
 )
 
