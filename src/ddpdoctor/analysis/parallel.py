@@ -193,8 +193,6 @@ def merge(acc: SourceScan, part: SourceScan) -> SourceScan:
             continue
         a.lines_seen += s.lines_seen
         a.last_line, a.last_text = s.last_line, s.last_text
-        a.first_time = a.first_time or s.first_time
-        a.last_time = s.last_time or a.last_time
         a.progress_lines += s.progress_lines
         a.last_init_line = s.last_init_line or a.last_init_line
         a.last_progress_line = s.last_progress_line or a.last_progress_line

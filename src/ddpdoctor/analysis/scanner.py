@@ -39,6 +39,7 @@ def sample_bytes_for(n_inputs: int) -> int:
     return max(MIN_SAMPLE_BYTES, min(HEAD_TAIL_BYTES, SAMPLE_BUDGET_BYTES // max(1, n_inputs)))
 
 
+ERROR_LEVELS = frozenset(("error", "fatal", "critical"))
 MAX_HITS_PER_PATTERN = 2000
 """After this many confirmed hits of one signature in one source, further ones are counted
 but not kept: memory stays bounded on a log that repeats one warning every step."""
@@ -62,8 +63,6 @@ class StreamSummary:
     first_line: int = 0
     last_line: int = 0
     last_text: str = ""
-    first_time: datetime | None = None
-    last_time: datetime | None = None
     progress_lines: int = 0
     last_progress_line: int = 0
     last_init_line: int = 0
@@ -271,36 +270,38 @@ class Scanner:
     ) -> None:
         """Parse every line of a bounded head or tail to learn the writers and their last words."""
         text = data.decode("utf-8", errors="replace")
+        streams = result.streams
         for offset, raw in enumerate(text.split("\n")):
-            if not raw.strip():
+            if not raw or raw.isspace():
                 continue
             parsed = parse(raw)
-            origin = parsed.origin.merged_with(file_origin)
+            said = parsed.origin
             key = parsed.prefix
             if parsed.rank_from_text or not key:  # the program names its rank in the text
-                key += f" rank {origin.rank}" if origin.rank is not None else ""
-            summary = result.streams.get(key)
+                rank = said.rank if said.rank is not None else file_origin.rank
+                key += f" rank {rank}" if rank is not None else ""
+            line_no = line_base + offset + 1
+            summary = streams.get(key)
             if summary is None:
-                summary = StreamSummary(key=key, origin=origin, first_line=line_base + offset + 1)
-                result.streams[key] = summary
+                origin = said.merged_with(file_origin)
+                summary = StreamSummary(key=key, origin=origin, first_line=line_no)
+                streams[key] = summary
+            elif summary.origin.rank is None and said.rank is not None:
+                summary.origin = said.merged_with(file_origin)
             summary.lines_seen += 1
-            summary.last_line = line_base + offset + 1
-            summary.last_text = parsed.text
-            if parsed.time is not None:
-                summary.first_time = summary.first_time or parsed.time
-                summary.last_time = parsed.time
-            if summary.origin.rank is None and origin.rank is not None:
-                summary.origin = origin
-            if parsed.level in ("error", "fatal", "critical"):
+            summary.last_line = line_no
+            message = parsed.text
+            summary.last_text = message
+            if parsed.level in ERROR_LEVELS:
                 summary.error_lines += 1
-            if PROGRESS_LINE.search(parsed.text):
+            if PROGRESS_LINE.search(message):
                 summary.progress_lines += 1
-                summary.last_progress_line = summary.last_line
-                counter = PROGRESS_COUNTER.search(parsed.text)
+                summary.last_progress_line = line_no
+                counter = PROGRESS_COUNTER.search(message)
                 if counter:
                     summary.progress_total = int(counter.group("total"))
-            if INIT_LINE.search(parsed.text):
-                summary.last_init_line = summary.last_line
+            if INIT_LINE.search(message):
+                summary.last_init_line = line_no
 
 
 OWN_OUTPUT = re.compile(
