@@ -1,6 +1,6 @@
-"""The signature set as patterns `rg -f` accepts (grep does not: `-E` lacks digit classes and scoped
-flags, `-P` takes one pattern): used to compare ddpdoctor with rg on the same work, and by
-people who want to search for the same lines themselves."""
+"""The signature set as patterns `rg -f` accepts (grep does not: `-E` lacks digit classes
+and scoped flags, `-P` takes one pattern): used to compare ddpdoctor with rg on the same work,
+and by people who want to search for the same lines themselves."""
 
 from __future__ import annotations
 
