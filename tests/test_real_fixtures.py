@@ -146,3 +146,15 @@ def test_monitored_barrier_names_the_rank_that_kept_the_others_waiting() -> None
     assert report.verdict.culprit.ranks == [1]
     roles = {f.rule: f.role for f in report.findings}
     assert roles["TMO103"] == "cascade"
+
+
+def test_a_timeout_outranks_the_closed_connection_it_caused() -> None:
+    """Real run where rank 0's "Connection closed by peer" is printed before rank 1's own
+    timeout: the closure is the echo of the timeout, so the verdict is the timeout, and it
+    blames no rank (nothing in the logs names the mismatched collective)."""
+    report = diagnose_paths([str(HEALTHY / "timeout-echo-printed-first" / "console.log")])
+    order = [f.rule for f in sorted(report.findings, key=lambda f: f.evidence[0].line)]
+    assert order.index("NET101") < order.index("TMO102"), "the fixture prints the echo first"
+    assert report.verdict.kind == "nccl-timeout"
+    assert report.verdict.category == "unknown"
+    assert report.verdict.culprit.ranks == []

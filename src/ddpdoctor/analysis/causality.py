@@ -436,7 +436,16 @@ def _from_cascades(
             analysis.culprit_ranks = sorted(failing)
             analysis.confidence = 0.5
         else:
-            cascades.sort(key=lambda f: (-rules[f.rule].specificity, f.hits[0].order))
+            # a rank that times out aborts and closes its connections: the peers' "closed by
+            # peer" is the echo of that timeout, whichever of the two was printed first
+            timed_out = any(f.rule in TIMEOUT_RULES for f in cascades)
+            cascades.sort(
+                key=lambda f: (
+                    timed_out and f.rule in PEER_RULES,
+                    -rules[f.rule].specificity,
+                    f.hits[0].order,
+                )
+            )
             top = cascades[0]
             analysis.rule = rules[top.rule]
             analysis.root = top
