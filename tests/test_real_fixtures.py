@@ -158,3 +158,13 @@ def test_a_timeout_outranks_the_closed_connection_it_caused() -> None:
     assert report.verdict.kind == "nccl-timeout"
     assert report.verdict.category == "unknown"
     assert report.verdict.culprit.ranks == []
+
+
+def test_an_abort_while_a_timeout_ends_the_rank_is_not_the_root() -> None:
+    """Real run: rank 0 times out, then aborts (SIGABRT) on its way out. The abort is how rank 0
+    died, not why; the ranks' different batch totals are."""
+    report = diagnose_paths([str(HEALTHY / "abort-after-timeout" / "console.log")])
+    roles = {f.rule: f.role for f in report.findings}
+    assert roles["LCH104"] == "cascade"
+    assert report.verdict.kind == "uneven-inputs"
+    assert report.verdict.culprit.ranks == [1]

@@ -96,6 +96,7 @@ def decide(findings: list[Finding], job: JobView, rules: dict[str, Rule]) -> Ana
             if f.kind in KILL_ECHO_KINDS:
                 f.role = Role.CASCADE
         errors = [f for f in errors if f.kind not in KILL_ECHO_KINDS]
+    errors = _without_exit_path_crashes(findings, errors, rules)
     stop = _early_stop(findings, job, errors, cascades, rules)
     if stop is not None:
         return stop
@@ -110,6 +111,27 @@ def decide(findings: list[Finding], job: JobView, rules: dict[str, Rule]) -> Ana
     if cascades:
         return _from_cascades(findings, cascades, job, rules)
     return _quiet(findings, job, rules)
+
+
+def _without_exit_path_crashes(
+    findings: list[Finding], errors: list[Finding], rules: dict[str, Rule]
+) -> list[Finding]:
+    """A native crash of a rank that had already raised a Python error (a timeout, an
+    exception) is how that rank died, not why: C++ threads torn down while the exception ends
+    the process ("terminate called without an active exception", SIGABRT)."""
+    raised = {
+        r
+        for f in findings
+        if f.kind != "native-crash" and rules[f.rule].severity == "error"
+        for r in f.ranks
+    }
+    kept: list[Finding] = []
+    for f in errors:
+        if f.kind == "native-crash" and f.ranks and set(f.ranks) <= raised:
+            f.role = Role.CASCADE
+        else:
+            kept.append(f)
+    return kept
 
 
 def _with_root(
