@@ -168,3 +168,13 @@ def test_an_abort_while_a_timeout_ends_the_rank_is_not_the_root() -> None:
     assert roles["LCH104"] == "cascade"
     assert report.verdict.kind == "uneven-inputs"
     assert report.verdict.culprit.ranks == [1]
+
+
+def test_the_launchers_sigterm_names_its_victim_by_pid() -> None:
+    """Real run: rank 0 printed nothing before torchrun terminated it; the pid in "Sending
+    process N closing signal SIGTERM" is rank 0's in the summary, so rank 0 shows as a victim."""
+    report = diagnose_paths([str(HEALTHY / "victim-terminated-silently" / "console.log")])
+    assert report.verdict.kind == "collective-mismatch"
+    terminated = next(f for f in report.findings if f.rule == "LCH102")
+    assert terminated.role == "cascade"
+    assert terminated.ranks == [0]

@@ -52,6 +52,11 @@ def hit_rank(hit: Hit, job: JobView) -> int | None:
         rank = int(hit.captures["local_rank"])
     if rank is None and "rank" in hit.captures:
         rank = int(hit.captures["rank"])
+    if rank is None and hit.captures.get("pid", "").isdigit():
+        # "Sending process 23939 closing signal", "Killed process 23939": the launcher's
+        # summary says which rank had that pid
+        pid = int(hit.captures["pid"])
+        rank = next((r for r, e in job.info.per_rank.items() if e.pid == pid), None)
     return rank
 
 
