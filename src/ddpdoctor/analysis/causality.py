@@ -12,6 +12,7 @@ from functools import cmp_to_key
 from ddpdoctor.analysis.facts import elapsed_seconds
 from ddpdoctor.analysis.job import JobView
 from ddpdoctor.model.findings import Evidence, Finding, Hit
+from ddpdoctor.model.records import Origin
 from ddpdoctor.model.taxonomy import Category, Role, Status
 from ddpdoctor.rules import inferred
 from ddpdoctor.rules.base import Rule
@@ -53,10 +54,12 @@ def hit_rank(hit: Hit, job: JobView) -> int | None:
     if rank is None and "rank" in hit.captures:
         rank = int(hit.captures["rank"])
     if rank is None and hit.captures.get("pid", "").isdigit():
-        # "Sending process 23939 closing signal", "Killed process 23939": the launcher's
-        # summary says which rank had that pid
-        pid = int(hit.captures["pid"])
-        rank = next((r for r, e in job.info.per_rank.items() if e.pid == pid), None)
+        # "Sending process 23939 closing signal", "Killed process 23939": a worker named by
+        # its pid, on the line's host (the only one, on a single node)
+        host = hit.record.origin.host
+        if host is None and job.single_node and len(job.info.hosts) == 1:
+            host = job.info.hosts[0]
+        rank = job.resolve(Origin(host=host, pid=int(hit.captures["pid"])))
     return rank
 
 

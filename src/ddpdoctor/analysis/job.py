@@ -49,7 +49,8 @@ def resolve_rank(
 
 def learn_rank_map(scans: list[SourceScan]) -> dict[tuple[str, int], int]:
     """(host, local rank) and (host, -pid) to global rank, from NCCL's comm lines and
-    torchrun's failure summary, so that multi-node lines without a global rank get one."""
+    torchrun's failure summary, so that multi-node lines without a global rank get one, and a
+    launcher line that names a worker by pid ("Sending process 4211 closing signal") too."""
     mapping: dict[tuple[str, int], int] = {}
     for scan in scans:
         for fact in scan.facts:
@@ -63,6 +64,8 @@ def learn_rank_map(scans: list[SourceScan]) -> dict[tuple[str, int], int]:
                 r, exit_ = parse_summary_entry(fact.before, fact.record.text)
                 if r is not None and exit_.host and exit_.local_rank is not None:
                     mapping.setdefault((exit_.host, exit_.local_rank), r)
+                if r is not None and exit_.host and exit_.pid:
+                    mapping.setdefault((exit_.host, -exit_.pid), r)
     return mapping
 
 
