@@ -37,12 +37,13 @@ def test_numpy_and_bytes_count_agree(data: bytes, repeat: int, cut: int) -> None
 
 
 @needs_numpy
-def test_a_shorter_range_after_a_longer_one_reuses_the_buffer() -> None:
-    long = b"a\n" * 400_000
+def test_ranges_longer_than_a_block_and_shorter_ones_after_them() -> None:
+    long = b"a\n" * (newlines.BLOCK_BYTES + 12_345)  # two blocks and a part
     short = b"\n" * 300_000 + b"x" * 10
     assert newlines.use_numpy()
     try:
-        assert newlines.count_newlines(long, 0, len(long)) == 400_000
+        assert newlines.count_newlines(long, 1, len(long)) == newlines.BLOCK_BYTES + 12_345
         assert newlines.count_newlines(short, 0, len(short)) == 300_000
+        assert len(newlines._out) == newlines.BLOCK_BYTES
     finally:
         newlines._np = None

@@ -11,6 +11,8 @@ from typing import Any
 _np: ModuleType | None = None
 _out: Any = None
 """A reused boolean buffer: a fresh 1 MB array per chunk costs its page faults every time."""
+BLOCK_BYTES = 4 * 1024 * 1024
+"""Counted per block of this size (the scan's chunk size): the reused buffer stays this small."""
 NUMPY_MIN_BYTES = 256 * 1024
 """Below this a range is counted by `bytes.count`: numpy's call overhead would dominate."""
 
@@ -32,9 +34,12 @@ def count_newlines(data: bytes, start: int, end: int) -> int:
     if _np is None or end - start < NUMPY_MIN_BYTES:
         return data.count(b"\n", start, end)
     global _out
-    size = end - start
-    if _out is None or len(_out) < size:
-        _out = _np.empty(size, dtype=bool)
-    view = _out[:size]
-    _np.equal(_np.frombuffer(data, _np.uint8, size, start), 10, out=view)
-    return int(_np.count_nonzero(view))
+    if _out is None:
+        _out = _np.empty(BLOCK_BYTES, dtype=bool)
+    total = 0
+    for block in range(start, end, BLOCK_BYTES):  # a bounded buffer, even for a 100 MB line
+        size = min(BLOCK_BYTES, end - block)
+        view = _out[:size]
+        _np.equal(_np.frombuffer(data, _np.uint8, size, block), 10, out=view)
+        total += int(_np.count_nonzero(view))
+    return total
