@@ -146,7 +146,7 @@ def test_barrier_hang_names_the_culprit(tmp_path: Path) -> None:
     assert report["verdict"]["status"] == "hung"
     assert report["verdict"]["culprit"]["ranks"] == [1]
     # Ranks SIGTERMed by torchrun's shutdown are reaped at once: their codes may be unobserved.
-    assert set(report["job"]["exit"]["per_rank"].values()) <= {-15}
+    assert {e["code"] for e in report["job"]["exit"]["per_rank"].values()} <= {-15}
 
 
 @pytest.mark.real
@@ -157,7 +157,8 @@ def test_pause_shorter_than_hang_after_is_not_a_hang(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr[-2000:]
     assert not [e for e in events(tmp_path / "r") if e["event"] == "hang_detected"]
     report = json.loads((tmp_path / "r" / "report.json").read_text())
-    assert set(report["job"]["exit"]["per_rank"].values()) <= {0}  # observed ones are exact
+    exits = report["job"]["exit"]["per_rank"].values()
+    assert {e["code"] for e in exits} <= {0}  # observed ones are exact
 
 
 @pytest.mark.real
@@ -165,7 +166,16 @@ def test_rank_exit_code_known_exactly(tmp_path: Path) -> None:
     out = ddpdoctor_run(tmp_path / "r", "--quiet-report", cmd=torchrun(2, "exit", "2"))
     assert out.returncode == 1  # torchrun's own code for any failure
     per_rank = json.loads((tmp_path / "r" / "report.json").read_text())["job"]["exit"]["per_rank"]
-    assert per_rank["1"] == 2
+    assert per_rank["1"]["code"] == 2 and per_rank["1"]["signal"] is None
+    summary = next(
+        line
+        for line in (tmp_path / "r" / "report.txt").read_text().splitlines()
+        if line.startswith("ddpdoctor run:")
+    )
+    assert re.fullmatch(
+        r"ddpdoctor run: exit code 1, per rank (\d+: -?\d+( \(SIG\w+\))?(, )?)+", summary
+    )
+    assert "1: 2" in summary
 
 
 def _start_waiting_job(run_dir: Path) -> tuple[subprocess.Popen[str], list[int]]:

@@ -3,7 +3,7 @@ launcher's summary, and each writer's last words. Built from all scans after sca
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ddpdoctor.analysis.facts import parse_summary_entry, signal_name
 from ddpdoctor.analysis.scanner import FactHit, SourceScan, StreamSummary
@@ -128,7 +128,8 @@ def build_job(
     job_exit: int | None = None
     for events in run_events or []:
         for rank, code in events.per_rank_exit.items():  # observed by the supervisor: exact
-            per_rank[rank] = RankExit(code=code, signal=signal_name(code))
+            seen = per_rank.get(rank) or RankExit(code=None)  # the summary's host, pid stay
+            per_rank[rank] = replace(seen, code=code, signal=signal_name(code))
             ranks.add(rank)
         hangs.extend(events.hangs)
         if events.exit_code is not None:

@@ -60,6 +60,11 @@ def _fallback(code: int, hung: bool) -> dict[str, Any]:
     }
 
 
+def _rank_exit(rank: str, entry: dict[str, Any]) -> str:
+    signal = f" ({entry['signal']})" if entry.get("signal") else ""
+    return f"{rank}: {entry.get('code')}{signal}"
+
+
 def _version() -> str:
     try:
         from ddpdoctor import __version__
@@ -85,8 +90,14 @@ def finish_report(
     exit_ = job.setdefault("exit", {})
     exit_["code"] = 128 - code if code < 0 else code
     exit_["signal"] = signal_name(code)
-    merged = {str(k): v for k, v in (exit_.get("per_rank") or {}).items()}
-    merged.update({str(k): v for k, v in per_rank.items()})  # observed beats parsed
+    # the diagnosis read the observed exits from events.jsonl already; this keeps them (and
+    # the entries' shape) when the diagnosis could not run
+    merged: dict[str, dict[str, Any]] = {
+        str(k): dict(v) for k, v in (exit_.get("per_rank") or {}).items()
+    }
+    for rank, observed in per_rank.items():
+        entry = merged.setdefault(str(rank), {"host": None, "local_rank": None, "pid": None})
+        entry.update(code=observed, signal=signal_name(observed))
     exit_["per_rank"] = merged
     # Hangs, their stacks and the exact exit codes are in events.jsonl, which the diagnosis
     # reads: its verdict already covers them, and report.txt and report.json agree.
@@ -112,7 +123,7 @@ def finish_report(
     lines.append(
         f"ddpdoctor run: exit code {exit_['code']}"
         + (f" ({exit_['signal']})" if exit_["signal"] else "")
-        + (", per rank " + ", ".join(f"{k}: {v}" for k, v in merged.items()) if merged else "")
+        + (", per rank " + ", ".join(_rank_exit(k, e) for k, e in merged.items()) if merged else "")
     )
     for h in hangs:
         lines.append(h.text)
