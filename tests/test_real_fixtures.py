@@ -178,3 +178,12 @@ def test_the_launchers_sigterm_names_its_victim_by_pid() -> None:
     terminated = next(f for f in report.findings if f.rule == "LCH102")
     assert terminated.role == "cascade"
     assert terminated.ranks == [0]
+
+
+def test_the_summary_entry_of_a_rank_beats_the_launchers_one_line_notice() -> None:
+    """Real run: torchrun first logs "failed (exitcode: 1) local_rank: 0 (pid: ...)", then its
+    summary names rank 0 with host and pid; the report keeps the summary's fuller entry."""
+    report = diagnose_paths([str(HEALTHY / "monitored-barrier" / "console.log")])
+    rank0 = report.job.per_rank[0]
+    assert (rank0.code, rank0.host, rank0.local_rank) == (1, "localhost", 0)
+    assert rank0.pid is not None

@@ -104,7 +104,9 @@ def build_job(
             elif fact.name == "summary_exit":
                 rank, exit_ = parse_summary_entry(fact.before, fact.record.text)
                 if rank is not None:
-                    per_rank.setdefault(rank, exit_)
+                    known = per_rank.get(rank)
+                    if known is None or known.host is None:  # richer than the "failed" line
+                        per_rank[rank] = exit_
                     ranks.add(rank)
                     if exit_.host:
                         hosts.add(exit_.host)
