@@ -117,25 +117,20 @@ def scan_inputs(
             total += os.path.getsize(item.path) if item.path != "-" else 0
     workers = min(jobs if jobs is not None else (os.cpu_count() or 1), len(units))
     scanner = _scanner(engine)  # compiled before forking, so that workers share it
-    fast_count = total >= FAST_COUNT_MIN_BYTES
+    if total >= FAST_COUNT_MIN_BYTES:
+        use_numpy()  # before forking too: two workers importing at once took twice as long
     merged: list[SourceScan | None] = [None] * len(inputs)
     parts: Iterator[SourceScan]
     if workers > 1 and total >= PARALLEL_MIN_BYTES:
         methods = multiprocessing.get_all_start_methods()
         context = multiprocessing.get_context("fork" if "fork" in methods else None)
-        with ProcessPoolExecutor(
-            max_workers=workers,
-            mp_context=context,
-            initializer=use_numpy if fast_count else None,  # imported by the workers at once
-        ) as pool:
+        with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
             chunksize = max(1, min(16, len(units) // (workers * 8)))
             parts = pool.map(
                 _scan_part, [(engine, u, sample, head) for _, u in units], chunksize=chunksize
             )
             _merge_all(merged, [i for i, _ in units], parts)
     else:
-        if fast_count:
-            use_numpy()
         parts = (compact(scanner.scan(u, sample, head)) for _, u in units)
         _merge_all(merged, [i for i, _ in units], parts)
     return [m for m in merged if m is not None]

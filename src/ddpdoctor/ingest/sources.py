@@ -50,10 +50,16 @@ def expand_paths(paths: list[str]) -> tuple[list[Input], list[SourceInfo]]:
     """
     inputs: list[Input] = []
     problems: list[SourceInfo] = []
-    seen: set[str] = set()
+    seen: set[object] = set()
 
     def add(path: str) -> None:
-        key = os.path.realpath(path)
+        # one stat per file (realpath costs one per path component): a file reached twice,
+        # through a link or two arguments, has one identity
+        try:
+            st = os.stat(path)
+            key: object = (st.st_dev, st.st_ino)
+        except OSError:
+            key = os.path.realpath(path)
         if key not in seen:
             seen.add(key)
             inputs.append(Input(path=path, display=path))
