@@ -5,6 +5,8 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from ddpdoctor.ingest.prefixes import parse_line
 
@@ -139,3 +141,55 @@ def test_nul_bytes_and_huge_line_are_tolerated() -> None:
     p = parse_line("abc\x00def" + "x" * 100_000)
     assert "\x00" not in p.text
     assert len(p.text) <= 4000
+
+
+PREFIX_PIECES = [
+    "[rank3]:",
+    "[default0]:",
+    "2023-01-02 03:04:05,123 ",
+    "2023-01-02T03:04:05.123Z ",
+    "E1130 12:00:00.123456 1234 ProcessGroupNCCL.cpp:616] ",
+    "[E ProcessGroupNCCL.cpp:475] ",
+    "[I1130 12:00:00 1 a.cpp:1] ",
+    "host-1:11:12 [0] ",
+    "[pod/train-1/c] ",
+    "[stderr] ",
+    " 12: ",
+    "worker-1: ",
+    "[177/train (pid 1)] ",
+    "INFO:root:",
+    "[",
+    "[p",
+    "[s",
+    "[E",
+    "[1",
+    "\x1b[31m",
+]
+MESSAGES = [
+    "Traceback (most recent call last):",
+    "NCCL INFO comm 0x55 rank 0 nranks 2 cudaDev 0 busId 1b000",
+    "rank 3 step 10 loss 0.5",
+    "  14%|#   | 2805/20000 [15:35<95:31,  3.01it/s]",
+    "[Rank 1] Watchdog caught collective operation timeout",
+    "",
+]
+
+
+@given(
+    st.lists(st.sampled_from(PREFIX_PIECES), max_size=4),
+    st.sampled_from(MESSAGES) | st.text(max_size=40),
+)
+def test_parsing_without_time_changes_nothing_else(pieces: list[str], message: str) -> None:
+    """The tail sample skips time parsing for speed; what it keeps must be what a full parse
+    gives (writer, prefix, level, text)."""
+    line = "".join(pieces) + message
+    full = parse_line(line, 2026)
+    quick = parse_line(line, 2026, with_time=False)
+    assert quick.time is None
+    assert (quick.text, quick.origin, quick.level, quick.prefix, quick.rank_from_text) == (
+        full.text,
+        full.origin,
+        full.level,
+        full.prefix,
+        full.rank_from_text,
+    )

@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 
 from ddpdoctor.analysis.diagnose import diagnose_paths
+from ddpdoctor.ingest.sources import expand_paths
 from tests.conftest import run_cli
 
 # A real line from corpus case 030 (a FileNotFoundError on rank 0).
@@ -91,3 +92,14 @@ def test_stdin_and_exit_codes(tmp_path: Path) -> None:
     assert run_cli("diagnose", str(tmp_path / "missing.log")).returncode == 2
     healthy = Path(__file__).parent / "fixtures" / "real" / "healthy-plain" / "console.log"
     assert run_cli("diagnose", str(healthy)).returncode == 0
+
+
+def test_a_file_reached_twice_is_read_once(tmp_path: Path) -> None:
+    """Through its folder, by name and through a link: one input, not three."""
+    log = tmp_path / "logs" / "rank0.log"
+    log.parent.mkdir()
+    log.write_text("x\n")
+    os.symlink(log, tmp_path / "link.log")
+    inputs, problems = expand_paths([str(log.parent), str(log), str(tmp_path / "link.log")])
+    assert [i.path for i in inputs] == [str(log)]
+    assert problems == []

@@ -1,0 +1,41 @@
+"""The tail sample's progress patterns open with a look-ahead so that Python `re` skips
+positions in C. That look-ahead must only be a speed-up: on any text they find what the plain
+patterns (the specification, written out here) find."""
+
+from __future__ import annotations
+
+import re
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ddpdoctor.analysis.scanner import PROGRESS_COUNTER, PROGRESS_LINE
+
+PLAIN_LINE = re.compile(r"(?i)\b(?:step|iter(?:ation)?|epoch|loss|batch)\b\s*[:=\[]?\s*\d|\d+%\|")
+PLAIN_COUNTER = re.compile(
+    r"(?i)\b(?:step|iter(?:ation)?|batch|it)\b\D{0,3}?(?P<n>\d+)\s*/\s*(?P<total>\d+)"
+)
+WORDS = ["step", "STEP", "Iter", "iteration", "epoch", "Loss", "batch", "it", "x", "steps"]
+GLUE = [" ", ":", "=", "[", "/", " / ", "%|", "_", "", "é"]
+texts = st.lists(
+    st.sampled_from(WORDS) | st.sampled_from(GLUE) | st.integers(0, 999).map(str), max_size=12
+).map("".join) | st.text(max_size=60)
+
+
+@given(texts)
+def test_progress_line_finds_what_the_plain_pattern_finds(text: str) -> None:
+    fast, plain = PROGRESS_LINE.search(text), PLAIN_LINE.search(text)
+    assert (fast and fast.span()) == (plain and plain.span())
+
+
+@given(texts)
+def test_progress_counter_finds_what_the_plain_pattern_finds(text: str) -> None:
+    fast, plain = PROGRESS_COUNTER.search(text), PLAIN_COUNTER.search(text)
+    assert (fast and fast.groupdict()) == (plain and plain.groupdict())
+
+
+def test_real_progress_lines() -> None:
+    bar = "  14%|#         | 2805/20000 [15:35<95:31,  3.01it/s]"
+    assert PROGRESS_LINE.search(bar)
+    assert PROGRESS_COUNTER.search("Epoch 3 step 120/500 loss 0.3")["total"] == "500"  # type: ignore[index]
+    assert not PROGRESS_LINE.search("NCCL INFO Channel 02/0 : 0[0] -> 1[1] via P2P/CUMEM/read")
