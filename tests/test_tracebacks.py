@@ -9,8 +9,15 @@ from __future__ import annotations
 import re
 from itertools import zip_longest
 from pathlib import Path
+from unittest.mock import patch
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ddpdoctor.analysis.diagnose import diagnose_paths
+from ddpdoctor.analysis.scanner import _parser
+from ddpdoctor.ingest import tracebacks
+from ddpdoctor.ingest.tracebacks import walk_back
 
 REAL = Path(__file__).parent / "fixtures" / "real" / "both-fail" / "console.log"
 
@@ -51,3 +58,38 @@ def test_interleaved_tracebacks_are_stitched_per_rank(tmp_path: Path) -> None:
         for c in context:
             assert lines[c.line - 1].startswith(f"[rank{rank}]:")
     assert report.verdict.kind == "data-error"
+
+
+REAL_LINES = REAL.read_bytes().splitlines()
+PREFIXES = [b"", b"[rank0]:", b"[rank1]:", b"\x1b[31m[rank0]:", b"[rank\x1b[0m0]:", b"\x00[rank0]:"]
+PREFIXES += [
+    b"[pod/a\xff/c] ",
+    b"host-1:11:12 [0] ",
+    b"[rank0]:host-1:11:12 [0] ",
+    b"[rank\xff]:",
+    b"2024-01-01 ",
+]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(PREFIXES), st.sampled_from(REAL_LINES)), min_size=1, max_size=40
+    ),
+    st.sampled_from(PREFIXES),
+)
+def test_skipping_other_writers_unparsed_changes_no_stitch(
+    lines: list[tuple[bytes, bytes]], last_prefix: bytes
+) -> None:
+    """Lines of other writers are skipped by a byte search before parsing: the stitched
+    traceback must be the one a walk that parses every line finds, whatever colour codes,
+    NUL bytes or undecodable bytes sit in the prefixes."""
+    body = b"".join(p + re.sub(rb"^\[rank\d\]:", b"", t) + b"\n" for p, t in lines)
+    chunk = body + last_prefix + b"RuntimeError: boom\n"
+    start = len(body)
+    parse = _parser(2026)
+    key = parse(chunk[start:-1].decode("utf-8", errors="replace")).prefix
+    fast = walk_back(chunk, start, key, parse)
+    with patch.object(tracebacks, "_writer_needle", lambda key: b""):
+        slow = walk_back(chunk, start, key, parse)
+    assert [(n, p.text, p.prefix) for n, p in fast] == [(n, p.text, p.prefix) for n, p in slow]
