@@ -273,6 +273,7 @@ class Scanner:
         """Parse every line of a bounded head or tail to learn the writers and their last words."""
         text = data.decode("utf-8", errors="replace")
         streams = result.streams
+        progress: dict[str, list[str]] = {}
         for offset, raw in enumerate(text.split("\n")):
             if not raw or raw.isspace():
                 continue
@@ -299,11 +300,15 @@ class Scanner:
             if PROGRESS_LINE.search(message):
                 summary.progress_lines += 1
                 summary.last_progress_line = line_no
-                counter = PROGRESS_COUNTER.search(message)
-                if counter:
-                    summary.progress_total = int(counter.group("total"))
+                progress.setdefault(key, []).append(message)
             if INIT_LINE.search(message):
                 summary.last_init_line = line_no
+        for key, messages in progress.items():  # the last counter counts: search from the end
+            for message in reversed(messages):
+                counter = PROGRESS_COUNTER.search(message)
+                if counter:
+                    streams[key].progress_total = int(counter.group("total"))
+                    break
 
 
 OWN_OUTPUT = re.compile(
