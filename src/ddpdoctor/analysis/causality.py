@@ -187,8 +187,9 @@ def _with_root(
     )
     if all(h.suggests for h in root.hits):
         analysis.notes.append(
-            "The logs show the symptom, not the proof (e.g. SIGKILL without the OOM killer's "
-            "own message): confirm on the node (dmesg, the scheduler's records)."
+            "The logs show the symptom, not the proof: confirm "
+            + (rule.confirm or "on the node where the culprit ran")
+            + "."
         )
     if (
         rule.kind in ("nccl-network", "nccl-p2p", "gpu-hardware")

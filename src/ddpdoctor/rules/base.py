@@ -79,6 +79,9 @@ class Rule:
     negative: tuple[str, ...] = ()
     sources: str = ""
     """Where upstream prints the messages the signatures match."""
+    confirm: str = ""
+    """Where to confirm the cause when only a `suggests` signature matched (the logs show the
+    symptom, not the proof)."""
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:

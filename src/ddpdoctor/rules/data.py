@@ -55,6 +55,8 @@ DATA_ERROR = Rule(
 DISK_FULL = Rule(
     code="DATA102",
     kind="disk-full",
+    confirm="that the checkpoint folder's filesystem is full or over quota: `df -h` and "
+    "`quota -s` (or the storage's own tool) on the node of the culprit",
     title="No space left on device",
     sources="OS errno 28 (ENOSPC), 122 (EDQUOT)",
     specificity=75,
@@ -62,23 +64,38 @@ DISK_FULL = Rule(
         Signature(r"No space left on device"),
         Signature(r"\[Errno 28\]", "[Errno 28]"),
         Signature(r"Disk quota exceeded"),
+        # torch.save(obj, path) on a full disk: the zip writer does not report the failed
+        # write, it finds at the end that the file position is short (real run, /dev/full)
+        Signature(
+            r"inline_container\.cc:\d+\] \. unexpected pos \d+ vs \d+",
+            "unexpected pos ",
+            suggests=True,
+        ),
     ),
     context_none=(r"shared memory|/dev/shm|shm\b",),
     explanation=Explanation(
         what="A write failed because the filesystem (or quota) is full.",
-        why="Checkpoints, caches or logs filled the disk where the job writes.",
+        why="Checkpoints, caches or logs filled the disk where the job writes. `torch.save` to "
+        "a path says so only indirectly: '[enforce fail at inline_container.cc] . unexpected "
+        "pos N vs M' means the checkpoint file came out shorter than what was written.",
         fix="Free space or write checkpoints elsewhere; keep fewer checkpoints "
         "(save_total_limit); check `df -h` on the node.",
         false_positives="'No space left on device' for shared memory is a /dev/shm problem "
-        "(DL101).",
+        "(DL101). 'unexpected pos' only says a checkpoint write came out short: a full disk or "
+        "quota is the usual cause, a network filesystem that failed the write another.",
     ),
     fix=(
         "Check `df -h <output dir>` on the node and free space, or point checkpoints elsewhere.",
         "Keep fewer checkpoints (e.g. save_total_limit=2).",
     ),
-    positive=("OSError: [Errno 28] No space left on device",),
+    positive=(
+        "OSError: [Errno 28] No space left on device",
+        "RuntimeError: [enforce fail at inline_container.cc:672] . unexpected pos 896 vs 790",
+    ),
     negative=(
         "RuntimeError: unable to allocate shared memory(shm) for file </torch_1_2>: No space left on device (28)",
+        "RuntimeError: [enforce fail at inline_container.cc:145] . PytorchStreamReader failed "
+        "reading zip archive: failed finding central directory",
     ),
 )
 

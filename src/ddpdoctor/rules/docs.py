@@ -46,6 +46,8 @@ def rule_markdown(rule: Rule) -> str:
         ]
         if rule.sources:
             lines.append(f"\nPrinted by: {rule.sources}")
+        if rule.confirm:
+            lines.append(f"\nWhen only a suggesting line matched, confirm {rule.confirm}.")
         lines.append("")
     if rule.context_all or rule.context_none:
         lines.append("## Context conditions (same rank's traceback)")

@@ -9,6 +9,8 @@ from ddpdoctor.rules.base import Explanation, Rule, Signature
 HOST_OOM_KILL = Rule(
     code="LCH101",
     kind="host-oom",
+    confirm="that the OOM killer sent the SIGKILL: `dmesg` on the node, or the scheduler's "
+    "records (sacct, kubectl describe pod)",
     title="A worker was killed by SIGKILL (host out of memory)",
     sources="torchelastic multiprocessing/api.py and errors/__init__.py, DeepSpeed launch.py, "
     "kernel OOM killer, Slurm",

@@ -53,6 +53,8 @@ class Scenario:
     """Known gaps of the analysis for this scenario: aspect ("kind", "category", "culprits",
     "cascade") -> what it gets instead. Tests mark these aspects strict xfail."""
     notes: str = ""
+    needs: tuple[str, ...] = ()
+    """Paths the injection uses (a device file); where one is missing the scenario cannot run."""
 
     @property
     def program_path(self) -> Path:
@@ -280,6 +282,26 @@ SCENARIOS += (
         expected_kind="preempted",
         expected_category="intended-exit",
         expected_culprits=None,
+    ),
+    Scenario(
+        name="disk-full-checkpoint",
+        title="rank 0 saves a checkpoint onto a full disk (/dev/full); rank 1 loses its peer",
+        program="checkpoint_disk_full.py",
+        expected_kind="disk-full",
+        expected_category="resource",
+        expected_culprits=(0,),
+        cascade_ranks=(1,),
+        needs=("/dev/full",),
+        notes="torch.save(path) reports the failed write only as 'unexpected pos N vs M'.",
+    ),
+    Scenario(
+        name="native-crash",
+        title="rank 1 dies of SIGSEGV in native code (no Python traceback)",
+        program="native_crash.py",
+        expected_kind="native-crash",
+        expected_category="unknown",
+        expected_culprits=(1,),
+        cascade_ranks=(0,),
     ),
 )
 
