@@ -6,7 +6,10 @@ from __future__ import annotations
 import gzip
 import hashlib
 import os
+import threading
 from pathlib import Path
+
+import pytest
 
 from ddpdoctor.analysis.diagnose import diagnose_paths
 from ddpdoctor.ingest.sources import expand_paths
@@ -103,3 +106,45 @@ def test_a_file_reached_twice_is_read_once(tmp_path: Path) -> None:
     inputs, problems = expand_paths([str(log.parent), str(log), str(tmp_path / "link.log")])
     assert [i.path for i in inputs] == [str(log)]
     assert problems == []
+
+
+def test_a_pipe_is_read_to_its_end(tmp_path: Path) -> None:
+    """`ddpdoctor diagnose <(kubectl logs ...)` hands over a pipe: its size says 0, its content
+    must still be read (it was silently reported as an empty, readable log)."""
+    fifo = tmp_path / "logs.fifo"
+    os.mkfifo(fifo)
+    text = f"[rank1]:{REAL_ERROR}\n".encode()
+
+    def write() -> None:
+        with open(fifo, "wb") as fh:
+            fh.write(text)
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    report = diagnose_paths([str(fifo)])
+    writer.join(timeout=10)
+    assert report.sources[0].bytes == len(text)
+    assert report.verdict.kind == "data-error"
+
+
+def test_a_pipe_inside_a_folder_is_skipped_not_waited_for(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "collector.fifo")
+    (tmp_path / "rank1.log").write_text(f"{REAL_ERROR}\n")
+    report = diagnose_paths([str(tmp_path)])
+    by_path = {Path(s.path).name: s for s in report.sources}
+    assert by_path["collector.fifo"].status == "skipped"
+    assert by_path["collector.fifo"].reason == "not a regular file"
+    assert report.verdict.kind == "data-error"
+
+
+@pytest.mark.skipif(not Path("/dev/zero").exists(), reason="no /dev/zero")
+def test_an_endless_device_is_sniffed_and_skipped() -> None:
+    report = diagnose_paths(["/dev/zero"])
+    assert report.sources[0].status == "skipped"
+    assert report.sources[0].reason == "binary data, not a log"
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="no /proc")
+def test_a_file_of_size_zero_with_content_is_read() -> None:
+    report = diagnose_paths(["/proc/self/status"])
+    assert report.sources[0].bytes > 0

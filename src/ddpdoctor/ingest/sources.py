@@ -7,6 +7,7 @@ import glob
 import gzip
 import io
 import os
+import stat
 import sys
 import zlib
 from collections.abc import Iterator
@@ -79,13 +80,30 @@ def expand_paths(paths: list[str]) -> tuple[list[Input], list[SourceInfo]]:
                 for root, dirs, files in os.walk(path):
                     dirs.sort()
                     for name in sorted(files):
-                        if not name.startswith("."):
-                            add(os.path.join(root, name))
+                        if name.startswith("."):
+                            continue
+                        full = os.path.join(root, name)
+                        if os.path.isfile(full) or not os.path.exists(full):
+                            add(full)  # (a dangling link is reported when it is read)
+                        else:  # a pipe or socket in a log folder would block the scan
+                            problems.append(
+                                SourceInfo(full, status="skipped", reason="not a regular file")
+                            )
             elif os.path.exists(path):
                 add(path)
             else:
                 problems.append(SourceInfo(path, status="skipped", reason="no such file"))
     return inputs, problems
+
+
+def _is_regular(stream: io.BufferedReader) -> bool:
+    """A regular file, whose size says where it ends. A pipe (`<(kubectl logs ...)` is one), a
+    character device or a /proc file (regular, but of size 0) must be read to its end instead."""
+    try:
+        st = os.fstat(stream.fileno())
+    except OSError:
+        return False
+    return stat.S_ISREG(st.st_mode) and st.st_size > 0
 
 
 def looks_binary(head: bytes) -> bool:
@@ -141,7 +159,7 @@ class ChunkStream:
         if stream is None:
             return
         plain = self.read_bytes == self.chunk_bytes and self.item.path != "-"
-        if plain and isinstance(stream, io.BufferedReader):
+        if plain and isinstance(stream, io.BufferedReader) and _is_regular(stream):
             try:
                 yield from self._exact_chunks(stream)
             finally:
@@ -158,7 +176,7 @@ class ChunkStream:
         """Any stream: read blocks, carry the partial last line into the next one. `left` is
         how many bytes to read, or -1 for all."""
         carry = b""
-        first = stream.tell() == 0 if stream.seekable() else True
+        first = self.item.start == 0  # a later range of a file was sniffed with its start
         while left != 0:
             try:
                 block = stream.read(self.read_bytes if left < 0 else min(left, self.read_bytes))
