@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from ddpdoctor.analysis.diagnose import diagnose_paths
-from ddpdoctor.ingest.sources import expand_paths
+from ddpdoctor.ingest.sources import Input, expand_paths
 from tests.conftest import run_cli
 
 # A real line from corpus case 030 (a FileNotFoundError on rank 0).
@@ -148,3 +148,37 @@ def test_an_endless_device_is_sniffed_and_skipped() -> None:
 def test_a_file_of_size_zero_with_content_is_read() -> None:
     report = diagnose_paths(["/proc/self/status"])
     assert report.sources[0].bytes > 0
+
+
+CAPTURED = Path(__file__).parents[1] / "src" / "ddpdoctor" / "scenarios" / "captured"
+
+
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-be-bom"])
+def test_a_utf16_log_is_read_as_text(tmp_path: Path, encoding: str) -> None:
+    """Windows PowerShell's `python train.py > log.txt` writes UTF-16 with CRLF: a real capture
+    re-encoded that way must give the same diagnosis, not 'binary data'."""
+    real = (CAPTURED / "host-oom" / "console.log").read_text(encoding="utf-8")
+    text = real.replace("\n", "\r\n")
+    data = (
+        b"\xfe\xff" + text.encode("utf-16-be")
+        if encoding.endswith("bom")
+        else text.encode(encoding)
+    )
+    log = tmp_path / "log.txt"
+    log.write_bytes(data)
+    report = diagnose_paths([str(log)])
+    plain = diagnose_paths([str(CAPTURED / "host-oom" / "console.log")])
+    assert report.sources[0].status == "read"
+    assert report.sources[0].lines == plain.sources[0].lines
+    assert (report.verdict.kind, report.verdict.culprit.ranks) == (
+        plain.verdict.kind,
+        plain.verdict.culprit.ranks,
+    )
+
+
+def test_a_big_utf16_log_is_not_cut_into_byte_ranges(tmp_path: Path) -> None:
+    from ddpdoctor.analysis import parallel
+
+    log = tmp_path / "big.txt"
+    log.write_bytes("step 1 loss 0.5\r\n".encode("utf-16") * 10)
+    assert parallel.split(Input(str(log), str(log)), part_bytes=64) == [Input(str(log), str(log))]

@@ -96,6 +96,34 @@ def expand_paths(paths: list[str]) -> tuple[list[Input], list[SourceInfo]]:
     return inputs, problems
 
 
+UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
+UTF16_SNIFF_BYTES = 256
+
+
+def looks_utf16(head: bytes) -> bool:
+    """A byte order mark, then text whose every other byte is mostly NUL (ASCII in UTF-16): a
+    log that merely starts with the bytes FF FE is not taken for UTF-16."""
+    if head[:2] not in UTF16_BOMS:
+        return False
+    body = head[2:UTF16_SNIFF_BYTES]
+    high = body[1::2] if head[:2] == b"\xff\xfe" else body[0::2]
+    return len(high) > 0 and high.count(0) * 2 >= len(high)
+
+
+class _Utf8FromUtf16:
+    """A UTF-16 log (with its byte order mark) read as UTF-8 bytes, so the scan sees text and
+    not every other byte NUL (which would be taken for binary data)."""
+
+    def __init__(self, raw: BinaryIO) -> None:
+        self._text = io.TextIOWrapper(raw, encoding="utf-16", errors="replace", newline="")
+
+    def read(self, size: int = -1) -> bytes:
+        return self._text.read(size // 2 if size > 0 else -1).encode("utf-8")
+
+    def close(self) -> None:
+        self._text.close()
+
+
 def _is_regular(stream: io.BufferedReader) -> bool:
     """A regular file, whose size says where it ends. A pipe (`<(kubectl logs ...)` is one), a
     character device or a /proc file (regular, but of size 0) must be read to its end instead."""
@@ -143,10 +171,13 @@ class ChunkStream:
                 self.info.status, self.info.reason = "skipped", f"cannot read: {exc.strerror}"
                 return None
         try:
-            head = raw.peek(2) if hasattr(raw, "peek") else b""
+            head = raw.peek(UTF16_SNIFF_BYTES) if hasattr(raw, "peek") else b""
         except OSError as exc:
             self.info.status, self.info.reason = "skipped", f"cannot read: {exc.strerror}"
             return None
+        if looks_utf16(head):  # Windows PowerShell's `>` writes UTF-16
+            self.read_bytes = GZIP_READ_BYTES
+            return _Utf8FromUtf16(raw)  # type: ignore[return-value]
         if head[:2] == GZIP_MAGIC:
             opener = _fast_gzip.open if _fast_gzip is not None else gzip.open
             # small reads: a truncated archive then loses at most one read of text
