@@ -125,6 +125,17 @@ SCENARIOS: tuple[Scenario, ...] = (
         cascade_ranks=(0,),
     ),
     Scenario(
+        name="host-oom-startup",
+        title="rank 1 is SIGKILLed while loading, before it joins; rank 0 waits for it",
+        program="host_oom.py",
+        args=("startup",),
+        expected_kind="host-oom",
+        expected_category="resource",
+        expected_culprits=(1,),
+        cascade_ranks=(0,),
+        notes="torchrun's summary names rank 0, the rank it terminated, as the root cause.",
+    ),
+    Scenario(
         name="collective-mismatch-detail",
         title="rank 0 all_reduce vs rank 1 broadcast, TORCH_DISTRIBUTED_DEBUG=DETAIL",
         program="collective_mismatch.py",
