@@ -23,6 +23,8 @@ MONITORED_BARRIER_RULE = "TMO103"
 PEER_RULES = {"NET101"}
 EARLY_STOP_RULE = "EXIT101"
 TEARDOWN_RULE = "EXIT102"
+UNUSED_PARAMETERS_RULE = "DDP107"
+"""ddpdoctor.instrument's line naming parameters without gradient on a rank."""
 KILL_ECHO_KINDS = {"preempted", "python-exception", "native-crash"}
 TEARDOWN_KINDS = {"native-crash", "nccl-timeout", "nccl-network"}
 """Only crashes and lost peers: an exception after training (final evaluation, upload) is a
@@ -165,6 +167,12 @@ def _with_root(
         # the work was done; the crash happened while the process was being torn down
         root.role = Role.CASCADE
         root = teardown
+    unused = next((f for f in findings if f.rule == UNUSED_PARAMETERS_RULE and f.ranks), None)
+    if root.kind == "collective-mismatch" and unused is not None:
+        # parameters without gradient on some ranks make DDP's gradient buckets differ
+        # between ranks: the mismatch the transport saw is the consequence
+        root.role = Role.CASCADE
+        root = unused
     root.role = Role.ROOT
     rule = rules[root.rule]
     culprits = _culprit_ranks(root, job) or _only_rank_not_waiting(root, findings, job)

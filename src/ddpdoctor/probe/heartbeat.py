@@ -9,6 +9,8 @@ import json
 import os
 import time
 
+from ddpdoctor.probe.ranks import this_rank
+
 ENV_DIR = "DDPDOCTOR_HEARTBEAT_DIR"
 MIN_INTERVAL_S = 0.5
 """Beats closer than this are coalesced: a tight loop must not turn into a disk write per step."""
@@ -27,7 +29,7 @@ def beat(step: int | None = None) -> None:
         if now - _last_write < MIN_INTERVAL_S:
             return
         _last_write = now
-        rank = os.environ.get("RANK") or os.environ.get("SLURM_PROCID") or "0"
+        rank = this_rank()
         line = json.dumps({"time": now, "step": step, "pid": os.getpid()})
         with open(os.path.join(directory, f"rank{rank}.hb"), "a", encoding="utf-8") as fh:
             fh.write(line + "\n")

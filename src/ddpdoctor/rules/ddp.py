@@ -37,7 +37,8 @@ DDP_UNUSED_PARAMETERS = Rule(
         false_positives="None known: the message is only printed by the DDP reducer.",
     ),
     fix=(
-        "Run once with TORCH_DISTRIBUTED_DEBUG=INFO to print the names of the unused parameters.",
+        "Run once with TORCH_DISTRIBUTED_DEBUG=INFO to print the names of the unused parameters, "
+        "or call ddpdoctor.instrument.report_unused_parameters(model) after loss.backward().",
         "Freeze parameters that are not used (param.requires_grad_(False)) or make them take "
         "part in the loss on every rank and step.",
         "Or wrap with DistributedDataParallel(model, find_unused_parameters=True) (slower).",
@@ -121,6 +122,44 @@ DDP_GRAD_STRIDES = Rule(
         "indicate grad was not created according to the gradient layout contract",
     ),
     negative=("bucket_view.sizes() = [1024, 1024, 1, 1], strides() = [1024, 1, 1, 1]",),
+)
+
+DDP_PARAMETERS_WITHOUT_GRAD = Rule(
+    code="DDP107",
+    kind="ddp-unused-parameters",
+    title="Parameters got no gradient on a rank (named by ddpdoctor.instrument)",
+    sources="ddpdoctor.instrument.report_unused_parameters (probe/unused.py)",
+    severity="warning",
+    specificity=60,
+    signatures=(
+        Signature(
+            r"ddpdoctor: parameters without gradient on rank (?P<rank>\d+)"
+            r"(?: \(step (?P<step>\d+)\))?: (?P<params>.+)",
+            "ddpdoctor: parameters without gradient",
+        ),
+    ),
+    explanation=Explanation(
+        what="After a backward pass, these trainable parameters of the rank had no gradient.",
+        why="They took no part in the loss on that rank and step: a branch skipped on some "
+        "ranks, a head used only for some batches. With DDP's default "
+        "find_unused_parameters=False the reducer then waits for them: the next step fails "
+        "('Expected to have finished reduction'), and when only some ranks skip them the "
+        "ranks' gradient buckets differ, which gloo reports as a collective mismatch and NCCL "
+        "as a hang.",
+        fix="Use the parameters in the loss on every rank and step (multiply an unused branch by "
+        "zero), freeze them (requires_grad_(False)), or pass find_unused_parameters=True.",
+        false_positives="None known: with find_unused_parameters=True DDP fills these "
+        "gradients itself (the average over the ranks that used them) and the line is not "
+        "printed.",
+    ),
+    fix=(
+        "Make the named parameters take part in the loss on every rank and step, or freeze them.",
+        "Or wrap with DistributedDataParallel(model, find_unused_parameters=True) (slower).",
+    ),
+    positive=(
+        "ddpdoctor: parameters without gradient on rank 1 (step 0): aux_head.weight, aux_head.bias",
+    ),
+    negative=("Parameters which did not receive grad for rank 1: aux_head.weight",),
 )
 
 DDP_MODEL_MISMATCH = Rule(
@@ -219,6 +258,7 @@ UNEVEN_INPUTS = Rule(
 
 RULES = (
     DDP_UNUSED_PARAMETERS,
+    DDP_PARAMETERS_WITHOUT_GRAD,
     DDP_MARK_READY_TWICE,
     DDP_GRAD_STRIDES,
     DDP_MODEL_MISMATCH,
