@@ -129,6 +129,18 @@ class PickledConfig:
     """An object saved into a checkpoint by pickle: a weights-only load refuses it."""
 
 
+def _assert_clean_end(code: int, log: Path) -> None:
+    """Exit 0 and no failure found; or, when torch 2.13's gloo teardown aborted a rank at exit
+    after the work was done (about 1 run in 10 under load), a diagnosis that says exactly that."""
+    text = log.read_text()
+    verdict = diagnose_paths([str(log)]).verdict
+    if code == 0:
+        assert verdict.status == "ok", text
+    else:
+        assert "terminate called without an active exception" in text, text
+        assert (verdict.kind, verdict.category) == ("exit-teardown-crash", "intended-exit")
+
+
 def _torchrun(mode: str, workdir: Path) -> tuple[int, Path]:
     log = workdir / f"{mode}.log"
     with log.open("wb") as out:
@@ -151,10 +163,11 @@ def test_agreed_stop_ends_every_rank_at_the_same_step(tmp_path: Path) -> None:
     agree_to_stop both ranks stop at step 3 and the job exits 0."""
     code, log = _torchrun("stop", tmp_path)
     text = log.read_text()
-    assert code == 0, text
     assert "rank 0 stops at step 3" in text and "rank 1 stops at step 3" in text
     assert "early stopping agreed by all 2 ranks at step 3 (asked by ranks 1)" in text
-    assert diagnose_paths([str(log)]).verdict.status == "ok"
+    _assert_clean_end(code, log)
+    if code == 0:
+        assert diagnose_paths([str(log)]).verdict.kind == "early-stop"
 
 
 @pytest.mark.real
@@ -181,10 +194,8 @@ def test_unused_parameters_with_find_unused_is_not_a_failure(tmp_path: Path) -> 
     """With find_unused_parameters=True DDP reduces the skipped head too (its gradient is the
     average of the ranks that used it): nothing breaks and nothing is reported."""
     code, log = _torchrun("unused-ok", tmp_path)
-    text = log.read_text()
-    assert code == 0, text
-    assert "parameters without gradient" not in text
-    assert diagnose_paths([str(log)]).verdict.status == "ok"
+    assert "parameters without gradient" not in log.read_text()
+    _assert_clean_end(code, log)
 
 
 @pytest.mark.real
@@ -194,9 +205,8 @@ def test_resume_loads_on_every_rank_and_a_missing_checkpoint_names_its_rank(
     tmp_path: Path,
 ) -> None:
     code, log = _torchrun("resume", tmp_path)
-    text = log.read_text()
-    assert code == 0, text
-    assert "rank 1 resumed at step 5 on cpu" in text
+    assert "rank 1 resumed at step 5 on cpu" in log.read_text()
+    _assert_clean_end(code, log)
     code, log = _torchrun("resume-missing", tmp_path)
     assert code != 0
     assert "CheckpointError: rank 1 on " in log.read_text()

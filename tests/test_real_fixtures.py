@@ -187,3 +187,16 @@ def test_the_summary_entry_of_a_rank_beats_the_launchers_one_line_notice() -> No
     rank0 = report.job.per_rank[0]
     assert (rank0.code, rank0.host, rank0.local_rank) == (1, "localhost", 0)
     assert rank0.pid is not None
+
+
+def test_a_crash_after_every_rank_agreed_to_stop_is_teardown() -> None:
+    """Real run: both ranks stopped at step 3 on an agreed early stop, then rank 1 aborted in
+    gloo's teardown at exit. The job's work was done: exit-teardown-crash (intended-exit) on
+    rank 1, not a native crash of training."""
+    report = diagnose_paths([str(HEALTHY / "agreed-stop-teardown-abort" / "console.log")])
+    verdict = report.verdict
+    assert (verdict.kind, verdict.category, verdict.culprit.ranks) == (
+        "exit-teardown-crash",
+        "intended-exit",
+        [1],
+    )

@@ -56,6 +56,7 @@ def main() -> None:
         if instrument.agree_to_stop(wants_stop, step=step):
             print(f"rank {rank} stops at step {step}", flush=True)
             break
+    print(f"rank {rank}: training complete", flush=True)
     instrument.finish()
 
 

@@ -307,13 +307,18 @@ def _early_stop(
     stop = next((f for f in findings if f.rule == EARLY_STOP_RULE), None)
     if stop is None:
         return None
-    if any(f.kind != "python-exception" for f in errors):
-        return None  # a real error elsewhere explains the job's end better than a stop notice
     announcers = set(stop.ranks)
     ranks = set(job.info.ranks_seen)
-    every_rank = (announcers and announcers >= ranks) or (
-        not announcers and _announcements(stop, rules[stop.rule]) >= max(1, len(ranks))
+    every_rank = (
+        (announcers and announcers >= ranks)
+        or (not announcers and _announcements(stop, rules[stop.rule]) >= max(1, len(ranks)))
+        or _agreed_by_all(stop, ranks)
     )
+    real = [f for f in errors if f.kind != "python-exception"]
+    if real and every_rank and all(f.kind in TEARDOWN_KINDS and _after(f, stop) for f in real):
+        return _stopped_then_crashed(findings, stop, real, job)
+    if real:
+        return None  # a real error elsewhere explains the job's end better than a stop notice
     if announcers and ranks and announcers < ranks and cascades:
         stop.role = Role.ROOT
         return Analysis(
@@ -342,6 +347,49 @@ def _early_stop(
         root=stop,
         confidence=0.7,
         notes=["every rank announced the early stop; only the exit path looks like a failure."],
+    )
+
+
+def _agreed_by_all(stop: Finding, ranks: set[int]) -> bool:
+    """A stop agreed by every rank (ddpdoctor.instrument.agree_to_stop) is announced once, for
+    all of them."""
+    agreed = [int(h.captures["agreed_ranks"]) for h in stop.hits if "agreed_ranks" in h.captures]
+    return bool(agreed) and max(agreed) >= len(ranks)
+
+
+def _after(crash: Finding, stop: Finding) -> bool:
+    """Every line of the crash comes after the stop's first announcement in the same file."""
+    first: dict[str, int] = {}
+    for h in stop.hits:
+        first.setdefault(h.record.source, h.record.line)
+    return bool(crash.hits) and all(
+        h.record.source in first and h.record.line > first[h.record.source] for h in crash.hits
+    )
+
+
+def _stopped_then_crashed(
+    findings: list[Finding], stop: Finding, crashes: list[Finding], job: JobView
+) -> Analysis:
+    """Every rank had stopped training on purpose before a rank crashed: the work was done,
+    the crash happened on the way out (library teardown at interpreter exit)."""
+    root = crashes[0]
+    culprits: set[int] = set()
+    for f in crashes:
+        f.role = Role.ROOT
+        culprits |= set(f.ranks) or _culprit_ranks(f, job)
+    stop.role = Role.CONTEXT
+    return Analysis(
+        findings=findings,
+        status=Status.FAILED,
+        rule=inferred.TEARDOWN_CRASH,
+        root=root,
+        culprit_ranks=sorted(culprits),
+        culprit_hosts=root.hosts,
+        confidence=0.7,
+        notes=[
+            "every rank had stopped training early on purpose before this crash: the work was "
+            "done, the crash came on the way out."
+        ],
     )
 
 

@@ -40,9 +40,14 @@ EARLY_STOP = Rule(
     signatures=(
         # an event, not a setting: "Early stopping at epoch 5", not early_stopping_patience=3
         # or EarlyStopping(monitor=...) in a config dump
-        Signature(r"(?i:\bearly[ -]stop(?:ping|ped)?)\b(?![_=(:])", "arly"),
+        Signature(r"(?i:\bearly[ -]stop(?:ping|ped)?)\b(?![_=(:]| agreed by all)", "arly"),
         # Lightning EarlyStopping: "... did not improve ... Signaling Trainer to stop."
         Signature(r"Signaling Trainer to stop"),
+        # ddpdoctor.instrument.agree_to_stop (probe/stop.py): one line for every rank
+        Signature(
+            r"early stopping agreed by all (?P<agreed_ranks>\d+) ranks",
+            "early stopping agreed by all",
+        ),
     ),
     explanation=Explanation(
         what="A line announcing an early stop.",
@@ -56,7 +61,10 @@ EARLY_STOP = Rule(
         "Broadcast the stop decision: flag = torch.tensor([stop]); dist.broadcast(flag, 0); "
         "all ranks break together, then dist.destroy_process_group() and exit 0.",
     ),
-    positive=("Early stopping at epoch 3: val_loss did not improve",),
+    positive=(
+        "Early stopping at epoch 3: val_loss did not improve",
+        "ddpdoctor: early stopping agreed by all 2 ranks at step 3 (asked by ranks 1)",
+    ),
     negative=(
         "Epoch 3: val_loss improved to 0.21",
         "early_stopping_patience=3,",
