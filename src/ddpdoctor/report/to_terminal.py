@@ -11,6 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ddpdoctor.model.findings import Evidence, Report
+from ddpdoctor.report.ranges import rank_ranges
 
 STATUS_STYLE = {
     "failed": "bold red",
@@ -95,9 +96,9 @@ def renderables(report: Report) -> list[RenderableType]:
     facts = Text(style="dim")
     facts.append(f"world size: {job.world_size if job.world_size is not None else 'unknown'}")
     if job.ranks_seen:
-        facts.append(f"   ranks seen: {_ranges(job.ranks_seen)}")
+        facts.append(f"   ranks seen: {rank_ranges(job.ranks_seen)}")
     if job.ranks_missing:
-        facts.append(f"   ranks with no lines: {_ranges(job.ranks_missing)}")
+        facts.append(f"   ranks with no lines: {rank_ranges(job.ranks_missing)}")
     if job.hosts:
         facts.append(f"   hosts: {', '.join(job.hosts[:8])}")
     out.append(facts)
@@ -108,21 +109,6 @@ def renderables(report: Report) -> list[RenderableType]:
         src.append(f"\n  {s.status}: {s.path}: {s.reason}", style="yellow")
     out.append(src)
     return out
-
-
-def _ranges(values: list[int]) -> str:
-    if not values:
-        return ""
-    out: list[str] = []
-    start = prev = values[0]
-    for v in values[1:]:
-        if v == prev + 1:
-            prev = v
-            continue
-        out.append(f"{start}-{prev}" if start != prev else str(start))
-        start = prev = v
-    out.append(f"{start}-{prev}" if start != prev else str(start))
-    return ",".join(out)
 
 
 def to_text(report: Report, width: int = 100, color: bool = False) -> str:
