@@ -11,7 +11,7 @@ FORMATS = ("text", "json", "html")
 def render(report: Report, fmt: str = "text", width: int | None = None, color: bool = False) -> str:
     if fmt == "json":
         return to_json(report)
-    if fmt == "html":  # rich is imported only for the formats that use it
+    if fmt == "html":  # rich is imported only for the text report
         from ddpdoctor.report.to_html import to_html
 
         return to_html(report, width=width or 110)
