@@ -182,3 +182,16 @@ def test_a_big_utf16_log_is_not_cut_into_byte_ranges(tmp_path: Path) -> None:
     log = tmp_path / "big.txt"
     log.write_bytes("step 1 loss 0.5\r\n".encode("utf-16") * 10)
     assert parallel.split(Input(str(log), str(log)), part_bytes=64) == [Input(str(log), str(log))]
+
+
+def test_many_skipped_files_are_summarised_not_listed(tmp_path: Path) -> None:
+    """A run folder with checkpoints beside its log: a few skipped paths, then a count."""
+    for i in range(12):
+        (tmp_path / f"ckpt-{i:02d}.pt").write_bytes(bytes(range(256)) * 64)
+    (tmp_path / "rank1.log").write_text(f"{REAL_ERROR}\n")
+    proc = run_cli("diagnose", str(tmp_path))
+    skipped = [line for line in proc.stderr.splitlines() if "skipped" in line]
+    assert len(skipped) == 6, proc.stderr
+    assert skipped[-1] == "ddpdoctor: skipped: 7 more: binary data, not a log"
+    assert "skipped: 7 more: binary data, not a log" in proc.stdout  # the text report too
+    assert proc.returncode == 1  # the log was still diagnosed

@@ -81,12 +81,13 @@ def diagnose(
 ) -> None:
     """Diagnose the logs of every rank and node: files, folders, globs, .gz files, - for stdin."""
     from ddpdoctor.analysis.diagnose import diagnose_paths
+    from ddpdoctor.report.problems import problem_lines
     from ddpdoctor.report.render import render
 
     report = diagnose_paths(list(paths), engine=engine, jobs=jobs)
     if not any(s.status != "skipped" for s in report.sources):
-        for s in report.sources:
-            click.echo(f"ddpdoctor: {s.path}: {s.reason}", err=True)
+        for line in problem_lines(report.sources):
+            click.echo(f"ddpdoctor: {line.split(': ', 1)[1]}", err=True)
         click.echo("ddpdoctor: nothing readable to diagnose", err=True)
         sys.exit(exitcodes.USAGE_OR_INPUT)
     fmt = fmt or "text"
@@ -96,9 +97,8 @@ def diagnose(
         Path(output).write_text(text, encoding="utf-8")
     else:
         click.echo(text, nl=not text.endswith("\n"))
-    for s in report.sources:
-        if s.status != "read":
-            click.echo(f"ddpdoctor: {s.status}: {s.path}: {s.reason}", err=True)
+    for line in problem_lines(report.sources):
+        click.echo(f"ddpdoctor: {line}", err=True)
     failed = report.verdict.status in ("failed", "hung", "slow", "unknown")
     sys.exit(exitcodes.FAILURE_FOUND if failed else exitcodes.OK)
 

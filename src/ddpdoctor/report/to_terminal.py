@@ -11,6 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ddpdoctor.model.findings import Evidence, Report
+from ddpdoctor.report.problems import problem_lines
 from ddpdoctor.report.ranges import rank_ranges
 
 STATUS_STYLE = {
@@ -105,8 +106,8 @@ def renderables(report: Report) -> list[RenderableType]:
     bad = [s for s in report.sources if s.status != "read"]
     read = len(report.sources) - len(bad)
     src = Text(f"sources: {read} read", style="dim")
-    for s in bad:
-        src.append(f"\n  {s.status}: {s.path}: {s.reason}", style="yellow")
+    for line in problem_lines(bad):
+        src.append(f"\n  {line}", style="yellow")
     out.append(src)
     return out
 
