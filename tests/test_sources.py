@@ -195,3 +195,17 @@ def test_many_skipped_files_are_summarised_not_listed(tmp_path: Path) -> None:
     assert skipped[-1] == "ddpdoctor: skipped: 7 more: binary data, not a log"
     assert "skipped: 7 more: binary data, not a log" in proc.stdout  # the text report too
     assert proc.returncode == 1  # the log was still diagnosed
+
+
+def test_a_big_binary_file_is_skipped_whole_not_scanned_in_ranges(tmp_path: Path) -> None:
+    """Only a file's first range is sniffed; a checkpoint cut into ranges had its later ranges
+    scanned as text (and their hits merged) before being reported as skipped."""
+    from ddpdoctor.analysis import parallel
+
+    ckpt = tmp_path / "model.pt"
+    ckpt.write_bytes(bytes(range(256)) * 4096 + f"\n{REAL_ERROR}".encode() * 10)
+    item = Input(str(ckpt), str(ckpt))
+    assert parallel.split(item, part_bytes=64 * 1024) == [item]
+    report = diagnose_paths([str(ckpt), str(tmp_path)])
+    assert report.sources[0].status == "skipped" and report.sources[0].bytes == 0
+    assert report.findings == []

@@ -22,7 +22,13 @@ from ddpdoctor.analysis.scanner import (
     SourceScan,
     sample_bytes_for,
 )
-from ddpdoctor.ingest.sources import GZIP_MAGIC, UTF16_SNIFF_BYTES, Input, looks_utf16
+from ddpdoctor.ingest.sources import (
+    GZIP_MAGIC,
+    SNIFF_BYTES,
+    Input,
+    looks_binary,
+    looks_utf16,
+)
 from ddpdoctor.model.records import Record
 from ddpdoctor.rules.base import Rule
 from ddpdoctor.rules.registry import all_rules
@@ -58,8 +64,8 @@ def plan(inputs: list[Input]) -> list[tuple[int, Input]]:
 
 
 def split(item: Input, part_bytes: int | None = None) -> list[Input]:
-    """A big plain file as newline-aligned ranges; anything else (stdin, .gz, UTF-16, small)
-    whole."""
+    """A big plain file as newline-aligned ranges; anything else (stdin, .gz, UTF-16, binary,
+    small) whole."""
     part_bytes = part_bytes or PART_BYTES
     if item.path == "-" or item.start or item.end is not None:
         return [item]
@@ -68,8 +74,10 @@ def split(item: Input, part_bytes: int | None = None) -> list[Input]:
         if size <= part_bytes or not os.path.isfile(item.path):
             return [item]
         with open(item.path, "rb") as fh:
-            head = fh.read(UTF16_SNIFF_BYTES)
+            head = fh.read(SNIFF_BYTES)
             if head[:2] == GZIP_MAGIC or looks_utf16(head):  # decoded as one stream
+                return [item]
+            if looks_binary(head):  # a checkpoint beside the logs: skipped whole, unread
                 return [item]
             cuts = [0]
             parts = -(-size // part_bytes)
