@@ -340,13 +340,18 @@ def _early_stop(
     for f in errors:
         f.role = Role.CONTEXT
     exited_badly = any(e.code not in (None, 0) for e in job.info.per_rank.values())
+    failed = bool(errors) or exited_badly
     return Analysis(
         findings=findings,
-        status=Status.FAILED if errors or exited_badly else Status.OK,
+        status=Status.FAILED if failed else Status.OK,
         rule=inferred.EARLY_STOP_ALL,
         root=stop,
         confidence=0.7,
-        notes=["every rank announced the early stop; only the exit path looks like a failure."],
+        notes=[
+            "every rank announced the early stop; only the exit path looks like a failure."
+            if failed
+            else "every rank announced the early stop and nothing failed."
+        ],
     )
 
 
