@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -97,3 +98,13 @@ def test_demo_replay_json_and_keep(tmp_path: Path) -> None:
         "expected": {"kind": "host-oom", "category": "resource"},
         "matches_expected": True,
     }
+
+
+def test_demo_replays_a_scenario_this_machine_cannot_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without /dev/full the disk-full injection would fail for another reason: replay it."""
+    scenario = catalog.get("disk-full-checkpoint")
+    monkeypatch.setattr(catalog, "get", lambda name: replace(scenario, needs=("/no/such/device",)))
+    result = CliRunner().invoke(demo_cmd.demo, ["disk-full-checkpoint"])
+    assert result.exit_code == 0, result.output
+    assert "REPLAY (this machine has no /no/such/device)" in result.output
+    assert "disk-full" in result.output

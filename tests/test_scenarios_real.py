@@ -49,9 +49,8 @@ def _cases() -> list[object]:
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize(("scenario", "aspect"), _cases())
 def test_real_scenario(scenario: catalog.Scenario, aspect: str, run_dir: Path) -> None:
-    missing = [p for p in scenario.needs if not Path(p).exists()]
-    if missing:
-        pytest.skip(f"{scenario.name} needs {', '.join(missing)}")
+    if scenario.missing_needs:
+        pytest.skip(f"{scenario.name} needs {', '.join(scenario.missing_needs)}")
     result, report = _run(scenario, run_dir)
     if aspect == "run":
         assert not result.timed_out, f"{scenario.name} ran past {scenario.timeout_s} s"

@@ -150,18 +150,12 @@ def _with_root(
     errors.sort(key=cmp_to_key(lambda a, b: _earlier_or_more_specific(a, b, rules)))
     root = errors[0]
     if _after_completion(root, job) and root.kind in TEARDOWN_KINDS:
-        analysis = Analysis(
-            findings=findings,
-            status=Status.FAILED,
-            rule=inferred.TEARDOWN_CRASH,
-            root=root,
-            culprit_ranks=sorted(_culprit_ranks(root, job)),
-            culprit_hosts=root.hosts,
-            confidence=0.7,
-            notes=["training had announced its end before this happened: the work was done."],
+        return _teardown_crash(
+            findings,
+            [root],
+            job,
+            "training had announced its end before this happened: the work was done.",
         )
-        root.role = Role.ROOT
-        return analysis
     teardown = next((f for f in findings if f.rule == TEARDOWN_RULE), None)
     if root.kind == "native-crash" and teardown is not None:
         # the work was done; the crash happened while the process was being torn down
@@ -316,7 +310,14 @@ def _early_stop(
     )
     real = [f for f in errors if f.kind != "python-exception"]
     if real and every_rank and all(f.kind in TEARDOWN_KINDS and _after(f, stop) for f in real):
-        return _stopped_then_crashed(findings, stop, real, job)
+        stop.role = Role.CONTEXT
+        return _teardown_crash(
+            findings,
+            real,
+            job,
+            "every rank had stopped training early on purpose before this crash: the work was "
+            "done, the crash came on the way out.",
+        )
     if real:
         return None  # a real error elsewhere explains the job's end better than a stop notice
     if announcers and ranks and announcers < ranks and cascades:
@@ -334,7 +335,7 @@ def _early_stop(
                 f"rank(s) {_list(ranks - announcers)} kept going and failed waiting for them."
             ],
         )
-    if not every_rank or any(f.kind != "python-exception" for f in errors):
+    if not every_rank:
         return None
     stop.role = Role.ROOT
     for f in errors:
@@ -372,29 +373,24 @@ def _after(crash: Finding, stop: Finding) -> bool:
     )
 
 
-def _stopped_then_crashed(
-    findings: list[Finding], stop: Finding, crashes: list[Finding], job: JobView
+def _teardown_crash(
+    findings: list[Finding], crashes: list[Finding], job: JobView, why: str
 ) -> Analysis:
-    """Every rank had stopped training on purpose before a rank crashed: the work was done,
-    the crash happened on the way out (library teardown at interpreter exit)."""
-    root = crashes[0]
+    """The work was done (training announced its end, or every rank stopped on purpose) when
+    these crashes came: library teardown on the way out, not a failure of training."""
     culprits: set[int] = set()
     for f in crashes:
         f.role = Role.ROOT
-        culprits |= set(f.ranks) or _culprit_ranks(f, job)
-    stop.role = Role.CONTEXT
+        culprits |= _culprit_ranks(f, job)
     return Analysis(
         findings=findings,
         status=Status.FAILED,
         rule=inferred.TEARDOWN_CRASH,
-        root=root,
+        root=crashes[0],
         culprit_ranks=sorted(culprits),
-        culprit_hosts=root.hosts,
+        culprit_hosts=crashes[0].hosts,
         confidence=0.7,
-        notes=[
-            "every rank had stopped training early on purpose before this crash: the work was "
-            "done, the crash came on the way out."
-        ],
+        notes=[why],
     )
 
 

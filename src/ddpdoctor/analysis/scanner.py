@@ -74,7 +74,7 @@ class StreamSummary:
 
 # Training progress (steps, epochs, loss) and distributed start-up, as seen in head and tail.
 # Each opens with a look-ahead for the characters its alternatives can start with: Python `re`
-# then skips other positions in C (twice as fast; the tail of every file is searched).
+# then skips other positions in C (3.6 -> 2.3 us a line on the benchmark's tails).
 PROGRESS_LINE = re.compile(
     r"(?i)(?=[seilb\d])(?:\b(?:step|iter(?:ation)?|epoch|loss|batch)\b\s*[:=\[]?\s*\d|\d+%\|)"
 )

@@ -105,7 +105,7 @@ def demo(name: str, list_only: bool, fmt: str, keep: str | None, replay: bool, w
         click.echo(f"ddpdoctor: {exc.args[0]}; see `ddpdoctor demo --list`.", err=True)
         sys.exit(exitcodes.USAGE_OR_INPUT)
 
-    live = not replay and torch_available()
+    live = not replay and torch_available() and not scenario.missing_needs
     if live:
         out_dir = Path(keep) if keep else Path(tempfile.mkdtemp(prefix="ddpdoctor-demo-"))
         click.echo(f"ddpdoctor demo: {scenario.name}: {scenario.title}", err=True)
@@ -117,7 +117,13 @@ def demo(name: str, list_only: bool, fmt: str, keep: str | None, replay: bool, w
             how = f"killed after the {scenario.timeout_s:.0f} s limit"
         header = f"Ran {scenario.name} for real ({how})."
     else:
-        why = "--replay was given" if replay else "torch is not importable here"
+        why = (
+            "--replay was given"
+            if replay
+            else "torch is not importable here"
+            if not torch_available()
+            else f"this machine has no {', '.join(scenario.missing_needs)}"
+        )
         out_dir = _replay_dir(scenario, keep)
         meta = runner.read_meta(out_dir)
         header = (

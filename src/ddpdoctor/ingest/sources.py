@@ -27,7 +27,9 @@ CHUNK_BYTES = 4 * 1024 * 1024
 MAX_LINE_BYTES = 8 * 1024 * 1024
 """A single line longer than this is cut into pieces so memory stays bounded."""
 SNIFF_BYTES = 8192
-GZIP_READ_BYTES = 256 * 1024
+DECODED_READ_BYTES = 256 * 1024
+"""Read size of a decoded stream (gzip, UTF-16): a truncated archive then loses at most one read
+of text."""
 PROBE_BYTES = 64 * 1024
 GZIP_MAGIC = b"\x1f\x8b"
 STDIN_NAME = "<stdin>"
@@ -53,14 +55,19 @@ def expand_paths(paths: list[str]) -> tuple[list[Input], list[SourceInfo]]:
     problems: list[SourceInfo] = []
     seen: set[object] = set()
 
-    def add(path: str) -> None:
+    def add(path: str, in_folder: bool = False) -> None:
         # one stat per file (realpath costs one per path component): a file reached twice,
         # through a link or two arguments, has one identity
         try:
             st = os.stat(path)
             key: object = (st.st_dev, st.st_ino)
-        except OSError:
+        except OSError:  # a dangling link: reported when it is read
             key = os.path.realpath(path)
+        else:
+            if in_folder and not stat.S_ISREG(st.st_mode):
+                # a pipe or socket in a log folder would block the scan; named ones are read
+                problems.append(SourceInfo(path, status="skipped", reason="not a regular file"))
+                return
         if key not in seen:
             seen.add(key)
             inputs.append(Input(path=path, display=path))
@@ -80,15 +87,8 @@ def expand_paths(paths: list[str]) -> tuple[list[Input], list[SourceInfo]]:
                 for root, dirs, files in os.walk(path):
                     dirs.sort()
                     for name in sorted(files):
-                        if name.startswith("."):
-                            continue
-                        full = os.path.join(root, name)
-                        if os.path.isfile(full) or not os.path.exists(full):
-                            add(full)  # (a dangling link is reported when it is read)
-                        else:  # a pipe or socket in a log folder would block the scan
-                            problems.append(
-                                SourceInfo(full, status="skipped", reason="not a regular file")
-                            )
+                        if not name.startswith("."):
+                            add(os.path.join(root, name), in_folder=True)
             elif os.path.exists(path):
                 add(path)
             else:
@@ -176,12 +176,11 @@ class ChunkStream:
             self.info.status, self.info.reason = "skipped", f"cannot read: {exc.strerror}"
             return None
         if looks_utf16(head):  # Windows PowerShell's `>` writes UTF-16
-            self.read_bytes = GZIP_READ_BYTES
+            self.read_bytes = DECODED_READ_BYTES
             return _Utf8FromUtf16(raw)  # type: ignore[return-value]
         if head[:2] == GZIP_MAGIC:
             opener = _fast_gzip.open if _fast_gzip is not None else gzip.open
-            # small reads: a truncated archive then loses at most one read of text
-            self.read_bytes = GZIP_READ_BYTES
+            self.read_bytes = DECODED_READ_BYTES
             return opener(raw, "rb")  # type: ignore[no-any-return,no-untyped-call,return-value,unused-ignore]
         return raw
 
@@ -189,8 +188,8 @@ class ChunkStream:
         stream = self._open()
         if stream is None:
             return
-        plain = self.read_bytes == self.chunk_bytes and self.item.path != "-"
-        if plain and isinstance(stream, io.BufferedReader) and _is_regular(stream):
+        # a decoded stream (gzip, UTF-16) is no BufferedReader: read, not sized
+        if self.item.path != "-" and isinstance(stream, io.BufferedReader) and _is_regular(stream):
             try:
                 yield from self._exact_chunks(stream)
             finally:

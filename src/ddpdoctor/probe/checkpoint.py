@@ -19,7 +19,8 @@ class CheckpointError(RuntimeError):
 
 def rank_device() -> str:
     """Where this rank's tensors belong: `cuda:LOCAL_RANK` when CUDA is usable (the device
-    torchrun and Slurm give the rank), else `cpu`."""
+    torchrun and Slurm give the rank), else `cpu`. LOCAL_RANK is taken modulo the visible
+    devices: a rank that sees one GPU (CUDA_VISIBLE_DEVICES per rank) uses cuda:0."""
     import torch
 
     if not torch.cuda.is_available():

@@ -1,6 +1,6 @@
 """Naming the parameters that got no gradient in a backward pass: what DDP's "Expected to have
 finished reduction in the prior iteration" is about, named before DDP fails (torch itself names
-them only under TORCH_DISTRIBUTED_DEBUG=DETAIL). Duck-typed: nothing of torch is imported."""
+them only under TORCH_DISTRIBUTED_DEBUG=INFO or DETAIL). Duck-typed: imports nothing of torch."""
 
 from __future__ import annotations
 
@@ -10,14 +10,14 @@ from typing import Any, TextIO
 from ddpdoctor.probe.ranks import this_rank
 
 LINE_PREFIX = "ddpdoctor: parameters without gradient"
-"""The start of the line `report_unused_parameters` prints; DDP101 reads the names from it."""
+"""The start of the line `report_unused_parameters` prints; DDP107 reads the names from it."""
 
 _reported: set[tuple[int, tuple[str, ...]]] = set()
 
 
 def unused_parameters(module: Any) -> list[str]:
     """Names of trainable parameters whose `.grad` is None: call it after `loss.backward()` and
-    before `optimizer.zero_grad()`. A DDP or FSDP wrapper's `module.` prefix is left out, so the
+    before `optimizer.zero_grad()`. A DDP wrapper's `module.` prefix is left out, so the
     names are the ones of the user's model."""
     inner = getattr(module, "module", None)
     target = inner if inner is not None and hasattr(inner, "named_parameters") else module

@@ -57,6 +57,11 @@ class Scenario:
     """Paths the injection uses (a device file); where one is missing the scenario cannot run."""
 
     @property
+    def missing_needs(self) -> list[str]:
+        """The paths in `needs` this machine lacks: the scenario cannot run here."""
+        return [p for p in self.needs if not Path(p).exists()]
+
+    @property
     def program_path(self) -> Path:
         return PROGRAMS_DIR / self.program
 
