@@ -85,10 +85,14 @@ def diagnose(
     from ddpdoctor.report.render import render
 
     report = diagnose_paths(list(paths), engine=engine, jobs=jobs)
-    if not any(s.status != "skipped" for s in report.sources):
+    if not any(s.status != "skipped" and s.lines > 0 for s in report.sources):
         for line in problem_lines(report.sources):
             click.echo(f"ddpdoctor: {line.split(': ', 1)[1]}", err=True)
-        click.echo("ddpdoctor: nothing readable to diagnose", err=True)
+        for s in report.sources:
+            if s.status != "skipped":
+                what = "holds no job record" if s.reason else "is empty"
+                click.echo(f"ddpdoctor: {s.path}: {what}", err=True)
+        click.echo("ddpdoctor: nothing to diagnose: no input holds a line of log", err=True)
         sys.exit(exitcodes.USAGE_OR_INPUT)
     fmt = fmt or "text"
     use_color = color if color is not None else (output is None and sys.stdout.isatty())

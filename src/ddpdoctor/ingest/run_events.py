@@ -20,6 +20,8 @@ class RunHang:
     groups: list[dict[str, Any]]
     time: str | None
     source: str
+    activities: dict[int, dict[str, Any]] = field(default_factory=dict)
+    """Where each rank was (category, op, site, source), from its stack."""
 
 
 @dataclass(slots=True)
@@ -29,6 +31,9 @@ class RunEvents:
     exit_code: int | None = None
     hangs: list[RunHang] = field(default_factory=list)
     killed_for_hang: bool = False
+    facts: int = 0
+    """How many records say something about the job (exits, stacks); a start alone says
+    nothing."""
 
 
 def is_events_file(path: str) -> bool:
@@ -58,6 +63,8 @@ def read_events(path: str) -> RunEvents:
         if not isinstance(rec, dict):
             continue
         kind = rec.get("event")
+        if kind in ("exit", "stacks"):
+            events.facts += 1
         if kind == "exit":
             per_rank = rec.get("per_rank") or {}
             events.per_rank_exit = {int(k): int(v) for k, v in per_rank.items() if v is not None}
@@ -74,8 +81,21 @@ def read_events(path: str) -> RunEvents:
                     groups=list(diag.get("groups") or []),
                     time=rec.get("time"),
                     source=f"{path}:{number}",
+                    activities=_activities(diag.get("activities")),
                 )
             )
         elif kind == "kill" and rec.get("reason") == "hang":
             events.killed_for_hang = True
     return events
+
+
+def _activities(raw: object) -> dict[int, dict[str, Any]]:
+    """{rank: activity} from a stacks event; labels that are not ranks are left out."""
+    if not isinstance(raw, dict):
+        return {}
+    out: dict[int, dict[str, Any]] = {}
+    for label, activity in raw.items():
+        tail = str(label).removeprefix("rank ")
+        if tail.isdigit() and len(tail) <= 7 and isinstance(activity, dict):
+            out[int(tail)] = {k: v for k, v in activity.items() if isinstance(v, str)}
+    return out

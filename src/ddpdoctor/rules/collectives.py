@@ -1,9 +1,10 @@
 """Collective mismatches and timeouts (c10d ProcessGroupWrapper, ProcessGroupNCCL watchdog, gloo
-transport). Timeouts are usually the echo of a failure elsewhere, hence `cascade=True`."""
+transport). Timeouts are usually the echo of a failure elsewhere: the waiting rank was
+alive (`Echo.WAITING`)."""
 
 from __future__ import annotations
 
-from ddpdoctor.rules.base import Explanation, Rule, Signature
+from ddpdoctor.rules.base import Echo, Explanation, Rule, Signature
 
 COLLECTIVE_MISMATCH = Rule(
     code="COL101",
@@ -44,7 +45,7 @@ NCCL_WATCHDOG_TIMEOUT = Rule(
     kind="nccl-timeout",
     title="Collective timed out (NCCL watchdog)",
     sources="ProcessGroupNCCL.cpp WorkNCCL::checkTimeout / watchdogHandler",
-    cascade=True,
+    echo=Echo.WAITING,
     specificity=20,
     signatures=(
         Signature(
@@ -88,7 +89,7 @@ GLOO_TIMEOUT = Rule(
     kind="nccl-timeout",
     title="Collective timed out (gloo)",
     sources="gloo/transport/tcp/unbound_buffer.cc, pair.cc",
-    cascade=True,
+    echo=Echo.WAITING,
     specificity=20,
     signatures=(
         Signature(
@@ -122,7 +123,7 @@ MONITORED_BARRIER = Rule(
     kind="nccl-timeout",
     title="A rank failed to reach a monitored barrier",
     sources="ProcessGroupGloo::monitoredBarrier",
-    cascade=True,
+    echo=Echo.WAITING,
     specificity=25,
     signatures=(
         Signature(
