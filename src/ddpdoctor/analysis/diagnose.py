@@ -14,14 +14,7 @@ from ddpdoctor.ingest.run_events import is_events_file, read_events
 from ddpdoctor.ingest.sources import Input, expand_paths
 from ddpdoctor.model.findings import Report
 from ddpdoctor.model.records import SourceInfo
-from ddpdoctor.rules import inferred
-from ddpdoctor.rules.registry import HYPOTHESES, all_rules
-
-INTENDED = {
-    "early-stop": inferred.EARLY_STOP_ALL,
-    "teardown": inferred.TEARDOWN_CRASH,
-    "stopped": inferred.STOPPED,
-}
+from ddpdoctor.rules.registry import HYPOTHESES, INTENDED_ENDS, all_rules
 
 
 def diagnose_inputs(
@@ -45,7 +38,7 @@ def diagnose_inputs(
     hits = attribute(hits, job.resolve, job.single_node, job.info.hosts)
     hits = dedupe(hits, rules)
     findings = group(hits, rules)
-    decision = decide(findings, job, rules, HYPOTHESES, INTENDED)
+    decision = decide(findings, job, rules, HYPOTHESES, INTENDED_ENDS)
     for f in findings:
         f.evidence = evidence_of(f.hits)
     if decision.inferred is not None:

@@ -38,7 +38,7 @@ class Context:
     completed_at: dict[str, int] = field(default_factory=dict)
     """First line per source where training announced its end."""
     intended: dict[str, Rule] = field(default_factory=dict)
-    """The rules of implied causes: 'early-stop', 'teardown' (rules/inferred.py)."""
+    """The rules of intended ends: 'agreed-stop', 'teardown', 'stopped' (rules/registry.py)."""
 
 
 def precedes(a: Event, b: Event, slack_s: float = 0.0) -> bool | None:
@@ -315,7 +315,7 @@ def relate_agreed_stop(graph: CausalGraph, ctx: Context) -> None:
     stops = agreed_stop(graph, ctx)
     if not stops:
         return
-    node = graph.add_node(Node("agreed stop", ctx.intended.get("early-stop")))
+    node = graph.add_node(Node("agreed stop", ctx.intended.get("agreed-stop")))
     first: dict[str, int] = {}
     for stop in stops:
         for h in stop.hits:

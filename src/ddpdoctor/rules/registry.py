@@ -38,6 +38,16 @@ HYPOTHESES: tuple[Hypothesis, ...] = (
 HYPOTHESIS_ONLY_RULES = (stalled_rank.HANG,)
 """Rules a hypothesis may conclude with besides its own (documented like every rule)."""
 
+INTENDED_ENDS: dict[str, Rule] = {
+    "agreed-stop": inferred.EARLY_STOP_ALL,
+    "teardown": inferred.TEARDOWN_CRASH,
+    "stopped": inferred.STOPPED,
+}
+"""The verdicts of ends that are not failures of training, by the engine's name for them:
+every rank stopped on purpose; a crash after the work was done; a stop from outside."""
+
+"""Rules a hypothesis may conclude with besides its own (documented like every rule)."""
+
 
 @lru_cache(maxsize=1)
 def all_rules() -> tuple[Rule, ...]:
