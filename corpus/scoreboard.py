@@ -99,10 +99,8 @@ def score(case: Case) -> Score:
     v = report.verdict
     want_kind = label.get("kind")
     accept = list(label.get("kind_accept") or ([want_kind] if want_kind else []))  # type: ignore[arg-type]
-    if want_kind is None:  # a healthy log
-        kind_ok = v.status == "ok" and v.kind is None
-    else:
-        kind_ok = v.kind in accept
+    healthy = want_kind is None
+    kind_ok = (v.status == "ok" and v.kind is None) if healthy else v.kind in accept
     want_ranks = label.get("culprit_ranks")
     graded = isinstance(want_ranks, list)
     culprit_ok = graded and sorted(v.culprit.ranks) == sorted(want_ranks)  # type: ignore[arg-type]
@@ -155,7 +153,8 @@ def render(scores: list[Score], show_misses: bool) -> str:
         t = totals(part)
         lines.append(
             f"{split:<10} cases {t['cases']}  kind {_pct(t['kind'], t['cases'])}  "
-            f"category {_pct(t['category'], t['cases'])}  culprit {_pct(t['culprit'], t['culprit_graded'])}  "
+            f"category {_pct(t['category'], t['cases'])}  "
+            f"culprit {_pct(t['culprit'], t['culprit_graded'])}  "
             f"culprit+kind {_pct(t['culprit_with_kind'], t['culprit_graded'])}  "
             f"fix {_pct(t['fix'], t['fix_graded'])}  false-infra {t['false_infra']}"
         )
@@ -173,7 +172,9 @@ def render(scores: list[Score], show_misses: bool) -> str:
                         if s.culprit_graded and not s.culprit_ok
                         else ""
                     )
-                    lines.append(f"  MISS {s.case}: want {s.want} got {s.got} ({s.status}){culprit}")
+                    lines.append(
+                        f"  MISS {s.case}: want {s.want} got {s.got} ({s.status}){culprit}"
+                    )
     return "\n".join(lines)
 
 

@@ -23,6 +23,9 @@ from ddpdoctor.rules.base import Echo, Marker
 STARTUP_SEQ = 5
 """A timed-out collective among the first this many of the job happened at start-up."""
 BUSY_PROGRESS_MIN_S = 30.0
+BUSY_WINDOW = (0.5, 1.25)
+"""A bar whose elapsed time is about the collective timeout (this share of it) ran while the
+others waited: it started with the collective they waited in."""
 
 BUSY_PHASE = re.compile(
     r"(?i)sav(?:e|ing) (?:the )?(?:model|checkpoint|state)|evaluat|validat|tokeniz|preprocess"
@@ -101,12 +104,14 @@ def build_evidence(job: JobView, events: list[Event]) -> JobEvidence:
 
     for event in events:
         _add_event(evidence, event)
+        if event.marker in (Marker.TEARDOWN, Marker.STOP):
+            evidence.ended = True  # the program reached its end, or stopped on purpose
 
     evidence.timeout_ms = _timeout_ms(events)
     evidence.startup_seq = _startup_seq(events)
     evidence.busy_progress = _busy_progress(job, evidence.timeout_ms)
     evidence.stall = _stall(job)
-    evidence.ended = bool(info.per_rank or info.exit_code is not None or job.completed_at)
+    evidence.ended |= bool(info.per_rank or info.exit_code is not None or job.completed_at)
     evidence.started_training = any(s.progress_lines for s in job.streams)
     evidence.last_step = _last_step(job)
     evidence.stalled_at_startup = _stalled_at_startup(job)
@@ -172,8 +177,10 @@ def _busy_progress(job: JobView, timeout_ms: float | None) -> tuple[float, Evide
             best = (elapsed, Evidence.of(fact.record, fact.record.text[-160:]))
     if best is None or best[0] < BUSY_PROGRESS_MIN_S:
         return None
-    if timeout_ms is not None and best[0] < 0.5 * timeout_ms / 1000:
-        return None
+    if timeout_ms is not None and not (
+        BUSY_WINDOW[0] * timeout_ms / 1000 <= best[0] <= BUSY_WINDOW[1] * timeout_ms / 1000
+    ):
+        return None  # a bar that ran much longer than the timeout is training, not one rank
     return best
 
 

@@ -49,11 +49,15 @@ NCCL_WATCHDOG_TIMEOUT = Rule(
     specificity=20,
     signatures=(
         Signature(
-            r"Watchdog caught collective operation timeout: WorkNCCL\(SeqNum=(?P<seq>\d+), "
-            r"OpType=(?P<op>\w+)(?:, NumelIn=(?P<numel>\d+))?.*?Timeout\(ms\)=(?P<timeout_ms>\d+)"
-            r"\) ran for (?P<ran_ms>\d+) milliseconds",
+            # torch < 1.12 prints no SeqNum: "WorkNCCL(OpType=ALLREDUCE, Timeout(ms)=1800000)"
+            # (a line cut by a paste keeps what it has: the op, maybe the timeout)
+            r"Watchdog caught collective operation timeout: WorkNCCL\((?:SeqNum=(?P<seq>\d+), )?"
+            r"OpType=(?P<op>\w+)(?:, NumelIn=(?P<numel>\d+))?(?:[^)]*?Timeout\(ms\)="
+            r"(?P<timeout_ms>\d+))?(?:\) ran for (?P<ran_ms>\d+) milliseconds)?",
             "Watchdog caught collective operation timeout",
         ),
+        # the same line cut short by a paste or a terminal: still a watchdog timeout
+        Signature(r"Watchdog caught collective operation timeout"),
         Signature(r"Timeout at NCCL work: (?P<seq>\d+)", "Timeout at NCCL work"),
         Signature(r"Some NCCL operations have failed or timed out"),
         Signature(r"watchdog thread terminated with"),

@@ -33,16 +33,20 @@ RULE = Rule(
 
 
 def assess(job: JobEvidence) -> Assessment | None:
-    if job.ended or job.last_step is None or job.echoes or job.failing_exits:
+    if job.ended or not job.started_training or job.echoes or job.failing_exits:
         return None
-    done, total = job.last_step
+    where = (
+        f"at step {job.last_step[0]} of {job.last_step[1]}"
+        if job.last_step
+        else ("after its training progress")
+    )
     return Assessment(
         RULE,
         0.3,
         [],
         [
-            f"the log ends at step {done} of {total} without an end: no error, no end of "
-            "training, no exit code. The job may have hung, or it was still running."
+            f"the log ends {where} without an end: no error, no end of training, no exit "
+            "code. The job may have hung, or it was still running."
         ],
         next_steps=[
             "Find out whether the job is still running, and collect the rest of its output."

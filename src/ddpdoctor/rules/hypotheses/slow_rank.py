@@ -41,10 +41,18 @@ def assess(job: JobEvidence) -> Assessment | None:
     found: list[Assessment] = []
     if job.busy_progress is not None and (quiet or missing):
         elapsed, line = job.busy_progress
-        culprit = quiet or missing
+        culprit = (
+            {line.rank}
+            if line.rank is not None
+            else (
+                quiet
+                if len(quiet) == 1
+                else (missing if len(missing) == 1 and not quiet else set())
+            )
+        )
         timeout = (
             f", about the collective timeout of {job.timeout_ms / 1000:g} s"
-            if (job.timeout_ms)
+            if job.timeout_ms
             else ""
         )
         found.append(

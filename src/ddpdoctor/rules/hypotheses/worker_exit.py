@@ -24,8 +24,20 @@ RULE = Rule(
 
 def assess(job: JobEvidence) -> Assessment | None:
     failing = job.failing_exits
-    if not failing or job.waiting:
+    if job.waiting:
         return None
+    if not failing:
+        if "launcher" not in job.echoes or job.echoes & {"lost-peer", "stopped"}:
+            return None
+        return Assessment(
+            RULE,
+            0.4,
+            [],
+            [
+                "the launcher terminated the workers because one of them failed, and no "
+                "worker's own error is in these logs."
+            ],
+        )
     codes = ", ".join(f"rank {r}: {c}" for r, c in sorted(failing.items()))
     return Assessment(
         RULE,
