@@ -48,7 +48,14 @@ def diagnose_inputs(
     findings.sort(key=lambda f: (role_order.get(f.role, 3), f.hits[0].order if f.hits else 0))
     sources: list[SourceInfo] = [scan.info for scan in scans] + list(problems or [])
     sources += [
-        SourceInfo(e.source, lines=e.facts, status="read", reason="ddpdoctor run events")
+        SourceInfo(
+            e.source,
+            lines=e.facts,
+            status="read",
+            reason=f"the job never started: {e.start_error}"
+            if e.start_error
+            else "ddpdoctor run events",
+        )
         for e in run_events
     ]
     return Report(

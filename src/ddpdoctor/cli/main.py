@@ -90,7 +90,11 @@ def diagnose(
             click.echo(f"ddpdoctor: {line.split(': ', 1)[1]}", err=True)
         for s in report.sources:
             if s.status != "skipped":
-                what = "holds no job record" if s.reason else "is empty"
+                what = (
+                    s.reason
+                    if s.reason and "never started" in s.reason
+                    else ("holds no record of the job" if s.reason else "is empty")
+                )
                 click.echo(f"ddpdoctor: {s.path}: {what}", err=True)
         click.echo("ddpdoctor: nothing to diagnose: no input holds a line of log", err=True)
         sys.exit(exitcodes.USAGE_OR_INPUT)

@@ -31,6 +31,8 @@ class RunEvents:
     exit_code: int | None = None
     hangs: list[RunHang] = field(default_factory=list)
     killed_for_hang: bool = False
+    start_error: str | None = None
+    """Why the job never started (`ddpdoctor run` could not start the command)."""
     facts: int = 0
     """How many records say something about the job (exits, stacks); a start alone says
     nothing."""
@@ -45,7 +47,10 @@ def is_events_file(path: str) -> bool:
             first = json.loads(f.readline() or "{}")
     except (OSError, ValueError):
         return False
-    return isinstance(first, dict) and first.get("event") == "start" and "run_id" in first
+    if not isinstance(first, dict):
+        return False
+    started = first.get("event") == "start" and "run_id" in first
+    return started or (first.get("event") == "start_failed" and "argv" in first)
 
 
 def read_events(path: str) -> RunEvents:
@@ -65,6 +70,8 @@ def read_events(path: str) -> RunEvents:
         kind = rec.get("event")
         if kind in ("exit", "stacks"):
             events.facts += 1
+        if kind == "start_failed":
+            events.start_error = str(rec.get("error") or "the command could not be started")
         if kind == "exit":
             per_rank = rec.get("per_rank") or {}
             events.per_rank_exit = {int(k): int(v) for k, v in per_rank.items() if v is not None}

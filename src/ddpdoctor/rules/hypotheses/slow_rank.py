@@ -41,15 +41,12 @@ def assess(job: JobEvidence) -> Assessment | None:
     found: list[Assessment] = []
     if job.busy_progress is not None and (quiet or missing):
         elapsed, line = job.busy_progress
-        culprit = (
-            {line.rank}
-            if line.rank is not None
-            else (
-                quiet
-                if len(quiet) == 1
-                else (missing if len(missing) == 1 and not quiet else set())
-            )
-        )
+        if line.rank is not None and line.rank not in waiting:
+            culprit = {line.rank}  # the bar's own writer (not a timeout glued to its line)
+        elif len(quiet) == 1:
+            culprit = set(quiet)
+        else:
+            culprit = set(missing) if len(missing) == 1 and not quiet else set()
         timeout = (
             f", about the collective timeout of {job.timeout_ms / 1000:g} s"
             if job.timeout_ms
