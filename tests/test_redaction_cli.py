@@ -452,3 +452,28 @@ def test_check_masks_secret_environment_values() -> None:
     text = _check()
     assert not [s for s in CHECK_SECRETS if s in text.stdout + text.stderr]
     assert "NCCL_NET_PLUGIN_SECRET=****" in text.stdout
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_demo_does_not_echo_secrets_or_control_sequences(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fmt: str
+) -> None:
+    """`demo --replay` shows the job's lines and its diagnosis: bundled logs with a secret and
+    a colour code planted in the failing rank's exception line."""
+    from ddpdoctor.cli.demo_cmd import demo
+    from ddpdoctor.scenarios import catalog
+
+    bundled = DATA_ERROR.parent
+    planted = tmp_path / "captured" / bundled.name
+    planted.mkdir(parents=True)
+    (planted / "meta.json").write_text((bundled / "meta.json").read_text())
+    line = "OSError: could not clone https://ci-bot:ghp_TKtb2TxxDBfz5LJF3hBGZW3M4Fz6Hq2AK7EG@github.com/acme/data.git \x1b[31mfatal\x1b[0m"
+    (planted / "console.log").write_text(
+        DATA_ERROR.read_text().replace(DATA_ERROR_LINE, "[rank1]: " + line)
+    )
+    monkeypatch.setattr(catalog, "CAPTURED_DIR", tmp_path / "captured")
+    result = CliRunner().invoke(demo, ["--replay", "--format", fmt, "--width", "300", "data-error"])
+    assert result.exit_code == 0, result.output
+    assert "TKtb2TxxDBfz5LJF3hBGZW3M4Fz6Hq2AK7EG" not in result.output
+    assert "https://ci-bot:****@github.com" in result.output  # the line was shown, masked
+    assert "\x1b" not in result.output and "\\u001b" not in result.output
