@@ -477,3 +477,27 @@ def test_demo_does_not_echo_secrets_or_control_sequences(
     assert "TKtb2TxxDBfz5LJF3hBGZW3M4Fz6Hq2AK7EG" not in result.output
     assert "https://ci-bot:****@github.com" in result.output  # the line was shown, masked
     assert "\x1b" not in result.output and "\\u001b" not in result.output
+
+
+def test_real_reports_are_unchanged_by_redaction() -> None:
+    """False positives at report level: every real run kept in the repo (and the corpus when
+    present) gives the same report with and without redaction, and no rule's documentation
+    (summaries, fixes) is touched."""
+    from ddpdoctor.analysis.diagnose import diagnose_paths
+    from ddpdoctor.redaction import redact
+    from ddpdoctor.report.to_json import to_json
+    from ddpdoctor.report.view import shown
+    from ddpdoctor.rules.docs import rule_markdown
+    from ddpdoctor.rules.registry import all_rules
+    from tests.conftest import CORPUS
+
+    assert [r.code for r in all_rules() if redact(rule_markdown(r)) != rule_markdown(r)] == []
+    roots = [MULTINODE.parent, DATA_ERROR.parent.parent, CORPUS]
+    runs = [d for root in roots if root.is_dir() for d in sorted(root.iterdir()) if d.is_dir()]
+    assert len(runs) >= 40
+    changed = []
+    for run in runs:
+        report = diagnose_paths([str(run)])
+        if to_json(shown(report, redact=True)) != to_json(shown(report, redact=False)):
+            changed.append(run.name)
+    assert changed == []

@@ -1,10 +1,8 @@
-"""What ddpdoctor may repeat of what a job printed: terminal control sequences stripped, secrets
-masked (`hf_****`, `https://user:****@host`, `HF_TOKEN=****`). Owns the table of secret formats.
-Stdlib only and imports nothing of ddpdoctor, so every layer that writes output can use it; it
-never touches what the job itself wrote (console.log, ranks/*.log).
-
-Every regex is linear in the length of the text: each quantifier that can repeat is bounded or
-follows a distinctive literal, and no quantified group can match the same text in two ways."""
+"""What ddpdoctor may repeat of what a job printed: control sequences stripped, secrets masked
+(`hf_****`, `https://user:****@host`, `HF_TOKEN=****`) after a declared table of formats. Stdlib
+only and imports nothing of ddpdoctor, so every layer that writes output uses it; never applied
+to what the job itself wrote (console.log, ranks/*.log). Every regex runs in time linear in the
+text: each repeat is bounded, and possessive where the next token cannot continue it."""
 
 from __future__ import annotations
 
@@ -502,7 +500,7 @@ def _clean(value: Any, redact_secrets: bool, key: str | None) -> Any:
         }
     if isinstance(value, list | tuple):
         items = _clean_argv(list(value), redact_secrets)
-        return type(value)(items) if isinstance(value, tuple) else items
+        return tuple(items) if isinstance(value, tuple) else items
     return value
 
 
