@@ -12,6 +12,7 @@ import click
 from ddpdoctor import __version__
 from ddpdoctor.cli import exitcodes
 from ddpdoctor.errors import DdpdoctorError
+from ddpdoctor.redaction import clean_text
 from ddpdoctor.report.render import FORMATS
 
 
@@ -70,6 +71,11 @@ def cli() -> None:
 )
 @click.option("--engine", type=click.Choice(["auto", "stdlib"]), default="auto", hidden=True)
 @click.option("--jobs", "-j", type=int, default=None, help="Parallel scanner processes.")
+@click.option(
+    "--no-redact",
+    is_flag=True,
+    help="Show secrets (tokens, passwords, keys) as the logs have them instead of masking them.",
+)
 def diagnose(
     paths: tuple[str, ...],
     fmt: str | None,
@@ -78,13 +84,16 @@ def diagnose(
     color: bool | None,
     engine: str,
     jobs: int | None,
+    no_redact: bool,
 ) -> None:
     """Diagnose the logs of every rank and node: files, folders, globs, .gz files, - for stdin."""
     from ddpdoctor.analysis.diagnose import diagnose_paths
     from ddpdoctor.report.problems import problem_lines
     from ddpdoctor.report.render import render
+    from ddpdoctor.report.view import shown
 
-    report = diagnose_paths(list(paths), engine=engine, jobs=jobs)
+    # what reaches stderr below (skipped paths) is cleaned like the report itself
+    report = shown(diagnose_paths(list(paths), engine=engine, jobs=jobs), redact=not no_redact)
     if not any(s.status != "skipped" and s.lines > 0 for s in report.sources):
         for line in problem_lines(report.sources):
             click.echo(f"ddpdoctor: {line.split(': ', 1)[1]}", err=True)
@@ -100,7 +109,7 @@ def diagnose(
         sys.exit(exitcodes.USAGE_OR_INPUT)
     fmt = fmt or "text"
     use_color = color if color is not None else (output is None and sys.stdout.isatty())
-    text = render(report, fmt, width=width, color=use_color and fmt == "text")
+    text = render(report, fmt, width=width, color=use_color and fmt == "text", redact=not no_redact)
     if output:
         Path(output).write_text(text, encoding="utf-8")
     else:
@@ -124,7 +133,8 @@ def explain(query: tuple[str, ...]) -> None:
     text = " ".join(query)
     rules = find_rules(text)
     if not rules:
-        click.echo(f"ddpdoctor: no rule matches {text!r}; see `ddpdoctor rules`.", err=True)
+        shown = clean_text(text)
+        click.echo(f"ddpdoctor: no rule matches {shown!r}; see `ddpdoctor rules`.", err=True)
         sys.exit(exitcodes.USAGE_OR_INPUT)
     console = Console(width=min(100, _terminal_width()))
     for rule in rules[:5]:
@@ -211,7 +221,7 @@ def main() -> None:
     try:
         cli(standalone_mode=True)
     except DdpdoctorError as exc:
-        click.echo(f"ddpdoctor: {exc}", err=True)
+        click.echo(f"ddpdoctor: {clean_text(str(exc))}", err=True)
         sys.exit(exitcodes.USAGE_OR_INPUT)
     except KeyboardInterrupt:
         sys.exit(130)
@@ -219,8 +229,8 @@ def main() -> None:
         if os.environ.get("DDPDOCTOR_DEBUG"):
             raise
         click.echo(
-            f"ddpdoctor: internal error ({type(exc).__name__}: {exc}). This is a bug in "
-            "ddpdoctor; re-run with DDPDOCTOR_DEBUG=1 for the traceback and report it.",
+            f"ddpdoctor: internal error ({type(exc).__name__}: {clean_text(str(exc))}). This is "
+            "a bug in ddpdoctor; re-run with DDPDOCTOR_DEBUG=1 for the traceback and report it.",
             err=True,
         )
         sys.exit(exitcodes.INTERNAL)

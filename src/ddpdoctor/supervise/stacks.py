@@ -22,6 +22,7 @@ import psutil
 from ddpdoctor.analysis.decision import assess_stall
 from ddpdoctor.model.evidence import COLLECTIVE_FUNCTIONS
 from ddpdoctor.model.evidence import Activity as StallActivity
+from ddpdoctor.redaction import clean_text
 from ddpdoctor.rules.registry import HYPOTHESES
 from ddpdoctor.supervise.child import ProcInfo
 
@@ -372,8 +373,15 @@ def collect(
     return results
 
 
-def write_dumps(stacks: list[RankStack], stacks_dir: Path, dump_no: int, when: str) -> None:
-    """Append py-spy dumps to `stacks/<label>.txt` (faulthandler writes its own files)."""
+def write_dumps(
+    stacks: list[RankStack],
+    stacks_dir: Path,
+    dump_no: int,
+    when: str,
+    redact: bool = True,
+) -> None:
+    """Append py-spy dumps to `stacks/<label>.txt` (faulthandler writes its own files). py-spy
+    heads each dump with the process's command line (`--hub_token ...`): cleaned unless told."""
     for s in stacks:
         if s.method == "faulthandler":
             continue
@@ -385,9 +393,10 @@ def write_dumps(stacks: list[RankStack], stacks_dir: Path, dump_no: int, when: s
         if s.cpu is not None:
             head += f" cpu {s.cpu:.2f}"
         body = s.text if s.text else f"(no stack: {s.error})\n"
+        text = clean_text(head + " ===\n" + body + "\n", redact)
         try:
             with (stacks_dir / f"{name}.txt").open("a", encoding="utf-8") as fh:
-                fh.write(head + " ===\n" + body + "\n")
+                fh.write(text)
         except OSError:
             continue
 
