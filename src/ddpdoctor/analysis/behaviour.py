@@ -102,6 +102,8 @@ def build_evidence(job: JobView, events: list[Event]) -> JobEvidence:
             if not stream.error_lines and BUSY_PHASE.search(stream.last_text):
                 view.busy_phase = stream.last_text[:80]
 
+    for rank in job.completed_ranks:
+        ranks.setdefault(rank, RankView(rank=rank, present=True)).completed = True
     for event in events:
         _add_event(evidence, event)
         if event.marker in (Marker.TEARDOWN, Marker.STOP):

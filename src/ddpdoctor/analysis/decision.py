@@ -64,9 +64,28 @@ def decide(
     ctx = Context(evidence=evidence, completed_at=job.completed_at, intended=intended)
     for relation in RELATIONS:
         relation(graph, ctx)
+    _relate_symptoms(graph, evidence, hypotheses)
     decision = _choose(graph, evidence, job, hypotheses, ctx)
     _assign_roles(findings, graph, decision)
     return decision
+
+
+def _relate_symptoms(
+    graph: CausalGraph, evidence: JobEvidence, hypotheses: tuple[Hypothesis, ...]
+) -> None:
+    """A finding that declares itself the symptom of an inferred cause is explained by that
+    cause when the cause's own evidence holds (uneven batch counts behind a mismatch)."""
+    for hypothesis in hypotheses:
+        kind = hypothesis.rule.kind
+        symptoms = [e for e in graph.events if kind in e.rule.symptom_of]
+        if not symptoms:
+            continue
+        assessment = hypothesis.assess(evidence)
+        if assessment is None or assessment.score < MIN_SCORE:
+            continue
+        node = graph.add_node(Node(hypothesis.rule.code, hypothesis.rule, assessment.culprits))
+        for event in symptoms:
+            graph.add(node, event, "symptom", assessment.support[0] if assessment.support else "")
 
 
 # --------------------------------------------------------------------------- choosing a root

@@ -71,6 +71,7 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
     FactPattern("completed", r"training complete", "training complete"),
     FactPattern("completed", r"Training finished", "Training finished"),
     FactPattern("completed", r"Finished training", "Finished training"),
+    FactPattern("completed", r"training finished", "training finished"),
     # tqdm: " 9%|███▊   | 280000/2969526 [29:55<4:48:08, 155.57 examples/s]"
     FactPattern(
         "progress",

@@ -25,6 +25,8 @@ class JobView:
     killed_for_hang: bool = False
     completed_at: dict[str, int] = field(default_factory=dict)
     """First line per source where training announced its end."""
+    completed_ranks: set[int] = field(default_factory=set)
+    """Ranks whose own lines announced the end of training."""
     rank_map: dict[tuple[str, int], int] = field(default_factory=dict)
 
     def resolve(self, origin: Origin) -> int | None:
@@ -92,6 +94,7 @@ def build_job(
     progress: list[FactHit] = []
     transports: set[str] = set()
     completed_at: dict[str, int] = {}
+    completed_ranks: set[int] = set()
     for scan in scans:
         expect_root = False
         for fact in scan.facts:
@@ -121,6 +124,9 @@ def build_job(
             elif fact.name == "progress":
                 progress.append(fact)
             elif fact.name == "completed":
+                done = resolve_rank(fact.record.origin, single_node, rank_map)
+                if done is not None:
+                    completed_ranks.add(done)
                 src = fact.record.source
                 completed_at[src] = min(completed_at.get(src, fact.record.line), fact.record.line)
             elif fact.name in ("socket_transport", "ib_transport"):
@@ -168,4 +174,5 @@ def build_job(
         killed_for_hang=any(e.killed_for_hang for e in run_events or []),
         rank_map=rank_map,
         completed_at=completed_at,
+        completed_ranks=completed_ranks,
     )

@@ -72,16 +72,18 @@ def failing(event: Event) -> bool:
 
 
 def attribute_by_elimination(events: list[Event], evidence: JobEvidence) -> bool:
-    """A failure printed without a rank belongs to the one rank it can be: the only rank (on
-    its host, when the line has one) that neither waited nor lost its peer, narrowed to the
-    ranks whose exit code says they failed. Changes the events' ranks, never the records;
+    """A failure (or an early-stop announcement) printed without a rank belongs to the one rank
+    it can be: the only rank (on its host, when the line has one) that neither waited nor lost
+    its peer, narrowed to the ranks whose exit code says they failed. Changes the events' ranks, never the records;
     True when any event got a rank."""
     present = {r for r, v in evidence.ranks.items() if v.present}
     waiting = evidence.waiting
     failing = set(evidence.failing_exits)
     changed = False
     for event in events:
-        if event.rank is not None or not (event.primary or event.rule.exit_path):
+        if event.rank is not None or not (
+            event.primary or event.rule.exit_path or event.marker == Marker.STOP
+        ):
             continue
         hosts = {h.record.origin.host for h in event.hits if h.record.origin.host}
         on_host = {r for r in present if evidence.ranks[r].host in hosts}
@@ -246,10 +248,20 @@ def _after(event: Event, first_line: dict[str, int]) -> bool:
 
 def relate_completion(graph: CausalGraph, ctx: Context) -> None:
     """After training announced its end, a crash or a lost peer is teardown: the work was
-    done."""
+    done (of the rank it happened to, when the announcements say which ranks finished)."""
     if not ctx.completed_at:
         return
-    crashes = [e for e in graph.events if e.crash_like and _after(e, ctx.completed_at)]
+    finished = {r for r, v in ctx.evidence.ranks.items() if v.completed}
+
+    def its_work_was_done(event: Event) -> bool:
+        # in a console shared by ranks, another rank's end says nothing about this one
+        return event.rank is None or not finished or event.rank in finished
+
+    crashes = [
+        e
+        for e in graph.events
+        if e.crash_like and _after(e, ctx.completed_at) and its_work_was_done(e)
+    ]
     if not crashes:
         return
     node = graph.add_node(Node("completion", ctx.intended.get("teardown")))

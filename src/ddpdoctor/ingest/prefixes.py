@@ -55,8 +55,11 @@ PY_LEVEL = re.compile(r"(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL)[:\s]")
 # Inside c10d messages the global rank appears as `[Rank 3]` or `[PG 0 (default_pg) Rank 3]`.
 C10D_RANK = re.compile(r"\[(?:PG \d+ (?:\([^)]*\) )?)?Rank (?P<rank>\d+)\]")
 # Programs that name their rank at the start of a line: "Rank 3 finished", "[rank 1] step 10".
+# Python logging puts its header first: "INFO - trainer - [rank 1] ...", "[INFO] mmcv: rank 2 ...".
 LEADING_RANK = re.compile(
-    r"(?:(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\s+)?\[?[Rr]ank[ =:]?(?P<rank>\d{1,5})\]?[:,]?\s"
+    r"(?:(?:\[?[\w.]{1,40}\]?\s*[-:|]\s*)?\[?(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\]?"
+    r"(?:\s*[-:|]\s*|\s+)(?:\[?[\w.]{1,40}\]?\s*[-:|]\s*)?)?"
+    r"\[?[Rr]ank[ =:]?(?P<rank>\d{1,5})\]?[:,]?\s"
 )
 
 LEVEL_NAMES = {"I": "info", "W": "warning", "E": "error", "F": "fatal"}

@@ -88,6 +88,8 @@ class RankView:
     exit_code: int | None = None
     exit_signal: str | None = None
     announced_stop: bool = False
+    completed: bool = False
+    """Its own lines announced the end of training: it finished, it did not leave early."""
     named_absent: bool = False
     """A peer's log names this rank as never having arrived (a monitored barrier)."""
     progress_total: int | None = None

@@ -11,6 +11,8 @@ COLLECTIVE_MISMATCH = Rule(
     kind="collective-mismatch",
     title="Ranks called different collectives",
     sources="c10d ProcessGroupWrapper.cpp (TORCH_DISTRIBUTED_DEBUG=DETAIL), gloo pair.cc",
+    # the rank that runs out of batches first issues the next phase's collectives early
+    symptom_of=("uneven-inputs",),
     signatures=(
         Signature(r"Detected mismatch between collectives on ranks"),
         # gloo/transport/tcp/pair.cc: shapes differ between ranks

@@ -44,7 +44,12 @@ EARLY_STOP = Rule(
     signatures=(
         # an event, not a setting: "Early stopping at epoch 5", not early_stopping_patience=3
         # or EarlyStopping(monitor=...) in a config dump
-        Signature(r"(?i:\bearly[ -]stop(?:ping|ped)?)\b(?![_=(:]| agreed by all)", "arly"),
+        # ("Early stopping: val_loss did not improve" is an event; "early_stopping: true" is not)
+        Signature(
+            r"(?i:\bearly[ -]stop(?:ping|ped)?)\b"
+            r"(?![_=(]|:\s*(?i:true|false|yes|no|null|none|\d|\{|\[|$)| agreed by all)",
+            "arly",
+        ),
         # Lightning EarlyStopping: "... did not improve ... Signaling Trainer to stop."
         Signature(r"Signaling Trainer to stop"),
         # ddpdoctor.instrument.agree_to_stop (probe/stop.py): one line for every rank
@@ -67,11 +72,13 @@ EARLY_STOP = Rule(
     ),
     positive=(
         "Early stopping at epoch 3: val_loss did not improve",
+        "Early stopping: val_loss did not improve for 5 epochs",
         "ddpdoctor: early stopping agreed by all 2 ranks at step 3 (asked by ranks 1)",
     ),
     negative=(
         "Epoch 3: val_loss improved to 0.21",
         "early_stopping_patience=3,",
+        "early stopping: true",
     ),
 )
 

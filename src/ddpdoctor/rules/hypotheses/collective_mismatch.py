@@ -138,7 +138,22 @@ def _from_wait_sites(job: JobEvidence) -> Assessment | None:
 
 def _from_minority(job: JobEvidence) -> Assessment | None:
     waiting, quiet = job.waiting, job.quiet
-    if not (waiting and quiet) or len(waiting) >= len(quiet):
+    if not (waiting and quiet):
+        return None
+    finished = {r for r in quiet if job.ranks[r].completed and not job.ranks[r].announced_stop}
+    if finished and finished == quiet:
+        return Assessment(
+            RULE,
+            0.6,
+            sorted(waiting),
+            [
+                f"{ranks_text(finished)} finished training and left; {ranks_text(waiting)} "
+                "waited in a collective after that, one the others never called (a "
+                "collective in a rank-dependent branch at the end, such as wait_for_everyone() "
+                "under `if is_main_process`)."
+            ],
+        )
+    if len(waiting) >= len(quiet):
         return None
     return Assessment(
         RULE,
