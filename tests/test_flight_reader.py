@@ -217,3 +217,19 @@ def test_truncated_pickle_is_refused_cleanly(tmp_path: Path, cut: int) -> None:
     assert isinstance(result, Rejected) and result.reason.startswith("a pickle that cannot be read")
     proc = run_cli("diagnose", str(tmp_path))
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_a_pipe_is_not_sniffed(tmp_path: Path) -> None:
+    """A dump handed over through a pipe is read as a stream, like any log: sniffing never
+    opens it, so no byte is taken from the scan (a pipe's bytes can be read only once)."""
+    fifo = tmp_path / "rank0.fifo"
+    os.mkfifo(fifo)
+    data = (FIXTURES / "op" / "dumps" / "rank0.pkl").read_bytes()
+    fd = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)  # holds both ends: the bytes wait in it
+    try:
+        os.write(fd, data)
+        assert flight_dumps.sniff_path(str(fifo)) is None
+        assert os.read(fd, len(data) + 1) == data
+    finally:
+        os.close(fd)
+    assert flight_dumps.sniff_path(str(tmp_path / "missing")) is None

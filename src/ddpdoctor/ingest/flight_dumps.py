@@ -13,6 +13,7 @@ import json
 import os
 import pickle
 import re
+import stat
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,9 +74,13 @@ def sniff(head: bytes) -> str | None:
 
 
 def sniff_path(path: str) -> str | None:
-    """sniff() on the head of a file; None when it cannot be read (the scan will say why)."""
+    """sniff() on the head of a regular file; None when it cannot be read (the scan will say
+    why) or is not a regular file: a pipe (`<(kubectl logs ...)`) is never opened here, as
+    that would take its first bytes from the scan (or let its writer in before the reader)."""
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return None
+        fd = os.open(path, os.O_RDONLY)
     except OSError:
         return None
     try:
