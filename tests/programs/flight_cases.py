@@ -7,6 +7,8 @@ tests/fixtures/real/flight-recorder/capture.sh. argv[1] picks the fault:
   sleep         rank 1 sleeps (a slow checkpoint) while rank 0 waits in the barrier
   die           rank 1 raises on a bad batch before step 2's all_reduce
   two-groups    a second process group; the ranks call the two groups in opposite order
+  busy          rank 1 raises on a bad batch while rank 0 is busy outside any collective
+                (for `ddpdoctor run` tests: rank 0 raises nothing, the launcher ends it)
 
 On gloo the recorder never dumps by itself, so this program dumps as a user does: on an
 exception and on SIGTERM (the launcher stopping it), to $FR_DUMP_DIR/rank<RANK>.pkl (with the
@@ -49,8 +51,11 @@ def train(case: str, rank: int) -> None:
     grads = torch.ones(1024)
     group = dist.new_group([0, 1]) if case == "two-groups" else None
     for step in range(STEPS):
-        if case == "die" and rank == 1 and step == 2:
+        if case in ("die", "busy") and rank == 1 and step == 2:
             raise ValueError(f"corrupt sample in batch {step}: label -1 out of range")
+        if case == "busy" and rank == 0 and step == 2:
+            print(f"rank {rank} evaluating", flush=True)
+            time.sleep(30)
         if case == "skip" and rank == 1 and step == 2:
             print(f"rank {rank} step {step}: nan loss, skipping the update", flush=True)
             continue

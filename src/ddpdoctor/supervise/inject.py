@@ -38,17 +38,20 @@ def _ddpdoctor_arm():
 
 def _ddpdoctor_flight():
     """Write this rank's Flight Recorder dump (torch's `_dump_fr_trace_json()`, then
-    `_dump_fr_trace()` with frames) to DDPDOCTOR_FR_DIR/rank<RANK>.json and .pkl when the
-    supervisor asks (a file in its request folder; a thread polls, since the main thread may be
-    blocked in a collective) and on an uncaught exception. Never imports torch: a process that
-    has not imported it has nothing recorded."""
-    import os, sys
+    `_dump_fr_trace()` with frames) to DDPDOCTOR_FR_DIR/rank<RANK>.json and .pkl when asked
+    (a file in the request folder; a thread polls, since the main thread may be blocked in a
+    collective): by the supervisor on a hang, and by any rank that is about to die of an
+    uncaught exception, which dumps itself and asks the others first, before the launcher
+    kills them. Never imports torch: a process that has not imported it has nothing recorded."""
+    import os, sys, threading
     out = os.environ.get("DDPDOCTOR_FR_DIR")
     requests = os.environ.get("DDPDOCTOR_FR_REQUESTS")
     answers = os.environ.get("DDPDOCTOR_FR_ANSWERS")
     rank = os.environ.get("RANK") or os.environ.get("SLURM_PROCID")
     if not out or not requests or not answers or rank is None:
         return
+    lock = threading.Lock()
+    seen = set()
 
     def write(name, data):
         path = os.path.join(out, name)
@@ -67,8 +70,9 @@ def _ddpdoctor_flight():
                 return "torch.distributed not in use"
             if not dist.is_initialized():
                 return "no process group"
-            write("rank%s.json" % rank, c10d._dump_fr_trace_json())
-            write("rank%s.pkl" % rank, c10d._dump_fr_trace())
+            with lock:
+                write("rank%s.json" % rank, c10d._dump_fr_trace_json())
+                write("rank%s.pkl" % rank, c10d._dump_fr_trace())
             return "ok"
         except Exception as exc:
             return "error: %s: %s" % (type(exc).__name__, exc)
@@ -82,7 +86,7 @@ def _ddpdoctor_flight():
     def watch():
         import time
         try:
-            seen = set(os.listdir(requests))
+            seen.update(os.listdir(requests))
         except OSError:
             return
         while True:
@@ -99,11 +103,16 @@ def _ddpdoctor_flight():
                     pass
 
     try:
-        import threading
         threading.Thread(target=watch, name="ddpdoctor-flight-recorder", daemon=True).start()
         previous = sys.excepthook
 
         def hook(*args):
+            name = "exception-rank%s-%d" % (rank, os.getpid())
+            seen.add(name)
+            try:
+                open(os.path.join(requests, name), "w").close()
+            except OSError:
+                pass
             dump()
             previous(*args)
 
