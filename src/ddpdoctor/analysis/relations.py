@@ -74,8 +74,8 @@ def failing(event: Event) -> bool:
 def attribute_by_elimination(events: list[Event], evidence: JobEvidence) -> bool:
     """A failure (or an early-stop announcement) printed without a rank belongs to the one rank
     it can be: the only rank (on its host, when the line has one) that neither waited nor lost
-    its peer, narrowed to the ranks whose exit code says they failed. Changes the events' ranks, never the records;
-    True when any event got a rank."""
+    its peer, narrowed to the ranks whose exit code says they failed. Changes the events'
+    ranks, never the records; True when any event got a rank."""
     present = {r for r, v in evidence.ranks.items() if v.present}
     waiting = evidence.waiting
     failing = set(evidence.failing_exits)

@@ -58,6 +58,12 @@ def _notify(text: str) -> None:
     help="Do not put the faulthandler sitecustomize on the job's PYTHONPATH.",
 )
 @click.option(
+    "--no-flight-recorder",
+    is_flag=True,
+    help="Leave PyTorch's Flight Recorder as the job sets it (default: TORCH_FR_BUFFER_SIZE=2000 "
+    "unless set, and every rank's dump collected into the run folder on a hang).",
+)
+@click.option(
     "--label-ranks",
     is_flag=True,
     help="Make torchrun prefix each line with [rankN]: (adds --tee 3).",
@@ -90,6 +96,7 @@ def run(
     on_hang: str,
     stacks: str,
     no_inject: bool,
+    no_flight_recorder: bool,
     label_ranks: bool,
     grace: float,
     startup_grace: float,
@@ -114,6 +121,7 @@ def run(
         on_hang=on_hang,
         stacks=stacks,
         inject=not no_inject and stacks != "none",
+        flight_recorder=not no_flight_recorder,
         label_ranks=label_ranks,
         grace_s=grace,
         startup_grace_s=startup_grace,

@@ -20,6 +20,7 @@ from ddpdoctor.errors import SupervisorError
 from ddpdoctor.supervise import inject
 from ddpdoctor.supervise.capture import Capture
 from ddpdoctor.supervise.child import FORWARDED, Child, shell_code, spawn
+from ddpdoctor.supervise.flight import FlightCollector
 from ddpdoctor.supervise.progress import ProgressTracker
 from ddpdoctor.supervise.report import finish_report
 from ddpdoctor.supervise.rundir import RunDir
@@ -36,6 +37,8 @@ class RunOptions:
     on_hang: str = "report"
     stacks: str = "auto"
     inject: bool = True
+    flight_recorder: bool = True
+    """Turn PyTorch's Flight Recorder on in the ranks and collect their dumps on a hang."""
     label_ranks: bool = False
     grace_s: float = 5.0
     startup_grace_s: float = 60.0
@@ -84,9 +87,15 @@ def run_job(opts: RunOptions) -> RunResult | SupervisorError:
     except OSError as exc:
         return SupervisorError(f"cannot create the run folder {opts.run_dir}: {exc}")
     argv = with_rank_labels(opts.argv) if opts.label_ranks else list(opts.argv)
-    env = inject.job_env(
-        dict(os.environ), inject_root, rundir.stacks_dir, opts.inject and opts.stacks != "py-spy"
-    )
+    injected = opts.inject and opts.stacks != "py-spy"
+    env = inject.job_env(dict(os.environ), inject_root, rundir.stacks_dir, injected)
+    flight: FlightCollector | None = None
+    if opts.flight_recorder:
+        try:
+            flight = FlightCollector.prepare(rundir.root, inject_root)
+            env = flight.env(env)
+        except OSError:
+            flight = None
     if opts.label_ranks and is_torchrun(argv) is not None:
         env.setdefault("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", LABEL_TEMPLATE)
     progress = ProgressTracker(opts.hang_after_s, inject_root / "heartbeats", opts.startup_grace_s)
@@ -121,6 +130,7 @@ def run_job(opts: RunOptions) -> RunResult | SupervisorError:
         inject_root / "armed",
         opts.grace_s,
         opts.notify,
+        flight=flight if injected else None,
     )
     watchdog.start()
     try:
@@ -145,6 +155,8 @@ def run_job(opts: RunOptions) -> RunResult | SupervisorError:
     child.close()
     shutil.rmtree(inject_root, ignore_errors=True)
     _drop_empty(rundir.stacks_dir)
+    if flight is not None:
+        flight.tidy()
     report, text = finish_report(
         rundir,
         code,
