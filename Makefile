@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint typecheck docs bench clean
+.PHONY: setup demo test lint typecheck docs bench clean scoreboard
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -17,7 +17,7 @@ setup: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/ddpdoctor demo
 
-LINT_DIRS := $(wildcard src tests benchmarks)
+LINT_DIRS := $(wildcard src tests benchmarks corpus)
 
 lint: $(STAMP)
 	$(BIN)/ruff check $(LINT_DIRS)
@@ -36,3 +36,6 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache .mypy_cache .ruff_cache
+
+scoreboard: $(STAMP)
+	$(BIN)/python corpus/scoreboard.py --misses

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from ddpdoctor.model.findings import Evidence
+from ddpdoctor.model.flight import FlightAnalysis
 
 COLLECTIVE_FUNCTIONS = frozenset(
     [
@@ -161,6 +162,8 @@ class JobEvidence:
     started_training: bool = False
     stalled_at_startup: bool = False
     """The output stops right after distributed start-up: no step, no error, no exit."""
+    flight: FlightAnalysis | None = None
+    """The ranks' Flight Recorder dumps read side by side, when they were given."""
 
     @property
     def waiting(self) -> set[int]:

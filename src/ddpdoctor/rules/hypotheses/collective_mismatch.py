@@ -40,8 +40,16 @@ MAIN_PROCESS = 0
 """Rank-dependent branches most often single out the main process (rank 0)."""
 
 
+DIVERGING = ("mismatch", "only-some", "group-order", "group-config")
+"""Flight Recorder divergences that are a collective mismatch (not a rank left behind)."""
+
+
 def assess(job: JobEvidence) -> Assessment | None:
-    found = [a for a in (_from_stall(job), _from_wait_sites(job), _from_minority(job)) if a]
+    found = [
+        a
+        for a in (_from_flight(job), _from_stall(job), _from_wait_sites(job), _from_minority(job))
+        if a
+    ]
     return max(found, key=lambda a: a.score) if found else None
 
 
@@ -69,6 +77,24 @@ def _describe(where: dict[int, str]) -> str:
     for rank, text in sorted(where.items()):
         by.setdefault(text, []).append(rank)
     return "; ".join(f"{ranks_text(r)} {t}" for t, r in by.items())
+
+
+def _from_flight(job: JobEvidence) -> Assessment | None:
+    """The ranks' Flight Recorders disagree on what was called at one sequence number."""
+    if job.flight is None:
+        return None
+    div = next((d for d in job.flight.divergences if d.kind in DIVERGING), None)
+    if div is None:
+        return None
+    return Assessment(
+        RULE,
+        0.7 if div.ambiguous else 0.85,
+        sorted(div.ranks),
+        [f"the Flight Recorder dumps show it: {div.summary}"],
+        against=["the dumps cannot tell which side took the extra or missing call"]
+        if div.ambiguous
+        else [],
+    )
 
 
 def _from_stall(job: JobEvidence) -> Assessment | None:
