@@ -72,6 +72,8 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
     FactPattern("completed", r"Training finished", "Training finished"),
     FactPattern("completed", r"Finished training", "Finished training"),
     FactPattern("completed", r"training finished", "training finished"),
+    # Megatron-LM's training loop: "[after training is done] datetime: ..."
+    FactPattern("completed", r"\[after training is done\]", "after training is done"),
     # tqdm: " 9%|███▊   | 280000/2969526 [29:55<4:48:08, 155.57 examples/s]"
     FactPattern(
         "progress",

@@ -247,8 +247,9 @@ def _after(event: Event, first_line: dict[str, int]) -> bool:
 
 
 def relate_completion(graph: CausalGraph, ctx: Context) -> None:
-    """After training announced its end, a crash or a lost peer is teardown: the work was
-    done (of the rank it happened to, when the announcements say which ranks finished)."""
+    """After training announced its end, a crash, a lost peer or a stop from outside (a time
+    limit reached by a job that did not exit) is teardown: the work was done (of the rank it
+    happened to, when the announcements say which ranks finished)."""
     if not ctx.completed_at:
         return
     finished = {r for r, v in ctx.evidence.ranks.items() if v.completed}
@@ -260,7 +261,9 @@ def relate_completion(graph: CausalGraph, ctx: Context) -> None:
     crashes = [
         e
         for e in graph.events
-        if e.crash_like and _after(e, ctx.completed_at) and its_work_was_done(e)
+        if (e.crash_like or e.echo == Echo.STOPPED)
+        and _after(e, ctx.completed_at)
+        and its_work_was_done(e)
     ]
     if not crashes:
         return

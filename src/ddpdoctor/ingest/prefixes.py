@@ -117,6 +117,9 @@ def clean(raw: str) -> str:
     return raw[:MAX_TEXT]
 
 
+# A log pasted into a Markdown quote: "> [rank0]: Traceback ...", "> > nested".
+QUOTE = re.compile(r">+ ?")
+
 TEXT_RANK = re.compile(r"(?<![A-Za-z])[Rr]ank[ =:]?(?P<rank>\d{1,5})\b")
 
 
@@ -146,6 +149,9 @@ def parse_line(raw: str, year: int = 1970, with_time: bool = True) -> ParsedLine
             break
         # each format starts with known characters: try only the ones that can match there
         c = text[pos]
+        if c == ">" and pos == 0:
+            pos = QUOTE.match(text, pos).end()  # type: ignore[union-attr]
+            continue
         bracket, digit = c == "[", c.isdigit()
         nxt = text[pos + 1] if pos + 1 < end else ""
         m = None

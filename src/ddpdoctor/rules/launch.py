@@ -41,7 +41,7 @@ HOST_OOM_KILL = Rule(
         Signature(r"\bOOMKilled\b", "OOMKilled"),
         Signature(r"line \d+: +\d+ Killed +\S*python", " Killed ", suggests=True),
         # slurmstepd: "Detected 1 oom_kill event in StepId=1234.0"
-        Signature(r"oom_kill events?", "oom_kill event"),
+        Signature(r"oom[_-]kill events?", "kill event"),
     ),
     explanation=Explanation(
         what="A rank process died from SIGKILL with no Python traceback.",
@@ -347,13 +347,14 @@ SLURM_TERMINATED = Rule(
         Signature(
             r"\*\*\* (?:JOB|STEP) [\d.]+ ON \S+ CANCELLED AT \S+ DUE TO (?P<reason>TIME LIMIT|PREEMPTION) \*\*\*",
             "CANCELLED AT",
+            echo=Echo.STOPPED,
         ),
         Signature(
             r"SignalException: Process \d+ got signal: (?P<signum>15|10|12)",
             "SignalException",
             echo=Echo.STOPPED,
         ),
-        Signature(r"DUE TO (?P<reason>TIME LIMIT|PREEMPTION)", "DUE TO "),
+        Signature(r"DUE TO (?P<reason>TIME LIMIT|PREEMPTION)", "DUE TO ", echo=Echo.STOPPED),
     ),
     explanation=Explanation(
         what="The scheduler stopped the job: time limit, preemption or cancellation.",
