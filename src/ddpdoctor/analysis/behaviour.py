@@ -222,6 +222,7 @@ def _stall(job: JobView) -> Stall | None:
         summary=hang.summary,
         groups=groups,
         killed=job.killed_for_hang,
+        stopped=job.stopped,
     )
 
 

@@ -23,6 +23,8 @@ class JobView:
     transports: set[str] = field(default_factory=set)
     hangs: list[RunHang] = field(default_factory=list)
     killed_for_hang: bool = False
+    stopped: bool = False
+    """`ddpdoctor run` killed the job or forwarded a stop signal to it."""
     completed_at: dict[str, int] = field(default_factory=dict)
     """First line per source where training announced its end."""
     completed_ranks: set[int] = field(default_factory=set)
@@ -172,6 +174,7 @@ def build_job(
         transports=transports,
         hangs=hangs,
         killed_for_hang=any(e.killed_for_hang for e in run_events or []),
+        stopped=any(e.stopped for e in run_events or []),
         rank_map=rank_map,
         completed_at=completed_at,
         completed_ranks=completed_ranks,

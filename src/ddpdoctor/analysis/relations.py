@@ -342,15 +342,17 @@ def relate_agreed_stop(graph: CausalGraph, ctx: Context) -> None:
 
 
 def relate_stall(graph: CausalGraph, ctx: Context) -> None:
-    """Once `ddpdoctor run` caught the job stalled, whatever stopped it afterwards (its own
-    kill, Ctrl-C, a SIGTERM) made ranks print stops, aborts, lost peers and generic
-    exceptions: those are the stall's echo, not new failures."""
+    """Once `ddpdoctor run` caught the job stalled, the ranks' timeouts, lost peers, aborts and
+    stops are its echo; and when something stopped the job afterwards (its own kill, Ctrl-C,
+    a SIGTERM), so are the generic exceptions the stop made them raise. A real error raised
+    without a stop is not the stall's echo."""
     stall = ctx.evidence.stall
     if stall is None:
         return
     node = graph.add_node(Node("stall", None, time=stall.time))
     for event in graph.events:
-        if event.echo is not None or event.rule.exit_path or (event.primary and event.generic):
+        stop_echo = stall.stopped and event.primary and event.generic
+        if event.echo is not None or event.rule.exit_path or stop_echo:
             graph.add(node, event, "stall", "printed when the stalled job was stopped")
 
 

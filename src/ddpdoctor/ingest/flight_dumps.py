@@ -360,6 +360,7 @@ def take_dumps(
                 SourceInfo(
                     item.display,
                     bytes=size,
+                    lines=len(result.entries),  # the records read, as a log's lines
                     status="read",
                     reason=f"Flight Recorder dump ({form}, {rank}, "
                     f"{len(result.entries)} entries, {frames})",

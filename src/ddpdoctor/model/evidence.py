@@ -133,6 +133,8 @@ class Stall:
     """(who, where) for the report: ranks grouped by where they were."""
     killed: bool = False
     """`ddpdoctor run --on-hang kill` ended the job after it."""
+    stopped: bool = False
+    """The job was stopped after it (that kill, or a signal `run` forwarded)."""
 
 
 @dataclass(slots=True)
