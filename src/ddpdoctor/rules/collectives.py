@@ -15,6 +15,12 @@ COLLECTIVE_MISMATCH = Rule(
         # gloo/transport/tcp/pair.cc: shapes differ between ranks
         Signature(r"op\.preamble\.length <= op\.nbytes", "op.preamble.length"),
         Signature(r"Is there a distributed collective mismatch in your code"),
+        # FSDP's execution order check (torch/distributed/fsdp/_exec_order_utils.py, with
+        # TORCH_DISTRIBUTED_DEBUG=DETAIL): ranks all-gather different modules' parameters
+        Signature(
+            r"Forward order differs across ranks: rank (?P<rank_a>\d+) is all-gathering",
+            "Forward order differs across ranks",
+        ),
     ),
     explanation=Explanation(
         what="Two ranks issued collectives that do not match: another op, another shape or "
@@ -35,6 +41,8 @@ COLLECTIVE_MISMATCH = Rule(
     positive=(
         "RuntimeError: Detected mismatch between collectives on ranks. Rank 1 is running "
         "collective: CollectiveFingerPrint(SequenceNumber=21, OpType=BROADCAST",
+        "RuntimeError: Forward order differs across ranks: rank 0 is all-gathering 5 parameters "
+        "while rank 1 is all-gathering 4 parameters",
     ),
     negative=("Watchdog caught collective operation timeout: WorkNCCL(SeqNum=2, OpType=ALLREDUCE",),
 )
@@ -54,6 +62,17 @@ NCCL_WATCHDOG_TIMEOUT = Rule(
             "Watchdog caught collective operation timeout",
         ),
         Signature(r"Timeout at NCCL work: (?P<seq>\d+)", "Timeout at NCCL work"),
+        # another rank's watchdog timed out and asked this one to dump its flight recorder
+        # (ProcessGroupNCCL.cpp, torch >= 2.4): this rank is a bystander of that timeout
+        Signature(
+            r"Received a dump signal due to a collective timeout from\s+rank (?P<timeout_rank>\d+)",
+            "Received a dump signal due to a collective timeout",
+        ),
+        # TORCH_NCCL_BLOCKING_WAIT=1 raises the timeout in the calling thread
+        # (ProcessGroupNCCL.cpp WorkNCCL::synchronize)
+        Signature(
+            r"timed out in blocking wait \(TORCH_NCCL_BLOCKING_WAIT=1\)", "timed out in blocking wait"
+        ),
         Signature(r"Some NCCL operations have failed or timed out"),
         Signature(r"watchdog thread terminated with"),
     ),

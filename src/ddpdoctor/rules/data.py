@@ -29,6 +29,10 @@ DATA_ERROR = Rule(
         Signature(r"pyarrow\.lib\.Arrow\w*Error|ArrowInvalid", "Arrow"),
         Signature(r"_pickle\.UnpicklingError: invalid load key", "invalid load key"),
         Signature(r"PytorchStreamReader failed reading zip archive"),
+        # caffe2/serialize/inline_container.cc (a corrupt member) and torch/serialization.py
+        # (a legacy-format file that is not a checkpoint)
+        Signature(r"invalid header or archive is corrupted"),
+        Signature(r"Invalid magic number; corrupt file\?", "Invalid magic number"),
         Signature(r"BadZipFile"),
     ),
     context_none=(r"No space left on device", r"can't open file"),
@@ -129,6 +133,14 @@ DATALOADER_WORKER_KILLED = Rule(
             "exited unexpectedly",
         ),
         Signature(r"unable to (?:allocate|write to file|open) shared memory", "shared memory"),
+        # torch/csrc/DataLoader.cpp: a worker that exited with a code, no traceback
+        Signature(
+            r"DataLoader worker \(pid (?P<pid>\d+)\) exited unexpectedly with exit code (?P<code>-?\d+)",
+            "exited unexpectedly with exit code",
+        ),
+        # aten/src/ATen/MapAllocator.cpp writing a shared-memory segment (/torch_<pid>_...):
+        # /dev/shm is full, not the disk
+        Signature(r"unable to write to file </torch_\d+", "unable to write to file </torch_"),
     ),
     explanation=Explanation(
         what="A DataLoader worker process died (bus error, killed, or could not allocate shm).",
@@ -148,6 +160,8 @@ DATALOADER_WORKER_KILLED = Rule(
         "RuntimeError: DataLoader worker (pid 325) is killed by signal: Bus error.",
         "ERROR: Unexpected bus error encountered in worker. This might be caused by "
         "insufficient shared memory (shm).",
+        "RuntimeError: unable to write to file </torch_18692_1954506624_0>: No space left on "
+        "device (28)",
     ),
     negative=("RuntimeError: CUDA error: initialization error",),
 )
@@ -227,6 +241,11 @@ DATALOADER_FD_LIMIT = Rule(
     signatures=(
         Signature(r"received 0 items of ancdata"),
         Signature(r"\[Errno 24\] Too many open files", "Too many open files"),
+        # torch/utils/data/dataloader.py, when a worker's queue read fails with EMFILE
+        Signature(
+            r"Too many open files\. Communication with the workers is no longer possible",
+            "Communication with the workers is no longer possible",
+        ),
     ),
     explanation=Explanation(
         what="Passing tensors from DataLoader workers failed for lack of file descriptors.",

@@ -148,6 +148,9 @@ NATIVE_CRASH = Rule(
         Signature(r"Fatal Python error: (?P<what>\w+)", "Fatal Python error"),
         Signature(r"terminate called after throwing an instance of"),
         Signature(r"exits with return code = -(?:11|6|7)", "exits with return code = -"),
+        # torch/csrc/DataLoader.cpp: a worker's SIGFPE handler (a native library in the data
+        # path, not shared memory)
+        Signature(r"Unexpected floating-point exception encountered in worker"),
     ),
     explanation=Explanation(
         what="A rank died from SIGSEGV/SIGABRT/SIGBUS in native code.",

@@ -164,6 +164,12 @@ NCCL_SYSTEM_ERROR = Rule(
         ),
         Signature(r"unhandled system error"),
         Signature(r"ncclSystemError"),
+        # NCCL misc/shmutils.cc: the SHM transport could not create its /dev/shm segment
+        # (a container's small /dev/shm); "unhandled system error" follows
+        Signature(
+            r"Error while (?:creating|attaching to) shared memory segment",
+            "shared memory segment",
+        ),
     ),
     explanation=Explanation(
         what="An NCCL call failed because a system call failed; most often while NCCL "
