@@ -21,6 +21,13 @@ COLLECTIVE_MISMATCH = Rule(
             r"Forward order differs across ranks: rank (?P<rank_a>\d+) is all-gathering",
             "Forward order differs across ranks",
         ),
+        # NCCL transport/net_socket.cc: a peer sent more bytes than this rank expects
+        Signature(
+            r"message truncated : receiving \d+ bytes instead of \d+",
+            "message truncated : receiving",
+        ),
+        # accelerate utils/operations.py (ACCELERATE_DEBUG_MODE=1) compares shapes first
+        Signature(r"Cannot apply desired operation due to shape mismatches"),
     ),
     explanation=Explanation(
         what="Two ranks issued collectives that do not match: another op, another shape or "
@@ -71,8 +78,13 @@ NCCL_WATCHDOG_TIMEOUT = Rule(
         # TORCH_NCCL_BLOCKING_WAIT=1 raises the timeout in the calling thread
         # (ProcessGroupNCCL.cpp WorkNCCL::synchronize)
         Signature(
-            r"timed out in blocking wait \(TORCH_NCCL_BLOCKING_WAIT=1\)", "timed out in blocking wait"
+            r"timed out in blocking wait \(TORCH_NCCL_BLOCKING_WAIT=1\)",
+            "timed out in blocking wait",
         ),
+        # ncclTimeout (NCCL init.cc ncclGetErrorString) through c10d's "NCCL error in: ..."
+        # and C10D_CHECK_TIMEOUT (NCCLUtils.hpp) of a non-blocking communicator
+        Signature(r"NCCL error in: \S+, timeout, NCCL version", ", timeout, NCCL version"),
+        Signature(r"NCCL timeout in: \S+:\d+", "NCCL timeout in: "),
         Signature(r"Some NCCL operations have failed or timed out"),
         Signature(r"watchdog thread terminated with"),
     ),
@@ -115,6 +127,8 @@ GLOO_TIMEOUT = Rule(
             "Timed out waiting",
         ),
         Signature(r"Application timeout caused pair closure"),
+        # gloo transport/tcp/pair.cc: a read on a pair timed out
+        Signature(r"\] Read timeout \[", "Read timeout ["),
     ),
     explanation=Explanation(
         what="A gloo send/recv inside a collective waited longer than the process group timeout.",
@@ -147,6 +161,17 @@ MONITORED_BARRIER = Rule(
         Signature(
             r"Ranks? (?P<missing>[\d, ]+) failed to pass monitoredBarrier",
             "failed to pass monitoredBarrier",
+        ),
+        # ProcessGroupGloo::monitoredBarrier on a non-zero rank: rank 0 is the one to read
+        Signature(
+            r"successfully reached monitoredBarrier, but received errors while waiting for "
+            r"send/recv from rank (?P<missing>0)",
+            "successfully reached monitoredBarrier",
+        ),
+        # control_collectives/StoreCollectives.cpp names the ranks that did not arrive
+        Signature(
+            r"(?:barrier|gather|all_gather) failed -- missing ranks: (?P<missing>[\d, ]+)",
+            "failed -- missing ranks: ",
         ),
     ),
     explanation=Explanation(

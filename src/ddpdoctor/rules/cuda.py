@@ -23,6 +23,9 @@ CUDA_OOM = Rule(
         Signature(r"OutOfMemoryError"),
         Signature(r"CUBLAS_STATUS_ALLOC_FAILED"),
         Signature(r"cudaErrorMemoryAllocation"),
+        # accelerate utils/memory.py find_executable_batch_size: every batch size ran out of
+        # GPU memory
+        Signature(r"No executable batch size found, reached zero"),
     ),
     explanation=Explanation(
         what="The CUDA caching allocator could not allocate memory on a GPU.",
@@ -171,6 +174,23 @@ CUDA_LIBRARY_MISMATCH = Rule(
         Signature(r"forward compatibility was attempted on non supported HW"),
         # NCCL init.cc: ranks run different NCCL builds (different images or wheels per node)
         Signature(r"Mismatched NCCL version detected"),
+        # torch builds without the requested backend or without CUDA, or no visible GPU
+        # (distributed_c10d.py, torch/cuda/__init__.py, c10/cuda/CUDAFunctions.cpp,
+        # ProcessGroupNCCL.cpp)
+        Signature(
+            r"Distributed package doesn't have (?:NCCL|Gloo) built in",
+            "Distributed package doesn't have",
+        ),
+        Signature(r"Torch not compiled with CUDA enabled"),
+        Signature(r"No CUDA GPUs are available"),
+        Signature(r"ProcessGroupNCCL is only supported with GPUs, no GPUs found"),
+        # DeepSpeed launcher/runner.py and op_builder/builder.py (JIT-compiled ops)
+        Signature(r"Unable to proceed, no GPU resources available"),
+        Signature(
+            r"Installed CUDA version \S+ does not match the version torch was compiled with",
+            "does not match the version torch was compiled with",
+        ),
+        Signature(r"CUDA_HOME does not exist, unable to compile CUDA op"),
     ),
     explanation=Explanation(
         what="The installed PyTorch binary does not fit the GPU, the driver or the CUDA libraries.",
@@ -214,6 +234,39 @@ DEVICE_ASSIGNMENT = Rule(
         ),
         Signature(r"Tensors must be CUDA and dense"),
         Signature(r"NCCL error.{0,80}invalid usage", "invalid usage"),
+        # the detail line torch prints under it (c10d NCCLUtils.hpp) and NCCL 2.30's wording
+        # of the duplicate-GPU check (init.cc)
+        Signature(r"ncclInvalidUsage"),
+        Signature(r"Multiple Ranks are using the same GPU"),
+        # torchrun local_elastic_agent.py: more workers than visible GPUs
+        Signature(
+            r"local_rank \d+ exceeds available GPUs in CUDA_VISIBLE_DEVICES",
+            "exceeds available GPUs in CUDA_VISIBLE_DEVICES",
+        ),
+        # c10/cuda/CUDAFunctions.cpp: CUDA_VISIBLE_DEVICES changed after CUDA started
+        Signature(
+            r"CUDA unknown error - this may be due to an incorrectly set up environment, e\.g\. "
+            r"changing env variable CUDA_VISIBLE_DEVICES",
+            "CUDA unknown error - this may be due to an incorrectly set up environment",
+        ),
+        # DDP (nn/parallel/distributed.py), FSDP (_runtime_utils.py), DeviceMesh: a model or
+        # mesh placed on the wrong devices
+        Signature(r"device_ids can only be None or contain a single element"),
+        Signature(
+            r"DistributedDataParallel device_ids and output_device arguments only work with",
+            "DistributedDataParallel device_ids and output_device arguments",
+        ),
+        Signature(r"An FSDP-managed module unexpectedly has parameters on"),
+        Signature(r"DeviceMesh only support homogeneous hardware"),
+        # accelerate accelerator.py and utils/operations.py (debug mode)
+        Signature(
+            r"has been loaded with `device_map='auto'` in any distributed mode",
+            "in any distributed mode",
+        ),
+        Signature(
+            r"were not on the \w+ while the `Accelerator` is configured for",
+            "while the `Accelerator` is configured for",
+        ),
     ),
     explanation=Explanation(
         what="Several ranks ended up on the same GPU, or a rank used a device index it cannot see.",

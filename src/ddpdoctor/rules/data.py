@@ -33,6 +33,9 @@ DATA_ERROR = Rule(
         # (a legacy-format file that is not a checkpoint)
         Signature(r"invalid header or archive is corrupted"),
         Signature(r"Invalid magic number; corrupt file\?", "Invalid magic number"),
+        # transformers trainer.py: resume_from_checkpoint missing on this node
+        Signature(r"Can't find a valid checkpoint at"),
+        Signature(r"No valid checkpoint found in output directory"),
         Signature(r"BadZipFile"),
     ),
     context_none=(r"No space left on device", r"can't open file"),
@@ -68,6 +71,9 @@ DISK_FULL = Rule(
         Signature(r"No space left on device"),
         Signature(r"\[Errno 28\]", "[Errno 28]"),
         Signature(r"Disk quota exceeded"),
+        # Kubernetes pkg/kubelet/eviction/helpers.go: the pod's own filesystem filled up
+        Signature(r"Pod ephemeral local storage usage exceeds the total limit of containers"),
+        Signature(r"The node was low on resource: ephemeral-storage"),
         # torch.save(obj, path) on a full disk: the zip writer does not report the failed
         # write, it finds at the end that the file position is short (real run, /dev/full)
         Signature(
@@ -180,6 +186,11 @@ MISSING_MODULE = Rule(
             r"ImportError: cannot import name '(?P<name>[^']+)'", "ImportError: cannot import name"
         ),
         Signature(r"ImportError: No module named (?P<module>\S+)", "ImportError: No module named"),
+        # transformers utils/import_utils.py: an optional dependency missing
+        Signature(
+            r"requires the (?P<module>.+?) library but it was not found in your environment",
+            "library but it was not found in your environment",
+        ),
     ),
     context_none=(r"lib(?:cudnn|nccl|cublas|cudart|cuda)\w*\.so",),
     explanation=Explanation(

@@ -15,6 +15,8 @@ PYTHON_EXCEPTION = Rule(
         Signature(r"^\**(?P<exc>[A-Za-z_][\w.]*Error)(?::|$)", "Error"),
         Signature(r"^\**(?P<exc>[A-Za-z_][\w.]*Exception)(?::|$)", "Exception"),
         Signature(r"^\**(?P<exc>KeyboardInterrupt|SystemExit)(?::|$)", "Exit"),
+        # `raise Exception(...)` itself: the two patterns above need a prefix before the suffix
+        Signature(r"^\**(?P<exc>Exception)(?::|$)", "Exception"),
     ),
     context_all=(r"Traceback \(most recent call last\)|^\s+File \"|\n\s+File \"",),
     explanation=Explanation(
@@ -26,7 +28,11 @@ PYTHON_EXCEPTION = Rule(
         "program is reported too.",
     ),
     fix=("Fix the error at the deepest frame of your own code in the traceback.",),
-    positive=("AttributeError: 'DistributedDataParallel' object has no attribute 'model'",),
+    positive=(
+        "AttributeError: 'DistributedDataParallel' object has no attribute 'model'",
+        "Exception: Current loss scale already at minimum - cannot decrease scale anymore. "
+        "Exiting run.",
+    ),
     negative=("INFO: loss=0.31 RuntimeError count=0",),
 )
 
@@ -39,8 +45,13 @@ EARLY_STOP = Rule(
     specificity=10,
     signatures=(
         # an event, not a setting: "Early stopping at epoch 5", not early_stopping_patience=3
-        # or EarlyStopping(monitor=...) in a config dump
-        Signature(r"(?i:\bearly[ -]stop(?:ping|ped)?)\b(?![_=(:]| agreed by all)", "arly"),
+        # or EarlyStopping(monitor=...) in a config dump, nor transformers' warning "early
+        # stopping required metric_for_best_model, but did not find ... so early stopping is
+        # disabled" (trainer_callback.py)
+        Signature(
+            r"(?i:\bearly[ -]stop(?:ping|ped)?)\b(?![_=(:]| agreed by all| required| is disabled)",
+            "arly",
+        ),
         # Lightning EarlyStopping: "... did not improve ... Signaling Trainer to stop."
         Signature(r"Signaling Trainer to stop"),
         # ddpdoctor.instrument.agree_to_stop (probe/stop.py): one line for every rank
@@ -68,6 +79,8 @@ EARLY_STOP = Rule(
     negative=(
         "Epoch 3: val_loss improved to 0.21",
         "early_stopping_patience=3,",
+        "early stopping required metric_for_best_model, but did not find eval_accuracy so early "
+        "stopping is disabled",
     ),
 )
 
