@@ -32,10 +32,11 @@ ID = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")
 ONE_VERSION = r"[a-z][a-z0-9_.-]*(?:==[\w.+-]+|>=[\w.+-]+(?:,<=[\w.+-]+)?|<=[\w.+-]+)"
 VERSIONS = re.compile(rf"{ONE_VERSION}(?:; {ONE_VERSION})*")
 # placeholders as the sources write them: {name}, {}, ${name} (Python, fmt, Template) and %s,
-# %(name)s, %.1f, %lu (printf, logging); `{{`, `}}` and `%%` stand for themselves
+# %(name)s, %.1f, %lu, %0*lx (printf, logging), %m and %ps/%pGg (Slurm, the kernel), %R
+# (CPython), %v (Go); `{{`, `}}` and `%%` stand for themselves
 PLACEHOLDER = re.compile(
-    r"\{\{|\}\}|%%|\$?\{[^{}]*\}|%(?:\([^)]*\))?[-+ #0]*\d*(?:\.\d+)?(?:hh|h|ll|l|z|j|t|L)?"
-    r"[diouxXeEfgGcrsap]"
+    r"\{\{|\}\}|%%|\$?\{[^{}]*\}|%(?:\([^)]*\))?[-+ #0]*(?:\d+|\*)?(?:\.(?:\d+|\*))?"
+    r"(?:hh|h|ll|l|z|j|t|L)?(?:p[A-Za-z]*|[diouxXeEfgGcrsamRv])"
 )
 LITERAL = {"{{": "{", "}}": "}", "%%": "%"}
 
@@ -234,11 +235,15 @@ def verdict(msg: Message) -> tuple[bool, str]:
         else:
             ok = bool(won) and all(r.kind == msg.kind for r in won)
         return ok, codes
-    errors = [r for r in claimants(msg) if r.severity == "error"]
+    found = claimants(msg)
+    errors = [r for r in found if r.severity == "error"]
     if errors:
         return False, "error rule " + ", ".join(r.code for r in errors)
     if msg.rule is not None:
         return any(r.code == msg.rule for r in won), codes
+    if msg.kind == "context" and found:
+        # context that no rule should read: a warning or info rule claiming it is a misreading
+        return False, "rule " + ", ".join(r.code for r in found)
     return True, codes
 
 

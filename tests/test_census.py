@@ -71,10 +71,10 @@ def test_every_kind_with_messages_is_mapped() -> None:
     assert in_census - mapped == set(), "kinds whose every message is a gap"
 
 
-def test_known_gaps_say_why_and_are_failure_messages() -> None:
+def test_known_gaps_say_why() -> None:
     for m in MESSAGES:
-        if m.gap:
-            assert m.kind in KINDS or m.kind == "benign", m.id
+        if m.gap is not None:
+            assert len(m.gap) >= 20, f"{m.id}: say which rule misses it and why"
 
 
 def test_coverage_page_is_current() -> None:
