@@ -73,7 +73,7 @@ class Message:
         """The package, and for torch the part of it that prints the message."""
         if self.package != "torch":
             return self.package
-        path = self.source.split(" ")[-1]
+        path = self.source.split("; ")[0].split(" ")[-1]
         for prefix, name in TORCH_AREAS:
             if path.startswith(prefix):
                 return f"torch ({name})"
@@ -94,19 +94,25 @@ TORCH_AREAS = (
     ("torch/csrc/distributed/c10d/ProcessGroupNCCL", "ProcessGroupNCCL"),
     ("torch/csrc/distributed/c10d/NCCLUtils", "ProcessGroupNCCL"),
     ("torch/csrc/distributed/c10d/ProcessGroupGloo", "ProcessGroupGloo"),
+    ("torch/lib/c10d/ProcessGroupNCCL", "ProcessGroupNCCL"),
+    ("torch/lib/c10d/Utils", "TCPStore, sockets"),
     ("torch/csrc/distributed/c10d/TCPStore", "TCPStore, sockets"),
     ("torch/csrc/distributed/c10d/socket", "TCPStore, sockets"),
     ("torch/csrc/distributed/c10d", "c10d"),
     ("torch/distributed", "c10d"),
+    ("third_party/gloo", "ProcessGroupGloo"),
     ("torch/utils/data", "torch.utils.data"),
-    ("torch/multiprocessing", "torch.utils.data"),
+    ("torch/csrc/DataLoader.cpp", "torch.utils.data"),
+    ("torch/_utils.py", "torch.utils.data"),
+    ("aten/src/ATen/MapAllocator.cpp", "torch.utils.data"),
+    ("torch/multiprocessing", "torch.multiprocessing"),
     ("torch/cuda", "torch.cuda, caching allocator"),
     ("c10/cuda", "torch.cuda, caching allocator"),
     ("aten/src/ATen/native/cuda", "torch.cuda, caching allocator"),
     ("torch/serialization.py", "torch.load/save"),
     ("torch/_weights_only_unpickler.py", "torch.load/save"),
     ("caffe2/serialize", "torch.load/save"),
-    ("c10/core", "torch.load/save"),
+    ("torch/nn/modules/module.py", "torch.load/save"),
 )
 
 
