@@ -22,6 +22,7 @@ from census.coverage import (
 
 from ddpdoctor.model.taxonomy import KINDS
 from ddpdoctor.rules.registry import all_rules
+from tests.conftest import diagnose_json
 
 MESSAGES = load()
 RULES = {r.code: r for r in all_rules()}
@@ -165,3 +166,42 @@ def test_a_malformed_census_line_is_a_clear_error(tmp_path) -> None:  # type: ig
     with pytest.raises(CensusError, match=r"m.jsonl:1: not JSON"):
         load(bad)
     assert CENSUS.is_file()
+
+
+# --- the verdict on c10's whole CUDA error block ------------------------------------------
+
+# c10/cuda/CUDAException.cpp (torch >= 2.1) appends these lines to every "CUDA error: ..."
+C10_CUDA_ERROR_TAIL = (
+    "CUDA kernel errors might be asynchronously reported at some other API call, so the "
+    "stacktrace below might be incorrect.",
+    "For debugging consider passing CUDA_LAUNCH_BLOCKING=1",
+    "Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.",
+)
+
+
+@pytest.mark.parametrize(
+    ("error", "kind"),
+    [
+        ("out of memory", "cuda-oom"),
+        ("an illegal memory access was encountered", "native-crash"),
+        ("device-side assert triggered", "device-side-assert"),
+    ],
+)
+def test_the_lines_c10_appends_to_every_cuda_error_do_not_change_its_kind(
+    error: str, kind: str, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    """The TORCH_USE_CUDA_DSA hint once made every CUDA error read as a device-side assert."""
+    log = tmp_path / "rank0.log"
+    log.write_text(
+        "\n".join(
+            (
+                "Traceback (most recent call last):",
+                '  File "/work/train.py", line 12, in <module>',
+                "    loss.backward()",
+                f"RuntimeError: CUDA error: {error}",
+                *C10_CUDA_ERROR_TAIL,
+                "",
+            )
+        )
+    )
+    assert diagnose_json(log)["verdict"]["kind"] == kind
