@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint typecheck docs bench clean scoreboard
+.PHONY: setup demo test lint typecheck docs census bench clean scoreboard
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -17,7 +17,7 @@ setup: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/ddpdoctor demo
 
-LINT_DIRS := $(wildcard src tests benchmarks corpus)
+LINT_DIRS := $(wildcard src tests benchmarks corpus census)
 
 lint: $(STAMP)
 	$(BIN)/ruff check $(LINT_DIRS)
@@ -30,6 +30,10 @@ test: $(STAMP) lint
 
 docs: $(STAMP)
 	$(BIN)/ddpdoctor rules --write-docs docs/rules
+
+# the coverage page of the census of upstream messages (census/messages.jsonl)
+census: $(STAMP)
+	$(BIN)/python census/coverage.py
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/run.py

@@ -18,6 +18,19 @@ COLLECTIVE_MISMATCH = Rule(
         # gloo/transport/tcp/pair.cc: shapes differ between ranks
         Signature(r"op\.preamble\.length <= op\.nbytes", "op.preamble.length"),
         Signature(r"Is there a distributed collective mismatch in your code"),
+        # FSDP's execution order check (torch/distributed/fsdp/_exec_order_utils.py, with
+        # TORCH_DISTRIBUTED_DEBUG=DETAIL): ranks all-gather different modules' parameters
+        Signature(
+            r"Forward order differs across ranks: rank (?P<rank_a>\d+) is all-gathering",
+            "Forward order differs across ranks",
+        ),
+        # NCCL transport/net_socket.cc: a peer sent more bytes than this rank expects
+        Signature(
+            r"message truncated : receiving \d+ bytes instead of \d+",
+            "message truncated : receiving",
+        ),
+        # accelerate utils/operations.py (ACCELERATE_DEBUG_MODE=1) compares shapes first
+        Signature(r"Cannot apply desired operation due to shape mismatches"),
     ),
     explanation=Explanation(
         what="Two ranks issued collectives that do not match: another op, another shape or "
@@ -38,6 +51,8 @@ COLLECTIVE_MISMATCH = Rule(
     positive=(
         "RuntimeError: Detected mismatch between collectives on ranks. Rank 1 is running "
         "collective: CollectiveFingerPrint(SequenceNumber=21, OpType=BROADCAST",
+        "RuntimeError: Forward order differs across ranks: rank 0 is all-gathering 5 parameters "
+        "while rank 1 is all-gathering 4 parameters",
     ),
     negative=("Watchdog caught collective operation timeout: WorkNCCL(SeqNum=2, OpType=ALLREDUCE",),
 )
@@ -61,6 +76,22 @@ NCCL_WATCHDOG_TIMEOUT = Rule(
         # the same line cut short by a paste or a terminal: still a watchdog timeout
         Signature(r"Watchdog caught collective operation timeout"),
         Signature(r"Timeout at NCCL work: (?P<seq>\d+)", "Timeout at NCCL work"),
+        # another rank's watchdog timed out and asked this one to dump its flight recorder
+        # (ProcessGroupNCCL.cpp, torch >= 2.4): this rank is a bystander of that timeout
+        Signature(
+            r"Received a dump signal due to a collective timeout from\s+rank (?P<timeout_rank>\d+)",
+            "Received a dump signal due to a collective timeout",
+        ),
+        # TORCH_NCCL_BLOCKING_WAIT=1 raises the timeout in the calling thread
+        # (ProcessGroupNCCL.cpp WorkNCCL::synchronize)
+        Signature(
+            r"timed out in blocking wait \(TORCH_NCCL_BLOCKING_WAIT=1\)",
+            "timed out in blocking wait",
+        ),
+        # ncclTimeout (NCCL init.cc ncclGetErrorString) through c10d's "NCCL error in: ..."
+        # and C10D_CHECK_TIMEOUT (NCCLUtils.hpp) of a non-blocking communicator
+        Signature(r"NCCL error in: \S+, timeout, NCCL version", ", timeout, NCCL version"),
+        Signature(r"NCCL timeout in: \S+:\d+", "NCCL timeout in: "),
         Signature(r"Some NCCL operations have failed or timed out"),
         Signature(r"watchdog thread terminated with"),
     ),
@@ -103,6 +134,8 @@ GLOO_TIMEOUT = Rule(
             "Timed out waiting",
         ),
         Signature(r"Application timeout caused pair closure"),
+        # gloo transport/tcp/pair.cc: a read on a pair timed out
+        Signature(r"\] Read timeout \[", "Read timeout ["),
     ),
     explanation=Explanation(
         what="A gloo send/recv inside a collective waited longer than the process group timeout.",
@@ -135,6 +168,17 @@ MONITORED_BARRIER = Rule(
         Signature(
             r"Ranks? (?P<missing>[\d, ]+) failed to pass monitoredBarrier",
             "failed to pass monitoredBarrier",
+        ),
+        # ProcessGroupGloo::monitoredBarrier on a non-zero rank: rank 0 is the one to read
+        Signature(
+            r"successfully reached monitoredBarrier, but received errors while waiting for "
+            r"send/recv from rank (?P<missing>0)",
+            "successfully reached monitoredBarrier",
+        ),
+        # control_collectives/StoreCollectives.cpp names the ranks that did not arrive
+        Signature(
+            r"(?:barrier|gather|all_gather) failed -- missing ranks: (?P<missing>[\d, ]+)",
+            "failed -- missing ranks: ",
         ),
     ),
     explanation=Explanation(

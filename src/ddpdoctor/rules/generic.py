@@ -18,6 +18,8 @@ PYTHON_EXCEPTION = Rule(
         # Ctrl-C, or a stop forwarded as SIGINT: what a stopped process prints, not a bug
         Signature(r"^\**(?P<exc>KeyboardInterrupt)(?::|$)", "KeyboardInterrupt", echo=Echo.STOPPED),
         Signature(r"^\**(?P<exc>SystemExit)(?::|$)", "SystemExit"),
+        # `raise Exception(...)` itself: the two patterns above need a prefix before the suffix
+        Signature(r"^\**(?P<exc>Exception)(?::|$)", "Exception"),
     ),
     context_all=(r"Traceback \(most recent call last\)|^\s+File \"|\n\s+File \"",),
     explanation=Explanation(
@@ -29,7 +31,11 @@ PYTHON_EXCEPTION = Rule(
         "program is reported too.",
     ),
     fix=("Fix the error at the deepest frame of your own code in the traceback.",),
-    positive=("AttributeError: 'DistributedDataParallel' object has no attribute 'model'",),
+    positive=(
+        "AttributeError: 'DistributedDataParallel' object has no attribute 'model'",
+        "Exception: Current loss scale already at minimum - cannot decrease scale anymore. "
+        "Exiting run.",
+    ),
     negative=("INFO: loss=0.31 RuntimeError count=0",),
 )
 
@@ -43,11 +49,14 @@ EARLY_STOP = Rule(
     specificity=10,
     signatures=(
         # an event, not a setting: "Early stopping at epoch 5", not early_stopping_patience=3
-        # or EarlyStopping(monitor=...) in a config dump
-        # ("Early stopping: val_loss did not improve" is an event; "early_stopping: true" is not)
+        # or EarlyStopping(monitor=...) in a config dump, nor transformers' warning "early
+        # stopping required metric_for_best_model, but did not find ... so early stopping is
+        # disabled" (trainer_callback.py). "Early stopping: val_loss did not improve" is an
+        # event; "early_stopping: true" is not.
         Signature(
             r"(?i:\bearly[ -]stop(?:ping|ped)?)\b"
-            r"(?![_=(]|:\s*(?i:true|false|yes|no|null|none|\d|\{|\[|$)| agreed by all)",
+            r"(?![_=(]|:\s*(?i:true|false|yes|no|null|none|\d|\{|\[|$)| agreed by all"
+            r"| required| is disabled)",
             "arly",
         ),
         # Lightning EarlyStopping: "... did not improve ... Signaling Trainer to stop."
@@ -79,6 +88,8 @@ EARLY_STOP = Rule(
         "Epoch 3: val_loss improved to 0.21",
         "early_stopping_patience=3,",
         "early stopping: true",
+        "early stopping required metric_for_best_model, but did not find eval_accuracy so early "
+        "stopping is disabled",
     ),
 )
 
