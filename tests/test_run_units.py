@@ -71,8 +71,8 @@ def test_adaptive_threshold_follows_the_step_interval() -> None:
 
 def test_activity_alone_is_not_progress() -> None:
     p = ProgressTracker(5.0, startup_grace_s=0.0)
-    p.note("rank0", b"step 1 loss 2.0\n", 1)
-    p.note("rank0", b"warning: something\n", 1)
+    p.note("rank0", b"step 1 loss 2.0\n")
+    p.note("rank0", b"warning: something\n")
     stalled = p.stalled(now=p.started + 1000)
     assert stalled is not None and stalled[1] == ["rank0"]
 

@@ -69,6 +69,14 @@ def _notify(text: str) -> None:
     help="Seconds between SIGTERM and SIGKILL when ending the job.",
 )
 @click.option(
+    "--output-buffer",
+    type=float,
+    default=16.0,
+    show_default=True,
+    help="MiB of the job's output held per stream for a terminal or pipe that is not "
+    "reading; beyond it the job's writes wait, as on a pipe (nothing is dropped).",
+)
+@click.option(
     "--startup-grace",
     type=float,
     default=60.0,
@@ -85,6 +93,7 @@ def run(
     no_inject: bool,
     label_ranks: bool,
     grace: float,
+    output_buffer: float,
     startup_grace: float,
     quiet_report: bool,
     command: tuple[str, ...],
@@ -99,6 +108,9 @@ def run(
     if hang_after is not None and hang_after <= 0:
         click.echo("ddpdoctor run: --hang-after must be positive", err=True)
         sys.exit(USAGE_OR_INPUT)
+    if not 1 <= output_buffer <= 65536:
+        click.echo("ddpdoctor run: --output-buffer must be between 1 and 65536 MiB", err=True)
+        sys.exit(USAGE_OR_INPUT)
     opts = RunOptions(
         argv=argv,
         run_dir=run_dir or default_run_dir(),
@@ -108,6 +120,7 @@ def run(
         inject=not no_inject and stacks != "none",
         label_ranks=label_ranks,
         grace_s=grace,
+        output_buffer_bytes=int(output_buffer * (1 << 20)),
         startup_grace_s=startup_grace,
         notify=_notify,
     )

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import fcntl
 import os
 import signal
 import subprocess
@@ -298,6 +299,22 @@ def zombie_exit_code(pid: int) -> int | None:
     return exit_status_code(int(fields[49]))
 
 
+PIPE_SIZE = 1 << 20
+"""The job's stdout/stderr pipes hold 1 MiB (the unprivileged maximum by default) instead of
+64 KiB: the capture loop wakes up 16x less often and takes each wake-up in one read."""
+
+
+def enlarge_pipe(fd: int, size: int = PIPE_SIZE) -> int:
+    """Set a pipe's capacity; returns the capacity it has (unchanged where refused)."""
+    try:
+        return fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, size)
+    except (OSError, AttributeError):
+        try:
+            return fcntl.fcntl(fd, fcntl.F_GETPIPE_SZ)
+        except (OSError, AttributeError):
+            return 0
+
+
 def spawn(
     argv: Sequence[str],
     env: Mapping[str, str],
@@ -335,6 +352,8 @@ def spawn(
         os.close(guard_r)
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
+    for fd in (out_w, err_w):
+        enlarge_pipe(fd)
     child_env = dict(env)
     child_env[RUN_ID_ENV] = run_id
     try:
