@@ -221,6 +221,43 @@ def _wait_for(run_dir: Path, pattern: bytes, count: int, timeout: float) -> list
     raise AssertionError(f"{pattern!r} x{count} not seen in {timeout} s")
 
 
+def test_process_ignoring_sigterm_is_killed_after_grace(tmp_path: Path) -> None:
+    run_dir = tmp_path / "r"
+    proc = start(run_dir, "--grace", "1.5", cmd=writer("ignore-term", 0))
+    (m,) = _wait_for(run_dir, rb"IGNORING rank 0 pid (\d+) ignores=True", 1, 30)
+    pid = int(m.group(1))
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=30)
+    took = time.monotonic() - t0
+    assert proc.returncode == 128 + signal.SIGKILL
+    assert 1.5 <= took < 1.5 + 4, took
+    assert not _pids_alive([pid])
+    killed = next(e for e in events(run_dir) if e["event"] == "kill_escalated")
+    assert [p["pid"] for p in killed["processes"]] == [pid]  # type: ignore[union-attr]
+
+
+@pytest.mark.real
+def test_rank_ignoring_sigterm_is_killed_after_grace_not_torchruns_30_s(tmp_path: Path) -> None:
+    run_dir = tmp_path / "r"
+    cmd = [str(TORCHRUN), "--standalone", "--nproc-per-node=2", str(WRITER), "ignore-term", "1"]
+    proc = start(run_dir, "--grace", "2", cmd=cmd)
+    found = _wait_for(run_dir, rb"IGNORING rank (\d) pid (\d+) ignores=(\w+)", 2, 60)
+    pids = {int(m.group(1)): int(m.group(2)) for m in found}
+    agent = [c.pid for c in psutil.Process(proc.pid).children()]
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=60)
+    took = time.monotonic() - t0
+    assert took < 2 + 6, took  # torchrun alone waits 30 s for a rank that ignores SIGTERM
+    assert not _pids_alive([*pids.values(), *agent])
+    evs = events(run_dir)
+    killed = next(e for e in evs if e["event"] == "kill_escalated")
+    ranks = {p["rank"] for p in killed["processes"] if p["role"] == "rank"}  # type: ignore[union-attr]
+    assert ranks == {1}, killed
+    assert proc.returncode != 0
+
+
 def test_hang_found_while_the_terminal_is_blocked(tmp_path: Path) -> None:
     """Nobody reads our stdout or stderr: the job fills them, then deadlocks. The hang is
     detected from what the job wrote, stacks are dumped and the job ended; then every byte and

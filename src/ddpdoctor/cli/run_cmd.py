@@ -66,7 +66,8 @@ def _notify(text: str) -> None:
     type=float,
     default=5.0,
     show_default=True,
-    help="Seconds between SIGTERM and SIGKILL when ending the job.",
+    help="Seconds between SIGTERM and SIGKILL when ending the job, also after a signal "
+    "ddpdoctor forwarded (ranks that ignore SIGTERM are killed after this).",
 )
 @click.option(
     "--output-buffer",
@@ -107,6 +108,9 @@ def run(
         sys.exit(USAGE_OR_INPUT)
     if hang_after is not None and hang_after <= 0:
         click.echo("ddpdoctor run: --hang-after must be positive", err=True)
+        sys.exit(USAGE_OR_INPUT)
+    if not 0 <= grace <= 86400:
+        click.echo("ddpdoctor run: --grace must be between 0 and 86400 seconds", err=True)
         sys.exit(USAGE_OR_INPUT)
     if not 1 <= output_buffer <= 65536:
         click.echo("ddpdoctor run: --output-buffer must be between 1 and 65536 MiB", err=True)

@@ -9,6 +9,7 @@ import os
 import resource
 import shutil
 import signal
+import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -20,7 +21,7 @@ from typing import Any
 from ddpdoctor.errors import SupervisorError
 from ddpdoctor.supervise import inject
 from ddpdoctor.supervise.capture import BACKLOG_BYTES, Capture
-from ddpdoctor.supervise.child import FORWARDED, Child, shell_code, spawn
+from ddpdoctor.supervise.child import FORWARDED, Child, ProcInfo, shell_code, spawn
 from ddpdoctor.supervise.progress import ProgressTracker
 from ddpdoctor.supervise.report import finish_report
 from ddpdoctor.supervise.rundir import RunDir
@@ -108,7 +109,7 @@ def run_job(opts: RunOptions) -> RunResult | SupervisorError:
         run_dir=str(rundir.root),
     )
     received: list[int] = []
-    previous = _forward_signals(child, received, rundir)
+    previous = _forward_signals(child, received, rundir, opts.grace_s)
     capture = Capture(rundir, progress, echo=opts.echo, backlog_bytes=opts.output_buffer_bytes)
     child.start_exit_watch()
     watchdog = Watchdog(
@@ -173,11 +174,32 @@ def run_job(opts: RunOptions) -> RunResult | SupervisorError:
 Handler = Callable[[int, FrameType | None], Any] | int | None
 
 
-def _forward_signals(child: Child, received: list[int], rundir: RunDir) -> dict[int, Handler]:
+def _forward_signals(
+    child: Child, received: list[int], rundir: RunDir, grace_s: float
+) -> dict[int, Handler]:
+    """Forward each signal to every rank; after the first, SIGKILL what is left after grace_s."""
+    escalation: list[threading.Thread] = []
+
+    def record(left: list[ProcInfo]) -> None:
+        rundir.event(
+            "kill_escalated",
+            grace_s=grace_s,
+            processes=[{"pid": p.pid, "role": p.role, "rank": p.rank} for p in left],
+        )
+
     def handler(signum: int, _frame: FrameType | None) -> None:
         received.append(signum)
         rundir.event("signal_forwarded", signal=signal.Signals(signum).name)
         child.forward(signum)
+        if not escalation:
+            t = threading.Thread(
+                target=child.kill_after,
+                args=(grace_s, record),
+                daemon=True,
+                name="ddpdoctor-kill-after",
+            )
+            escalation.append(t)
+            t.start()
 
     previous: dict[int, Handler] = {}
     for sig in FORWARDED:
