@@ -1,5 +1,6 @@
 """Units of the output path of `ddpdoctor run`: the per-rank line router under arbitrary chunk
-boundaries (real torchrun consoles), the two scanners agreeing, the terminal writer."""
+boundaries (real torchrun consoles), the two scanners agreeing, the terminal writer, the log
+writer surviving a routing failure."""
 
 from __future__ import annotations
 
@@ -16,6 +17,9 @@ from hypothesis import strategies as st
 from ddpdoctor.supervise import linescan
 from ddpdoctor.supervise.lines import WINDOW, LineRouter
 from ddpdoctor.supervise.linescan import LineScanner
+from ddpdoctor.supervise.logwriter import LogWriter
+from ddpdoctor.supervise.progress import ProgressTracker
+from ddpdoctor.supervise.rundir import RunDir
 from ddpdoctor.supervise.terminal import NONBLOCKING, TerminalOut
 
 FIXTURES = Path(__file__).parent / "fixtures" / "real"
@@ -183,3 +187,25 @@ def test_terminal_reader_gone_is_an_error_not_a_crash() -> None:
     assert term.unsent == len(b"lost\nmore\n")
     term.close()
     os.close(w)
+
+
+def test_a_routing_failure_still_writes_console_log(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """console.log gets every byte even if per-rank routing raises (a bug must not stop the
+    logs, nor, through the backlog, the job)."""
+    rundir = RunDir(tmp_path)
+    rundir.create()
+    log = LogWriter(rundir, ProgressTracker(None), LineScanner())
+
+    def broken(_stream: int, _data: bytes) -> None:
+        raise ValueError("routing bug")
+
+    monkeypatch.setattr(log._router, "feed", broken)
+    log.start()
+    log.put(1, b"[rank0]:one\n")
+    log.put(2, b"two\n")
+    log.finish()
+    assert rundir.console_log.read_bytes() == b"[rank0]:one\ntwo\n"
+    assert log.errors >= 1 and log.first_error == "routing: ValueError: routing bug"
+    assert log.backlog() == 0

@@ -105,21 +105,23 @@ class LogWriter:
                     os.close(fd)
 
     def _write(self, batch: list[tuple[int, bytes]]) -> bool:
-        """Route first (progress must not wait for the disk), then write; False at the end."""
+        """Route first (progress must not wait for the disk), then write; False at the end.
+        console.log gets every chunk even if routing fails: a bug there must not stop the
+        logs, nor (through the backlog) the job."""
         go_on = True
         data: list[Piece] = []
-        router = self._router
         for stream, chunk in batch:
             if stream == _STOP:
                 go_on = False
             elif chunk:
                 data.append(chunk)
-                router.feed(stream, chunk)
-            else:
-                router.close(stream)
-        pieces, marks = router.take()
-        if marks.size:
-            self.progress.record(marks.size, marks.progress, time.monotonic())
+        try:
+            pieces = self._route(batch)
+        except Exception as exc:
+            self._router = LineRouter(self._router.scanner, fresh=self.progress.fresh)
+            pieces = {}
+            self.errors += 1
+            self.first_error = self.first_error or f"routing: {type(exc).__name__}: {exc}"
         if self._console is not None and data:
             self._append(self._console, data)
         for label, parts in pieces.items():
@@ -128,6 +130,18 @@ class LogWriter:
                 self._append(fd, parts)
         self.done += sum(len(c) for c in data)
         return go_on
+
+    def _route(self, batch: list[tuple[int, bytes]]) -> dict[str, list[Piece]]:
+        router = self._router
+        for stream, chunk in batch:
+            if chunk:
+                router.feed(stream, chunk)
+            elif stream != _STOP:
+                router.close(stream)
+        pieces, marks = router.take()
+        if marks.size:
+            self.progress.record(marks.size, marks.progress, time.monotonic())
+        return pieces
 
     def _rank_file(self, label: str) -> int | None:
         if label not in self._files:
