@@ -31,8 +31,8 @@ READ_SIZE = 1 << 20
 BACKLOG_BYTES = 16 << 20
 """Default bound on what is held for a terminal that is not reading (per stream)."""
 LOG_BACKLOG_BYTES = 64 << 20
-COALESCE_BELOW = 1 << 18
-COALESCE_S = 0.01
+COALESCE_BELOW = 1 << 19
+COALESCE_S = 0.02
 """After a read of less than COALESCE_BELOW, wait this long before the next: each turn of the
 loop costs ~0.1 ms whatever it carries, and a job that flushes every line would otherwise make
 one turn per line. Output reaches the terminal at most this much later; the 1 MiB pipe holds
