@@ -160,6 +160,23 @@ def test_blocked_reader_throttles_the_job_instead_of_buffering(tmp_path: Path) -
     assert 3 * MiB < terminal["max_backlog"] <= 5 * MiB
 
 
+def test_job_held_by_a_blocked_reader_is_not_a_hang(tmp_path: Path) -> None:
+    """`ddpdoctor run --on-hang kill ... | less`, and the user scrolls back for 4 s: the job
+    waits on its writes, which is not a hang; it must not be dumped or killed for it."""
+    total = 40_000_000
+    run_dir = tmp_path / "r"
+    opts = ("--output-buffer", "1", "--hang-after", "1", "--startup-grace", "0")
+    proc = start(run_dir, *opts, "--on-hang", "kill", "--stacks", "none", cmd=writer("fast", total))
+    assert proc.stdout is not None and proc.stderr is not None
+    time.sleep(4)
+    got = sha(read_all(proc.stdout))
+    assert proc.wait(timeout=60) == 0, proc.stderr.read()[-2000:]
+    assert got == sha(output_writer.fast_blocks(total))
+    kinds = [e["event"] for e in events(run_dir)]
+    assert "hang_detected" not in kinds and "kill" not in kinds, kinds
+    assert exit_event(run_dir)["output"]["throttled_s"] > 2  # type: ignore[index]
+
+
 def test_two_ranks_interleaving_keep_their_order(tmp_path: Path) -> None:
     """Two processes write `[rank0]:`/`[rank1]:` lines to one pipe, whole lines per write."""
     n = 100_000

@@ -58,6 +58,7 @@ class Capture:
         scanner: LineScanner | None = None,
     ) -> None:
         self.echo = echo
+        self.progress = progress
         self.backlog_bytes = max(READ_SIZE, backlog_bytes)
         self.scanner = scanner or LineScanner()
         self.log = LogWriter(rundir, progress, self.scanner)
@@ -147,7 +148,7 @@ class Capture:
         if pidfd is not None:
             poller.register(pidfd, select.POLLIN)
         registered: dict[int, int] = {}
-        child_done, exit_seen = False, pidfd is None
+        child_done, exit_seen, held = False, pidfd is None, False
         drain_left = DRAIN_S
         last = time.monotonic()
         log, terms, limit = self.log, self.terminals, self.backlog_bytes
@@ -173,6 +174,9 @@ class Capture:
                     wanted[fd] = select.POLLOUT
             if throttled:
                 self.throttled_s += now - last
+            if throttled != held:
+                held = throttled
+                self.progress.hold(held, now)
             if child_done:
                 if not throttled:
                     drain_left -= now - last

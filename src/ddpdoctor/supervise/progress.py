@@ -52,6 +52,8 @@ class ProgressTracker:
         self.started = time.monotonic()
         self._streams: dict[str, Stream] = {}
         self._lock = threading.Lock()
+        self._held = False
+        self._resumed = float("-inf")
         self._hb_mtimes: dict[str, float] = {}
 
     def note(self, label: str, data: bytes) -> None:
@@ -113,6 +115,17 @@ class ProgressTracker:
                     if s.last_progress is None or when > s.last_progress:
                         self._progress(s, when)
 
+    def hold(self, held: bool, now: float | None = None) -> None:
+        """The capture stopped reading the job (its terminal or the disk is behind) or started
+        again. A job that waits on its writes is not hung on its own: nothing is stalled while
+        held, and idle time counts again from the release (a paused `| less` must not make
+        `--on-hang kill` end the job)."""
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            if not held and self._held:
+                self._resumed = now
+            self._held = held
+
     def hang_after_s(self) -> float:
         """The fixed threshold, else max(60 s, 5x the median interval between progress events)."""
         if self.fixed_hang_after_s is not None:
@@ -134,27 +147,28 @@ class ProgressTracker:
         now = time.monotonic() if now is None else now
         limit = self.hang_after_s()
         with self._lock:
+            if self._held:
+                return None
+            resumed = self._resumed
             job = self._streams.get(JOB)
             if job is None or job.last_progress is None:
                 # Start-up (imports, rendezvous) is slow and silent: allow the grace period.
-                ref = self.started if job is None else job.last_activity
+                ref = max(self.started if job is None else job.last_activity, resumed)
                 idle = now - ref
                 if idle > limit and now - self.started > max(limit, self.startup_grace_s):
                     return idle, sorted(k for k in self._streams if k != JOB)
                 return None
-            ref = job.last_progress
+            ref = max(job.last_progress, resumed)
             if now - ref > limit:
                 return now - ref, sorted(k for k in self._streams if k != JOB)
-            lagging = [
-                k
+            since = {
+                k: now - max(s.last_progress, resumed)
                 for k, s in self._streams.items()
-                if k != JOB
-                and len(s.progress_events) >= 3
-                and s.last_progress is not None
-                and now - s.last_progress > limit
-            ]
+                if k != JOB and len(s.progress_events) >= 3 and s.last_progress is not None
+            }
+            lagging = [k for k, idle in since.items() if idle > limit]
             if lagging:
-                return max(now - (self._streams[k].last_progress or now) for k in lagging), lagging
+                return max(since[k] for k in lagging), lagging
         return None
 
     def snapshot(self) -> dict[str, dict[str, float | int | None]]:
