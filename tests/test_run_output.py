@@ -5,15 +5,18 @@ killed after the grace period. Real processes throughout (torch-free writers, an
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
+import tty
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -175,6 +178,42 @@ def test_job_held_by_a_blocked_reader_is_not_a_hang(tmp_path: Path) -> None:
     kinds = [e["event"] for e in events(run_dir)]
     assert "hang_detected" not in kinds and "kill" not in kinds, kinds
     assert exit_event(run_dir)["output"]["throttled_s"] > 2  # type: ignore[index]
+
+
+def _through(kind: str, tmp_path: Path, total: int) -> tuple[bytes, dict[str, object]]:
+    """Run the fast writer with our stdout on a socket or a pty (raw), read after a pause;
+    the description we share with ddpdoctor must stay blocking all along."""
+    if kind == "socket":
+        ours, theirs = socket.socketpair()
+        read_fd, child_fd = ours.fileno(), theirs.fileno()
+    else:
+        read_fd, child_fd = os.openpty()
+        tty.setraw(child_fd)
+    run_dir = tmp_path / kind
+    proc = subprocess.Popen(
+        [*RUN, "--run-dir", str(run_dir), "--quiet-report", "--", *writer("fast", total)],
+        stdout=child_fd,
+        stderr=subprocess.DEVNULL,
+    )
+    time.sleep(1.5)
+    assert not fcntl.fcntl(child_fd, fcntl.F_GETFL) & os.O_NONBLOCK
+    got = bytearray()
+    while len(got) < total:
+        got += os.read(read_fd, MiB)
+    assert proc.wait(timeout=60) == 0
+    for fd in (read_fd, child_fd):
+        os.close(fd)
+    terminal = exit_event(run_dir)["output"]["terminal"]["stdout"]  # type: ignore[index]
+    return bytes(got), terminal
+
+
+@pytest.mark.parametrize("kind", ["socket", "pty"])
+def test_socket_and_terminal_outputs_get_every_byte(tmp_path: Path, kind: str) -> None:
+    total = 6_000_000
+    got, terminal = _through(kind, tmp_path, total)
+    assert sha([got]) == sha(output_writer.fast_blocks(total))
+    assert terminal["mode"] == ("socket" if kind == "socket" else "nonblocking")
+    assert terminal["written"] == total and terminal["max_backlog"] > MiB
 
 
 def test_two_ranks_interleaving_keep_their_order(tmp_path: Path) -> None:
