@@ -23,6 +23,11 @@ from ddpdoctor.supervise.rundir import RunDir
 IOV_MAX = 1024
 BATCH = 256
 """Chunks taken per turn: the writer catches up in a few large writes."""
+PACE_S = 0.05
+PACE_BELOW = 1 << 20
+"""After a batch smaller than PACE_BELOW the writer rests PACE_S before the next (the loop
+does not ring meanwhile): a job printing slowly costs one wake-up per 50 ms, not one per
+read. console.log and progress lag by at most that much."""
 _OPEN_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
 _STOP = -1
 
@@ -46,6 +51,7 @@ class LogWriter:
         self._bell = threading.Lock()
         self._bell.acquire()
         self._sleeping = False
+        self._stopping = False
         self._router = LineRouter(scanner, fresh=progress.fresh)
         self._files: dict[str, int | None] = {}
         self._console: int | None = None
@@ -76,6 +82,7 @@ class LogWriter:
 
     def finish(self) -> None:
         """Write everything handed over, then close the files (waits for the disk)."""
+        self._stopping = True
         self._chunks.append((_STOP, b""))
         self._ring()
         self._thread.join()
@@ -99,6 +106,8 @@ class LogWriter:
             batch = [chunks.popleft() for _ in range(min(BATCH, len(chunks)))]
             if not self._write(batch):
                 break
+            if sum(len(c) for _, c in batch) < PACE_BELOW and not self._stopping:
+                time.sleep(PACE_S)
         for fd in [self._console, *self._files.values()]:
             if fd is not None:
                 with contextlib.suppress(OSError):
