@@ -21,7 +21,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 BLOCK = 1 << 20
 _POOL: list[bytes] = []
@@ -73,9 +73,9 @@ def rank_lines(rank: int, n: int) -> Iterator[bytes]:
         yield b"rank %d line %08d of the job, loss %d\n" % (rank, i, i % 97)
 
 
-def _timed(write: object) -> None:
+def _timed(write: Callable[[], object]) -> None:
     t0 = time.perf_counter()
-    write()  # type: ignore[operator]
+    write()
     elapsed = time.perf_counter() - t0
     path = os.environ.get("OUTPUT_WRITER_TIMES")
     if path:
