@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint typecheck docs census bench clean scoreboard
+.PHONY: setup demo test lint typecheck docs census bench bench-run clean scoreboard
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -37,6 +37,10 @@ census: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/run.py
+
+# What `ddpdoctor run` costs a job writing 200 MB (bare vs supervised, same run); ~15 min.
+bench-run: $(STAMP)
+	$(BIN)/python benchmarks/run_overhead.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache .mypy_cache .ruff_cache
