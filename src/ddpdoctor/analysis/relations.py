@@ -106,12 +106,18 @@ def relate_same_report(graph: CausalGraph, ctx: Context) -> None:
     """One report is one failure: of two rules matching lines of the same writer's traceback,
     or of one message printed over a few lines (an error and the hints printed under it), the
     more specific explains the other."""
-    primaries = [e for e in graph.events if e.primary]
-    for a in primaries:
+    reports = [e for e in graph.events if failing(e)]
+    for a in reports:
         block = {(c.source, c.line) for h in a.hits for c in h.context}
         block |= {(h.record.source, h.record.line) for h in a.hits}
-        for b in primaries:
-            if b is a or b.rule.specificity >= a.rule.specificity:
+        for b in reports:
+            if b is a or not (b.primary or b.rule.exit_path):
+                continue
+            # an abort printed with a timeout ("terminate called ... what(): ... timeout") is
+            # how that timeout ended the process; otherwise the more specific rule wins
+            if not b.rule.exit_path and (not a.primary or b.rule.specificity >= a.rule.specificity):
+                continue
+            if b.rule.exit_path and a.rule.exit_path:
                 continue
             if _same_report(a, b, block):
                 graph.add(a, b, "same report", "the same message, read by a more specific rule")

@@ -193,4 +193,47 @@ MONITORED_BARRIER = Rule(
     negative=("Watchdog caught collective operation timeout",),
 )
 
-RULES = (COLLECTIVE_MISMATCH, NCCL_WATCHDOG_TIMEOUT, GLOO_TIMEOUT, MONITORED_BARRIER)
+WATCHDOG_STUCK = Rule(
+    code="HANG102",
+    kind="hang",
+    title="The NCCL watchdog itself got stuck (heartbeat monitor)",
+    sources="ProcessGroupNCCL.cpp HeartbeatMonitor (torch >= 2.2)",
+    echo=Echo.WAITING,
+    specificity=20,
+    signatures=(
+        Signature(
+            r"ProcessGroupNCCL's watchdog got stuck for (?P<after>\d+) seconds",
+            "watchdog got stuck for",
+        ),
+    ),
+    explanation=Explanation(
+        what="The heartbeat monitor saw the collective watchdog make no progress and aborts the "
+        "process.",
+        why="A CUDA or NCCL call hangs (a kernel that never finishes, a collective a peer never "
+        "joins, a GPU or link stall), or a thread holds the GIL inside a CUDA call. Often the "
+        "echo of a peer that stopped: look at the other ranks first.",
+        fix="Find what the ranks were doing: their stacks (py-spy dump, `ddpdoctor run`), the "
+        "other ranks' errors; TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC only delays the abort.",
+        false_positives="It is a real stall, but rarely its cause.",
+    ),
+    fix=(
+        "Dump the ranks' stacks while it hangs (py-spy dump --pid PID, or run under "
+        "`ddpdoctor run`) and read every rank's log for an earlier error.",
+        "If every rank waits in the same collective: bisect the transport (NCCL_P2P_DISABLE=1, "
+        "NCCL_IB_DISABLE=1) with NCCL_DEBUG=INFO.",
+    ),
+    positive=(
+        "[rank0]:[F1130 10:49:07.000000000 ProcessGroupNCCL.cpp:1224] [PG 0 (default_pg) Rank 0] "
+        "ProcessGroupNCCL's watchdog got stuck for 480 seconds without making progress in "
+        "monitoring enqueued collectives.",
+    ),
+    negative=("Watchdog caught collective operation timeout",),
+)
+
+RULES = (
+    COLLECTIVE_MISMATCH,
+    NCCL_WATCHDOG_TIMEOUT,
+    GLOO_TIMEOUT,
+    MONITORED_BARRIER,
+    WATCHDOG_STUCK,
+)

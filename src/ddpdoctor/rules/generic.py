@@ -166,4 +166,43 @@ def _across_nodes_without_ib(job: JobEvidence) -> bool:
     return not job.single_node and "ib" not in job.transports
 
 
-RULES = (PYTHON_EXCEPTION, EARLY_STOP, TEARDOWN_WITHOUT_DESTROY, ZERO3_STAGE)
+EXIT_TEARDOWN = Rule(
+    code="EXIT103",
+    kind="exit-teardown-crash",
+    title="The job failed while shutting down (CUDA unloading, the launcher's exit barrier)",
+    sources="CUDA runtime (cudaErrorCudartUnloading), torch/distributed/elastic/agent/server/"
+    "api.py _exit_barrier",
+    specificity=80,
+    signatures=(
+        # a CUDA call made while the interpreter tears down the CUDA runtime
+        Signature(r"CUDA error: driver shutting down"),
+        # torchelastic: this node's workers finished; the other agents never reached the
+        # barrier every agent passes before it exits
+        Signature(r"Error waiting on exit barrier\. Elapsed: ", "Error waiting on exit barrier"),
+    ),
+    explanation=Explanation(
+        what="An error that only happens on the way out: a CUDA call after the driver began "
+        "unloading, or torchrun's exit barrier timing out because other nodes had not finished.",
+        why="Work left for interpreter exit (NCCL/CUDA objects destroyed by atexit or garbage "
+        "collection, no destroy_process_group), or nodes ending at different times (one node "
+        "still saving or evaluating, or hung in its own teardown).",
+        fix="End every rank the same way: barrier(), destroy_process_group(), free CUDA objects "
+        "before exit; on several nodes, find why the other nodes did not finish.",
+        false_positives="A node that really failed while the others waited at the exit barrier: "
+        "its own log says so.",
+    ),
+    fix=(
+        "At the end of training, on every rank: torch.distributed.barrier(); "
+        "torch.distributed.destroy_process_group(); then exit.",
+        "If torchrun timed out at its exit barrier: read the other nodes' logs for what kept "
+        "them (still saving, evaluating, or hung).",
+    ),
+    positive=(
+        "  what():  CUDA error: driver shutting down",
+        "E1130 13:00:00.100000 4242 torch/distributed/elastic/agent/server/api.py:1008] Error "
+        "waiting on exit barrier. Elapsed: 300.0042 seconds",
+    ),
+    negative=("CUDA error: out of memory",),
+)
+
+RULES = (PYTHON_EXCEPTION, EARLY_STOP, TEARDOWN_WITHOUT_DESTROY, ZERO3_STAGE, EXIT_TEARDOWN)

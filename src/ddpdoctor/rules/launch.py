@@ -408,7 +408,8 @@ SLURM_TERMINATED = Rule(
         # the torchelastic agent itself received SIGTERM (from the scheduler or a user)
         # a stop from outside: the scheduler's, a user's, or `ddpdoctor run`'s after a hang
         Signature(
-            r"Received (?P<signum>15|10|12) death signal, shutting down workers",
+            # 1 (SIGHUP): the terminal that started it closed
+            r"Received (?P<signum>15|10|12|1) death signal, shutting down workers",
             " death signal",
             echo=Echo.STOPPED,
         ),
@@ -418,7 +419,7 @@ SLURM_TERMINATED = Rule(
             echo=Echo.STOPPED,
         ),
         Signature(
-            r"SignalException: Process \d+ got signal: (?P<signum>15|10|12)",
+            r"SignalException: Process \d+ got signal: (?P<signum>15|10|12|1)",
             "SignalException",
             echo=Echo.STOPPED,
         ),

@@ -79,6 +79,8 @@ IB_ERROR = Rule(
         Signature(r"local catastrophic error"),
         Signature(r"NET/IB ?: Got completion from peer", "Got completion from peer"),
         Signature(r"IBV_WC_RETRY_EXC_ERR"),
+        # aws-ofi-nccl (EFA and other libfabric providers): a completion with an error
+        Signature(r"NET/OFI Request \S+ completed with error", "completed with error"),
         Signature(r"transport retry counter exceeded"),
         Signature(r"NET/IB.{0,40}(?:ibv_\w+ failed|Unable to|error)", "NET/IB"),
         Signature(r"ibv_reg_mr.{0,80}failed|ibv_create_qp.{0,80}failed", "ibv_"),
