@@ -117,6 +117,9 @@ def clean(raw: str) -> str:
     return raw[:MAX_TEXT]
 
 
+# OpenMPI's mpirun --tag-output: "[1,3]<stderr>:" is job 1, rank 3 (MPI_COMM_WORLD rank).
+OPENMPI = re.compile(r"\[\d+,(?P<rank>\d{1,7})\]<(?:stdout|stderr|stddiag)>: ?")
+
 # A log pasted into a Markdown quote: "> [rank0]: Traceback ...", "> > nested".
 QUOTE = re.compile(r">+ ?")
 
@@ -158,6 +161,12 @@ def parse_line(raw: str, year: int = 1970, with_time: bool = True) -> ParsedLine
         if digit:
             m = RFC3339.match(text, pos) or ISO_TIME.match(text, pos)
         elif bracket and nxt.isdigit():
+            mpi = OPENMPI.match(text, pos)
+            if mpi:
+                origin.rank = int(mpi.group("rank"))
+                prefix_parts.append(mpi.group(0).strip())
+                pos = mpi.end()
+                continue
             m = ISO_TIME.match(text, pos)
         if m:
             if with_time:

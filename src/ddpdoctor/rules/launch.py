@@ -45,7 +45,16 @@ HOST_OOM_KILL = Rule(
         # the same in Slurm <= 21.08 (plugins/task/cgroup/task_cgroup_memory.c)
         Signature(r"oom-kill event\(s\)", "oom-kill event(s)"),
         # srun/launch.c: srun's summary of tasks the OOM killer (SIG_OOM) or SIGKILL ended
+        Signature(r": task (?P<rank>\d+): Out Of Memory", ": Out Of Memory"),
         Signature(r": tasks? [\d,\-\[\]]+: Out Of Memory", ": Out Of Memory"),
+        # OpenMPI (orte/errmgr): "mpirun noticed that process rank 1 with PID 48213 on node
+        # gpu-ws01 exited on signal 9 (Killed)."
+        Signature(
+            r"mpirun noticed that process rank (?P<rank>\d+) with PID (?P<pid>\d+) on node "
+            r"\S+ exited on signal 9\b",
+            "mpirun noticed that process rank",
+            suggests=True,
+        ),
         Signature(r"srun: error: \S+: tasks? [\d,\-\[\]]+: Killed\s*$", ": Killed", suggests=True),
         # torch/multiprocessing/spawn.py (mp.spawn, Lightning ddp_spawn)
         Signature(
@@ -150,6 +159,12 @@ NATIVE_CRASH = Rule(
     exit_path=True,
     specificity=40,
     signatures=(
+        # OpenMPI: a rank that died of SIGSEGV/SIGABRT/SIGBUS/SIGILL/SIGFPE
+        Signature(
+            r"mpirun noticed that process rank (?P<rank>\d+) with PID (?P<pid>\d+) on node "
+            r"\S+ exited on signal (?P<signum>11|6|7|4|8)\b",
+            "mpirun noticed that process rank",
+        ),
         Signature(r"\(core dumped\)", "core dumped"),
         Signature(r"Illegal instruction"),
         Signature(
