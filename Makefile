@@ -46,4 +46,4 @@ clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache .mypy_cache .ruff_cache
 
 scoreboard: $(STAMP)
-	$(BIN)/python corpus/scoreboard.py --misses
+	$(BIN)/python corpus/scoreboard.py --markdown docs/scoreboard.md
