@@ -581,3 +581,41 @@ def test_sigkill_of_ddpdoctor_leaves_no_task(slurm: dict[str, str], tmp_path: Pa
     assert wait_gone(tag) == []
     job_id = job_named(slurm, name)
     assert job_id is not None and wait_job(slurm, job_id, 30).state in ("CANCELLED", "FAILED")
+
+
+def test_torchrun_inside_srun_maps_ranks(slurm: dict[str, str], tmp_path: Path) -> None:
+    """srun starts one torchrun per node (SLURM_PROCID=node); torchrun's workers carry RANK.
+    The agent is no rank, though its environment says SLURM_PROCID=0."""
+    tag = f"slurmtest-{uuid.uuid4().hex[:8]}"
+    run_dir = tmp_path / "r"
+    torchrun = [
+        str(Path(sys.executable).parent / "torchrun"),
+        "--standalone",
+        "--nproc-per-node=2",
+        str(HERE / "programs" / "run_train.py"),
+        "hang",
+        tag,
+    ]
+    proc = start_run(
+        run_dir,
+        task_env(slurm),
+        ["-n", "1", "-c", "2", "-J", job_name("torchrun")],
+        torchrun,
+        "--hang-after",
+        "5",
+        "--on-hang",
+        "kill",
+    )
+    rc, out = finish(proc, 150)
+    stacks = next((e for e in events(run_dir) if e["event"] == "stacks"), None)
+    assert stacks is not None, out[-3000:]
+    procs = stacks["processes"]
+    assert sorted(p["rank"] for p in procs if p["role"] == "rank") == [0, 1], procs
+    # srun (it forks a second process of its own) and torchrun, no rank among them
+    agents = [p for p in procs if p["role"] == "agent"]
+    assert len(agents) == 3 and all(p["rank"] is None for p in agents), procs
+    assert stacks["diagnosis"]["culprit_ranks"] == [1], stacks["diagnosis"]
+    report = run_report(run_dir)
+    assert report["verdict"]["culprit"]["ranks"] == [1]
+    no_phantom_ranks(report, 2)
+    assert rc != 0 and wait_gone(tag) == []
