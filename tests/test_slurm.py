@@ -551,7 +551,7 @@ def _start_waiting(
     return proc
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_signal_reaches_every_task(slurm: dict[str, str], tmp_path: Path, sig: int) -> None:
     tag = f"slurmtest-{uuid.uuid4().hex[:8]}"
     name = job_name("signal")
