@@ -4,7 +4,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint typecheck docs census bench bench-run clean scoreboard
+.PHONY: setup setup-launchers slurm-up slurm-down demo test lint typecheck docs census bench \
+	bench-run clean scoreboard
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -13,6 +14,27 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 setup: $(STAMP)
+
+# accelerate and deepspeed for tests/test_run_launchers.py, torch kept at 2.13.0 by the
+# constraints; DeepSpeed's CPU backend compiles its shm op on first use (about 1-2 min here):
+# done once now, into torch's extension cache, instead of inside a test.
+LAUNCHERS_STAMP := $(VENV)/.launchers
+$(LAUNCHERS_STAMP): $(STAMP) constraints.txt
+	@# a failure here leaves those tests skipped (they say why), not the whole suite failed
+	$(BIN)/pip install -q -c constraints.txt -e '.[torch,dev,stacks,launchers]' \
+		&& $(BIN)/python -c "$$DS_WARM_OP" && touch $(LAUNCHERS_STAMP) \
+		|| echo "setup-launchers failed: the accelerate/deepspeed tests will be skipped" >&2
+
+export DS_WARM_OP := from deepspeed.accelerator import get_accelerator as a; b = a().create_op_builder("ShareMemCommBuilder"); b is None or b.load()
+
+setup-launchers: $(LAUNCHERS_STAMP)
+
+# a single-node Slurm for tests/test_slurm.py (CI's .ci/run does this around `make test`)
+slurm-up:
+	bash .ci/slurm-up
+
+slurm-down:
+	bash .ci/slurm-down
 
 demo: $(STAMP)
 	$(BIN)/ddpdoctor demo
@@ -25,7 +47,7 @@ lint: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-test: $(STAMP) lint
+test: $(STAMP) $(LAUNCHERS_STAMP) lint
 	$(BIN)/python -m pytest -q
 
 docs: $(STAMP)

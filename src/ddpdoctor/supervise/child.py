@@ -114,6 +114,45 @@ def _int(value: str | None) -> int | None:
         return None
 
 
+LAUNCHER_MODULES = (
+    "torch.distributed.run",
+    "torch.distributed.launch",
+    "deepspeed.launcher.launch",
+    "deepspeed.launcher.runner",
+)
+LAUNCHER_NAMES = ("torchrun", "accelerate", "deepspeed", "srun", "mpirun", "mpiexec")
+
+
+def is_launcher(cmdline: Sequence[str]) -> bool:
+    """A launcher's own process (torchrun, `accelerate launch`, deepspeed, srun), whatever rank
+    variables it inherited: under srun a torchrun agent carries SLURM_PROCID of its node."""
+    for i, arg in enumerate(cmdline[:4]):
+        name = os.path.basename(arg)
+        if name in LAUNCHER_NAMES:
+            return True
+        if arg == "-m" and i + 1 < len(cmdline) and cmdline[i + 1] in LAUNCHER_MODULES:
+            return True
+        if not name.startswith("python") and name not in ("-u", "-I", "-E", "-s", "-B"):
+            break
+    return False
+
+
+def env_rank(env: Mapping[str, str], torch_ranks: bool = False) -> int | None:
+    """The global rank a launcher gave a process, from its environment: RANK (torchrun,
+    accelerate, deepspeed), else SLURM_PROCID of a task srun started (SLURM_STEP_ID set: a
+    batch script also has SLURM_PROCID=0, and it is no rank), else PMI_RANK /
+    OMPI_COMM_WORLD_RANK. With `torch_ranks` (some process of the job has RANK) only RANK counts.
+    """
+    rank = _int(env.get("RANK"))
+    if rank is not None or torch_ranks:
+        return rank
+    if "SLURM_STEP_ID" in env or "SLURM_STEPID" in env:
+        rank = _int(env.get("SLURM_PROCID"))
+        if rank is not None:
+            return rank
+    return _int(env.get("PMI_RANK") or env.get("OMPI_COMM_WORLD_RANK"))
+
+
 def exit_status_code(status: int) -> int:
     """waitpid status -> torchrun's convention: the exit code, or -N for death by signal N."""
     if os.WIFSIGNALED(status):
@@ -170,33 +209,40 @@ class Child:
         return found
 
     def refresh(self) -> list[ProcInfo]:
-        """Map live processes to ranks via RANK/LOCAL_RANK (or SLURM_PROCID) in their env."""
+        """Map live processes to ranks through their environment (see `env_rank`)."""
         procs = {p.pid: p for p in self.tree()}
         for p in self.tagged():
             procs.setdefault(p.pid, p)
         envs: dict[int, dict[str, str]] = {}
         ppids: dict[int, int] = {}
         names: dict[int, str] = {}
+        cmds: dict[int, list[str]] = {}
         for pid, p in procs.items():
             try:
                 envs[pid] = p.environ()
                 ppids[pid] = p.ppid()
                 names[pid] = p.name()
+                cmds[pid] = p.cmdline()
             except psutil.Error:
                 continue
+        # Once any process carries RANK (torchrun, accelerate, deepspeed workers), RANK alone
+        # names ranks: a torchrun agent started by srun has SLURM_PROCID but is no rank.
+        torch_ranks = any("RANK" in env for env in envs.values())
+        ranks = {
+            pid: None if is_launcher(cmds[pid]) else env_rank(env, torch_ranks)
+            for pid, env in envs.items()
+        }
         live: list[ProcInfo] = []
         for pid, env in envs.items():
-            rank = _int(env.get("RANK") or env.get("SLURM_PROCID") or env.get("PMI_RANK"))
+            rank = ranks[pid]
             local = _int(env.get("LOCAL_RANK") or env.get("SLURM_LOCALID"))
-            parent_rank = envs.get(ppids[pid], {}).get("RANK")
             if rank is None:
                 role = "main" if pid == self.pid else "agent"
-            elif parent_rank is not None and _int(parent_rank) == rank:
-                role = "worker"
+            elif ranks.get(ppids[pid]) == rank:
+                role = "worker"  # a DataLoader worker or other child of a rank
             else:
                 role = "rank"
-            info = ProcInfo(pid, ppids[pid], role, rank, local, names[pid])
-            live.append(info)
+            live.append(ProcInfo(pid, ppids[pid], role, rank, local, names[pid]))
         if any(i.role == "rank" for i in live):
             for info in live:
                 if info.role == "main":
@@ -375,7 +421,7 @@ def spawn(
                 "-c",
                 GUARDIAN,
                 str(guard_r),
-                run_id,
+                f"{RUN_ID_ENV}={run_id}",  # a whole environ entry, as the guardian compares
                 str(guardian_grace_s),
                 cleanup,
             ],

@@ -13,11 +13,20 @@ from pathlib import Path
 SITECUSTOMIZE = r'''
 """Written by `ddpdoctor run`; arms faulthandler on SIGUSR1 and the Flight Recorder hook, then
 chains to the real one."""
+def _ddpdoctor_slurm_task():
+    """SLURM_PROCID of a task that srun started; a batch script has SLURM_PROCID=0 too, without
+    a step id, and is no rank."""
+    import os
+    if os.environ.get("SLURM_STEP_ID") is None and os.environ.get("SLURM_STEPID") is None:
+        return None
+    return os.environ.get("SLURM_PROCID")
+
+
 def _ddpdoctor_arm():
     import os
     stacks = os.environ.get("DDPDOCTOR_STACKS_DIR")
     armed = os.environ.get("DDPDOCTOR_ARMED_DIR")
-    rank = os.environ.get("RANK") or os.environ.get("SLURM_PROCID")
+    rank = os.environ.get("RANK") or _ddpdoctor_slurm_task()
     if not stacks or not armed:
         return
     if rank is None and str(os.getppid()) != os.environ.get("DDPDOCTOR_SUPERVISOR_PID"):
@@ -47,7 +56,7 @@ def _ddpdoctor_flight():
     out = os.environ.get("DDPDOCTOR_FR_DIR")
     requests = os.environ.get("DDPDOCTOR_FR_REQUESTS")
     answers = os.environ.get("DDPDOCTOR_FR_ANSWERS")
-    rank = os.environ.get("RANK") or os.environ.get("SLURM_PROCID")
+    rank = os.environ.get("RANK") or _ddpdoctor_slurm_task()
     if not out or not requests or not answers or rank is None:
         return
     lock = threading.Lock()

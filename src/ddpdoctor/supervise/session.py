@@ -73,7 +73,12 @@ def is_torchrun(argv: Sequence[str]) -> int | None:
 
 
 def with_rank_labels(argv: list[str]) -> list[str]:
-    """Ask torchrun to prefix every line with `[rankN]:` unless the user chose tee/redirects."""
+    """Ask torchrun to prefix every line with `[rankN]:` unless the user chose tee/redirects;
+    ask srun for its `N: ` task labels (`--label`), which `diagnose` reads as ranks."""
+    if argv and Path(argv[0]).name == "srun":
+        if any(a in ("-l", "--label") for a in argv[1:]):
+            return argv
+        return [argv[0], "--label", *argv[1:]]
     at = is_torchrun(argv)
     if at is None or any(
         a.startswith(("--tee", "-t", "--redirects", "-r")) for a in argv[1 : at + 8]

@@ -295,7 +295,10 @@ def _pyspy(exe: str, pid: int, timeout_s: float) -> tuple[str, str | None]:
     except (OSError, subprocess.TimeoutExpired) as exc:
         return "", f"py-spy: {exc}"
     if out.returncode != 0:
-        return out.stdout, f"py-spy rc {out.returncode}: {out.stderr.strip()[:300]}"
+        # its first line says why; the Rust backtrace after it (`   0: anyhow::...`) would read
+        # as Slurm-labelled task lines when `diagnose` reads the run folder
+        why = next((x.strip() for x in out.stderr.splitlines() if x.strip()), "")
+        return out.stdout, f"py-spy rc {out.returncode}: {why[:300]}"
     return out.stdout, None
 
 
@@ -324,6 +327,15 @@ def _faulthandler(
         return fh.read().decode("utf-8", "replace"), None
 
 
+def _is_python(pid: int) -> bool:
+    """Whether the process runs a Python interpreter (py-spy has nothing to read in srun)."""
+    try:
+        exe = os.path.basename(os.readlink(f"/proc/{pid}/exe"))
+    except OSError:
+        return True  # cannot tell: let the dump try
+    return "python" in exe or "pypy" in exe
+
+
 def _cpu_times(pids: list[int]) -> dict[int, float]:
     out: dict[int, float] = {}
     for pid in pids:
@@ -349,6 +361,8 @@ def collect(
 
     def one(proc: ProcInfo) -> RankStack:
         errors: list[str] = []
+        if proc.role in ("agent", "main") and not _is_python(proc.pid):
+            return RankStack(proc, "none", "", [], error="not a Python process (srun, a shell)")
         if exe is not None:
             text, err = _pyspy(exe, proc.pid, 10.0)
             if err is None:
