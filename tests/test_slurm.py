@@ -397,11 +397,6 @@ def test_time_limit_diagnosed(time_limit: Case, where: str) -> None:
     no_phantom_ranks(report, 2)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="srun --label prints slurmstepd's '*** STEP ... CANCELLED' line as task 0's output, "
-    "and the verdict blames rank 0 for the time limit (tests/fixtures/real/slurm-time-limit)",
-)
 @pytest.mark.parametrize("where", ["sbatch output", "ddpdoctor run"])
 def test_time_limit_blames_no_rank(time_limit: Case, where: str) -> None:
     report = time_limit.batch_report if where == "sbatch output" else time_limit.report
@@ -427,12 +422,6 @@ def test_scancel_ends_every_task(cancelled: Case) -> None:
     assert c.left == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="'*** JOB N ON host CANCELLED AT time ***' (scancel, no 'DUE TO') is not recognised: "
-    "the sbatch output reads as a log that ends mid-training (hang/unknown) and the run as "
-    "'exited 143, no cause' (tests/fixtures/real/slurm-scancel)",
-)
 @pytest.mark.parametrize("where", ["sbatch output", "ddpdoctor run"])
 def test_scancel_diagnosed(cancelled: Case, where: str) -> None:
     report = cancelled.batch_report if where == "sbatch output" else cancelled.report
@@ -467,12 +456,6 @@ def test_sigkilled_task_is_the_culprit(killed: Case, where: str) -> None:
     no_phantom_ranks(report, 2)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="srun's 'task 1: Killed' (and, under run, rank 1's observed exit -9) is not read as a "
-    "SIGKILL: the verdict is uncoordinated-exit/user-code where torchrun's '-9' gives "
-    "host-oom/resource (tests/fixtures/real/slurm-sigkill)",
-)
 @pytest.mark.parametrize("where", ["sbatch output", "ddpdoctor run"])
 def test_sigkilled_task_kind(killed: Case, where: str) -> None:
     report = killed.batch_report if where == "sbatch output" else killed.report

@@ -31,13 +31,11 @@ def test_time_limit(name: str) -> None:
     assert verdict("slurm-time-limit", name)[:2] == ("preempted", "intended-exit")
 
 
-@pytest.mark.xfail(strict=True, reason="the STEP line srun labels '0: ' makes rank 0 the culprit")
 @pytest.mark.parametrize("name", BOTH)
 def test_time_limit_blames_no_rank(name: str) -> None:
     assert verdict("slurm-time-limit", name)[2] == []
 
 
-@pytest.mark.xfail(strict=True, reason="'CANCELLED AT ... ***' without 'DUE TO' is not recognised")
 @pytest.mark.parametrize("name", BOTH)
 def test_scancel(name: str) -> None:
     assert verdict("slurm-scancel", name)[:2] == ("preempted", "intended-exit")
@@ -48,7 +46,6 @@ def test_sigkill_culprit(name: str) -> None:
     assert verdict("slurm-sigkill", name)[2] == [1]
 
 
-@pytest.mark.xfail(strict=True, reason="srun's 'task 1: Killed' is not read as a SIGKILL")
 @pytest.mark.parametrize("name", BOTH)
 def test_sigkill_kind(name: str) -> None:
     assert verdict("slurm-sigkill", name) == ("host-oom", "resource", [1])

@@ -469,6 +469,12 @@ SLURM_TERMINATED = Rule(
         Signature(r"Exiting gracefully after preemption/timeout"),
         # slurmstepd req.c: the job was requeued (preemption mode REQUEUE, scontrol requeue)
         Signature(r"CANCELLED AT \S+ DUE TO JOB REQUEUE", "DUE TO JOB REQUEUE"),
+        # scancel (a user or an operator): slurmstepd names no reason
+        Signature(
+            r"\*\*\* (?:JOB|STEP) [\d.]+ ON \S+ CANCELLED AT \S+ \*\*\*",
+            "CANCELLED AT",
+            echo=Echo.STOPPED,
+        ),
         # Kubernetes scheduler (DisruptionTarget condition of a preempted pod)
         Signature(r": preempting to accommodate a higher priority", "preempting to accommodate"),
     ),
