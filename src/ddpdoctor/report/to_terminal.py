@@ -121,7 +121,7 @@ def renderables(report: Report, width: int = 100) -> list[RenderableType]:
     bad = [s for s in report.sources if s.status != "read"]
     read = len(report.sources) - len(bad)
     src = Text(f"sources: {read} read", style="dim")
-    for line in problem_lines(bad):
+    for line in problem_lines(report.sources):
         src.append(f"\n  {line}", style="yellow")
     out.append(src)
     return out
