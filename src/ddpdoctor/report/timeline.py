@@ -64,6 +64,11 @@ def build_timeline(report: Report) -> Timeline:
     grouped = len(rank_lanes) > MAX_RANK_LANES
     if grouped:
         lanes = _grouped(rank_lanes) + [lane for lane in lanes if lane.kind != "rank"]
+    else:  # ranks with nothing to show (no lines, no exit) share one lane even among few
+        empty = [lane for lane in rank_lanes if not lane.marks and not lane.culprit]
+        if len(empty) > 1:
+            kept = [lane for lane in lanes if lane not in empty]
+            lanes = kept + [_merge(g, i) for i, g in enumerate(_alike(empty), len(kept))]
     lanes.sort(key=_lane_order)
     for lane in lanes:
         lane.marks = _trim(lane.marks)
@@ -308,12 +313,17 @@ def _signature(lane: Lane) -> tuple[object, ...]:
     return (lane.culprit, lane.label.endswith("(no lines)"), marks)
 
 
+def _alike(lanes: list[Lane]) -> list[list[Lane]]:
+    """Lanes by signature: culprits first, then the largest groups."""
+    buckets: dict[tuple[object, ...], list[Lane]] = {}
+    for lane in lanes:
+        buckets.setdefault(_signature(lane), []).append(lane)
+    return sorted(buckets.values(), key=lambda ls: (not ls[0].culprit, -len(ls), ls[0].ranks))
+
+
 def _grouped(rank_lanes: list[Lane]) -> list[Lane]:
     """Ranks that behaved alike share a lane: the earliest mark of each kind stands for all."""
-    buckets: dict[tuple[object, ...], list[Lane]] = {}
-    for lane in rank_lanes:
-        buckets.setdefault(_signature(lane), []).append(lane)
-    ordered = sorted(buckets.values(), key=lambda ls: (not ls[0].culprit, -len(ls), ls[0].ranks))
+    ordered = _alike(rank_lanes)
     if len(ordered) > MAX_LANES:
         rest = [lane for group in ordered[MAX_LANES - 1 :] for lane in group]
         ordered = [*ordered[: MAX_LANES - 1], rest]
@@ -328,7 +338,7 @@ def _merge(group: list[Lane], index: int) -> Lane:
     if len(ranks) > 1:
         label += f" ({len(ranks)}{'' if alike else ', not alike'})"
     if group[0].label.endswith("(no lines)") and alike:
-        label += " no lines"
+        label += " no lines" if len(ranks) > 1 else " (no lines)"
     merged = Lane(
         id=f"lane-g{index}",
         label=label,
@@ -365,11 +375,15 @@ def _merge(group: list[Lane], index: int) -> Lane:
     return merged
 
 
-def _lane_order(lane: Lane) -> tuple[int, int, int]:
-    """Culprits first, then ranks in order, unranked lines last."""
-    kind = 2 if lane.kind == "launcher" else 1
-    first = lane.ranks[0] if lane.ranks else 1 << 30
-    return (0 if lane.culprit else kind, first, 0)
+def _lane_order(lane: Lane) -> tuple[int, int]:
+    """Culprits first, then ranks that show something, lines without a rank, quiet ranks."""
+    if lane.culprit:
+        place = 0
+    elif lane.kind == "launcher":
+        place = 2
+    else:
+        place = 1 if lane.marks else 3
+    return (place, lane.ranks[0] if lane.ranks else 1 << 30)
 
 
 def _trim(marks: list[Mark]) -> list[Mark]:

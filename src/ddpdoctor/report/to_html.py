@@ -40,7 +40,7 @@ LEGEND = (
 )
 CSS = """
 body{font:15px/1.5 system-ui,-apple-system,Segoe UI,sans-serif;margin:2em auto;max-width:70em;
-padding:0 1em;color:#1d2939;background:#fff}
+padding:0 1em;color:#1d2939;background:#fff}p,li,td{overflow-wrap:anywhere}
 h1{font-size:1.5em;margin:.2em 0}h2{font-size:1.15em;margin:1.6em 0 .5em;border-bottom:1px solid
 #eaecf0;padding-bottom:.2em}.badge{display:inline-block;color:#fff;border-radius:4px;
 padding:.1em .6em;font-weight:600;letter-spacing:.03em}.meta{color:#475467}.culprit{font-weight:600;
@@ -83,6 +83,7 @@ def _template() -> jinja2.Template:
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
     )
+    env.filters["rank_ranges"] = rank_ranges
     return env.get_template("report.html.j2")
 
 

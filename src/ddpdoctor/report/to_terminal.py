@@ -145,7 +145,7 @@ def _findings(report: Report, width: int) -> RenderableType:
         "first evidence", no_wrap=True, min_width=max(len(loc) for loc in locs) or None
     )
     for f, loc in zip(report.findings, locs, strict=True):
-        table.add_row(f.role, f.rule, f.kind, ",".join(map(str, f.ranks)) or "-", str(f.count), loc)
+        table.add_row(f.role, f.rule, f.kind, rank_ranges(f.ranks) or "-", str(f.count), loc)
     return table
 
 
