@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint typecheck docs bench clean
+.PHONY: setup demo test lint typecheck docs bench clean browser
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -27,6 +27,19 @@ lint: $(STAMP)
 
 test: $(STAMP) lint
 	$(BIN)/python -m pytest -q
+
+# The timeline's browser test (tests/test_timeline_browser.py) needs Debian's chromium and its
+# driver: about 120 MB to download and 500 MB installed, so not part of `make test` (the test
+# skips, saying why, without them). CI (.ci/run) installs them first. Root or sudo needed.
+SUDO := $(shell [ "$$(id -u)" != 0 ] && command -v sudo >/dev/null && echo sudo)
+browser:
+	@if command -v chromium >/dev/null && command -v chromedriver >/dev/null; then \
+		echo "chromium and chromedriver are installed"; \
+	else \
+		$(SUDO) apt-get install -y --no-install-recommends chromium chromium-driver \
+		|| { $(SUDO) apt-get update && \
+		     $(SUDO) apt-get install -y --no-install-recommends chromium chromium-driver; }; \
+	fi
 
 docs: $(STAMP)
 	$(BIN)/ddpdoctor rules --write-docs docs/rules

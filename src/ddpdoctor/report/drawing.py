@@ -15,7 +15,7 @@ AXIS_X0 = 210
 AXIS_X1 = 850
 EXIT_X = 900
 TOP = 46
-LANE_H = 34
+LANE_H = 42
 BOTTOM = 16
 MIN_GAP = 16
 """Marks of one lane closer than this are spread apart (they keep their order)."""
