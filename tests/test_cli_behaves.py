@@ -283,3 +283,50 @@ def test_check_announces_each_launch() -> None:
     assert "collective test: 2 rank(s), backend gloo" in proc.stderr
     status = json.loads(proc.stdout)["collective"]["status"]
     assert re.search(rf"  {status} after \d+\.\d s", proc.stderr)
+
+
+# ---------------------------------------------------------------------------------- progress
+def _stderr_on_a_terminal(*args: str) -> tuple[int, str, str]:
+    """The real command with stderr on a 120-column pseudo-terminal, stdout on a pipe."""
+    import fcntl
+    import struct
+    import termios
+
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 120, 0, 0))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ddpdoctor", *args],
+        stdout=subprocess.PIPE,
+        stderr=follower,
+        cwd=REPO,
+    )
+    os.close(follower)
+    chunks: list[bytes] = []
+    while True:
+        try:
+            data = os.read(leader, 65536)
+        except OSError:
+            break
+        if not data:
+            break
+        chunks.append(data)
+    out, _ = proc.communicate(timeout=300)
+    os.close(leader)
+    return proc.returncode, out.decode(), b"".join(chunks).decode("utf-8", "replace")
+
+
+def test_diagnose_shows_progress_for_a_gigabyte_on_a_terminal(tmp_path: Path, corpus: Path) -> None:
+    from benchmarks.generate import write_log
+
+    big = tmp_path / "big.log"  # the benchmark's log: real corpus error lines in torchrun noise
+    write_log(big, 1_050_000_000, seed=7, ranks=list(range(8)), world=8, errors=3)
+    code, out, err = _stderr_on_a_terminal("diagnose", str(big), "--format", "json")
+    assert code == 1 and json.loads(out)["schema"] == "ddpdoctor.report/v1"
+    plain = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", err)
+    assert "ddpdoctor: reading" in plain
+    done = [float(x) for x in re.findall(r"(\d+\.\d)/1\.0 GB", plain)]
+    assert done and max(done) > 0.0, plain[:500]  # the bar moved
+    piped = run_cli("diagnose", str(big), "--format", "json")  # stderr not a terminal
+    assert "reading" not in piped.stderr
+    small_code, _, small_err = _stderr_on_a_terminal("diagnose", str(TIMED))
+    assert small_code == 1 and "reading" not in small_err

@@ -50,7 +50,7 @@ pre{background:#f9fafb;border:1px solid #eaecf0;border-radius:4px;padding:.5em .
 .8em;white-space:pre-wrap;word-break:break-word}.where{color:#475467;font-size:.9em}
 table{border-collapse:collapse;width:100%}th,td{text-align:left;padding:.3em .6em;
 border-bottom:1px solid #eaecf0;vertical-align:top}th{background:#f9fafb}
-.role-root{color:#b42318;font-weight:600}.role-cascade{color:#b54708}.skipped{color:#b54708}
+.role-root,.culprit-lane{color:#b42318;font-weight:600}.role-cascade{color:#b54708}.skipped{color:#b54708}
 details summary{cursor:pointer;color:#155eef}footer{margin-top:2em;color:#98a2b3;font-size:.85em}
 .timeline-figure{margin:0}svg.timeline{display:block;font:12px system-ui,sans-serif;
 border:1px solid #eaecf0;border-radius:4px;background:#fff}
