@@ -72,6 +72,12 @@ def build_timeline(report: Report) -> Timeline:
     lanes.sort(key=_lane_order)
     for lane in lanes:
         lane.marks = _trim(lane.marks)
+    ranked = [lane for lane in lanes if lane.kind != "launcher" and lane.marks]
+    if len({h for lane in ranked for h in lane.hosts}) > 1 and all(
+        len(lane.hosts) == 1 for lane in ranked
+    ):
+        for lane in ranked:  # which node each lane ran on, when every lane says and they differ
+            lane.label += f" @ {lane.hosts[0]}"
     covered = {r for lane in lanes for r in lane.ranks}
     return Timeline(
         axis=axis,
