@@ -14,7 +14,12 @@ import pytest
 
 from ddpdoctor.analysis.diagnose import diagnose_paths
 from ddpdoctor.report.render import render
-from ddpdoctor.report.timeline import MAX_LANES, MAX_RANK_LANES, build_timeline
+from ddpdoctor.report.timeline import (
+    MAX_LANES,
+    MAX_RANK_LANES,
+    MAX_UNRANKED_LANES,
+    build_timeline,
+)
 from tests.conftest import REPO, run_cli
 
 REAL = REPO / "tests" / "fixtures" / "real"
@@ -167,3 +172,20 @@ def test_secrets_in_timeline_marks_are_masked(tmp_path: Path, fmt: str) -> None:
         root = json.loads(masked)["timeline"]["lanes"][0]["marks"][0]
         assert "token=****" in root["text"] and root["role"] == "root"
         assert token in json.loads(raw)["timeline"]["lanes"][0]["marks"][0]["text"]
+
+
+def test_lines_without_a_rank_share_lanes_across_many_hosts(tmp_path: Path) -> None:
+    """torchrun's own lines (no rank) from 8 nodes, each its run's lines with its own pids:
+    hosts whose launcher said the same share one lane."""
+    lines = TIMED.read_text().splitlines()[26:28]  # SIGTERM sent, a worker failed
+    for k in range(8):
+        node = tmp_path / f"node{k}"
+        node.mkdir()
+        text = "\n".join(lines).replace("27405", str(27405 + 10 * k))
+        (node / "console.log").write_text(text.replace("27404", str(27404 + 10 * k)) + "\n")
+    t = timeline_of(tmp_path)["timeline"]
+    unranked = [lane for lane in t["lanes"] if lane["kind"] == "launcher"]
+    assert 1 <= len(unranked) <= MAX_UNRANKED_LANES
+    merged = next(lane for lane in unranked if len(lane["hosts"]) == 8)
+    assert merged["label"] == "no rank (8 hosts)"
+    assert {m["rule"] for m in merged["marks"]} == {"LCH102", "LCH103"}

@@ -65,6 +65,11 @@ class Drawing:
     arrows: list[DrawnArrow]
     ticks: list[Tick]
 
+    @property
+    def marks(self) -> int:
+        """How many marks are drawn: a timeline of none is not shown."""
+        return sum(len(lane.marks) for lane in self.lanes)
+
 
 def draw(t: Timeline) -> Drawing:
     lanes: list[DrawnLane] = []

@@ -19,6 +19,9 @@ MAX_RANK_LANES = 16
 MAX_LANES = 24
 """Groups beyond this many are merged into one lane of the remaining ranks."""
 MAX_MARKS_PER_LANE = 8
+MAX_UNRANKED_LANES = 4
+"""Lines without a rank get a lane per host up to this many hosts; beyond, hosts whose lines
+said the same share one."""
 MAX_ARROWS = 48
 ECHO_MARK = {
     "waiting": "timeout",
@@ -69,6 +72,9 @@ def build_timeline(report: Report) -> Timeline:
         if len(empty) > 1:
             kept = [lane for lane in lanes if lane not in empty]
             lanes = kept + [_merge(g, i) for i, g in enumerate(_alike(empty), len(kept))]
+    unranked = [lane for lane in lanes if lane.kind == "launcher"]
+    if len(unranked) > MAX_UNRANKED_LANES:
+        lanes = [lane for lane in lanes if lane.kind != "launcher"] + _hosts_alike(unranked)
     lanes.sort(key=_lane_order)
     for lane in lanes:
         lane.marks = _trim(lane.marks)
@@ -112,10 +118,12 @@ def _from_findings(findings: list[Finding], culprits: list[int]) -> list[_Raw]:
     raws: list[_Raw] = []
     for finding in findings:
         if finding.hits:
-            groups: dict[tuple[int | None, str | None], list[Hit]] = {}
+            groups: dict[tuple[int | None, str | None, str | None], list[Hit]] = {}
             for hit in finding.hits:
-                groups.setdefault((hit.record.origin.rank, hit.echo), []).append(hit)
-            for (rank, echo), hits in groups.items():
+                origin = hit.record.origin  # lines without a rank: one mark per host
+                host = origin.host if origin.rank is None else None
+                groups.setdefault((origin.rank, hit.echo, host), []).append(hit)
+            for (rank, echo, _), hits in groups.items():
                 rec = _first(hits).record
                 what = _what(finding, echo, rec.source)
                 for lane_rank in _lane_ranks(finding, rank, culprits):
@@ -293,7 +301,9 @@ def _lanes(raws: list[_Raw], report: Report, culprits: list[int]) -> list[Lane]:
                 if r.host:
                     lanes[key].hosts.append(r.host)
             lane = lanes[key]
-        lane.marks.append(_mark(r, lane))
+        same = (r.what, r.role, r.rule, r.label)
+        if not any((m.what, m.role, m.rule, m.label) == same for m in lane.marks):
+            lane.marks.append(_mark(r, lane))  # raws come earliest first: the first one stays
     return list(lanes.values())
 
 
@@ -379,6 +389,31 @@ def _merge(group: list[Lane], index: int) -> Lane:
                 first.ranks = sorted({*first.ranks, *lane.ranks})
     merged.marks = sorted(slots.values(), key=lambda m: m.position)
     return merged
+
+
+def _hosts_alike(lanes: list[Lane]) -> list[Lane]:
+    """Unranked lanes of many hosts: one per behaviour, the earliest line standing for all."""
+    buckets: dict[tuple[object, ...], list[Lane]] = {}
+    for lane in lanes:
+        buckets.setdefault(_signature(lane), []).append(lane)
+    out: list[Lane] = []
+    for i, group in enumerate(sorted(buckets.values(), key=len, reverse=True)):
+        hosts = sorted({h for lane in group for h in lane.hosts})
+        merged = Lane(
+            id=f"lane-u{i}",
+            label=f"no rank ({len(hosts)} hosts)" if len(hosts) > 1 else group[0].label,
+            kind="launcher",
+            hosts=hosts,
+        )
+        slots: dict[tuple[object, ...], Mark] = {}
+        for lane in group:
+            for m in lane.marks:
+                key = (m.what, m.role, m.rule, m.label)
+                if key not in slots or m.position < slots[key].position:
+                    slots[key] = m
+        merged.marks = sorted(slots.values(), key=lambda m: m.position)
+        out.append(merged)
+    return out
 
 
 def _lane_order(lane: Lane) -> tuple[int, int]:
