@@ -12,12 +12,12 @@ from datetime import datetime
 
 from ddpdoctor.model.findings import Evidence, Finding, Hit, Report
 from ddpdoctor.model.timeline import Arrow, Lane, Mark, Timeline
-from ddpdoctor.report.ranges import rank_ranges
+from ddpdoctor.report.lane_groups import MAX_LANES, alike, grouped, hosts_alike, merge
+
+__all__ = ["MAX_LANES", "MAX_RANK_LANES", "MAX_UNRANKED_LANES", "build_timeline"]
 
 MAX_RANK_LANES = 16
 """Up to this many ranks get a lane each; beyond, ranks that behaved alike share one."""
-MAX_LANES = 24
-"""Groups beyond this many are merged into one lane of the remaining ranks."""
 MAX_MARKS_PER_LANE = 8
 MAX_UNRANKED_LANES = 4
 """Lines without a rank get a lane per host up to this many hosts; beyond, hosts whose lines
@@ -64,17 +64,17 @@ def build_timeline(report: Report) -> Timeline:
     axis, start, end = _place(raws, lines_of)
     lanes = _lanes(raws, report, culprits)
     rank_lanes = [lane for lane in lanes if lane.kind == "rank"]
-    grouped = len(rank_lanes) > MAX_RANK_LANES
-    if grouped:
-        lanes = _grouped(rank_lanes) + [lane for lane in lanes if lane.kind != "rank"]
+    many = len(rank_lanes) > MAX_RANK_LANES
+    if many:
+        lanes = grouped(rank_lanes) + [lane for lane in lanes if lane.kind != "rank"]
     else:  # ranks with nothing to show (no lines, no exit) share one lane even among few
         empty = [lane for lane in rank_lanes if not lane.marks and not lane.culprit]
         if len(empty) > 1:
             kept = [lane for lane in lanes if lane not in empty]
-            lanes = kept + [_merge(g, i) for i, g in enumerate(_alike(empty), len(kept))]
+            lanes = kept + [merge(g, i) for i, g in enumerate(alike(empty), len(kept))]
     unranked = [lane for lane in lanes if lane.kind == "launcher"]
     if len(unranked) > MAX_UNRANKED_LANES:
-        lanes = [lane for lane in lanes if lane.kind != "launcher"] + _hosts_alike(unranked)
+        lanes = [lane for lane in lanes if lane.kind != "launcher"] + hosts_alike(unranked)
     lanes.sort(key=_lane_order)
     for lane in lanes:
         lane.marks = _trim(lane.marks)
@@ -91,7 +91,7 @@ def build_timeline(report: Report) -> Timeline:
         end=end,
         lanes=lanes,
         arrows=_arrows(lanes),
-        grouped=grouped,
+        grouped=many,
         ranks=len(covered),
     )
 
@@ -321,99 +321,6 @@ def _mark(r: _Raw, lane: Lane) -> Mark:
         position=r.position,
         ranks=list(lane.ranks),
     )
-
-
-def _signature(lane: Lane) -> tuple[object, ...]:
-    """What a rank did, without when: ranks with equal signatures share a group lane."""
-    marks = tuple((m.what, m.role, m.rule, m.label) for m in lane.marks)
-    return (lane.culprit, lane.label.endswith("(no lines)"), marks)
-
-
-def _alike(lanes: list[Lane]) -> list[list[Lane]]:
-    """Lanes by signature: culprits first, then the largest groups."""
-    buckets: dict[tuple[object, ...], list[Lane]] = {}
-    for lane in lanes:
-        buckets.setdefault(_signature(lane), []).append(lane)
-    return sorted(buckets.values(), key=lambda ls: (not ls[0].culprit, -len(ls), ls[0].ranks))
-
-
-def _grouped(rank_lanes: list[Lane]) -> list[Lane]:
-    """Ranks that behaved alike share a lane: the earliest mark of each kind stands for all."""
-    ordered = _alike(rank_lanes)
-    if len(ordered) > MAX_LANES:
-        rest = [lane for group in ordered[MAX_LANES - 1 :] for lane in group]
-        ordered = [*ordered[: MAX_LANES - 1], rest]
-    return [_merge(group, i) for i, group in enumerate(ordered)]
-
-
-def _merge(group: list[Lane], index: int) -> Lane:
-    ranks = sorted(r for lane in group for r in lane.ranks)
-    hosts = sorted({h for lane in group for h in lane.hosts})
-    alike = len({_signature(lane) for lane in group}) == 1
-    label = ("rank " if len(ranks) == 1 else "ranks ") + rank_ranges(ranks)
-    if len(ranks) > 1:
-        label += f" ({len(ranks)}{'' if alike else ', not alike'})"
-    if group[0].label.endswith("(no lines)") and alike:
-        label += " no lines" if len(ranks) > 1 else " (no lines)"
-    merged = Lane(
-        id=f"lane-g{index}",
-        label=label,
-        kind="group" if len(ranks) > 1 else "rank",
-        ranks=ranks,
-        hosts=hosts,
-        culprit=any(lane.culprit for lane in group),
-    )
-    slots: dict[tuple[object, ...], Mark] = {}
-    for lane in group:
-        for m in lane.marks:
-            key = (m.what, m.role, m.rule, m.label)
-            first = slots.get(key)
-            if first is None or (m.position, m.time or datetime.max) < (
-                first.position,
-                first.time or datetime.max,
-            ):
-                slots[key] = Mark(
-                    id="",
-                    what=m.what,
-                    role=m.role,
-                    label=m.label,
-                    rule=m.rule,
-                    time=m.time,
-                    source=m.source,
-                    line=m.line,
-                    text=m.text,
-                    position=m.position,
-                    ranks=sorted({*(first.ranks if first else []), *lane.ranks}),
-                )
-            else:
-                first.ranks = sorted({*first.ranks, *lane.ranks})
-    merged.marks = sorted(slots.values(), key=lambda m: m.position)
-    return merged
-
-
-def _hosts_alike(lanes: list[Lane]) -> list[Lane]:
-    """Unranked lanes of many hosts: one per behaviour, the earliest line standing for all."""
-    buckets: dict[tuple[object, ...], list[Lane]] = {}
-    for lane in lanes:
-        buckets.setdefault(_signature(lane), []).append(lane)
-    out: list[Lane] = []
-    for i, group in enumerate(sorted(buckets.values(), key=len, reverse=True)):
-        hosts = sorted({h for lane in group for h in lane.hosts})
-        merged = Lane(
-            id=f"lane-u{i}",
-            label=f"no rank ({len(hosts)} hosts)" if len(hosts) > 1 else group[0].label,
-            kind="launcher",
-            hosts=hosts,
-        )
-        slots: dict[tuple[object, ...], Mark] = {}
-        for lane in group:
-            for m in lane.marks:
-                key = (m.what, m.role, m.rule, m.label)
-                if key not in slots or m.position < slots[key].position:
-                    slots[key] = m
-        merged.marks = sorted(slots.values(), key=lambda m: m.position)
-        out.append(merged)
-    return out
 
 
 def _lane_order(lane: Lane) -> tuple[int, int]:
