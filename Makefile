@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .PHONY: setup setup-launchers slurm-up slurm-down demo test lint typecheck docs census bench \
-	bench-run clean scoreboard
+	bench-run clean scoreboard browser
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -49,6 +49,19 @@ lint: $(STAMP)
 
 test: $(STAMP) $(LAUNCHERS_STAMP) lint
 	$(BIN)/python -m pytest -q
+
+# The timeline's browser test (tests/test_timeline_browser.py) needs Debian's chromium and its
+# driver: about 120 MB to download and 500 MB installed, so not part of `make test` (the test
+# skips, saying why, without them). CI (.ci/run) installs them first. Root or sudo needed.
+SUDO := $(shell [ "$$(id -u)" != 0 ] && command -v sudo >/dev/null && echo sudo)
+browser:
+	@if command -v chromium >/dev/null && command -v chromedriver >/dev/null; then \
+		echo "chromium and chromedriver are installed"; \
+	else \
+		$(SUDO) apt-get install -y --no-install-recommends chromium chromium-driver \
+		|| { $(SUDO) apt-get update && \
+		     $(SUDO) apt-get install -y --no-install-recommends chromium chromium-driver; }; \
+	fi
 
 docs: $(STAMP)
 	$(BIN)/ddpdoctor rules --write-docs docs/rules

@@ -29,7 +29,7 @@ BOUNDS = ["--attempt-timeout", "60", "--timeout", "120", "--format", "json"]
 
 def run_check(*args: str) -> tuple[int, dict[str, Any]]:
     r = CliRunner().invoke(check, ["--nproc-per-node", "2", *BOUNDS, *args])
-    data = json.loads(r.output)
+    data = json.loads(r.stdout)  # stderr says what check is doing
     m = re.search(r"```json\n(.*?)```", DOC.read_text().split("## JSON Schema", 1)[1], re.S)
     assert m
     jsonschema.validate(data, json.loads(m.group(1)))

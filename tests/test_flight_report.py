@@ -47,9 +47,10 @@ def test_per_rank_view_of_the_sleeping_rank() -> None:
 def test_text_report_shows_the_table() -> None:
     report = diagnose_paths([str(FIXTURES / "op")])
     text = to_text(report, width=120)
-    head = next(line for line in text.splitlines() if "Flight Recorder (" in line)
-    assert "dumps from ranks 0,1" in head
-    row = next(line for line in text.splitlines() if "broadcast [8] @" in line and "│" in line)
+    lines = text.splitlines()
+    at = next(i for i, line in enumerate(lines) if "Flight Recorder (" in line)
+    assert "dumps from ranks 0,1" in lines[at]
+    row = next(line for line in lines[at:] if "broadcast [8] @" in line and "│" in line)
     assert "all_reduce [8] @ flight_cases.py:" in row and "broadcast [8] @ flight_cases.py:" in row
     assert "mismatch: different collectives at #4 of default_pg" in text
 

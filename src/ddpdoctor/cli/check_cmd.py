@@ -18,6 +18,7 @@ from ddpdoctor.preflight.render import WIDTH, render
 from ddpdoctor.preflight.session import (
     SCHEMA,
     CheckConfig,
+    expected_backend,
     result_from_facts,
     result_from_worker,
     run_check,
@@ -100,7 +101,13 @@ def _facts_from(paths: tuple[Path, ...]) -> list[dict[str, Any]]:
     show_default=True,
     help="Message sizes in bytes for the bandwidth table (comma list).",
 )
-@click.option("--iters", type=click.IntRange(min=1), default=5, show_default=True)
+@click.option(
+    "--iters",
+    type=click.IntRange(min=1),
+    default=5,
+    show_default=True,
+    help="Timed repetitions of each collective and size in the bandwidth test.",
+)
 @click.option("--no-bisect", is_flag=True, help="Do not rerun a failing test under variations.")
 @click.option("--bisect-all", is_flag=True, help="Try every variation, not only until one works.")
 @click.option("--master-addr", default=None, help="Rendezvous address (with --master-port).")
@@ -137,8 +144,20 @@ def _facts_from(paths: tuple[Path, ...]) -> list[dict[str, Any]]:
     default=None,
     help="Render and check a result written by `-m ddpdoctor.preflight.worker`.",
 )
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
-@click.option("--output", type=click.Path(dir_okay=False, path_type=Path), default=None)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help="A report for people, or JSON (ddpdoctor.check/v1, docs/check-schema.md).",
+)
+@click.option(
+    "--output",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Write the result to this file instead of stdout.",
+)
 @click.option("--strict", is_flag=True, help="Warnings fail the check too (exit 1).")
 @click.option(
     "--no-redact",
@@ -205,7 +224,11 @@ def check(
             workdir=str(workdir),
             options=options,
         )
-        result = run_check(cfg)
+        from ddpdoctor.cli.check_progress import facts_with_progress, launch_with_progress
+
+        facts = facts_with_progress(str(workdir))
+        backend_used = expected_backend(cfg, facts)
+        result = run_check(cfg, launch=launch_with_progress(backend_used), local_facts=facts)
     # env values (HF_TOKEN, ...), the test's output lines, saved results: masked before printing
     result = clean_value(result, not no_redact)
 

@@ -11,6 +11,7 @@ import click
 
 from ddpdoctor import __version__
 from ddpdoctor.cli import exitcodes
+from ddpdoctor.cli.options import MIN_WIDTH, format_for, output_path, selected
 from ddpdoctor.errors import DdpdoctorError
 from ddpdoctor.redaction import clean_text
 from ddpdoctor.report.render import FORMATS
@@ -24,6 +25,7 @@ class LazyGroup(click.Group):
         "run": ("ddpdoctor.cli.run_cmd", "run"),
         "check": ("ddpdoctor.cli.check_cmd", "check"),
         "demo": ("ddpdoctor.cli.demo_cmd", "demo"),
+        "explain": ("ddpdoctor.cli.explain_cmd", "explain"),
     }
 
     def list_commands(self, ctx: click.Context) -> list[str]:
@@ -49,28 +51,65 @@ def cli() -> None:
     blame, and what to change."""
 
 
-@cli.command()
+DIAGNOSE_HELP = """
+\b
+Examples:
+  ddpdoctor diagnose logs/                          # a folder, read recursively
+  ddpdoctor diagnose 'node*/rank*.log' -o report.html   # format from the extension
+  ddpdoctor diagnose ddpdoctor-runs/20261201T*      # a `ddpdoctor run` folder
+  kubectl logs job/train --all-containers --prefix | ddpdoctor diagnose -
+  ddpdoctor diagnose logs/ --format json | jq .verdict
+
+\b
+Exit codes:
+  0  no failure found
+  1  a failure, hang or slowdown was diagnosed
+  2  usage or input error (nothing readable, a bad option, an output folder that is missing)
+  3  internal error (a bug in ddpdoctor: re-run with DDPDOCTOR_DEBUG=1 and report it)
+"""
+
+
+@cli.command(epilog=DIAGNOSE_HELP)
 @click.argument("paths", nargs=-1, required=True)
 @click.option(
     "--format",
     "fmt",
     type=click.Choice(FORMATS),
     default=None,
-    help="Output format (default: text).",
+    help="Output format (default: from the --output extension .html/.htm, .json, .txt; else text).",
 )
 @click.option(
     "--output",
     "-o",
-    type=click.Path(dir_okay=False, writable=True),
+    type=click.Path(dir_okay=False, writable=True, allow_dash=True),
     default=None,
-    help="Write the report to this file instead of stdout.",
+    callback=output_path,
+    help="Write the report to this file instead of stdout (- for stdout); its folder must exist.",
 )
-@click.option("--width", type=int, default=100, show_default=True, help="Text report width.")
+@click.option(
+    "--width",
+    type=click.IntRange(min=MIN_WIDTH),
+    default=100,
+    show_default=True,
+    help=f"Columns of the text report (at least {MIN_WIDTH}).",
+)
 @click.option(
     "--color/--no-color", default=None, help="Colour the text report (default: on a TTY)."
 )
-@click.option("--engine", type=click.Choice(["auto", "stdlib"]), default="auto", hidden=True)
-@click.option("--jobs", "-j", type=int, default=None, help="Parallel scanner processes.")
+@click.option(
+    "--engine",
+    type=click.Choice(["auto", "stdlib"]),
+    default="auto",
+    hidden=True,
+    help="Pattern engine: auto (Hyperscan when installed) or the stdlib prefilter.",
+)
+@click.option(
+    "--jobs",
+    "-j",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Parallel scanner processes (default: one per CPU for large inputs).",
+)
 @click.option(
     "--no-redact",
     is_flag=True,
@@ -88,12 +127,15 @@ def diagnose(
 ) -> None:
     """Diagnose the logs of every rank and node: files, folders, globs, .gz files, - for stdin."""
     from ddpdoctor.analysis.diagnose import diagnose_paths
+    from ddpdoctor.cli.progress import scan_progress
     from ddpdoctor.report.problems import problem_lines
     from ddpdoctor.report.render import render
     from ddpdoctor.report.view import shown
 
+    with scan_progress(list(paths)):
+        found = diagnose_paths(list(paths), engine=engine, jobs=jobs)
     # what reaches stderr below (skipped paths) is cleaned like the report itself
-    report = shown(diagnose_paths(list(paths), engine=engine, jobs=jobs), redact=not no_redact)
+    report = shown(found, redact=not no_redact)
     if not any(s.status != "skipped" and s.lines > 0 for s in report.sources):
         for line in problem_lines(report.sources):
             click.echo(f"ddpdoctor: {line.split(': ', 1)[1]}", err=True)
@@ -107,11 +149,17 @@ def diagnose(
                 click.echo(f"ddpdoctor: {s.path}: {what}", err=True)
         click.echo("ddpdoctor: nothing to diagnose: no input holds a line of log", err=True)
         sys.exit(exitcodes.USAGE_OR_INPUT)
-    fmt = fmt or "text"
+    output = None if output == "-" else output
+    fmt = fmt or format_for(output)
     use_color = color if color is not None else (output is None and sys.stdout.isatty())
     text = render(report, fmt, width=width, color=use_color and fmt == "text", redact=not no_redact)
     if output:
-        Path(output).write_text(text, encoding="utf-8")
+        try:
+            Path(output).write_text(text, encoding="utf-8")
+        except OSError as exc:
+            raise click.BadParameter(
+                f"cannot write {output}: {exc.strerror}", param_hint="--output"
+            ) from exc
     else:
         click.echo(text, nl=not text.endswith("\n"))
     for line in problem_lines(report.sources):
@@ -120,33 +168,20 @@ def diagnose(
     sys.exit(exitcodes.FAILURE_FOUND if failed else exitcodes.OK)
 
 
-@cli.command()
-@click.argument("query", nargs=-1, required=True)
-def explain(query: tuple[str, ...]) -> None:
-    """Document a rule: by code (DDP101), code prefix (DDP1), kind slug, or a log line."""
-    from rich.console import Console
-    from rich.markdown import Markdown
-
-    from ddpdoctor.rules.docs import rule_markdown
-    from ddpdoctor.rules.registry import find_rules
-
-    text = " ".join(query)
-    rules = find_rules(text)
-    if not rules:
-        shown = clean_text(text)
-        click.echo(f"ddpdoctor: no rule matches {shown!r}; see `ddpdoctor rules`.", err=True)
-        sys.exit(exitcodes.USAGE_OR_INPUT)
-    console = Console(width=min(100, _terminal_width()))
-    for rule in rules[:5]:
-        if sys.stdout.isatty():
-            console.print(Markdown(rule_markdown(rule)))
-        else:
-            click.echo(rule_markdown(rule))
-
-
 @cli.command("rules")
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
-@click.option("--select", default=None, help="Only codes with this prefix (e.g. DDP1).")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help="A table for people, or JSON (code, kind, category, title, severity, cascade, inferred).",
+)
+@click.option(
+    "--select",
+    default=None,
+    help="Only codes with these prefixes, comma-separated (e.g. DDP1,CUDA); each must match.",
+)
 @click.option(
     "--write-docs",
     type=click.Path(file_okay=False),
@@ -155,9 +190,9 @@ def explain(query: tuple[str, ...]) -> None:
 )
 @click.option(
     "--export-patterns",
-    type=click.Path(dir_okay=False),
+    type=click.Path(dir_okay=False, allow_dash=True),
     default=None,
-    help="Write every signature regex, one per line, in a form `rg -f` accepts.",
+    help="Write every signature regex, one per line, in a form `rg -f` accepts (- for stdout).",
 )
 def rules_cmd(
     fmt: str, select: str | None, write_docs: str | None, export_patterns: str | None
@@ -168,7 +203,9 @@ def rules_cmd(
     from ddpdoctor.rules.docs import index_markdown, rule_markdown
     from ddpdoctor.rules.registry import all_rules
 
-    rules = [r for r in all_rules() if not select or r.code.startswith(select.upper())]
+    rules = list(all_rules())
+    if select is not None:
+        rules = selected(rules, select)
     if write_docs:
         out = Path(write_docs)
         out.mkdir(parents=True, exist_ok=True)
@@ -182,9 +219,16 @@ def rules_cmd(
         from ddpdoctor.rules.export import rg_regex
 
         regexes = [s.regex for r in rules for s in r.signatures] + [f.regex for f in FACT_PATTERNS]
-        Path(export_patterns).write_text(
-            "".join(rg_regex(rx) + "\n" for rx in regexes), encoding="utf-8"
-        )
+        text = "".join(rg_regex(rx) + "\n" for rx in regexes)
+        if export_patterns == "-":
+            click.echo(text, nl=False)
+            return
+        try:
+            Path(export_patterns).write_text(text, encoding="utf-8")
+        except OSError as exc:
+            raise click.BadParameter(
+                f"cannot write {export_patterns}: {exc.strerror}", param_hint="--export-patterns"
+            ) from exc
         click.echo(f"wrote {len(regexes)} patterns to {export_patterns}")
         return
     if fmt == "json":
@@ -208,13 +252,6 @@ def rules_cmd(
         return
     for r in rules:
         click.echo(f"{r.code:<8} {r.kind:<30} {r.default_category!s:<15} {r.title}")
-
-
-def _terminal_width() -> int:
-    try:
-        return os.get_terminal_size().columns
-    except OSError:
-        return 100
 
 
 def main() -> None:

@@ -21,6 +21,16 @@ def _notify(text: str) -> None:
     click.echo(text, err=True)
 
 
+def banner(run_dir: Path, hang_after: float | None, on_hang: str) -> str:
+    """One line at start: where the run folder is, when a hang is declared, how to stop."""
+    threshold = f"{hang_after:g} s" if hang_after is not None else "max(60 s, 5x the step interval)"
+    then = "dump stacks and end the job" if on_hang == "kill" else "dump stacks"
+    return (
+        f"ddpdoctor run: run folder {run_dir}; no progress for {threshold} -> {then}; "
+        "Ctrl-C stops the job (forwarded to every rank)"
+    )
+
+
 @click.command(
     "run",
     context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
@@ -130,9 +140,11 @@ def run(
     if not 1 <= output_buffer <= 65536:
         click.echo("ddpdoctor run: --output-buffer must be between 1 and 65536 MiB", err=True)
         sys.exit(USAGE_OR_INPUT)
+    run_dir = run_dir or default_run_dir()
+    _notify(banner(run_dir, hang_after, on_hang))
     opts = RunOptions(
         argv=argv,
-        run_dir=run_dir or default_run_dir(),
+        run_dir=run_dir,
         hang_after_s=hang_after,
         on_hang=on_hang,
         stacks=stacks,

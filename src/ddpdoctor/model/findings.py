@@ -9,6 +9,7 @@ from typing import Any
 
 from ddpdoctor.model.flight import FlightAnalysis
 from ddpdoctor.model.records import Record
+from ddpdoctor.model.timeline import Timeline
 
 
 @dataclass(slots=True)
@@ -110,6 +111,9 @@ class JobInfo:
     launcher_root_cause_rank: int | None = None
     flight: FlightAnalysis | None = None
     """The Flight Recorder dumps among the inputs, read across ranks (None: no dump given)."""
+    last_progress: dict[int, Evidence] = field(default_factory=dict)
+    """The last progress line (step, epoch, loss) each rank printed, for the timeline. Empty
+    until the analysis fills it from its job facts (analysis.job keeps them in JobView)."""
 
 
 @dataclass(slots=True)
@@ -119,3 +123,5 @@ class Report:
     findings: list[Finding]
     job: JobInfo
     sources: list[Any]
+    timeline: Timeline | None = None
+    """Built from the findings by report.timeline when the report is shown (report.view)."""

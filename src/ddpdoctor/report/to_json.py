@@ -8,7 +8,9 @@ from typing import Any
 
 from ddpdoctor.model.findings import Evidence, Report
 from ddpdoctor.model.records import SourceInfo
+from ddpdoctor.model.timeline import Mark, Timeline
 from ddpdoctor.report.flight import flight_to_dict
+from ddpdoctor.report.timeline import build_timeline
 
 SCHEMA = "ddpdoctor.report/v1"
 
@@ -38,7 +40,48 @@ def _source(s: SourceInfo) -> dict[str, Any]:
     }
 
 
+def _mark(m: Mark) -> dict[str, Any]:
+    return {
+        "id": m.id,
+        "what": m.what,
+        "role": m.role,
+        "label": m.label,
+        "rule": m.rule,
+        "time": _time(m.time),
+        "source": m.source,
+        "line": m.line,
+        "text": m.text,
+        "position": round(m.position, 4),
+        "ranks": m.ranks,
+    }
+
+
+def timeline_to_dict(t: Timeline) -> dict[str, Any]:
+    return {
+        "axis": t.axis,
+        "start": _time(t.start),
+        "end": _time(t.end),
+        "grouped": t.grouped,
+        "ranks": t.ranks,
+        "lanes": [
+            {
+                "id": lane.id,
+                "label": lane.label,
+                "kind": lane.kind,
+                "ranks": lane.ranks,
+                "hosts": lane.hosts,
+                "culprit": lane.culprit,
+                "marks": [_mark(m) for m in lane.marks],
+            }
+            for lane in t.lanes
+        ],
+        "arrows": [{"from": a.source, "to": a.target} for a in t.arrows],
+    }
+
+
 def report_to_dict(report: Report) -> dict[str, Any]:
+    """The report as JSON data; the timeline is built here when the report was not shown
+    through report.view (which builds it and cleans it with the rest)."""
     v = report.verdict
     job = report.job
     return {
@@ -94,8 +137,12 @@ def report_to_dict(report: Report) -> dict[str, Any]:
             },
             "launcher_root_cause_rank": job.launcher_root_cause_rank,
             "flight_recorder": flight_to_dict(job.flight),
+            "last_progress": {
+                str(rank): _evidence(e) for rank, e in sorted(job.last_progress.items())
+            },
         },
         "sources": [_source(s) for s in report.sources],
+        "timeline": timeline_to_dict(report.timeline or build_timeline(report)),
     }
 
 

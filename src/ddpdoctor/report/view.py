@@ -1,6 +1,6 @@
 """The report as ddpdoctor shows it: every string in it (verdict, evidence, findings, job,
-sources) with terminal control sequences stripped and, unless asked not to, secrets masked.
-Every renderer goes through here, so no output format can forget it. Returns copies: the
+sources, timeline) with terminal control sequences stripped and, unless asked not to, secrets
+masked. Every renderer goes through here, so no output format can forget it. Returns copies: the
 analysis' own objects are never changed."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from typing import Any, cast
 
 from ddpdoctor.model.findings import Report
 from ddpdoctor.redaction import clean_text
+from ddpdoctor.report.timeline import build_timeline
 
 # Fields that no renderer shows: the raw hits behind a finding hold every record of the scan;
 # copying them would cost time for nothing.
@@ -27,7 +28,10 @@ def shown(report: Report, redact: bool = True) -> Report:
             out = cache[text] = clean_text(text, redact)
         return out
 
-    return cast(Report, _copy(report, clean))
+    copy = cast(Report, _copy(report, clean))
+    if copy.timeline is None:  # built from the raw hits, which are not copied: cleaned here
+        copy.timeline = _copy(build_timeline(report), clean)
+    return copy
 
 
 def _copy(value: Any, clean: Callable[[str], str]) -> Any:

@@ -1,10 +1,11 @@
-"""Stacks of a live job: dump every rank (py-spy, else faulthandler on SIGUSR1 armed by our
-sitecustomize), parse both formats, group ranks by where they wait and name the odd ones out.
+"""Stacks of a live job: dump every rank (py-spy's JSON, else faulthandler on SIGUSR1 armed by our
+sitecustomize), read both, group ranks by where they wait and name the odd ones out.
 Never raises into the supervisor: failures become notes in the result.
 """
 
 from __future__ import annotations
 
+import json
 import linecache
 import os
 import re
@@ -126,6 +127,44 @@ def parse_pyspy(text: str) -> list[Thread]:
         if f and threads:
             threads[-1].frames.append(Frame(f["func"], f["file"], int(f["line"])))
     return threads
+
+
+def parse_pyspy_json(text: str) -> list[Thread]:
+    """`py-spy dump --json`: a list of threads with `frames` (innermost first). Raises
+    ValueError on anything else, so that the caller can fall back to the text form."""
+    data = json.loads(text)
+    if not isinstance(data, list):
+        raise ValueError("py-spy --json did not print a list of threads")
+    threads: list[Thread] = []
+    for t in data:
+        if not isinstance(t, dict):
+            continue
+        active, gil = bool(t.get("active")), bool(t.get("owns_gil"))
+        state = ("active+gil" if gil else "active") if active else "idle"
+        tid = t.get("os_thread_id") or t.get("thread_id") or ""
+        frames = [
+            Frame(str(f.get("name", "")), str(f.get("filename", "")), int(f.get("line") or 0))
+            for f in t.get("frames") or []
+            if isinstance(f, dict)
+        ]
+        threads.append(Thread(str(tid), str(t.get("thread_name") or ""), state, frames))
+    # py-spy's text form lists the main thread first: dumps read the same either way
+    threads.sort(key=lambda t: t.name != "MainThread")
+    return threads
+
+
+def pyspy_text(pid: int, threads: list[Thread]) -> str:
+    """The threads in py-spy's own text form (what the HANG101 rule and people read in
+    stacks/), headed by the process's command line as py-spy heads it."""
+    try:
+        command = " ".join(psutil.Process(pid).cmdline())
+    except psutil.Error:
+        command = "?"
+    lines = [f"Process {pid}: {command}", ""]
+    for t in threads:
+        lines.append(f'Thread {t.tid} ({t.state}): "{t.name}"')
+        lines.extend(f"    {f.func} ({f.file}:{f.line})" for f in t.frames)
+    return "\n".join(lines) + "\n"
 
 
 def parse_faulthandler(text: str) -> list[Thread]:
@@ -283,23 +322,32 @@ def find_pyspy() -> str | None:
     return str(here) if here.exists() else shutil.which("py-spy")
 
 
-def _pyspy(exe: str, pid: int, timeout_s: float) -> tuple[str, str | None]:
-    try:
-        out = subprocess.run(
-            [exe, "dump", "--full-filenames", "--pid", str(pid)],
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return "", f"py-spy: {exc}"
-    if out.returncode != 0:
-        # its first line says why; the Rust backtrace after it (`   0: anyhow::...`) would read
-        # as Slurm-labelled task lines when `diagnose` reads the run folder
-        why = next((x.strip() for x in out.stderr.splitlines() if x.strip()), "")
-        return out.stdout, f"py-spy rc {out.returncode}: {why[:300]}"
-    return out.stdout, None
+def _pyspy(exe: str, pid: int, timeout_s: float) -> tuple[str, list[Thread], str | None]:
+    """(dump text, threads, error): `py-spy dump --json` where py-spy has it (0.3.x and later),
+    else its text form parsed."""
+    for form in ("--json", None):
+        args = [exe, "dump", "--full-filenames", "--pid", str(pid)] + ([form] if form else [])
+        try:
+            out = subprocess.run(
+                args, capture_output=True, text=True, timeout=timeout_s, check=False
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return "", [], f"py-spy: {exc}"
+        if out.returncode != 0:
+            if form and "--json" in out.stderr:  # an old py-spy: "unexpected argument '--json'"
+                continue
+            # its first line says why; the Rust backtrace after it (`   0: anyhow::...`) would
+            # read as Slurm-labelled task lines when `diagnose` reads the run folder
+            why = next((x.strip() for x in out.stderr.splitlines() if x.strip()), "")
+            return out.stdout, [], f"py-spy rc {out.returncode}: {why[:300]}"
+        if form is None:
+            return out.stdout, parse_pyspy(out.stdout), None
+        try:
+            threads = parse_pyspy_json(out.stdout)
+        except ValueError as exc:
+            return out.stdout, [], f"py-spy --json: {exc}"
+        return pyspy_text(pid, threads), threads, None
+    return "", [], "py-spy: no usable output"
 
 
 def _faulthandler(
@@ -364,9 +412,9 @@ def collect(
         if proc.role in ("agent", "main") and not _is_python(proc.pid):
             return RankStack(proc, "none", "", [], error="not a Python process (srun, a shell)")
         if exe is not None:
-            text, err = _pyspy(exe, proc.pid, 10.0)
+            text, threads, err = _pyspy(exe, proc.pid, 10.0)
             if err is None:
-                return RankStack(proc, "py-spy", text, parse_pyspy(text))
+                return RankStack(proc, "py-spy", text, threads)
             errors.append(err)
         if method in ("auto", "faulthandler") and proc.role != "agent":
             text, err = _faulthandler(proc, stacks_dir, armed_dir)

@@ -1,0 +1,106 @@
+"""Lanes of the timeline that stand for several ranks or hosts: ranks whose marks say the same
+(what, role, rule) share a lane, the earliest mark standing for all of them, and the number of
+lanes stays bounded however many ranks the job had."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from ddpdoctor.model.timeline import Lane, Mark
+from ddpdoctor.report.ranges import rank_ranges
+
+MAX_LANES = 24
+"""Groups beyond this many are merged into one lane of the remaining ranks."""
+
+
+def signature(lane: Lane) -> tuple[object, ...]:
+    """What a rank did, without when: ranks with equal signatures share a group lane."""
+    marks = tuple((m.what, m.role, m.rule, m.label) for m in lane.marks)
+    return (lane.culprit, lane.label.endswith("(no lines)"), marks)
+
+
+def alike(lanes: list[Lane]) -> list[list[Lane]]:
+    """Lanes by signature: culprits first, then the largest groups."""
+    buckets: dict[tuple[object, ...], list[Lane]] = {}
+    for lane in lanes:
+        buckets.setdefault(signature(lane), []).append(lane)
+    return sorted(buckets.values(), key=lambda ls: (not ls[0].culprit, -len(ls), ls[0].ranks))
+
+
+def grouped(rank_lanes: list[Lane]) -> list[Lane]:
+    """Ranks that behaved alike share a lane: the earliest mark of each kind stands for all."""
+    ordered = alike(rank_lanes)
+    if len(ordered) > MAX_LANES:
+        rest = [lane for group in ordered[MAX_LANES - 1 :] for lane in group]
+        ordered = [*ordered[: MAX_LANES - 1], rest]
+    return [merge(group, i) for i, group in enumerate(ordered)]
+
+
+def merge(group: list[Lane], index: int) -> Lane:
+    ranks = sorted(r for lane in group for r in lane.ranks)
+    hosts = sorted({h for lane in group for h in lane.hosts})
+    alike = len({signature(lane) for lane in group}) == 1
+    label = ("rank " if len(ranks) == 1 else "ranks ") + rank_ranges(ranks)
+    if len(ranks) > 1:
+        label += f" ({len(ranks)}{'' if alike else ', not alike'})"
+    if group[0].label.endswith("(no lines)") and alike:
+        label += " no lines" if len(ranks) > 1 else " (no lines)"
+    merged = Lane(
+        id=f"lane-g{index}",
+        label=label,
+        kind="group" if len(ranks) > 1 else "rank",
+        ranks=ranks,
+        hosts=hosts,
+        culprit=any(lane.culprit for lane in group),
+    )
+    slots: dict[tuple[object, ...], Mark] = {}
+    for lane in group:
+        for m in lane.marks:
+            key = (m.what, m.role, m.rule, m.label)
+            first = slots.get(key)
+            if first is None or (m.position, m.time or datetime.max) < (
+                first.position,
+                first.time or datetime.max,
+            ):
+                slots[key] = Mark(
+                    id="",
+                    what=m.what,
+                    role=m.role,
+                    label=m.label,
+                    rule=m.rule,
+                    time=m.time,
+                    source=m.source,
+                    line=m.line,
+                    text=m.text,
+                    position=m.position,
+                    ranks=sorted({*(first.ranks if first else []), *lane.ranks}),
+                )
+            else:
+                first.ranks = sorted({*first.ranks, *lane.ranks})
+    merged.marks = sorted(slots.values(), key=lambda m: m.position)
+    return merged
+
+
+def hosts_alike(lanes: list[Lane]) -> list[Lane]:
+    """Unranked lanes of many hosts: one per behaviour, the earliest line standing for all."""
+    buckets: dict[tuple[object, ...], list[Lane]] = {}
+    for lane in lanes:
+        buckets.setdefault(signature(lane), []).append(lane)
+    out: list[Lane] = []
+    for i, group in enumerate(sorted(buckets.values(), key=len, reverse=True)):
+        hosts = sorted({h for lane in group for h in lane.hosts})
+        merged = Lane(
+            id=f"lane-u{i}",
+            label=f"no rank ({len(hosts)} hosts)" if len(hosts) > 1 else group[0].label,
+            kind="launcher",
+            hosts=hosts,
+        )
+        slots: dict[tuple[object, ...], Mark] = {}
+        for lane in group:
+            for m in lane.marks:
+                key = (m.what, m.role, m.rule, m.label)
+                if key not in slots or m.position < slots[key].position:
+                    slots[key] = m
+        merged.marks = sorted(slots.values(), key=lambda m: m.position)
+        out.append(merged)
+    return out
