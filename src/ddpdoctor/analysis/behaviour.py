@@ -119,6 +119,7 @@ def build_evidence(job: JobView, events: list[Event]) -> JobEvidence:
     evidence.startup_seq = _startup_seq(events)
     evidence.busy_progress = _busy_progress(job, evidence.timeout_ms)
     evidence.stall = _stall(job)
+    evidence.stopped_by_run = job.stopped
     evidence.ended |= bool(info.per_rank or info.exit_code is not None or job.completed_at)
     evidence.started_training = any(s.progress_lines for s in job.streams)
     evidence.last_step = _last_step(job)

@@ -14,6 +14,8 @@ job, documented by what it means for every rank; none names a rule or a kind. Wh
 - agreed stop: after every rank stopped on purpose, the exit path is not a failure.
 - stall: once `ddpdoctor run` caught the job stalled, what the stop and the kill made ranks
   print is their echo.
+- run stop: when `ddpdoctor run` ended the job, the SIGKILL and stop signals it sent are not
+  failures of the job.
 """
 
 from __future__ import annotations
@@ -362,6 +364,19 @@ def relate_stall(graph: CausalGraph, ctx: Context) -> None:
             graph.add(node, event, "stall", "printed when the stalled job was stopped")
 
 
+def relate_run_stop(graph: CausalGraph, ctx: Context) -> None:
+    """When `ddpdoctor run` ended the job (its kill after a hang, or a stop signal it
+    forwarded and escalated), what that stop made the processes print is its echo: a SIGKILL
+    reported without the OOM killer's word (it was ours), a stop signal."""
+    if not ctx.evidence.stopped_by_run:
+        return
+    node = graph.add_node(Node("stopped by ddpdoctor run", None))
+    for event in graph.events:
+        sent_by_us = event.primary and all(h.suggests for h in event.hits)
+        if sent_by_us or event.echo == Echo.STOPPED:
+            graph.add(node, event, "run stop", "the stop ddpdoctor run sent to the job")
+
+
 RELATIONS = (
     relate_same_report,
     relate_exit_path,
@@ -373,5 +388,6 @@ RELATIONS = (
     relate_teardown_marker,
     relate_agreed_stop,
     relate_stall,
+    relate_run_stop,
 )
 """Applied in this order; every relation only adds edges."""

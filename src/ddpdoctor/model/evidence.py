@@ -164,6 +164,8 @@ class JobEvidence:
     started_training: bool = False
     stalled_at_startup: bool = False
     """The output stops right after distributed start-up: no step, no error, no exit."""
+    stopped_by_run: bool = False
+    """`ddpdoctor run` ended the job: its kill after a hang, or a stop signal it forwarded."""
     flight: FlightAnalysis | None = None
     """The ranks' Flight Recorder dumps read side by side, when they were given."""
 
