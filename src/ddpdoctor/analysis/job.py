@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, replace
 from ddpdoctor.analysis.facts import parse_summary_entry, signal_name
 from ddpdoctor.analysis.scanner import FactHit, SourceScan, StreamSummary
 from ddpdoctor.ingest.run_events import RunEvents, RunHang
-from ddpdoctor.model.findings import JobInfo, RankExit
+from ddpdoctor.model.findings import Evidence, JobInfo, RankExit
 from ddpdoctor.model.records import Origin
 
 
@@ -149,6 +149,24 @@ def build_job(
     if ranks and (world is None or max(ranks) >= world):
         world = max(ranks) + 1  # ranks count from 0: the highest one seen bounds the size
     missing = sorted(set(range(world)) - ranks) if world and world <= 100_000 else []
+    last_progress: dict[int, Evidence] = {}
+    for scan in scans:
+        for stream in scan.streams.values():
+            rank = resolve_rank(stream.origin, single_node, rank_map)
+            if rank is None or not stream.last_progress_text:
+                continue
+            shown = last_progress.get(rank)
+            if shown is None or (
+                shown.source == scan.info.path and shown.line < stream.last_progress_line
+            ):
+                last_progress[rank] = Evidence(
+                    source=scan.info.path,
+                    line=stream.last_progress_line,
+                    rank=rank,
+                    host=stream.origin.host,
+                    time=None,
+                    text=stream.last_progress_text[-300:],
+                )
     info = JobInfo(
         world_size=world,
         ranks_seen=sorted(ranks),
@@ -156,6 +174,7 @@ def build_job(
         hosts=sorted(hosts),
         per_rank=per_rank,
         launcher_root_cause_rank=root_cause_rank,
+        last_progress=last_progress,
     )
     codes = [e.code for e in per_rank.values() if e.code is not None]
     if job_exit is not None:  # observed by `ddpdoctor run`: exact

@@ -72,6 +72,8 @@ class StreamSummary:
     """The M of the last "step n/M" counter: ranks with different M have uneven inputs."""
     progress_done: int | None = None
     """The n of that counter: where the writer was when its output ends."""
+    last_progress_text: str = ""
+    """The writer's last progress line (for the report's timeline)."""
 
 
 # Training progress (steps, epochs, loss) and distributed start-up, as seen in head and tail.
@@ -303,6 +305,7 @@ class Scanner:
             if PROGRESS_LINE.search(message):
                 summary.progress_lines += 1
                 summary.last_progress_line = line_no
+                summary.last_progress_text = message
                 progress.setdefault(key, []).append(message)
             if INIT_LINE.search(message):
                 summary.last_init_line = line_no
