@@ -49,7 +49,10 @@ NCCL_WATCHDOG_TIMEOUT = Rule(
     signatures=(
         Signature(
             r"Watchdog caught collective operation timeout: WorkNCCL\(SeqNum=(?P<seq>\d+), "
-            r"OpType=(?P<op>\w+)(?:, NumelIn=(?P<numel>\d+))?.*?Timeout\(ms\)=(?P<timeout_ms>\d+)"
+            # bounded gap, and \b after the op name: an unbounded `.*?` after `\w+` backtracked
+            # quadratically on a long line (a watchdog line padded to 64 KB took 39-50 s)
+            r"OpType=(?P<op>\w+)\b(?:, NumelIn=(?P<numel>\d+)\b)?.{0,200}?"
+            r"Timeout\(ms\)=(?P<timeout_ms>\d+)"
             r"\) ran for (?P<ran_ms>\d+) milliseconds",
             "Watchdog caught collective operation timeout",
         ),

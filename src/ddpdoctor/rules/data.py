@@ -167,7 +167,7 @@ MISSING_MODULE = Rule(
         ),
         Signature(r"ImportError: No module named (?P<module>\S+)", "ImportError: No module named"),
     ),
-    context_none=(r"lib(?:cudnn|nccl|cublas|cudart|cuda)\w*\.so",),
+    context_none=(r"lib(?:cudnn|nccl|cublas|cudart|cuda)\w{0,64}\.so",),
     explanation=Explanation(
         what="Python could not import a module.",
         why="The package is not installed for the interpreter the launcher used (torchrun from "

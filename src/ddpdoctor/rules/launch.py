@@ -176,7 +176,9 @@ LOCAL_RANK_ARGUMENT = Rule(
     specificity=90,
     signatures=(
         Signature(
-            r"error: unrecognized arguments: .*?--local[-_]rank(?:=(?P<local_rank>\d+))?",
+            # a bounded gap: `.*?` from every repeat of the literal was quadratic (>300 s on a
+            # 1 MB line); torch's launcher passes --local-rank first, right after the script
+            r"error: unrecognized arguments: .{0,400}?--local[-_]rank(?:=(?P<local_rank>\d+))?",
             "error: unrecognized arguments: ",
         ),
     ),
