@@ -6,13 +6,18 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from ddpdoctor import __version__
 from ddpdoctor.cli import exitcodes
 from ddpdoctor.errors import DdpdoctorError
+from ddpdoctor.ingest.inputs import PIPE_WAIT_S
 from ddpdoctor.report.render import FORMATS
+
+if TYPE_CHECKING:
+    from ddpdoctor.model.findings import Report
 
 
 class LazyGroup(click.Group):
@@ -70,6 +75,13 @@ def cli() -> None:
 )
 @click.option("--engine", type=click.Choice(["auto", "stdlib"]), default="auto", hidden=True)
 @click.option("--jobs", "-j", type=int, default=None, help="Parallel scanner processes.")
+@click.option(
+    "--pipe-wait",
+    type=click.FloatRange(min=0.1),
+    default=PIPE_WAIT_S,
+    show_default=True,
+    help="Seconds a named pipe or device may stay silent before reading it stops.",
+)
 def diagnose(
     paths: tuple[str, ...],
     fmt: str | None,
@@ -78,13 +90,17 @@ def diagnose(
     color: bool | None,
     engine: str,
     jobs: int | None,
+    pipe_wait: float,
 ) -> None:
     """Diagnose the logs of every rank and node: files, folders, globs, .gz files, - for stdin."""
-    from ddpdoctor.analysis.diagnose import diagnose_paths
+    from ddpdoctor.analysis.diagnose import diagnose_inputs
+    from ddpdoctor.ingest.sources import expand_paths
     from ddpdoctor.report.problems import problem_lines
     from ddpdoctor.report.render import render
 
-    report = diagnose_paths(list(paths), engine=engine, jobs=jobs)
+    inputs, problems = expand_paths(list(paths), wait_s=pipe_wait)
+    report = diagnose_inputs(inputs, problems, engine=engine, jobs=jobs)
+    _printable_paths(report)
     if not any(s.status != "skipped" for s in report.sources):
         for line in problem_lines(report.sources):
             click.echo(f"ddpdoctor: {line.split(': ', 1)[1]}", err=True)
@@ -190,6 +206,20 @@ def rules_cmd(
         return
     for r in rules:
         click.echo(f"{r.code:<8} {r.kind:<30} {r.default_category!s:<15} {r.title}")
+
+
+def _printable_paths(report: Report) -> None:
+    """File names that are not UTF-8 written with escapes in every source and evidence path: a
+    lone surrogate would make the JSON invalid and a UTF-8 report file unwritable."""
+    from ddpdoctor.ingest.filenames import display_name
+
+    for source in report.sources:
+        source.path = display_name(source.path)
+    for evidence in report.verdict.evidence:
+        evidence.source = display_name(evidence.source)
+    for finding in report.findings:
+        for evidence in finding.evidence:
+            evidence.source = display_name(evidence.source)
 
 
 def _terminal_width() -> int:
