@@ -1,19 +1,20 @@
-"""The diagnose pipeline: sources -> scans -> hits -> findings -> causality -> report.
-One entry point for the CLI, `run` and `demo`."""
+"""The diagnose pipeline: sources -> scans -> hits (ranks attributed once) -> findings ->
+causal graph -> decision -> report. One entry point for the CLI, `run` and `demo`."""
 
 from __future__ import annotations
 
 from ddpdoctor import __version__
-from ddpdoctor.analysis.causality import decide
+from ddpdoctor.analysis.decision import decide
 from ddpdoctor.analysis.grouping import dedupe, evidence_of, group
 from ddpdoctor.analysis.job import build_job
 from ddpdoctor.analysis.parallel import scan_inputs
 from ddpdoctor.analysis.verdict import build_verdict
+from ddpdoctor.ingest.attribution import attribute
 from ddpdoctor.ingest.run_events import is_events_file, read_events
 from ddpdoctor.ingest.sources import Input, expand_paths
 from ddpdoctor.model.findings import Report
 from ddpdoctor.model.records import SourceInfo
-from ddpdoctor.rules.registry import all_rules
+from ddpdoctor.rules.registry import HYPOTHESES, INTENDED_ENDS, all_rules
 
 
 def diagnose_inputs(
@@ -33,18 +34,29 @@ def diagnose_inputs(
         for h in scan.hits:
             order += 1
             h.order = order
-    hits = dedupe(hits, rules)
     job = build_job(scans, [h.record.origin for h in hits], run_events)
+    hits = attribute(hits, job.resolve, job.single_node, job.info.hosts)
+    hits = dedupe(hits, rules)
     findings = group(hits, rules)
-    analysis = decide(findings, job, rules)
-    verdict = build_verdict(analysis, job)
+    decision = decide(findings, job, rules, HYPOTHESES, INTENDED_ENDS)
     for f in findings:
         f.evidence = evidence_of(f.hits)
+    if decision.inferred is not None:
+        findings.insert(0, decision.inferred)
+    verdict = build_verdict(decision, findings, job)
     role_order = {"root": 0, "cascade": 1, "context": 2}
     findings.sort(key=lambda f: (role_order.get(f.role, 3), f.hits[0].order if f.hits else 0))
     sources: list[SourceInfo] = [scan.info for scan in scans] + list(problems or [])
     sources += [
-        SourceInfo(e.source, status="read", reason="ddpdoctor run events") for e in run_events
+        SourceInfo(
+            e.source,
+            lines=e.facts,
+            status="read",
+            reason=f"the job never started: {e.start_error}"
+            if e.start_error
+            else "ddpdoctor run events",
+        )
+        for e in run_events
     ]
     return Report(
         tool_version=__version__,

@@ -58,12 +58,16 @@ def group(hits: list[Hit], rules: dict[str, Rule]) -> list[Finding]:
     for code, rule_hits in by_rule.items():
         rule = rules[code]
         times = [h.record.time for h in rule_hits if h.record.time is not None]
+        ranks = {h.record.origin.rank for h in rule_hits if h.record.origin.rank is not None}
+        hosts = {h.record.origin.host for h in rule_hits if h.record.origin.host}
         finding = Finding(
             rule=code,
             kind=rule.kind,
             category=str(rule.default_category),
             role="context",
             title=rule.title,
+            ranks=sorted(ranks),
+            hosts=sorted(hosts),
             first_time=min(times) if times else None,
             count=len(rule_hits),
             hits=rule_hits,

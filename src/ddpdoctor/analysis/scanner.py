@@ -71,6 +71,8 @@ class StreamSummary:
     """Lines logged at error level (glog E/F, logging ERROR): this writer is not quiet."""
     progress_total: int | None = None
     """The M of the last "step n/M" counter: ranks with different M have uneven inputs."""
+    progress_done: int | None = None
+    """The n of that counter: where the writer was when its output ends."""
 
 
 # Training progress (steps, epochs, loss) and distributed start-up, as seen in head and tail.
@@ -264,7 +266,8 @@ class Scanner:
             rules_done.add(rule.code)
             kept[pid] = kept.get(pid, 0) + 1
             suggests = target.signature is not None and target.signature.suggests
-            result.hits.append(Hit(rule.code, record, captures, ctx_records, order, suggests))
+            echo = rule.echo_of(target.signature)
+            result.hits.append(Hit(rule.code, record, captures, ctx_records, order, suggests, echo))
 
     def _sample(
         self,
@@ -313,6 +316,7 @@ class Scanner:
                 counter = PROGRESS_COUNTER.search(message)
                 if counter:
                     streams[key].progress_total = count_number(counter.group("total"))
+                    streams[key].progress_done = count_number(counter.group("n"))
                     break
 
 

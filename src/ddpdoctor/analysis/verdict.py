@@ -1,62 +1,64 @@
-"""Turn an Analysis into the Verdict users read: kind, category, culprit, summary, fix, evidence,
-and what to collect next when no root could be established."""
+"""Turn a Decision into the Verdict users read: kind, category, culprit, summary, fix, evidence,
+the basis of the confidence, and what to collect next when no root could be established."""
 
 from __future__ import annotations
 
 import re
 
-from ddpdoctor.analysis.causality import Analysis
+from ddpdoctor.analysis.decision import Decision
 from ddpdoctor.analysis.grouping import evidence_of
 from ddpdoctor.analysis.job import JobView
-from ddpdoctor.model.findings import Culprit, Evidence, Finding, Verdict
+from ddpdoctor.model.findings import Culprit, Evidence, Finding, Hit, Verdict
 from ddpdoctor.model.taxonomy import Role, Status
 from ddpdoctor.rules.base import Rule
 
 MAX_VERDICT_EVIDENCE = 8
 
 
-def build_verdict(analysis: Analysis, job: JobView) -> Verdict:
-    rule = analysis.rule
+def build_verdict(decision: Decision, findings: list[Finding], job: JobView) -> Verdict:
+    rule = decision.rule
     if rule is None:
         return Verdict(
-            status=str(analysis.status),
+            status=str(decision.status),
             kind=None,
             category=None,
             rule=None,
-            title="No failure found" if analysis.status == Status.OK else "No cause found",
-            confidence=analysis.confidence,
+            title="No failure found" if decision.status == Status.OK else "No cause found",
+            confidence=decision.confidence,
             culprit=Culprit(),
-            summary=" ".join(analysis.notes) if analysis.notes else _ok_summary(job),
+            summary=" ".join(decision.notes) if decision.notes else _ok_summary(job),
             fix=[],
             evidence=[],
-            next_steps=analysis.next_steps,
+            next_steps=decision.next_steps,
+            basis=decision.basis,
         )
-    category = analysis.category or str(rule.default_category)
-    evidence: list[Evidence] = []
-    if analysis.root is not None:
-        evidence.extend(evidence_of(analysis.root.hits, limit=4))
-        for f in analysis.findings:
-            if f is not analysis.root and f.role == Role.ROOT:
-                evidence.extend(evidence_of(f.hits, limit=2))
-    evidence.extend(analysis.extra_evidence)
-    for f in analysis.findings:
+    category = decision.category or str(rule.default_category)
+    root_hits = [h for e in decision.roots for h in e.hits]
+    evidence: list[Evidence] = evidence_of(_in_order(root_hits), limit=4)
+    for other in decision.others[:2]:
+        evidence.extend(evidence_of(other.hits, limit=1))
+    evidence.extend(decision.evidence)
+    for f in findings:
         if f.role == Role.CASCADE and len(evidence) < MAX_VERDICT_EVIDENCE:
             evidence.extend(evidence_of(f.hits, limit=1))
-    culprit = Culprit(ranks=analysis.culprit_ranks, hosts=analysis.culprit_hosts)
-    summary = _summary(analysis, rule, job, category)
     return Verdict(
-        status=str(analysis.status),
+        status=str(decision.status),
         kind=rule.kind,
         category=category,
         rule=rule.code,
         title=rule.title,
-        confidence=round(analysis.confidence, 2),
-        culprit=culprit,
-        summary=summary,
-        fix=list(rule.fix),
+        confidence=round(decision.confidence, 2),
+        culprit=Culprit(ranks=decision.culprit_ranks, hosts=decision.culprit_hosts),
+        summary=_summary(decision, rule, findings, job, category, root_hits),
+        fix=list(decision.fix) + list(rule.fix),
         evidence=evidence[:MAX_VERDICT_EVIDENCE],
-        next_steps=analysis.next_steps,
+        next_steps=decision.next_steps,
+        basis=decision.basis,
     )
+
+
+def _in_order(hits: list[Hit]) -> list[Hit]:
+    return sorted(hits, key=lambda h: h.order)
 
 
 def _ranks(ranks: list[int]) -> str:
@@ -66,37 +68,40 @@ def _ranks(ranks: list[int]) -> str:
     return f"{label} {','.join(str(r) for r in ranks)}"
 
 
-def _summary(analysis: Analysis, rule: Rule, job: JobView, category: str) -> str:
-    where = _ranks(analysis.culprit_ranks)
-    if analysis.culprit_hosts:
-        where = (
-            f"{where} on {','.join(analysis.culprit_hosts)}"
-            if where
-            else (f"host {','.join(analysis.culprit_hosts)}")
-        )
+def _summary(
+    decision: Decision,
+    rule: Rule,
+    findings: list[Finding],
+    job: JobView,
+    category: str,
+    root_hits: list[Hit],
+) -> str:
+    where = _ranks(decision.culprit_ranks)
+    if decision.culprit_hosts:
+        hosts = ",".join(decision.culprit_hosts)
+        where = f"{where} on {hosts}" if where else f"host {hosts}"
     parts = [f"{rule.title}" + (f" ({where})" if where else "") + "."]
     parts.append(rule.explanation.why)
-    cascades = [f for f in analysis.findings if f.role == Role.CASCADE]
-    if cascades and analysis.status != Status.OK:
-        other = sorted({r for f in cascades for r in f.ranks} - set(analysis.culprit_ranks))
+    cascades = [f for f in findings if f.role == Role.CASCADE]
+    if cascades and decision.status != Status.OK:
+        other = sorted({r for f in cascades for r in f.ranks} - set(decision.culprit_ranks))
         titles = "; ".join(sorted({f.title for f in cascades})[:3])
         parts.append(
             "The other errors"
             + (f" on {_ranks(other)}" if other else "")
             + f" are consequences, not causes: {titles}."
         )
-    parts.extend(note[:1].upper() + note[1:] for note in analysis.notes)
-    if analysis.root is not None:
-        named = _named_parameters(analysis.root)
-        if named:
-            parts.append(f"Parameters named in the log: {named}.")
-        frame = user_frame(analysis.root)
-        if frame:
-            parts.append(f"Raised from your code at {frame}.")
+    parts.extend(note[:1].upper() + note[1:] for note in decision.notes)
+    named = _named_parameters(root_hits)
+    if named:
+        parts.append(f"Parameters named in the log: {named}.")
+    frame = user_frame(root_hits)
+    if frame:
+        parts.append(f"Raised from your code at {frame}.")
     if category == "infrastructure":
         parts.append("The logs carry hardware or fabric evidence for this.")
     launcher = job.info.launcher_root_cause_rank
-    if launcher is not None and analysis.culprit_ranks and launcher not in analysis.culprit_ranks:
+    if launcher is not None and decision.culprit_ranks and launcher not in decision.culprit_ranks:
         parts.append(
             f"torchrun's 'Root Cause (first observed failure)' names rank {launcher}, but that "
             "rank was a victim."
@@ -108,9 +113,9 @@ FRAME = re.compile(r'File "(?P<path>[^"]+)", line (?P<line>\d+), in (?P<func>\S+
 LIBRARY_PATH = re.compile(r"site-packages|dist-packages|/lib/python\d|<frozen|/torch/|/bin/")
 
 
-def user_frame(finding: Finding) -> str | None:
+def user_frame(hits: list[Hit]) -> str | None:
     """The deepest traceback frame outside installed libraries: where the user should look."""
-    for hit in finding.hits:
+    for hit in hits:
         for record in reversed(hit.context):
             m = FRAME.search(record.text)
             if m and not LIBRARY_PATH.search(m.group("path")):
@@ -118,9 +123,9 @@ def user_frame(finding: Finding) -> str | None:
     return None
 
 
-def _named_parameters(finding: Finding) -> str:
+def _named_parameters(hits: list[Hit]) -> str:
     names: list[str] = []
-    for hit in finding.hits:
+    for hit in hits:
         for name in re.split(r",\s*", hit.captures.get("params", "")):
             if name and name not in names:
                 names.append(name.strip())

@@ -22,6 +22,7 @@ from ddpdoctor.preflight.session import (
     result_from_worker,
     run_check,
 )
+from ddpdoctor.redaction import clean_value
 
 MULTI_NODE_HELP = """
 On several nodes, run the worker under your own launcher on every node, then render its result:
@@ -139,6 +140,11 @@ def _facts_from(paths: tuple[Path, ...]) -> list[dict[str, Any]]:
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
 @click.option("--output", type=click.Path(dir_okay=False, path_type=Path), default=None)
 @click.option("--strict", is_flag=True, help="Warnings fail the check too (exit 1).")
+@click.option(
+    "--no-redact",
+    is_flag=True,
+    help="Show secret-looking environment values and output lines as they are.",
+)
 def check(
     nproc_per_node: int | None,
     backend: str,
@@ -158,6 +164,7 @@ def check(
     fmt: str,
     output: Path | None,
     strict: bool,
+    no_redact: bool,
 ) -> None:
     """Preflight: facts of this node, checks over them, and (with --nproc-per-node) a short
     collective test with transport bisection when it fails."""
@@ -199,6 +206,8 @@ def check(
             options=options,
         )
         result = run_check(cfg)
+    # env values (HF_TOKEN, ...), the test's output lines, saved results: masked before printing
+    result = clean_value(result, not no_redact)
 
     if fmt == "json":
         text = json.dumps(result, indent=2, default=str) + "\n"

@@ -16,6 +16,7 @@ from pathlib import Path
 import click
 
 from ddpdoctor.cli import exitcodes
+from ddpdoctor.redaction import clean_text, clean_value
 from ddpdoctor.scenarios import catalog, runner
 
 SHOWN_LINES = 30
@@ -147,13 +148,13 @@ def demo(name: str, list_only: bool, fmt: str, keep: str | None, replay: bool, w
             "expected": {"kind": scenario.expected_kind, "category": scenario.expected_category},
             "matches_expected": expected_ok,
         }
-        click.echo(json.dumps(data, indent=2))
+        click.echo(json.dumps(clean_value(data), indent=2))
     else:
         console = out_dir / runner.CONSOLE_LOG
         click.echo(header)
         click.echo(f"\nWhat the job printed, traceback frames left out ({console}):")
-        for line in _condensed(console, SHOWN_LINES):
-            click.echo(f"  | {line[: width - 4]}")
+        for line in _condensed(console, SHOWN_LINES):  # the job's own words: cleaned
+            click.echo(f"  | {clean_text(line)[: width - 4]}")
         click.echo("")
         click.echo(render(report, "text", width=width))
         verdict = "matches" if expected_ok else "does NOT match"

@@ -14,6 +14,7 @@ from ddpdoctor import __version__
 from ddpdoctor.cli import exitcodes
 from ddpdoctor.errors import DdpdoctorError
 from ddpdoctor.ingest.inputs import PIPE_WAIT_S
+from ddpdoctor.redaction import clean_text
 from ddpdoctor.report.render import FORMATS
 
 if TYPE_CHECKING:
@@ -76,6 +77,11 @@ def cli() -> None:
 @click.option("--engine", type=click.Choice(["auto", "stdlib"]), default="auto", hidden=True)
 @click.option("--jobs", "-j", type=int, default=None, help="Parallel scanner processes.")
 @click.option(
+    "--no-redact",
+    is_flag=True,
+    help="Show secrets (tokens, passwords, keys) as the logs have them instead of masking them.",
+)
+@click.option(
     "--pipe-wait",
     type=click.FloatRange(min=0.1),
     default=PIPE_WAIT_S,
@@ -90,6 +96,7 @@ def diagnose(
     color: bool | None,
     engine: str,
     jobs: int | None,
+    no_redact: bool,
     pipe_wait: float,
 ) -> None:
     """Diagnose the logs of every rank and node: files, folders, globs, .gz files, - for stdin."""
@@ -97,18 +104,28 @@ def diagnose(
     from ddpdoctor.ingest.sources import expand_paths
     from ddpdoctor.report.problems import problem_lines
     from ddpdoctor.report.render import render
+    from ddpdoctor.report.view import shown
 
     inputs, problems = expand_paths(list(paths), wait_s=pipe_wait)
-    report = diagnose_inputs(inputs, problems, engine=engine, jobs=jobs)
+    # what reaches stderr below (skipped paths) is cleaned like the report itself
+    report = shown(diagnose_inputs(inputs, problems, engine=engine, jobs=jobs), not no_redact)
     _printable_paths(report)
-    if not any(s.status != "skipped" for s in report.sources):
+    if not any(s.status != "skipped" and s.lines > 0 for s in report.sources):
         for line in problem_lines(report.sources):
             click.echo(f"ddpdoctor: {line.split(': ', 1)[1]}", err=True)
-        click.echo("ddpdoctor: nothing readable to diagnose", err=True)
+        for s in report.sources:
+            if s.status != "skipped":
+                what = (
+                    s.reason
+                    if s.reason and "never started" in s.reason
+                    else ("holds no record of the job" if s.reason else "is empty")
+                )
+                click.echo(f"ddpdoctor: {s.path}: {what}", err=True)
+        click.echo("ddpdoctor: nothing to diagnose: no input holds a line of log", err=True)
         sys.exit(exitcodes.USAGE_OR_INPUT)
     fmt = fmt or "text"
     use_color = color if color is not None else (output is None and sys.stdout.isatty())
-    text = render(report, fmt, width=width, color=use_color and fmt == "text")
+    text = render(report, fmt, width=width, color=use_color and fmt == "text", redact=not no_redact)
     if output:
         Path(output).write_text(text, encoding="utf-8")
     else:
@@ -132,7 +149,8 @@ def explain(query: tuple[str, ...]) -> None:
     text = " ".join(query)
     rules = find_rules(text)
     if not rules:
-        click.echo(f"ddpdoctor: no rule matches {text!r}; see `ddpdoctor rules`.", err=True)
+        shown = clean_text(text)
+        click.echo(f"ddpdoctor: no rule matches {shown!r}; see `ddpdoctor rules`.", err=True)
         sys.exit(exitcodes.USAGE_OR_INPUT)
     console = Console(width=min(100, _terminal_width()))
     for rule in rules[:5]:
@@ -233,7 +251,7 @@ def main() -> None:
     try:
         cli(standalone_mode=True)
     except DdpdoctorError as exc:
-        click.echo(f"ddpdoctor: {exc}", err=True)
+        click.echo(f"ddpdoctor: {clean_text(str(exc))}", err=True)
         sys.exit(exitcodes.USAGE_OR_INPUT)
     except KeyboardInterrupt:
         sys.exit(130)
@@ -241,8 +259,8 @@ def main() -> None:
         if os.environ.get("DDPDOCTOR_DEBUG"):
             raise
         click.echo(
-            f"ddpdoctor: internal error ({type(exc).__name__}: {exc}). This is a bug in "
-            "ddpdoctor; re-run with DDPDOCTOR_DEBUG=1 for the traceback and report it.",
+            f"ddpdoctor: internal error ({type(exc).__name__}: {clean_text(str(exc))}). This is "
+            "a bug in ddpdoctor; re-run with DDPDOCTOR_DEBUG=1 for the traceback and report it.",
             err=True,
         )
         sys.exit(exitcodes.INTERNAL)

@@ -12,6 +12,7 @@ import click
 
 from ddpdoctor.cli.exitcodes import INTERNAL, USAGE_OR_INPUT
 from ddpdoctor.errors import SupervisorError
+from ddpdoctor.redaction import clean_text
 from ddpdoctor.supervise.rundir import default_run_dir
 from ddpdoctor.supervise.session import RunOptions, run_job
 
@@ -76,6 +77,12 @@ def _notify(text: str) -> None:
     help="Seconds allowed before the first progress line (imports, rendezvous).",
 )
 @click.option("--quiet-report", is_flag=True, help="Do not print the final diagnosis.")
+@click.option(
+    "--no-redact",
+    is_flag=True,
+    help="Keep secrets (tokens, passwords) in events.jsonl, stack dumps and the reports; "
+    "console.log and ranks/*.log always keep what the job printed.",
+)
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
 def run(
     run_dir: Path | None,
@@ -87,6 +94,7 @@ def run(
     grace: float,
     startup_grace: float,
     quiet_report: bool,
+    no_redact: bool,
     command: tuple[str, ...],
 ) -> None:
     """Supervise a job: per-rank logs, hang detection, merged stacks, diagnosis at the end."""
@@ -110,14 +118,16 @@ def run(
         grace_s=grace,
         startup_grace_s=startup_grace,
         notify=_notify,
+        redact=not no_redact,
     )
     try:
         result = run_job(opts)
     except Exception as exc:
-        click.echo(f"ddpdoctor run: internal error: {type(exc).__name__}: {exc}", err=True)
+        why = clean_text(str(exc), not no_redact)
+        click.echo(f"ddpdoctor run: internal error: {type(exc).__name__}: {why}", err=True)
         sys.exit(INTERNAL)
     if isinstance(result, SupervisorError):
-        click.echo(f"ddpdoctor run: {result}", err=True)
+        click.echo(f"ddpdoctor run: {clean_text(str(result), not no_redact)}", err=True)
         sys.exit(127 if "cannot start" in str(result) else USAGE_OR_INPUT)
     if not quiet_report:
         click.echo(result.report_text.rstrip(), err=True)

@@ -11,7 +11,12 @@ from datetime import UTC, datetime
 from ddpdoctor.ingest.bounds import pid_number, plausible_time, rank_number
 from ddpdoctor.model.records import Origin
 
-ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-_]")
+# Colours and cursor moves (CSI), then whole OSC/DCS strings (window title, hyperlinks) up to
+# their terminator, else the two-byte escape alone: an OSC cut at ESC ] left its payload as text.
+ANSI = re.compile(
+    r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*+(?:\x07|\x1b\\)"
+    r"|\x1b[PX^_][^\x1b]*+\x1b\\|\x1b[@-_]"
+)
 
 # Kubernetes `kubectl logs --timestamps` / fluentd: RFC 3339 at the start of the line.
 # Exactly one separator is consumed: the indentation of a traceback frame after it is content.

@@ -27,6 +27,8 @@ class RunHang:
     groups: list[dict[str, Any]]
     time: str | None
     source: str
+    activities: dict[int, dict[str, Any]] = field(default_factory=dict)
+    """Where each rank was (category, op, site, source), from its stack."""
 
 
 @dataclass(slots=True)
@@ -36,6 +38,11 @@ class RunEvents:
     exit_code: int | None = None
     hangs: list[RunHang] = field(default_factory=list)
     killed_for_hang: bool = False
+    start_error: str | None = None
+    """Why the job never started (`ddpdoctor run` could not start the command)."""
+    facts: int = 0
+    """How many records say something about the job (exits, stacks); a start alone says
+    nothing."""
 
 
 MAX_EVENT_LINE_BYTES = 4 * 1024 * 1024
@@ -54,7 +61,10 @@ def is_events_file(path: str) -> bool:
             first = _record(f.readline(MAX_EVENT_LINE_BYTES) or b"{}")
     except OSError:
         return False
-    return first is not None and first.get("event") == "start" and "run_id" in first
+    if first is None:
+        return False
+    started = first.get("event") == "start" and "run_id" in first
+    return started or (first.get("event") == "start_failed" and "argv" in first)
 
 
 def read_events(path: str) -> RunEvents:
@@ -89,6 +99,10 @@ def _record(line: bytes) -> dict[str, Any] | None:
 
 def _apply(events: RunEvents, rec: dict[str, Any], where: str) -> None:
     kind = rec.get("event")
+    if kind in ("exit", "stacks"):
+        events.facts += 1
+    if kind == "start_failed":
+        events.start_error = _str(rec.get("error")) or "the command could not be started"
     if kind == "exit":
         per_rank = rec.get("per_rank")
         if isinstance(per_rank, dict):
@@ -111,6 +125,7 @@ def _apply(events: RunEvents, rec: dict[str, Any], where: str) -> None:
                 groups=_groups(diag.get("groups")),
                 time=_time(rec.get("time")),
                 source=where,
+                activities=_activities(diag.get("activities")),
             )
         )
     elif kind == "kill" and rec.get("reason") == "hang":
@@ -153,3 +168,15 @@ def _groups(value: object) -> list[dict[str, Any]]:
         )
         groups.append({"who": labels, "where": _str(g.get("where"), 400) or "?"})
     return groups
+
+
+def _activities(raw: object) -> dict[int, dict[str, Any]]:
+    """{rank: activity} from a stacks event; labels that are not ranks are left out."""
+    if not isinstance(raw, dict):
+        return {}
+    out: dict[int, dict[str, Any]] = {}
+    for label, activity in list(raw.items())[: MAX_GROUPS * 1024]:
+        rank = rank_number(str(label).removeprefix("rank "))
+        if rank is not None and isinstance(activity, dict):
+            out[rank] = {k: v[:400] for k, v in activity.items() if isinstance(v, str)}
+    return out

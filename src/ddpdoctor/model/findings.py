@@ -44,6 +44,9 @@ class Hit:
     """Position of the line in the whole scan: used as a tie-breaker within one source."""
     suggests: bool = False
     """The matching signature only suggests the kind (see rules.base.Signature.suggests)."""
+    echo: str | None = None
+    """What the line says about its rank as a victim of a failure elsewhere (rules.base.Echo),
+    from the rule or the matching signature; None for a line that reports a failure."""
 
 
 @dataclass(slots=True)
@@ -81,6 +84,8 @@ class Verdict:
     fix: list[str]
     evidence: list[Evidence]
     next_steps: list[str] = field(default_factory=list)
+    basis: list[str] = field(default_factory=list)
+    """What the confidence rests on: '+ ...' for, '- ...' against."""
 
 
 @dataclass(slots=True)

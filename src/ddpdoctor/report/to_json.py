@@ -55,6 +55,7 @@ def report_to_dict(report: Report) -> dict[str, Any]:
             "fix": list(v.fix),
             "evidence": [_evidence(e) for e in v.evidence],
             "next_steps": list(v.next_steps),
+            "confidence_basis": list(v.basis),
         },
         "findings": [
             {

@@ -7,14 +7,93 @@ from __future__ import annotations
 import re
 import re._constants as sre_constants
 import re._parser as sre_parse
+from collections.abc import Callable
 from dataclasses import dataclass
+from enum import StrEnum
 from functools import cached_property
 
-from ddpdoctor.model.taxonomy import KINDS, Category, default_category
+from ddpdoctor.model.evidence import JobEvidence
+from ddpdoctor.model.taxonomy import KINDS, Category, Status, default_category
 
 
 class RuleDefinitionError(ValueError):
     """A rule in the knowledge base is malformed (a bug in ddpdoctor, caught by the tests)."""
+
+
+class Echo(StrEnum):
+    """What a line printed because of a failure ELSEWHERE says about its own rank. A finding
+    with an echo is never the root while something else explains it (see analysis/relations)."""
+
+    WAITING = "waiting"
+    """The rank was alive and waited in a collective that a peer never joined (timeouts)."""
+    LOST_PEER = "lost-peer"
+    """The rank lost its connection to a peer or to the store: the peer went away."""
+    LAUNCHER = "launcher"
+    """The launcher reacting to a failed worker (SIGTERM sent to the others, its summary)."""
+    STOPPED = "stopped"
+    """The process was stopped from outside (a signal, Ctrl-C): by the launcher after a peer
+    failed, by `ddpdoctor run` after a hang, by a user or a scheduler."""
+
+
+class Marker(StrEnum):
+    """A line that is not a failure but tells the engine where the job stood."""
+
+    STOP = "stop"
+    """An announced early stop: intended when every rank announces it."""
+    TEARDOWN = "teardown"
+    """The program reached its end with the process group alive: later crashes are teardown."""
+    STALLED = "stalled"
+    """Stack dumps taken while the job made no progress."""
+
+
+CAPTURES: dict[str, str] = {
+    # who a line is about
+    "rank": "the global rank the message is about (its subject), when the line names it",
+    "local_rank": "the local rank of the worker the line is about (the global rank on one node)",
+    "pid": "the process id of the worker the line is about (resolved through the job's pids)",
+    "culprit_rank": "the rank the message itself blames (e.g. the one with another model)",
+    "missing": "ranks the message names as never having arrived (a monitored barrier)",
+    "peer_local_rank": "the local rank of a peer that went away, on the line's host",
+    "rank_a": "the first of two ranks the message names together",
+    "rank_b": "the second of two ranks the message names together",
+    "agreed_ranks": "how many ranks agreed to an early stop (one line for all of them)",
+    # what a collective was doing
+    "timeout_ms": "the collective timeout the rank waited for, in milliseconds",
+    "ran_ms": "how long the timed-out collective ran, in milliseconds",
+    "seq": "the collective's sequence number in its process group",
+    "op": "the collective or transfer operation (ALLREDUCE, recv, ...)",
+    "numel": "the number of elements of the collective's input",
+    # details quoted in the verdict
+    "params": "parameter names (unused, marked twice)",
+    "indices": "parameter indices",
+    "index": "a parameter index",
+    "count_a": "a count the message compares (first)",
+    "count_b": "a count the message compares (second)",
+    "size": "an allocation size",
+    "path": "a file path",
+    "module": "a Python module name",
+    "name": "an imported name",
+    "var": "an environment variable name",
+    "endpoint": "a host:port the rank tried to reach",
+    "after": "how long the rank tried before giving up",
+    "ifname": "a network interface name",
+    "pci": "a PCI bus id",
+    "busid": "a GPU bus id",
+    "xid": "an NVIDIA Xid error number",
+    "severity": "a severity word of the message",
+    "signal": "a signal name",
+    "signum": "a signal number",
+    "sig": "a signal name",
+    "reason": "why the scheduler ended the job",
+    "code": "an exit code",
+    "pids": "process ids",
+    "step": "a training step",
+    "exc": "a Python exception type",
+    "what": "what a library reported",
+    "global": "a global name in a pickle",
+}
+"""The capture groups rules may use, with their meaning: a contract between the rules and the
+engine (tests check that every named group of every rule is listed here)."""
 
 
 @dataclass(frozen=True)
@@ -27,6 +106,9 @@ class Signature:
     suggests: bool = False
     """True when the line only suggests the kind (SIGKILL suggests host OOM; the OOM killer's
     own message proves it): a verdict resting on such lines alone gets a lower confidence."""
+    echo: Echo | None = None
+    """Overrides the rule's echo for this signature (e.g. Ctrl-C's KeyboardInterrupt among the
+    generic exceptions is what a stopped process prints, not a bug)."""
 
     @cached_property
     def compiled(self) -> re.Pattern[str]:
@@ -52,12 +134,23 @@ class Explanation:
 class Rule:
     """One failure signature family.
 
-    severity: `error` ends a job; `warning` is context unless nothing else is found.
-    cascade: this text is also printed by ranks that are only victims of another rank's
-    failure (watchdog timeouts, closed connections, the launcher's SIGTERM); such a finding is
-    never the root when a non-cascade error exists.
-    specificity: higher wins when several rules claim the same traceback (a specific rule
-    beats the generic python-exception one).
+    severity: `error` ends a job; `warning` is context unless nothing else is found; `info` is
+    never a failure by itself.
+    echo: this text is printed by ranks that are victims of a failure elsewhere (see Echo);
+    such a finding is never the root while something else explains it.
+    exit_path: this is how a rank dies once it has failed (an abort while its exception ends
+    the process): after the same rank's own error it is that error's consequence.
+    marker: the line marks where the job stood (see Marker) rather than a failure.
+    explains: kinds this finding is the cause of when both appear in one job (parameters
+    without gradient make DDP's buckets differ, which gloo reports as a collective mismatch).
+    proves_infrastructure: the line itself is evidence of a hardware or fabric fault; a
+    finding of an infrastructure kind without it is never blamed on infrastructure.
+    status: the verdict's status when this rule is the root (default: `slow` for performance
+    rules, `failed` otherwise).
+    applies: a condition on the job for the rule to count at all (ZeRO-3 is slow only across
+    nodes without InfiniBand); None means always.
+    specificity: the prior: higher wins when several rules claim the same traceback, and
+    between independent roots that no time orders.
     context_all / context_none: regexes that must (or must not) appear in the same writer's
     traceback around the matched line, for rules that refine another (OOM inside torch.load).
     """
@@ -70,7 +163,13 @@ class Rule:
     fix: tuple[str, ...]
     category: Category | None = None
     severity: str = "error"
-    cascade: bool = False
+    echo: Echo | None = None
+    exit_path: bool = False
+    marker: Marker | None = None
+    explains: tuple[str, ...] = ()
+    proves_infrastructure: bool = False
+    status: Status | None = None
+    applies: Callable[[JobEvidence], bool] | None = None
     specificity: int = 50
     context_all: tuple[str, ...] = ()
     context_none: tuple[str, ...] = ()
@@ -88,10 +187,34 @@ class Rule:
             raise RuleDefinitionError(f"{self.code}: unknown kind {self.kind!r}")
         if self.severity not in ("error", "warning", "info"):
             raise RuleDefinitionError(f"{self.code}: bad severity {self.severity!r}")
+        for kind in self.explains:
+            if kind not in KINDS:
+                raise RuleDefinitionError(f"{self.code}: explains unknown kind {kind!r}")
+        for sig in self.signatures:
+            unknown = set(sig.compiled.groupindex) - set(CAPTURES)
+            if unknown:
+                raise RuleDefinitionError(f"{self.code}: undeclared captures {sorted(unknown)}")
+
+    @property
+    def cascade(self) -> bool:
+        """Printed by victims of a failure elsewhere (any echo)."""
+        return self.echo is not None or any(s.echo is not None for s in self.signatures)
 
     @property
     def default_category(self) -> Category:
         return self.category or default_category(self.kind)
+
+    @property
+    def verdict_status(self) -> Status:
+        if self.status is not None:
+            return self.status
+        return Status.SLOW if self.default_category == Category.PERFORMANCE else Status.FAILED
+
+    def echo_of(self, signature: Signature | None) -> Echo | None:
+        """The echo a hit of `signature` carries: the signature's own, else the rule's."""
+        if signature is not None and signature.echo is not None:
+            return signature.echo
+        return self.echo
 
     def match(self, line: str) -> re.Match[str] | None:
         """The first signature that matches the line, or None."""

@@ -1,9 +1,10 @@
 """Collective mismatches and timeouts (c10d ProcessGroupWrapper, ProcessGroupNCCL watchdog, gloo
-transport). Timeouts are usually the echo of a failure elsewhere, hence `cascade=True`."""
+transport). Timeouts are usually the echo of a failure elsewhere: the waiting rank was
+alive (`Echo.WAITING`)."""
 
 from __future__ import annotations
 
-from ddpdoctor.rules.base import Explanation, Rule, Signature
+from ddpdoctor.rules.base import Echo, Explanation, Rule, Signature
 
 COLLECTIVE_MISMATCH = Rule(
     code="COL101",
@@ -44,18 +45,19 @@ NCCL_WATCHDOG_TIMEOUT = Rule(
     kind="nccl-timeout",
     title="Collective timed out (NCCL watchdog)",
     sources="ProcessGroupNCCL.cpp WorkNCCL::checkTimeout / watchdogHandler",
-    cascade=True,
+    echo=Echo.WAITING,
     specificity=20,
     signatures=(
         Signature(
-            r"Watchdog caught collective operation timeout: WorkNCCL\(SeqNum=(?P<seq>\d+), "
-            # bounded gap, and \b after the op name: an unbounded `.*?` after `\w+` backtracked
-            # quadratically on a long line (a watchdog line padded to 64 KB took 39-50 s)
-            r"OpType=(?P<op>\w+)\b(?:, NumelIn=(?P<numel>\d+)\b)?.{0,200}?"
-            r"Timeout\(ms\)=(?P<timeout_ms>\d+)"
-            r"\) ran for (?P<ran_ms>\d+) milliseconds",
+            # torch < 1.12 prints no SeqNum: "WorkNCCL(OpType=ALLREDUCE, Timeout(ms)=1800000)"
+            # (a line cut by a paste keeps what it has: the op, maybe the timeout)
+            r"Watchdog caught collective operation timeout: WorkNCCL\((?:SeqNum=(?P<seq>\d+), )?"
+            r"OpType=(?P<op>\w+)(?:, NumelIn=(?P<numel>\d+))?(?:[^)]*?Timeout\(ms\)="
+            r"(?P<timeout_ms>\d+))?(?:\) ran for (?P<ran_ms>\d+) milliseconds)?",
             "Watchdog caught collective operation timeout",
         ),
+        # the same line cut short by a paste or a terminal: still a watchdog timeout
+        Signature(r"Watchdog caught collective operation timeout"),
         Signature(r"Timeout at NCCL work: (?P<seq>\d+)", "Timeout at NCCL work"),
         Signature(r"Some NCCL operations have failed or timed out"),
         Signature(r"watchdog thread terminated with"),
@@ -91,7 +93,7 @@ GLOO_TIMEOUT = Rule(
     kind="nccl-timeout",
     title="Collective timed out (gloo)",
     sources="gloo/transport/tcp/unbound_buffer.cc, pair.cc",
-    cascade=True,
+    echo=Echo.WAITING,
     specificity=20,
     signatures=(
         Signature(
@@ -125,7 +127,7 @@ MONITORED_BARRIER = Rule(
     kind="nccl-timeout",
     title="A rank failed to reach a monitored barrier",
     sources="ProcessGroupGloo::monitoredBarrier",
-    cascade=True,
+    echo=Echo.WAITING,
     specificity=25,
     signatures=(
         Signature(

@@ -110,6 +110,7 @@ GPU_HARDWARE = Rule(
     title="GPU hardware fault (ECC, Xid, fallen off the bus)",
     sources="CUDA runtime errors, kernel NVRM messages",
     specificity=90,
+    proves_infrastructure=True,
     signatures=(
         Signature(r"uncorrectable ECC error encountered"),
         Signature(r"NVRM: Xid \(PCI:(?P<pci>[\w:.]+)\): (?P<xid>\d+)", "NVRM: Xid"),

@@ -131,6 +131,7 @@ DDP_PARAMETERS_WITHOUT_GRAD = Rule(
     sources="ddpdoctor.instrument.report_unused_parameters (probe/unused.py)",
     severity="warning",
     specificity=60,
+    explains=("collective-mismatch",),
     signatures=(
         Signature(
             r"ddpdoctor: parameters without gradient on rank (?P<rank>\d+)"

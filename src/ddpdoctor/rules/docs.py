@@ -3,7 +3,47 @@ docs/rules/), so docs never drift from the knowledge base."""
 
 from __future__ import annotations
 
-from ddpdoctor.rules.base import Rule
+from ddpdoctor.rules.base import CAPTURES, Echo, Marker, Rule
+
+ECHO_MEANING = {
+    Echo.WAITING: "printed by a rank left waiting in a collective a peer never joined: an echo "
+    "of a failure elsewhere, never the root while something explains it",
+    Echo.LOST_PEER: "printed by a rank whose peer (or store) went away: an echo of that peer's "
+    "failure, never the root while something explains it",
+    Echo.LAUNCHER: "the launcher's reaction to a failed worker: always a consequence",
+    Echo.STOPPED: "printed by a process stopped from outside (a signal, Ctrl-C): the echo of "
+    "a failure elsewhere, of a stall `ddpdoctor run` caught, or of the scheduler",
+}
+MARKER_MEANING = {
+    Marker.STOP: "marks an early stop: intended when every rank announces it; on some ranks "
+    "only, the others are left waiting (uncoordinated exit)",
+    Marker.TEARDOWN: "marks the end of the program with the process group alive: a crash "
+    "after it is teardown",
+    Marker.STALLED: "marks a stalled job (stack dumps): the root when nothing failed before",
+}
+
+
+def _causality(rule: Rule) -> list[str]:
+    """How the engine treats the rule's findings, in words (the declarations on the rule)."""
+    lines: list[str] = []
+    if rule.echo is not None:
+        lines.append(f"- echo: {ECHO_MEANING[rule.echo]}")
+    for sig in rule.signatures:
+        if sig.echo is not None and sig.echo != rule.echo:
+            lines.append(f"- echo for `{sig.regex}`: {ECHO_MEANING[sig.echo]}")
+    if rule.exit_path:
+        lines.append("- exit path: after the same rank's own error, this is how it died, not why")
+    if rule.marker is not None:
+        lines.append(f"- marker: {MARKER_MEANING[rule.marker]}")
+    if rule.explains:
+        lines.append(
+            f"- explains: {', '.join(rule.explains)} (when both appear, this is the cause)"
+        )
+    if rule.proves_infrastructure:
+        lines.append("- evidence of a hardware or fabric fault by itself")
+    names = sorted({n for s in rule.signatures for n in s.compiled.groupindex})
+    lines += [f"- captures `{n}`: {CAPTURES[n]}" for n in names]
+    return lines
 
 
 def rule_markdown(rule: Rule) -> str:
@@ -13,11 +53,13 @@ def rule_markdown(rule: Rule) -> str:
         "",
         f"- kind: `{rule.kind}`",
         f"- category: `{rule.default_category}`",
-        f"- severity: {rule.severity}"
-        + ("; can be a cascade of another rank's failure" if rule.cascade else ""),
+        f"- severity: {rule.severity}",
     ]
     if not rule.signatures:
         lines.append("- inferred from how ranks behaved (no single log line proves it)")
+    causality = _causality(rule)
+    if causality:
+        lines += ["", "## In the causal analysis", *causality]
     lines += [
         "",
         "## What it detects",

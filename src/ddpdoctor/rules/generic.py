@@ -3,7 +3,8 @@ teardown warnings of a job that had finished. Specific rules always win over the
 
 from __future__ import annotations
 
-from ddpdoctor.rules.base import Explanation, Rule, Signature
+from ddpdoctor.model.evidence import JobEvidence
+from ddpdoctor.rules.base import Echo, Explanation, Marker, Rule, Signature
 
 PYTHON_EXCEPTION = Rule(
     code="PY101",
@@ -14,7 +15,9 @@ PYTHON_EXCEPTION = Rule(
     signatures=(
         Signature(r"^\**(?P<exc>[A-Za-z_][\w.]*Error)(?::|$)", "Error"),
         Signature(r"^\**(?P<exc>[A-Za-z_][\w.]*Exception)(?::|$)", "Exception"),
-        Signature(r"^\**(?P<exc>KeyboardInterrupt|SystemExit)(?::|$)", "Exit"),
+        # Ctrl-C, or a stop forwarded as SIGINT: what a stopped process prints, not a bug
+        Signature(r"^\**(?P<exc>KeyboardInterrupt)(?::|$)", "KeyboardInterrupt", echo=Echo.STOPPED),
+        Signature(r"^\**(?P<exc>SystemExit)(?::|$)", "SystemExit"),
     ),
     # indentation is spaces or tabs: `\n\s+` also ran over newlines, quadratic on a run of them
     context_all=(r"Traceback \(most recent call last\)|^[ \t]+File \"|\n[ \t]+File \"",),
@@ -37,6 +40,7 @@ EARLY_STOP = Rule(
     title="Training announced an early stop",
     sources="Lightning EarlyStopping, HF EarlyStoppingCallback, user code",
     severity="info",
+    marker=Marker.STOP,
     specificity=10,
     signatures=(
         # an event, not a setting: "Early stopping at epoch 5", not early_stopping_patience=3
@@ -78,6 +82,7 @@ TEARDOWN_WITHOUT_DESTROY = Rule(
     title="Process exited without destroy_process_group (teardown)",
     sources="ProcessGroupNCCL::~ProcessGroupNCCL (torch >= 2.4), CPython atexit",
     severity="warning",
+    marker=Marker.TEARDOWN,
     specificity=15,
     signatures=(
         Signature(r"process group has NOT been destroyed before we destruct ProcessGroupNCCL"),
@@ -112,6 +117,7 @@ ZERO3_STAGE = Rule(
     title="ZeRO-3 / full sharding across nodes over a socket transport",
     sources="DeepSpeed runtime/zero/stage3.py, NCCL net.cc (NET/Socket)",
     severity="info",
+    applies=lambda job: _across_nodes_without_ib(job),
     specificity=10,
     signatures=(
         Signature(r"stage3\.py"),
@@ -136,5 +142,11 @@ ZERO3_STAGE = Rule(
     positive=("[INFO] [stage3.py:113:__init__] Reduce bucket size 500000000",),
     negative=("[INFO] [stage_1_and_2.py:148:__init__] Reduce bucket size 500000000",),
 )
+
+
+def _across_nodes_without_ib(job: JobEvidence) -> bool:
+    """ZeRO-3 is only slow across nodes on a plain socket transport."""
+    return not job.single_node and "ib" not in job.transports
+
 
 RULES = (PYTHON_EXCEPTION, EARLY_STOP, TEARDOWN_WITHOUT_DESTROY, ZERO3_STAGE)

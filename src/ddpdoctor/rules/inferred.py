@@ -1,130 +1,11 @@
-"""Verdicts that no single line proves: they are inferred in analysis from how ranks behaved
-(who timed out, who went silent, who was busy). Documented here like every rule, so `explain`
-covers them; they have no signatures."""
+"""Intended ends and stalls: the verdicts the engine reaches from markers (every rank stopped
+early on purpose; training announced its end before a crash; stack dumps of a stalled job).
+Inferred causes scored from how ranks behaved live in rules/hypotheses/."""
 
 from __future__ import annotations
 
-from ddpdoctor.rules.base import Explanation, Rule, Signature
-
-SLOW_RANK = Rule(
-    code="INF201",
-    kind="slow-rank-timeout",
-    title="One rank was busy outside collectives while the others timed out waiting",
-    signatures=(),
-    explanation=Explanation(
-        what="Some ranks timed out in a collective while another rank was visibly busy (a "
-        "progress bar, preprocessing) and never joined it.",
-        why="Work done on one rank only (dataset tokenisation under main_process_first, "
-        "checkpoint consolidation, evaluation on rank 0) took longer than the process group "
-        "timeout.",
-        fix="Do the work before init_process_group or on every rank, cache it, or raise the "
-        "timeout for that phase.",
-        false_positives="If the busy rank was itself stuck, the cause is what it was stuck in.",
-    ),
-    fix=(
-        "Preprocess once before the distributed job (or cache the tokenised dataset) so ranks "
-        "do not wait for rank 0.",
-        "Or raise the timeout: init_process_group(..., timeout=datetime.timedelta(hours=2)) "
-        "(HF: --ddp_timeout 7200).",
-    ),
-)
-
-UNCOORDINATED_EXIT = Rule(
-    code="INF202",
-    kind="uncoordinated-exit",
-    title="A rank left the job without an error while the others kept going",
-    signatures=(),
-    explanation=Explanation(
-        what="A rank stopped printing with no error (often exiting 0) while its peers then "
-        "failed with closed connections or timeouts.",
-        why="An early stop, a `sys.exit()`, a `break` or a return taken on one rank only; or "
-        "the process was killed without a trace in its own log.",
-        fix="Decide stops on one rank and broadcast the decision; every rank must leave the "
-        "training loop at the same step and call destroy_process_group().",
-        false_positives="A rank killed from outside (OOM killer, scheduler) leaves the same "
-        "trace; check its exit code and dmesg.",
-    ),
-    fix=(
-        "Broadcast stop decisions: flag = torch.tensor([int(stop)]); dist.broadcast(flag, 0); "
-        "if flag.item(): break  (on every rank).",
-        "Never call sys.exit()/return on one rank inside the training loop.",
-    ),
-)
-
-COLLECTIVE_ASYMMETRY = Rule(
-    code="INF203",
-    kind="collective-mismatch",
-    title="A minority of ranks waited in a collective the others had finished",
-    signatures=(),
-    explanation=Explanation(
-        what="Only some ranks timed out, while the others went on (or finished) without error.",
-        why="The waiting ranks issued a collective that the others did not (a rank-dependent "
-        "branch), or with a different size, so it never completed for them.",
-        fix="Make the collective sequence identical on every rank; re-run with "
-        "TORCH_DISTRIBUTED_DEBUG=DETAIL to get the mismatch reported.",
-        false_positives="Uneven inputs give a similar picture when the waiting rank had more "
-        "batches.",
-    ),
-    fix=(
-        "Re-run with TORCH_DISTRIBUTED_DEBUG=DETAIL to have the mismatching collective named.",
-        "Check collectives inside rank-dependent branches and tensors of rank-dependent size.",
-    ),
-)
-
-MISSING_RANKS = Rule(
-    code="INF204",
-    kind="nccl-timeout",
-    title="Ranks timed out and the ranks they waited for left no logs",
-    signatures=(),
-    explanation=Explanation(
-        what="Collective timeouts or closed connections, and no log at all from some ranks.",
-        why="The root cause is most likely in the missing logs: a rank or node that died first.",
-        fix="Collect the logs of the missing ranks/nodes (or run under `ddpdoctor run`).",
-        false_positives="The missing ranks may simply not have been included in the paste.",
-    ),
-    fix=("Collect the logs of the missing ranks or nodes and diagnose all of them together.",),
-)
-
-STARTUP_HANG = Rule(
-    code="INF205",
-    kind="nccl-p2p",
-    title="Output stopped during distributed start-up with no error",
-    signatures=(),
-    explanation=Explanation(
-        what="The log ends at distributed initialisation: no error, no training step, no exit.",
-        why="A hang while NCCL connects the GPUs. On one node the classic cause is broken "
-        "peer-to-peer (ACS/IOMMU, a driver change); across nodes the network transport.",
-        fix="Bisect: NCCL_P2P_DISABLE=1 (one node) or NCCL_IB_DISABLE=1 (several nodes) with "
-        "NCCL_DEBUG=INFO; `ddpdoctor check` automates it.",
-        false_positives="A log that was simply cut, or a rendezvous waiting for other nodes.",
-    ),
-    fix=(
-        "Re-run with NCCL_DEBUG=INFO to see where initialisation stops.",
-        "Try NCCL_P2P_DISABLE=1: if it then runs, check `nvidia-smi topo -m`, ACS/IOMMU and "
-        "the driver version.",
-        "Across nodes try NCCL_IB_DISABLE=1 and set NCCL_SOCKET_IFNAME.",
-    ),
-)
-
-HANG = Rule(
-    code="INF206",
-    kind="hang",
-    title="No progress and no error",
-    signatures=(),
-    explanation=Explanation(
-        what="The job stopped making progress without printing an error.",
-        why="A deadlock in a collective, a rank stuck in data loading, or a hang in the "
-        "transport; the log alone cannot tell.",
-        fix="Run the job under `ddpdoctor run` to get the Python stack of every rank when it "
-        "stalls, or dump stacks now with `py-spy dump --pid PID` on each rank.",
-        false_positives="A log that was cut before the end.",
-    ),
-    fix=(
-        "Dump every rank's stack while it hangs: py-spy dump --pid PID (or run under "
-        "`ddpdoctor run`).",
-        "Set TORCH_DISTRIBUTED_DEBUG=DETAIL and NCCL_DEBUG=INFO for the next run.",
-    ),
-)
+from ddpdoctor.model.taxonomy import Status
+from ddpdoctor.rules.base import Explanation, Marker, Rule, Signature
 
 EARLY_STOP_ALL = Rule(
     code="INF207",
@@ -139,40 +20,6 @@ EARLY_STOP_ALL = Rule(
         false_positives="None.",
     ),
     fix=("After the loop: dist.destroy_process_group(); sys.exit(0).",),
-)
-
-WORKER_EXIT = Rule(
-    code="INF208",
-    kind="python-exception",
-    title="A worker exited with an error and its own output is not in the logs",
-    signatures=(),
-    explanation=Explanation(
-        what="The launcher reports a failed worker, but that worker's error text is missing.",
-        why="The worker's stderr went elsewhere (a --log-dir, a redirect, another file).",
-        fix="Collect that worker's output (torchrun --log-dir / --tee 3) and diagnose it.",
-        false_positives="None.",
-    ),
-    fix=("Re-run with torchrun --tee 3 (or --log-dir DIR) so each worker's output is kept.",),
-)
-
-UNEVEN = Rule(
-    code="INF209",
-    kind="uneven-inputs",
-    title="Ranks iterated over different numbers of batches",
-    signatures=(),
-    explanation=Explanation(
-        what="The ranks' progress counters run to different totals, and ranks then timed out "
-        "waiting for each other.",
-        why="Each rank got a different number of batches (uneven sharding, an IterableDataset "
-        "without per-rank split, drop_last=False), so the rank with fewer batches left the loop "
-        "while the others entered the next collective.",
-        fix="Give every rank the same number of batches, or train inside `with model.join():`.",
-        false_positives="Counters that are not per-rank batch counts.",
-    ),
-    fix=(
-        "Use DistributedSampler(dataset, drop_last=True) or equal shards per rank.",
-        "Or wrap the training loop in `with ddp_model.join():`.",
-    ),
 )
 
 TEARDOWN_CRASH = Rule(
@@ -202,6 +49,8 @@ HANG_DUMP = Rule(
     title="Stack dumps of a stalled job (py-spy / faulthandler)",
     sources="Python faulthandler dump_traceback, py-spy dump",
     severity="warning",
+    marker=Marker.STALLED,
+    status=Status.HUNG,
     specificity=10,
     signatures=(
         # faulthandler.dump_traceback_later(timeout) firing: "Timeout (0:00:05)!"
@@ -230,25 +79,26 @@ HANG_DUMP = Rule(
     negative=("Traceback (most recent call last):",),
 )
 
-RULES = (
-    TEARDOWN_CRASH,
-    HANG_DUMP,
-    UNEVEN,
-    SLOW_RANK,
-    UNCOORDINATED_EXIT,
-    COLLECTIVE_ASYMMETRY,
-    MISSING_RANKS,
-    STARTUP_HANG,
-    HANG,
-    EARLY_STOP_ALL,
-    WORKER_EXIT,
+STOPPED = Rule(
+    code="INF213",
+    kind="preempted",
+    title="The job was stopped from outside, with no failure before",
+    signatures=(),
+    explanation=Explanation(
+        what="The processes printed what a stopped process prints (KeyboardInterrupt, a "
+        "SignalException) and nothing failed before the stop.",
+        why="A user pressed Ctrl-C or sent a signal, or a scheduler or supervisor ended the "
+        "job; the traceback is how Python reports the stop, not a bug.",
+        fix="Nothing to fix in the training code; if the stop was not yours, ask the scheduler "
+        "(sacct, kubectl describe pod) who sent it.",
+        false_positives="A job that hung and was then stopped by hand: the hang is the cause "
+        "(run it under `ddpdoctor run` to have it caught).",
+    ),
+    fix=(
+        "If nobody stopped it on purpose: check the scheduler's records for the signal's "
+        "origin (time limit, preemption, an operator).",
+        "If it was stopped because it hung: re-run under `ddpdoctor run` to get the stacks.",
+    ),
 )
 
-
-HANG_BY_KIND: dict[str, Rule] = {
-    "slow-rank-timeout": SLOW_RANK,
-    "uncoordinated-exit": UNCOORDINATED_EXIT,
-    "collective-mismatch": COLLECTIVE_ASYMMETRY,
-    "hang": HANG,
-}
-"""How a hang classified from live stacks (`ddpdoctor run`) maps to documented rules."""
+RULES = (TEARDOWN_CRASH, HANG_DUMP, EARLY_STOP_ALL, STOPPED)

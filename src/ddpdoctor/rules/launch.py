@@ -4,7 +4,7 @@ Per-rank exit codes themselves are job facts (analysis/facts.py); these rules gi
 
 from __future__ import annotations
 
-from ddpdoctor.rules.base import Explanation, Rule, Signature
+from ddpdoctor.rules.base import Echo, Explanation, Rule, Signature
 
 HOST_OOM_KILL = Rule(
     code="LCH101",
@@ -77,7 +77,7 @@ LAUNCHER_SIGTERM = Rule(
     title="Launcher terminated the other workers after a failure",
     sources="torchelastic multiprocessing/api.py _close",
     severity="info",
-    cascade=True,
+    echo=Echo.LAUNCHER,
     specificity=5,
     signatures=(
         Signature(r"Sending process (?P<pid>\d+) closing signal SIG(?P<sig>\w+)", "closing signal"),
@@ -106,7 +106,7 @@ CHILD_FAILED = Rule(
     title="torchrun reports that a worker failed (ChildFailedError)",
     sources="torchelastic multiprocessing/errors/__init__.py ChildFailedError",
     severity="info",
-    cascade=True,
+    echo=Echo.LAUNCHER,
     specificity=5,
     signatures=(
         Signature(r"ChildFailedError"),
@@ -132,6 +132,7 @@ NATIVE_CRASH = Rule(
     kind="native-crash",
     title="A rank died from a signal without a Python traceback",
     sources="torchelastic errors/__init__.py, Python faulthandler, libc",
+    exit_path=True,
     specificity=40,
     signatures=(
         Signature(r"\(core dumped\)", "core dumped"),
@@ -339,15 +340,20 @@ SLURM_TERMINATED = Rule(
     specificity=20,
     signatures=(
         # the torchelastic agent itself received SIGTERM (from the scheduler or a user)
+        # a stop from outside: the scheduler's, a user's, or `ddpdoctor run`'s after a hang
         Signature(
-            r"Received (?P<signum>15|10|12) death signal, shutting down workers", " death signal"
+            r"Received (?P<signum>15|10|12) death signal, shutting down workers",
+            " death signal",
+            echo=Echo.STOPPED,
         ),
         Signature(
             r"\*\*\* (?:JOB|STEP) [\d.]+ ON \S+ CANCELLED AT \S+ DUE TO (?P<reason>TIME LIMIT|PREEMPTION) \*\*\*",
             "CANCELLED AT",
         ),
         Signature(
-            r"SignalException: Process \d+ got signal: (?P<signum>15|10|12)", "SignalException"
+            r"SignalException: Process \d+ got signal: (?P<signum>15|10|12)",
+            "SignalException",
+            echo=Echo.STOPPED,
         ),
         Signature(r"DUE TO (?P<reason>TIME LIMIT|PREEMPTION)", "DUE TO "),
     ),
@@ -401,7 +407,7 @@ STORE_ERROR = Rule(
     kind="rendezvous-failure",
     title="The c10d store (TCPStore) failed or timed out",
     sources="torch/csrc/distributed/c10d/TCPStore.cpp (DistStoreError)",
-    cascade=True,
+    echo=Echo.LOST_PEER,
     specificity=20,
     signatures=(Signature(r"DistStoreError"),),
     explanation=Explanation(

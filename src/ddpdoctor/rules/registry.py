@@ -7,20 +7,59 @@ from functools import lru_cache
 
 from ddpdoctor.rules import collectives, cuda, data, ddp, generic, inferred, launch, transport
 from ddpdoctor.rules.base import Rule, RuleDefinitionError
+from ddpdoctor.rules.hypotheses import (
+    collective_mismatch,
+    log_ends,
+    missing_ranks,
+    slow_rank,
+    stalled_rank,
+    startup_hang,
+    uncoordinated_exit,
+    uneven_inputs,
+    worker_exit,
+)
+from ddpdoctor.rules.hypotheses.base import Hypothesis
 
 FAMILIES = (ddp, collectives, transport, cuda, launch, data, generic, inferred)
+
+HYPOTHESES: tuple[Hypothesis, ...] = (
+    Hypothesis(stalled_rank.STUCK, stalled_rank.assess, precedence=0),
+    Hypothesis(slow_rank.RULE, slow_rank.assess, precedence=1),
+    Hypothesis(uneven_inputs.RULE, uneven_inputs.assess, precedence=2),
+    Hypothesis(uncoordinated_exit.RULE, uncoordinated_exit.assess, precedence=3),
+    Hypothesis(collective_mismatch.RULE, collective_mismatch.assess, precedence=4),
+    Hypothesis(missing_ranks.RULE, missing_ranks.assess, precedence=5),
+    Hypothesis(worker_exit.RULE, worker_exit.assess, precedence=6),
+    Hypothesis(startup_hang.RULE, startup_hang.assess, precedence=7),
+    Hypothesis(log_ends.RULE, log_ends.assess, precedence=8),
+)
+"""Inferred causes, each scored from the job's evidence by the same engine (analysis/decide)."""
+
+HYPOTHESIS_ONLY_RULES = (stalled_rank.HANG,)
+"""Rules a hypothesis may conclude with besides its own (documented like every rule)."""
+
+INTENDED_ENDS: dict[str, Rule] = {
+    "agreed-stop": inferred.EARLY_STOP_ALL,
+    "teardown": inferred.TEARDOWN_CRASH,
+    "stopped": inferred.STOPPED,
+}
+"""The verdicts of ends that are not failures of training, by the engine's name for them:
+every rank stopped on purpose; a crash after the work was done; a stop from outside."""
+
+"""Rules a hypothesis may conclude with besides its own (documented like every rule)."""
 
 
 @lru_cache(maxsize=1)
 def all_rules() -> tuple[Rule, ...]:
     rules: list[Rule] = []
     seen: set[str] = set()
-    for family in FAMILIES:
-        for rule in family.RULES:
-            if rule.code in seen:
-                raise RuleDefinitionError(f"duplicate rule code {rule.code}")
-            seen.add(rule.code)
-            rules.append(rule)
+    declared = [r for family in FAMILIES for r in family.RULES]
+    declared += [h.rule for h in HYPOTHESES] + list(HYPOTHESIS_ONLY_RULES)
+    for rule in declared:
+        if rule.code in seen:
+            raise RuleDefinitionError(f"duplicate rule code {rule.code}")
+        seen.add(rule.code)
+        rules.append(rule)
     return tuple(rules)
 
 

@@ -4,7 +4,7 @@ or a dead peer is decided in analysis, not here."""
 
 from __future__ import annotations
 
-from ddpdoctor.rules.base import Explanation, Rule, Signature
+from ddpdoctor.rules.base import Echo, Explanation, Rule, Signature
 
 BISECTION_FIX = (
     "Bisect the transport: rerun with NCCL_IB_DISABLE=1; if it still fails, also "
@@ -20,7 +20,7 @@ PEER_CLOSED = Rule(
     kind="nccl-network",
     title="Connection to a peer rank closed or reset",
     sources="gloo/transport/tcp/pair.cc, NCCL socket.cc, ProcessGroupNCCL service thread",
-    cascade=True,
+    echo=Echo.LOST_PEER,
     specificity=20,
     signatures=(
         # a rank waiting for rank 0 to publish the NCCL id in the store: rank 0 is gone or late
@@ -64,6 +64,7 @@ IB_ERROR = Rule(
     kind="nccl-network",
     title="InfiniBand / RoCE transport error",
     sources="NCCL net_ib.cc",
+    proves_infrastructure=True,
     specificity=70,
     signatures=(
         Signature(r"ibv_poll_cq.{0,80}(?:failed|error)", "ibv_poll_cq"),
@@ -95,6 +96,7 @@ P2P_ERROR = Rule(
     kind="nccl-p2p",
     title="GPU peer-to-peer / IPC transport failure inside a node",
     sources="NCCL transport/p2p.cc, CUDA runtime",
+    proves_infrastructure=True,
     specificity=70,
     signatures=(
         Signature(r"transport/p2p\.cc:\d+ NCCL WARN", "p2p.cc"),

@@ -166,10 +166,12 @@ SCENARIOS: tuple[Scenario, ...] = (
         title="rank 0 all_reduce vs rank 1 broadcast without debug: only timeouts to see",
         program="collective_mismatch.py",
         args=("op",),
-        expected_kind="nccl-timeout",
-        expected_category="unknown",
-        expected_culprits=None,
-        notes="A near miss: nothing in the logs names the mismatch, so the verdict must not.",
+        expected_kind="collective-mismatch",
+        expected_category="user-code",
+        expected_culprits=(0,),
+        notes="No debug output: only timeouts. Their tracebacks name different collectives "
+        "(all_reduce on rank 0, broadcast on rank 1), which is the mismatch; with two ranks "
+        "split evenly, the main process's side is named (a guess, said with low confidence).",
     ),
     Scenario(
         name="local-rank-argument",

@@ -8,6 +8,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from ddpdoctor.analysis.facts import signal_name
+from ddpdoctor.redaction import clean_value
 from ddpdoctor.supervise.rundir import RunDir
 
 if TYPE_CHECKING:
@@ -22,11 +23,12 @@ def _diagnose(rundir: RunDir) -> tuple[dict[str, Any] | None, str, str | None]:
         from ddpdoctor.analysis.diagnose import diagnose_paths
         from ddpdoctor.report.render import render
         from ddpdoctor.report.to_json import report_to_dict
+        from ddpdoctor.report.view import shown
     except ImportError as exc:
         return None, "", f"diagnosis unavailable: {exc}"
     try:
-        report = diagnose_paths([str(rundir.root)])
-        return report_to_dict(report), render(report, "text"), None
+        report = shown(diagnose_paths([str(rundir.root)]), rundir.redact)
+        return report_to_dict(report), render(report, "text", redact=rundir.redact), None
     except Exception as exc:
         return None, "", f"diagnosis failed: {type(exc).__name__}: {exc}"
 
@@ -134,7 +136,9 @@ def finish_report(
     if error:
         lines.append(error)
     lines.append(f"run folder: {rundir.root}")
-    full = "\n".join(lines).lstrip("\n") + "\n"
+    # the supervisor's own parts (hang stacks, errors, paths) are cleaned like the diagnosis
+    report = clean_value(report, rundir.redact)
+    full = rundir.scrub("\n".join(lines).lstrip("\n") + "\n")
     try:
         rundir.report_json.write_text(json.dumps(report, indent=2, default=str) + "\n")
         rundir.report_txt.write_text(full, encoding="utf-8")

@@ -11,6 +11,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from ddpdoctor.redaction import clean_text, clean_value
+
 
 def utc_now() -> datetime:
     return datetime.now(UTC)
@@ -23,9 +25,11 @@ def default_run_dir(base: Path | None = None) -> Path:
 
 @dataclass
 class RunDir:
-    """Paths inside the run folder and a thread-safe writer of `events.jsonl`."""
+    """Paths inside the run folder and a thread-safe writer of `events.jsonl`. What ddpdoctor
+    writes here (events, stack dumps, reports) goes through `scrub`; the logs of the job never."""
 
     root: Path
+    redact: bool = True
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
@@ -52,6 +56,10 @@ class RunDir:
     def report_txt(self) -> Path:
         return self.root / "report.txt"
 
+    def scrub(self, text: str) -> str:
+        """Text fit to write here: control sequences stripped, secrets masked unless told not."""
+        return clean_text(text, self.redact)
+
     def rank_log(self, label: str) -> Path:
         return self.ranks_dir / f"{label}.log"
 
@@ -61,8 +69,12 @@ class RunDir:
 
     def event(self, kind: str, **payload: Any) -> dict[str, Any]:
         """Append one event; returns it. Never raises: a failing disk must not stop the job."""
-        record: dict[str, Any] = {"time": utc_now().isoformat(), "event": kind, **payload}
-        line = json.dumps(record, default=str)
+        record: dict[str, Any] = {
+            "time": utc_now().isoformat(),
+            "event": kind,
+            **clean_value(payload, self.redact),
+        }
+        line = json.dumps(record, default=lambda obj: self.scrub(str(obj)))
         try:
             with self._lock, self.events.open("a", encoding="utf-8") as fh:
                 fh.write(line + "\n")

@@ -41,6 +41,8 @@ class RunOptions:
     startup_grace_s: float = 60.0
     echo: bool = True
     notify: Callable[[str], None] = lambda _text: None
+    redact: bool = True
+    """Mask secrets in what ddpdoctor writes (events, stack dumps, reports), not in the logs."""
 
 
 @dataclass
@@ -75,7 +77,7 @@ def with_rank_labels(argv: list[str]) -> list[str]:
 
 
 def run_job(opts: RunOptions) -> RunResult | SupervisorError:
-    rundir = RunDir(opts.run_dir)
+    rundir = RunDir(opts.run_dir, redact=opts.redact)
     try:
         rundir.create()
         inject_root = inject.prepare()

@@ -19,35 +19,14 @@ from pathlib import Path
 
 import psutil
 
+from ddpdoctor.analysis.decision import assess_stall
+from ddpdoctor.model.evidence import COLLECTIVE_FUNCTIONS
+from ddpdoctor.model.evidence import Activity as StallActivity
+from ddpdoctor.redaction import clean_text
+from ddpdoctor.rules.registry import HYPOTHESES
 from ddpdoctor.supervise.child import ProcInfo
 
-COLLECTIVES = frozenset(
-    [
-        "all_reduce",
-        "barrier",
-        "broadcast",
-        "all_gather",
-        "all_gather_into_tensor",
-        "all_gather_object",
-        "reduce_scatter",
-        "reduce_scatter_tensor",
-        "reduce",
-        "gather",
-        "scatter",
-        "all_to_all",
-        "all_to_all_single",
-        "send",
-        "recv",
-        "monitored_barrier",
-        "broadcast_object_list",
-        "gather_object",
-        "scatter_object_list",
-        "batch_isend_irecv",
-        "_allgather_base",
-        "_reduce_scatter_base",
-        "all_reduce_coalesced",
-    ]
-)
+COLLECTIVES = COLLECTIVE_FUNCTIONS
 LIBRARY_MARKERS = ("site-packages", "dist-packages", "/lib/python3", "<frozen", "/torch/")
 # py-spy dump: `Thread 123 (idle): "MainThread"` then `    func (file.py:12)` frames.
 PYSPY_THREAD = re.compile(r'^Thread (?P<tid>\S+) \((?P<state>[^)]*)\)(?:: "(?P<name>.*)")?')
@@ -207,6 +186,8 @@ class HangDiagnosis:
     groups: list[tuple[list[str], str]]
     stacks: list[RankStack]
     notes: list[str] = field(default_factory=list)
+    activities: dict[str, Activity] = field(default_factory=dict)
+    """Where each rank (label) was: the facts the post-mortem engine reads back."""
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -217,6 +198,10 @@ class HangDiagnosis:
             "groups": [{"who": who, "where": what} for who, what in self.groups],
             "methods": sorted({s.method for s in self.stacks}),
             "notes": self.notes,
+            "activities": {
+                label: {"category": a.category, "op": a.op, "site": a.site, "source": a.source}
+                for label, a in self.activities.items()
+            },
         }
 
 
@@ -236,7 +221,9 @@ def _sort_key(label: str) -> tuple[int, str]:
 
 
 def diagnose_stacks(stacks: list[RankStack], missing: list[int] | None = None) -> HangDiagnosis:
-    """Group ranks by activity; classify the hang and name the odd ones out."""
+    """Group ranks by activity (the live message) and let the diagnosis engine's hypotheses
+    name the kind and the culprits from where every rank was: the same verdict the post-mortem
+    `diagnose RUN_DIR` reaches, not a second one."""
     acts: dict[str, Activity] = {}
     for s in stacks:
         if s.proc.role in ("rank", "main"):
@@ -250,44 +237,44 @@ def diagnose_stacks(stacks: list[RankStack], missing: list[int] | None = None) -
     ordered = sorted(buckets.items(), key=lambda kv: (-len(kv[1]), _sort_key(kv[1][0])))
     groups = [(labels, acts[labels[0]].describe()) for _, labels in ordered]
     summary = "; ".join(f"{_who(who)} {what}" for who, what in groups) or "no stacks collected"
+    assessment = assess_stall(_rank_activities(acts), summary, HYPOTHESES)
+    tax = assessment.rule.kind if assessment is not None else "hang"
+    culprits = assessment.culprits if assessment is not None else []
+    diag = HangDiagnosis(_pattern(buckets), tax, sorted(culprits), summary, groups, stacks)
+    diag.activities = acts
+    if assessment is not None:
+        diag.notes.extend(assessment.fix)
+    return diag
 
-    def rank_of(labels: list[str]) -> list[int]:
-        return [int(x[5:]) for x in labels if x.startswith("rank ") and x[5:].isdigit()]
 
-    cats = {a.category for a in acts.values()}
-    in_coll = [k for k, v in buckets.items() if k[0] == "collective"]
-    out_coll = [k for k, v in buckets.items() if k[0] != "collective"]
-    culprits: list[int] = []
-    if in_coll and out_coll:
-        kind, tax = "missing-from-collective", "slow-rank-timeout"
-        for k in out_coll:
-            culprits += rank_of(buckets[k])
-        odd = {k[0] for k in out_coll}
-        if odd == {"exited"}:
-            tax = "uncoordinated-exit"
-        elif odd <= {"lock"}:
-            tax = "hang"
-    elif len(in_coll) > 1:
-        kind, tax = "collective-mismatch", "collective-mismatch"
-        majority = max(in_coll, key=lambda k: len(buckets[k]))
-        for k in in_coll:
-            if k != majority:
-                culprits += rank_of(buckets[k])
-    elif in_coll:
-        kind, tax = "stuck-collective", "hang"
-    elif "dataloader" in cats:
-        kind, tax = "data-loading", "hang"
-    elif "lock" in cats:
-        kind, tax = "deadlock", "hang"
-    elif "compute" in cats:
-        kind, tax = "busy-compute", "slow-rank-timeout"
-    elif "sleep" in cats:
-        kind, tax = "sleeping", "hang"
-    else:
-        kind, tax = "unknown", "hang"
-    if not culprits and kind not in ("stuck-collective",) and len(ordered) > 1:
-        culprits = rank_of(ordered[-1][1])
-    return HangDiagnosis(kind, tax, sorted(culprits), summary, groups, stacks)
+def _pattern(buckets: dict[tuple[str, str, str], list[str]]) -> str:
+    """Where the ranks are, in one word: a description for the live message, not a verdict."""
+    cats = {k[0] for k in buckets}
+    in_coll = [k for k in buckets if k[0] == "collective"]
+    if in_coll and len(in_coll) < len(buckets):
+        return "missing-from-collective"
+    if len(in_coll) > 1:
+        return "collective-mismatch"
+    if in_coll:
+        return "stuck-collective"
+    for category, name in (
+        ("dataloader", "data-loading"),
+        ("lock", "deadlock"),
+        ("compute", "busy-compute"),
+        ("sleep", "sleeping"),
+    ):
+        if category in cats:
+            return name
+    return "unknown"
+
+
+def _rank_activities(acts: dict[str, Activity]) -> dict[int, StallActivity]:
+    out: dict[int, StallActivity] = {}
+    for label, a in acts.items():
+        tail = label.removeprefix("rank ")
+        if label.startswith("rank ") and tail.isdigit():
+            out[int(tail)] = StallActivity(a.category, a.op, a.site, a.source)
+    return out
 
 
 # ------------------------------------------------------------------------- collection
@@ -386,8 +373,15 @@ def collect(
     return results
 
 
-def write_dumps(stacks: list[RankStack], stacks_dir: Path, dump_no: int, when: str) -> None:
-    """Append py-spy dumps to `stacks/<label>.txt` (faulthandler writes its own files)."""
+def write_dumps(
+    stacks: list[RankStack],
+    stacks_dir: Path,
+    dump_no: int,
+    when: str,
+    redact: bool = True,
+) -> None:
+    """Append py-spy dumps to `stacks/<label>.txt` (faulthandler writes its own files). py-spy
+    heads each dump with the process's command line (`--hub_token ...`): cleaned unless told."""
     for s in stacks:
         if s.method == "faulthandler":
             continue
@@ -399,9 +393,10 @@ def write_dumps(stacks: list[RankStack], stacks_dir: Path, dump_no: int, when: s
         if s.cpu is not None:
             head += f" cpu {s.cpu:.2f}"
         body = s.text if s.text else f"(no stack: {s.error})\n"
+        text = clean_text(head + " ===\n" + body + "\n", redact)
         try:
             with (stacks_dir / f"{name}.txt").open("a", encoding="utf-8") as fh:
-                fh.write(head + " ===\n" + body + "\n")
+                fh.write(text)
         except OSError:
             continue
 

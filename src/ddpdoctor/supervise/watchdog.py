@@ -97,9 +97,9 @@ class Watchdog:
         stacks = collect(procs, self.rundir.stacks_dir, self.stack_method, self.armed_dir)
         collect_s = time.monotonic() - t0
         n = len(self.hangs) + 1
-        write_dumps(stacks, self.rundir.stacks_dir, n, when)
+        write_dumps(stacks, self.rundir.stacks_dir, n, when, self.rundir.redact)
         diag = diagnose_stacks(stacks, missing=gone)
-        text = render_hang(diag, idle_s)
+        text = self.rundir.scrub(render_hang(diag, idle_s))
         with contextlib.suppress(OSError):
             (self.rundir.stacks_dir / f"hang-{n}.txt").write_text(text + "\n", encoding="utf-8")
         self.rundir.event(

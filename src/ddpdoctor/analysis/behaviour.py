@@ -1,0 +1,247 @@
+"""What every rank did, gathered from the events, the job facts and a live run's stacks into
+plain evidence (model.evidence) that hypotheses are scored from. Reads; decides nothing."""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+
+from ddpdoctor.analysis.events import Event
+from ddpdoctor.analysis.facts import elapsed_seconds
+from ddpdoctor.analysis.job import JobView
+from ddpdoctor.model.evidence import (
+    COLLECTIVE_FUNCTIONS,
+    Activity,
+    JobEvidence,
+    RankView,
+    Stall,
+    WaitSite,
+)
+from ddpdoctor.model.findings import Evidence, Hit
+from ddpdoctor.rules.base import Echo, Marker
+
+STARTUP_SEQ = 5
+"""A timed-out collective among the first this many of the job happened at start-up."""
+BUSY_PROGRESS_MIN_S = 30.0
+BUSY_WINDOW = (0.5, 1.25)
+"""A bar whose elapsed time is about the collective timeout (this share of it) ran while the
+others waited: it started with the collective they waited in."""
+
+BUSY_PHASE = re.compile(
+    r"(?i)sav(?:e|ing) (?:the )?(?:model|checkpoint|state)|evaluat|validat|tokeniz|preprocess"
+    r"|download|loading (?:the )?(?:dataset|data|checkpoint|model)|building (?:the )?index"
+    r"|consolidat|gather(?:ing)? (?:the )?(?:full )?state|running (?:on|the) (?:dataset|eval)"
+)
+"""Last words that announce a long phase a rank does on its own."""
+
+FRAME = re.compile(r'File "(?P<path>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)')
+LIBRARY_PATH = re.compile(r"site-packages|dist-packages|/lib/python\d|<frozen|/torch/|/bin/")
+
+
+def _digits(text: str | None, limit: int = 12) -> int | None:
+    if text is None or not text.isdigit() or len(text) > limit:
+        return None
+    return int(text)
+
+
+def wait_site(hit: Hit) -> WaitSite:
+    """Where a timed-out rank waited: the watchdog's own fields, else its traceback."""
+    op = hit.captures.get("op")
+    site: str | None = None
+    for record in reversed(hit.context):
+        m = FRAME.search(record.text)
+        if m is None:
+            continue
+        if (
+            (op is None or op in ("recv", "send"))
+            and "distributed" in m["path"]
+            and m["func"] in COLLECTIVE_FUNCTIONS
+        ):
+            op = m["func"]
+        if site is None and not LIBRARY_PATH.search(m["path"]):
+            site = f"{m['path'].rsplit('/', 1)[-1]}:{m['line']}"
+    return WaitSite(
+        op=op,
+        site=site,
+        seq=_digits(hit.captures.get("seq")),
+        numel=_digits(hit.captures.get("numel")),
+    )
+
+
+def build_evidence(job: JobView, events: list[Event]) -> JobEvidence:
+    info = job.info
+    evidence = JobEvidence(
+        world_size=info.world_size,
+        single_node=job.single_node,
+        transports=set(job.transports),
+        job_exit_code=info.exit_code,
+    )
+    ranks = evidence.ranks
+    universe = set(info.ranks_seen) | set(info.ranks_missing)
+    for rank in sorted(universe):
+        ranks[rank] = RankView(rank=rank, present=rank in info.ranks_seen)
+    for rank, exit_ in info.per_rank.items():
+        view = ranks.setdefault(rank, RankView(rank=rank, present=True))
+        view.exit_code, view.exit_signal = exit_.code, exit_.signal
+        view.host = view.host or exit_.host
+        if exit_.code is not None and exit_.code != 0 and exit_.signal != "SIGTERM":
+            evidence.failing_exits[rank] = exit_.code
+
+    for stream in job.streams:
+        writer = job.resolve(stream.origin)
+        if writer is None or writer not in ranks:
+            continue
+        view = ranks[writer]
+        view.host = view.host or stream.origin.host
+        if stream.error_lines:
+            view.warned = True
+        if stream.progress_total is not None:
+            view.progress_total = stream.progress_total
+        if stream.last_line >= 0 and stream.last_text:
+            view.last_text = stream.last_text
+            if not stream.error_lines and BUSY_PHASE.search(stream.last_text):
+                view.busy_phase = stream.last_text[:80]
+
+    for event in events:
+        _add_event(evidence, event)
+        if event.marker in (Marker.TEARDOWN, Marker.STOP):
+            evidence.ended = True  # the program reached its end, or stopped on purpose
+
+    evidence.timeout_ms = _timeout_ms(events)
+    evidence.startup_seq = _startup_seq(events)
+    evidence.busy_progress = _busy_progress(job, evidence.timeout_ms)
+    evidence.stall = _stall(job)
+    evidence.ended |= bool(info.per_rank or info.exit_code is not None or job.completed_at)
+    evidence.started_training = any(s.progress_lines for s in job.streams)
+    evidence.last_step = _last_step(job)
+    evidence.stalled_at_startup = _stalled_at_startup(job)
+    return evidence
+
+
+def _add_event(evidence: JobEvidence, event: Event) -> None:
+    rank = event.rank
+    if rank is None:
+        if event.echo is not None:
+            evidence.unranked_echoes.add(str(event.echo))
+        return
+    view = evidence.ranks.setdefault(rank, RankView(rank=rank, present=True))
+    if event.echo is not None:
+        view.echoes.add(str(event.echo))
+    elif event.primary:
+        view.failed = True
+    elif event.rule.severity == "warning" and event.marker is None:
+        view.warned = True
+    if event.marker == Marker.STOP:
+        view.announced_stop = True
+    if event.echo in (Echo.WAITING, Echo.LOST_PEER):
+        for hit in event.hits:  # where it was when the peer never came or went away
+            view.wait_sites.append(wait_site(hit))
+            for named in re.findall(r"\d+", hit.captures.get("missing", ""))[:64]:
+                absent = _digits(named, 7)
+                if absent is not None:
+                    evidence.ranks.setdefault(absent, RankView(rank=absent)).named_absent = True
+    view.evidence.extend(Evidence.of(h.record) for h in event.hits[:2])
+
+
+def _timeout_ms(events: list[Event]) -> float | None:
+    for event in events:
+        for hit in event.hits:
+            ms = _digits(hit.captures.get("timeout_ms"))
+            if ms is not None:
+                return float(ms)
+    return None
+
+
+def _startup_seq(events: list[Event]) -> int | None:
+    """SeqNum of a timeout in a barrier-like collective (1 element, or BARRIER) among the
+    job's first few collectives: ranks waited for a rank still starting up."""
+    for event in events:
+        if event.echo != Echo.WAITING:
+            continue
+        for hit in event.hits:
+            seq = _digits(hit.captures.get("seq"))
+            barrier_like = hit.captures.get("numel") == "1" or hit.captures.get("op") == "BARRIER"
+            if seq is not None and seq <= STARTUP_SEQ and barrier_like:
+                return seq
+    return None
+
+
+def _busy_progress(job: JobView, timeout_ms: float | None) -> tuple[float, Evidence] | None:
+    """A progress bar that kept moving for about the collective timeout proves a busy rank."""
+    best: tuple[float, Evidence] | None = None
+    for fact in job.progress:
+        elapsed = elapsed_seconds(fact.captures.get("elapsed", ""))
+        if elapsed is None:
+            continue
+        if best is None or elapsed > best[0]:
+            best = (elapsed, Evidence.of(fact.record, fact.record.text[-160:]))
+    if best is None or best[0] < BUSY_PROGRESS_MIN_S:
+        return None
+    if timeout_ms is not None and not (
+        BUSY_WINDOW[0] * timeout_ms / 1000 <= best[0] <= BUSY_WINDOW[1] * timeout_ms / 1000
+    ):
+        return None  # a bar that ran much longer than the timeout is training, not one rank
+    return best
+
+
+def _stall(job: JobView) -> Stall | None:
+    """The last stall `ddpdoctor run` caught, with where each rank was."""
+    if not job.hangs:
+        return None
+    hang = job.hangs[-1]
+    activities = {
+        rank: Activity(
+            category=str(a.get("category", "unknown")),
+            op=str(a.get("op", "")),
+            site=str(a.get("site", "")),
+            source=str(a.get("source", "")),
+        )
+        for rank, a in hang.activities.items()
+    }
+    source, _, line = hang.source.rpartition(":")
+    time = None
+    if hang.time:
+        try:
+            time = datetime.fromisoformat(hang.time)
+        except ValueError:
+            time = None
+    groups = [(_who(g.get("who")), str(g.get("where", ""))) for g in hang.groups[:8]]
+    return Stall(
+        activities=activities,
+        time=time,
+        source=source,
+        line=int(line) if line.isdigit() else 0,
+        summary=hang.summary,
+        groups=groups,
+        killed=job.killed_for_hang,
+    )
+
+
+def _who(who: object) -> str:
+    return ", ".join(map(str, who)) if isinstance(who, list) else str(who)
+
+
+def _last_step(job: JobView) -> tuple[int, int] | None:
+    """The furthest counter any writer reached, when no writer reached its total."""
+    steps = [
+        (s.progress_done, s.progress_total)
+        for s in job.streams
+        if s.progress_done is not None and s.progress_total is not None
+    ]
+    if not steps:
+        return None
+    done, total = max(steps)
+    if any(d >= t for d, t in steps):
+        return None
+    return done, total
+
+
+def _stalled_at_startup(job: JobView) -> bool:
+    streams = [s for s in job.streams if s.lines_seen]
+    if not streams:
+        return False
+    last = max(streams, key=lambda s: s.last_line)
+    init = last.last_init_line
+    # no training step since the (last) start-up, and the output ends right after it
+    progressed = any(s.last_progress_line > init for s in streams)
+    return init > 0 and not progressed and last.last_line - init <= 3

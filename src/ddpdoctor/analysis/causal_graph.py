@@ -1,0 +1,66 @@
+"""The causal graph: events and implied causes are nodes; an edge says "A explains B" and
+which general relation (analysis/relations.py) says so. A root is what nothing explains. No
+relation, rule code or kind is known here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ddpdoctor.analysis.events import Event, Node
+
+Cause = Event | Node
+
+
+@dataclass(eq=False)
+class Edge:
+    cause: Cause
+    effect: Cause
+    relation: str
+    """The relation's name (see analysis/relations.py)."""
+    why: str = ""
+    """The sentence the report may quote for it."""
+    proof: bool = False
+    """The relation is proven by numbers (timeout arithmetic), not only plausible."""
+
+
+@dataclass
+class CausalGraph:
+    events: list[Event]
+    nodes: list[Node] = field(default_factory=list)
+    edges: list[Edge] = field(default_factory=list)
+
+    def add(
+        self, cause: Cause, effect: Cause, relation: str, why: str = "", proof: bool = False
+    ) -> None:
+        if cause is effect:
+            return
+        self.edges.append(Edge(cause, effect, relation, why, proof))
+
+    def add_node(self, node: Node) -> Node:
+        self.nodes.append(node)
+        return node
+
+    def causes_of(self, effect: Cause) -> list[Edge]:
+        return [e for e in self.edges if e.effect is effect]
+
+    def effects_of(self, cause: Cause) -> list[Edge]:
+        return [e for e in self.edges if e.cause is cause]
+
+    def explained(self, item: Cause, among: set[int] | None = None) -> bool:
+        """Something else explains it (optionally: only causes whose id is in `among`)."""
+        return any(among is None or id(e.cause) in among for e in self.causes_of(item))
+
+    def unexplained(self, items: list[Event]) -> list[Event]:
+        return [e for e in items if not self.explained(e)]
+
+    def reachable_from(self, roots: list[Cause]) -> set[int]:
+        """Ids of every node and event that the roots explain, directly or not."""
+        seen: set[int] = set()
+        stack = list(roots)
+        while stack:
+            item = stack.pop()
+            if id(item) in seen:
+                continue
+            seen.add(id(item))
+            stack.extend(e.effect for e in self.effects_of(item))
+        return seen

@@ -1,0 +1,488 @@
+"""From the causal graph to one decision: the root (a line that nothing explains, else the best
+inferred cause, else an intended end), its culprit ranks and hosts, every finding's role, and a
+confidence computed from the evidence for and against. Names no rule code and no kind."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ddpdoctor.analysis.behaviour import build_evidence
+from ddpdoctor.analysis.causal_graph import CausalGraph
+from ddpdoctor.analysis.events import Event, Node, split
+from ddpdoctor.analysis.job import JobView
+from ddpdoctor.analysis.relations import RELATIONS, Context, attribute_by_elimination, failing
+from ddpdoctor.model.evidence import Activity, JobEvidence, RankView, Stall
+from ddpdoctor.model.findings import Evidence, Finding
+from ddpdoctor.model.taxonomy import Category, Role, Status
+from ddpdoctor.rules.base import Echo, Marker, Rule
+from ddpdoctor.rules.hypotheses.base import Assessment, Hypothesis
+
+TIME_BUCKET_S = 30.0
+"""Two roots logged within this time of each other are not ordered by their times."""
+MIN_SCORE = 0.3
+
+
+@dataclass
+class Decision:
+    """What the verdict says, and why."""
+
+    status: Status
+    rule: Rule | None = None
+    roots: list[Event] = field(default_factory=list)
+    """The root's own lines (empty when the root is inferred)."""
+    others: list[Event] = field(default_factory=list)
+    """Independent roots of another kind (two failures nothing relates)."""
+    culprit_ranks: list[int] = field(default_factory=list)
+    culprit_hosts: list[str] = field(default_factory=list)
+    confidence: float = 0.0
+    basis: list[str] = field(default_factory=list)
+    """What the confidence rests on, for and against."""
+    category: str | None = None
+    notes: list[str] = field(default_factory=list)
+    fix: list[str] = field(default_factory=list)
+    """Steps specific to this job, before the rule's own."""
+    evidence: list[Evidence] = field(default_factory=list)
+    next_steps: list[str] = field(default_factory=list)
+    inferred: Finding | None = None
+    """The finding standing for an inferred root, so the findings list shows the root."""
+
+
+def decide(
+    findings: list[Finding],
+    job: JobView,
+    rules: dict[str, Rule],
+    hypotheses: tuple[Hypothesis, ...],
+    intended: dict[str, Rule],
+) -> Decision:
+    """The whole causal step: events, relations, roots, roles, decision."""
+    events = split(findings, rules)
+    evidence = build_evidence(job, events)
+    if attribute_by_elimination(events, evidence):
+        evidence = build_evidence(job, events)
+    events = [e for e in events if e.rule.applies is None or e.rule.applies(evidence)]
+    graph = CausalGraph(events)
+    ctx = Context(evidence=evidence, completed_at=job.completed_at, intended=intended)
+    for relation in RELATIONS:
+        relation(graph, ctx)
+    decision = _choose(graph, evidence, job, hypotheses, ctx)
+    _assign_roles(findings, graph, decision)
+    return decision
+
+
+# --------------------------------------------------------------------------- choosing a root
+def _choose(
+    graph: CausalGraph,
+    evidence: JobEvidence,
+    job: JobView,
+    hypotheses: tuple[Hypothesis, ...],
+    ctx: Context,
+) -> Decision:
+    unexplained = graph.unexplained([e for e in graph.events if _accuses(graph, e)])
+    if unexplained:
+        return _from_lines(graph, unexplained, evidence, job)
+    intended = _intended_end(graph, ctx)
+    if intended is not None:
+        return intended
+    dumps = [e for e in graph.events if e.marker == Marker.STALLED]
+    if dumps and evidence.stall is None and not evidence.echoes & {"waiting", "lost-peer"}:
+        return _from_dumps(dumps)
+    inferred = _best_hypothesis(evidence, hypotheses)
+    if inferred is not None and inferred.explains_echoes:
+        return _from_hypothesis(graph, inferred)
+    echoes = [e for e in graph.events if failing(e) and not graph.explained(e)]
+    if echoes:
+        return _from_echoes(graph, echoes, evidence, ctx)
+    slow = _slow(graph)
+    if slow is not None:
+        return slow
+    if inferred is not None:  # a log that stops at start-up or mid-training, and nothing else
+        return _from_hypothesis(graph, inferred)
+    return _quiet(evidence)
+
+
+def _accuses(graph: CausalGraph, event: Event) -> bool:
+    """A line that can be a root: a primary failure, or a line that explains one (a warning
+    naming the parameters behind a mismatch, a teardown marker behind a crash)."""
+    if event.primary:
+        return True
+    if event.echo is not None:
+        return False  # an echo explaining its own rank's abort is still an echo
+    return any(isinstance(e.effect, Event) and e.effect.primary for e in graph.effects_of(event))
+
+
+def _prior(event: Event) -> tuple[int, int, int, str]:
+    """Order between roots no time separates: the more specific rule, a proven line before a
+    suggestive one, the lower rank, the rule code. Never the order of the files."""
+    suggests = all(h.suggests for h in event.hits)
+    rank = event.rank if event.rank is not None else 1 << 30
+    return (-event.rule.specificity, int(suggests), rank, event.rule.code)
+
+
+def _order_roots(roots: list[Event]) -> list[Event]:
+    timed = [e.time for e in roots if e.time is not None]
+    if timed and len(timed) == len(roots):
+        first = min(timed)
+        close = [
+            e
+            for e in roots
+            if e.time is not None and (e.time - first).total_seconds() <= TIME_BUCKET_S
+        ]
+        rest = [e for e in roots if e not in close]
+        return sorted(close, key=_prior) + sorted(rest, key=lambda e: (e.time, _prior(e)))
+    return sorted(roots, key=_prior)
+
+
+def _from_lines(
+    graph: CausalGraph, unexplained: list[Event], evidence: JobEvidence, job: JobView
+) -> Decision:
+    ordered = _order_roots(unexplained)
+    main = ordered[0]
+    rule = main.rule
+    roots = [e for e in ordered if e.rule.kind == rule.kind]
+    others = [e for e in ordered if e.rule.kind != rule.kind]
+    decision = Decision(status=rule.verdict_status, rule=rule, roots=roots, others=others)
+    culprits = _culprits(roots, evidence, graph)
+    decision.culprit_ranks = sorted(culprits)
+    hosts = {h.record.origin.host for e in roots for h in e.hits if h.record.origin.host}
+    decision.culprit_hosts = sorted(hosts) or _host_of_dead_peer(graph)
+    _confidence_of_lines(decision, graph)
+    if all(h.suggests for e in roots for h in e.hits):
+        decision.notes.append(
+            "The logs show the symptom, not the proof: confirm "
+            + (rule.confirm or "on the node where the culprit ran")
+            + "."
+        )
+    if rule.default_category == Category.INFRASTRUCTURE and not rule.proves_infrastructure:
+        decision.category = str(Category.UNKNOWN)
+    for edge in graph.edges:
+        if edge.proof and edge.cause in roots:
+            decision.notes.append(edge.why)
+            effect = edge.effect
+            if isinstance(effect, Event):
+                decision.evidence.append(Evidence.of(effect.hits[0].record, edge.why))
+            break
+    if others:
+        names = "; ".join(sorted({f"{o.rule.title} ({_who(o)})" for o in others})[:3])
+        decision.notes.append(
+            f"An independent failure nothing here relates to it: {names}. Fix both."
+        )
+    return decision
+
+
+def _who(event: Event) -> str:
+    return f"rank {event.rank}" if event.rank is not None else "an unknown rank"
+
+
+def _culprits(roots: list[Event], evidence: JobEvidence, graph: CausalGraph) -> set[int]:
+    named = {
+        int(n)
+        for e in roots
+        for h in e.hits
+        if (n := h.captures.get("culprit_rank", "")).isdigit() and len(n) <= 7
+    }
+    if named:
+        return named
+    ranks = {e.rank for e in roots if e.rank is not None}
+    if ranks:
+        return ranks
+    if len(evidence.failing_exits) == 1:
+        return set(evidence.failing_exits)
+    return _only_rank_not_waiting(roots, evidence)
+
+
+def _only_rank_not_waiting(roots: list[Event], evidence: JobEvidence) -> set[int]:
+    """A root printed without a rank (a caught-and-logged traceback): if every other rank seen
+    on its host (or in the job) waited or lost its peer, the one left is the rank that failed."""
+    waiting = evidence.waiting
+    if not waiting:
+        return set()
+    hosts = {h.record.origin.host for e in roots for h in e.hits if h.record.origin.host}
+    candidates = {
+        r
+        for r, v in evidence.ranks.items()
+        if v.present and r not in waiting and (not hosts or v.host in hosts)
+    }
+    return candidates if len(candidates) == 1 else set()
+
+
+def _host_of_dead_peer(graph: CausalGraph) -> list[str]:
+    """NCCL service threads print "Connection closed by localRank N" on the host where local
+    rank N died: when they all come from one host, that host held the culprit."""
+    hosts = {
+        h.record.origin.host
+        for e in graph.events
+        if e.echo == Echo.LOST_PEER
+        for h in e.hits
+        if "peer_local_rank" in h.captures and h.record.origin.host
+    }
+    return sorted(h for h in hosts if h) if len(hosts) == 1 else []
+
+
+def _confidence_of_lines(decision: Decision, graph: CausalGraph) -> None:
+    """Start from how much the root's own lines prove, then weigh what the job adds."""
+    roots, rule = decision.roots, decision.rule
+    if rule is None:
+        return
+    if rule.specificity <= 5:
+        score, why = 0.6, "a generic error: no rule knows this failure more precisely"
+    elif all(h.suggests for e in roots for h in e.hits):
+        score, why = 0.6, "the lines suggest this cause without proving it"
+    else:
+        score, why = 0.9, "the root's own lines name this failure"
+    basis = [f"+ {why}"]
+    explained = [e for e in graph.edges if e.cause in roots and isinstance(e.effect, Event)]
+    if any(e.proof for e in explained):
+        score += 0.05
+        basis.append("+ timeout arithmetic proves the other ranks' timeouts are its echo")
+    if explained:
+        basis.append(f"+ it explains {len(explained)} other line group(s) across the job")
+    if decision.others:
+        score -= 0.15
+        basis.append("- another failure of a different kind is not explained by it")
+    decision.confidence = max(0.05, min(0.99, score))
+    decision.basis = basis
+
+
+def _intended_end(graph: CausalGraph, ctx: Context) -> Decision | None:
+    """Every rank stopped on purpose, or training had announced its end: what followed is
+    the exit path."""
+    for node in graph.nodes:
+        if node.rule is None or node.name not in ("agreed stop", "completion"):
+            continue
+        effects = [e.effect for e in graph.effects_of(node) if isinstance(e.effect, Event)]
+        left = [
+            e for e in graph.events if failing(e) and not graph.explained(e) and e not in effects
+        ]
+        if left:
+            continue  # something failed before the end: not an intended end
+        crashes = [e for e in effects if e.crash_like or (e.primary and not e.generic)]
+        teardown = ctx.intended.get("teardown")
+        if node.name == "completion" or (crashes and teardown is not None):
+            rule = teardown if teardown is not None else node.rule
+            decision = Decision(status=rule.verdict_status, rule=rule, roots=crashes)
+            decision.culprit_ranks = sorted(
+                {e.rank for e in crashes if e.rank is not None and not e.echo}
+            )
+            decision.culprit_hosts = sorted(
+                {h.record.origin.host for e in crashes[:1] for h in e.hits if h.record.origin.host}
+            )
+            decision.confidence = 0.7 if decision.culprit_ranks else 0.6
+            decision.notes.append(
+                "every rank had stopped training early on purpose before this crash: the work "
+                "was done, the crash came on the way out."
+                if node.name == "agreed stop"
+                else "training had announced its end before this happened: the work was done."
+            )
+            decision.basis = ["+ the failure came after the job's work was done"]
+            return decision
+        stops = [e for e in graph.events if e.marker == Marker.STOP]
+        failed = (
+            bool(effects)
+            or bool(ctx.evidence.failing_exits)
+            or (ctx.evidence.job_exit_code not in (None, 0))
+        )
+        decision = Decision(
+            status=Status.FAILED if failed else Status.OK, rule=node.rule, roots=stops
+        )
+        decision.confidence = 0.7
+        decision.notes.append(
+            "every rank announced the early stop; only the exit path looks like a failure."
+            if failed
+            else "every rank announced the early stop and nothing failed."
+        )
+        decision.basis = ["+ every rank announced the stop"]
+        return decision
+    return None
+
+
+def _best_hypothesis(
+    evidence: JobEvidence, hypotheses: tuple[Hypothesis, ...]
+) -> Assessment | None:
+    scored: list[tuple[float, int, Assessment]] = []
+    for hypothesis in hypotheses:
+        assessment = hypothesis.assess(evidence)
+        if assessment is not None and assessment.score >= MIN_SCORE:
+            assessment.score -= 0.05 * len(assessment.against)
+            scored.append((assessment.score, hypothesis.precedence, assessment))
+    if not scored:
+        return None
+    scored.sort(key=lambda t: (-t[0], t[1]))
+    return scored[0][2]
+
+
+def _from_hypothesis(graph: CausalGraph, assessment: Assessment) -> Decision:
+    rule = assessment.rule
+    node = graph.add_node(Node(rule.code, rule, ranks=assessment.culprits))
+    if assessment.explains_echoes:
+        for event in graph.events:
+            if event.echo is not None and not graph.explained(event):
+                graph.add(node, event, "inferred", rule.title)
+    decision = Decision(status=assessment.status, rule=rule)
+    decision.culprit_ranks = sorted(assessment.culprits)
+    decision.confidence = round(assessment.score, 2)
+    decision.category = assessment.category
+    decision.notes = list(assessment.support)
+    decision.fix = list(assessment.fix)
+    decision.evidence = list(assessment.evidence)
+    decision.next_steps = list(assessment.next_steps)
+    decision.basis = [f"+ {s}" for s in assessment.support] + [f"- {a}" for a in assessment.against]
+    decision.inferred = Finding(
+        rule=rule.code,
+        kind=rule.kind,
+        category=assessment.category or str(rule.default_category),
+        role=str(Role.ROOT),
+        title=rule.title,
+        ranks=decision.culprit_ranks,
+        count=1,
+        evidence=list(assessment.evidence),
+        note=" ".join(assessment.support),
+    )
+    return decision
+
+
+def _from_echoes(
+    graph: CausalGraph, echoes: list[Event], evidence: JobEvidence, ctx: Context
+) -> Decision:
+    """Only echoes, and nothing infers their cause: the most telling one stands as the root.
+    A rank that times out aborts and closes its connections, so a peer's closed connection is
+    the echo of that timeout, whichever was printed first."""
+    timed_out = any(e.echo == Echo.WAITING for e in echoes)
+    order = {Echo.WAITING: 0, Echo.LOST_PEER: 1, Echo.STOPPED: 2, Echo.LAUNCHER: 3}
+    echoes = sorted(
+        echoes,
+        key=lambda e: (
+            order.get(e.echo, 4) if timed_out and e.echo is not None else 0,
+            -e.rule.specificity,
+            e.rank if e.rank is not None else 1 << 30,
+            e.rule.code,
+        ),
+    )
+    main = echoes[0]
+    rule = main.rule
+    roots = [e for e in echoes if e.rule is rule]
+    decision = Decision(status=rule.verdict_status, rule=rule, roots=roots)
+    decision.confidence = 0.3
+    if rule.default_category == Category.INFRASTRUCTURE and not rule.proves_infrastructure:
+        decision.category = str(Category.UNKNOWN)
+    decision.basis = ["- only secondary errors are visible; their cause is not in these logs"]
+    if main.echo == Echo.STOPPED:
+        stopped = ctx.intended.get("stopped")
+        if rule.default_category != Category.INTENDED_EXIT and stopped is not None:
+            decision.rule, decision.status = stopped, stopped.verdict_status
+        decision.confidence = 0.6
+        decision.basis = ["+ the job was stopped from outside and nothing failed before"]
+        return decision
+    missing = evidence.missing
+    if missing:
+        decision.notes.append(
+            f"a peer closed the connection; rank(s) {_list(missing)} left no lines, so the "
+            "peer that died first is most likely among them (or the network failed: only the "
+            "other ranks' logs or a transport check can tell)."
+        )
+        decision.next_steps.append(f"Collect the logs of rank(s) {_list(missing)}.")
+        return decision
+    decision.notes.append(
+        "only secondary errors are visible (timeouts or closed connections): the failure that "
+        "caused them is not in these logs, or every rank was present and the transport itself "
+        "failed."
+    )
+    decision.next_steps.extend(
+        (
+            "Diagnose the logs of ALL ranks and nodes together.",
+            "If every rank was alive and waiting: run `ddpdoctor check` (transport bisection: "
+            "NCCL_IB_DISABLE=1, NCCL_P2P_DISABLE=1, NCCL_SOCKET_IFNAME).",
+            "Re-run with NCCL_DEBUG=INFO and under `ddpdoctor run` to catch stacks.",
+        )
+    )
+    return decision
+
+
+def _list(ranks: set[int]) -> str:
+    return ",".join(str(r) for r in sorted(ranks))
+
+
+def _from_dumps(dumps: list[Event]) -> Decision:
+    """Stack dumps and no timeout: somebody dumped the stacks of a job that hung (and what
+    stopped it afterwards is not a failure of its own)."""
+    rule = dumps[0].rule
+    decision = Decision(status=rule.verdict_status, rule=rule, roots=dumps)
+    decision.confidence = 0.5
+    decision.basis = ["+ stack dumps of a job that made no progress, and no error before them"]
+    decision.next_steps.append(
+        "Compare the dumped stacks rank by rank: the odd one out is the cause."
+    )
+    return decision
+
+
+def _slow(graph: CausalGraph) -> Decision | None:
+    """A performance finding and nothing that failed: the job ran, slowly."""
+    slow = [
+        e
+        for e in graph.events
+        if e.rule.verdict_status == Status.SLOW and (e.rule.severity != "info" or e.rule.applies)
+    ]
+    if slow:
+        main = sorted(slow, key=lambda e: (e.rule.applies is None, _prior(e)))[0]
+        roots = [e for e in slow if e.rule is main.rule]
+        decision = Decision(status=Status.SLOW, rule=main.rule, roots=roots)
+        decision.culprit_ranks = sorted({e.rank for e in roots if e.rank is not None})
+        decision.confidence = 0.5
+        return decision
+    return None
+
+
+def _quiet(evidence: JobEvidence) -> Decision:
+    """Nothing failed and nothing is inferred: an exit code nobody explains, or a healthy
+    run."""
+    if evidence.job_exit_code not in (None, 0):
+        return Decision(
+            status=Status.UNKNOWN,
+            confidence=0.2,
+            notes=[
+                f"The job exited with code {evidence.job_exit_code}, but its output names no cause."
+            ],
+            next_steps=[
+                "Re-run with PYTHONFAULTHANDLER=1 and torchrun --tee 3 so every rank's output "
+                "is kept; check dmesg for killed processes.",
+            ],
+        )
+    return Decision(status=Status.OK, confidence=0.5)
+
+
+def assess_stall(
+    activities: dict[int, Activity], summary: str, hypotheses: tuple[Hypothesis, ...]
+) -> Assessment | None:
+    """The hypotheses' verdict on a live stall from where every rank was (for `ddpdoctor run`'s
+    message at the moment it catches the hang, before any log is diagnosed)."""
+    evidence = JobEvidence(
+        ranks={r: RankView(rank=r, present=True) for r in activities},
+        stall=Stall(activities=activities, time=None, source="", line=0, summary=summary),
+    )
+    return _best_hypothesis(evidence, hypotheses)
+
+
+# --------------------------------------------------------------------------------- roles
+def _assign_roles(findings: list[Finding], graph: CausalGraph, decision: Decision) -> None:
+    """Root for the root's lines and independent roots; cascade for what they explain
+    (directly or through an inferred cause); context for the rest."""
+    roots: list[Event | Node] = [*decision.roots, *decision.others]
+    roots += [n for n in graph.nodes if decision.rule is not None and n.rule is decision.rule]
+    if decision.inferred is not None:
+        roots += [n for n in graph.nodes if n.name == decision.inferred.rule]
+    explained = graph.reachable_from(roots)
+    rank_of_role = {Role.ROOT: 0, Role.CASCADE: 1, Role.CONTEXT: 2}
+    role: dict[int, Role] = {}
+    for event in graph.events:
+        if event in decision.roots or event in decision.others:
+            mine = Role.ROOT
+        elif (id(event) in explained and (failing(event) or event.rule.exit_path)) or (
+            event.echo is not None and (id(event) in explained or decision.rule is not None)
+        ):
+            mine = Role.CASCADE
+        else:
+            mine = Role.CONTEXT
+        key = id(event.finding)
+        if key not in role or rank_of_role[mine] < rank_of_role[role[key]]:
+            role[key] = mine
+    for finding in findings:
+        finding.role = str(role.get(id(finding), Role.CONTEXT))

@@ -1,0 +1,354 @@
+"""The general relations that say "A explains B". Each is one function over the events and the
+job, documented by what it means for every rank; none names a rule or a kind. What a rule is
+(an echo, an exit path, a marker, what it explains) is declared on the rule.
+
+- exit path: what a rank prints after its own first failure is how it went down.
+- echo: a rank that waited, lost its peer or was stopped did so because another rank failed
+  first (time precedence; timeout arithmetic proves it).
+- launcher: the launcher's notices follow whatever failed.
+- consequence: a generic exception on another rank, after a specific failure, is its echo.
+- refinement: a finding that declares it explains a kind (named parameters without gradient
+  explain the collective mismatch they cause).
+- completion: after training announced its end, a crash or a lost peer is teardown.
+- teardown marker: once a program reached its end with the group alive, a crash is teardown.
+- agreed stop: after every rank stopped on purpose, the exit path is not a failure.
+- stall: once `ddpdoctor run` caught the job stalled, what the stop and the kill made ranks
+  print is their echo.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from ddpdoctor.analysis.causal_graph import CausalGraph
+from ddpdoctor.analysis.events import Event, Node
+from ddpdoctor.model.evidence import JobEvidence
+from ddpdoctor.rules.base import Echo, Marker, Rule
+
+ECHO_SLACK_S = 5.0
+"""A cause may be logged this much after its echo (clocks of different hosts, buffering)."""
+
+
+@dataclass
+class Context:
+    """What relations read besides the events."""
+
+    evidence: JobEvidence
+    completed_at: dict[str, int] = field(default_factory=dict)
+    """First line per source where training announced its end."""
+    intended: dict[str, Rule] = field(default_factory=dict)
+    """The rules of intended ends: 'agreed-stop', 'teardown', 'stopped' (rules/registry.py)."""
+
+
+def precedes(a: Event, b: Event, slack_s: float = 0.0) -> bool | None:
+    """Whether a was printed before b: by their times when both have one, else by line order
+    in a source both appear in; None when nothing orders them (never the order of files)."""
+    if a.time is not None and b.time is not None:
+        return (a.time - b.time).total_seconds() < slack_s or (
+            a.time == b.time and _line_order(a, b) is True
+        )
+    return _line_order(a, b)
+
+
+def _line_order(a: Event, b: Event) -> bool | None:
+    for source in sorted(a.sources & b.sources):
+        la, lb = a.first_line(source), b.first_line(source)
+        if la is not None and lb is not None and la != lb:
+            return la < lb
+    return None
+
+
+def could_cause(cause: Event, effect: Event) -> bool:
+    """Time allows cause -> effect: not logged clearly after it."""
+    if cause.time is None or effect.time is None:
+        return True
+    return (cause.time - effect.time).total_seconds() <= ECHO_SLACK_S
+
+
+def failing(event: Event) -> bool:
+    """A line that says its rank failed or was left failing (not a notice, not a marker)."""
+    return event.primary or event.echo in (Echo.WAITING, Echo.LOST_PEER, Echo.STOPPED)
+
+
+def attribute_by_elimination(events: list[Event], evidence: JobEvidence) -> bool:
+    """A failure printed without a rank belongs to the one rank it can be: the only rank (on
+    its host, when the line has one) that neither waited nor lost its peer, narrowed to the
+    ranks whose exit code says they failed. Changes the events' ranks, never the records;
+    True when any event got a rank."""
+    present = {r for r, v in evidence.ranks.items() if v.present}
+    waiting = evidence.waiting
+    failing = set(evidence.failing_exits)
+    changed = False
+    for event in events:
+        if event.rank is not None or not (event.primary or event.rule.exit_path):
+            continue
+        hosts = {h.record.origin.host for h in event.hits if h.record.origin.host}
+        on_host = {r for r in present if evidence.ranks[r].host in hosts}
+        candidates = (on_host or present) - waiting
+        if candidates & failing:
+            candidates &= failing
+        if len(candidates) != 1:
+            candidates = failing if len(failing) == 1 else set()
+        if len(candidates) == 1 and (waiting or failing):
+            event.rank = candidates.pop()
+            changed = True
+    return changed
+
+
+SAME_REPORT_LINES = 4
+"""Lines of one writer this close together belong to one message (an error and its hints)."""
+
+
+def relate_same_report(graph: CausalGraph, ctx: Context) -> None:
+    """One report is one failure: of two rules matching lines of the same writer's traceback,
+    or of one message printed over a few lines (an error and the hints printed under it), the
+    more specific explains the other."""
+    primaries = [e for e in graph.events if e.primary]
+    for a in primaries:
+        block = {(c.source, c.line) for h in a.hits for c in h.context}
+        block |= {(h.record.source, h.record.line) for h in a.hits}
+        for b in primaries:
+            if b is a or b.rule.specificity >= a.rule.specificity:
+                continue
+            if _same_report(a, b, block):
+                graph.add(a, b, "same report", "the same message, read by a more specific rule")
+
+
+def _same_report(a: Event, b: Event, block: set[tuple[str, int]]) -> bool:
+    lines = {(h.record.source, h.record.line) for h in b.hits}
+    near = {(c.source, c.line) for h in b.hits for c in h.context}
+    if lines & block or near & {(h.record.source, h.record.line) for h in a.hits}:
+        return True
+    return any(
+        ha.record.source == hb.record.source
+        and ha.record.stream_key == hb.record.stream_key
+        and abs(ha.record.line - hb.record.line) <= SAME_REPORT_LINES
+        for ha in a.hits
+        for hb in b.hits
+    )
+
+
+def relate_exit_path(graph: CausalGraph, ctx: Context) -> None:
+    """On one rank, its first failure explains what it printed after: an abort on the way out,
+    its own closed connections, a generic exception; not a later, more specific failure (a
+    warning-level exception logged before the real error)."""
+    by_rank: dict[int, list[Event]] = {}
+    for event in graph.events:
+        if event.rank is not None and (failing(event) or event.rule.exit_path):
+            by_rank.setdefault(event.rank, []).append(event)
+    for rank, events in by_rank.items():
+        for a in events:
+            if not failing(a):
+                continue
+            for b in events:
+                if a is b or precedes(a, b) is not True:
+                    continue
+                if (
+                    b.rule.exit_path
+                    or b.echo is not None
+                    or (b.rule.specificity <= a.rule.specificity)
+                ):
+                    graph.add(a, b, "exit path", f"rank {rank} went down after its own failure")
+    # an abort of a rank that failed, where nothing orders the two: still its exit path
+    for rank, events in by_rank.items():
+        crashes = [e for e in events if e.rule.exit_path]
+        firsts = [e for e in events if failing(e) and not e.rule.exit_path]
+        for crash in crashes:
+            if not graph.explained(crash) and firsts:
+                graph.add(firsts[0], crash, "exit path", f"how rank {rank} died after failing")
+
+
+def relate_echoes(graph: CausalGraph, ctx: Context) -> None:
+    """A rank that waited, lost its peer or was stopped is the echo of a failure on another
+    rank that was not logged clearly after it; a timeout that began about when that failure
+    happened is proven to be its echo (timeout arithmetic)."""
+    primaries = [e for e in graph.events if e.primary]
+    for echo in graph.events:
+        if echo.echo not in (Echo.WAITING, Echo.LOST_PEER, Echo.STOPPED):
+            continue
+        for cause in primaries:
+            if cause.rank is not None and cause.rank == echo.rank:
+                continue  # same rank: the exit-path relation decides
+            if not could_cause(cause, echo):
+                continue
+            proof = _timeout_arithmetic(cause, echo)
+            graph.add(cause, echo, "echo", proof or "", proof=bool(proof))
+
+
+def _timeout_arithmetic(cause: Event, echo: Event) -> str | None:
+    """A watchdog line says how long it waited; a failure about that long before it proves
+    the timeout is its echo."""
+    if cause.time is None:
+        return None
+    for hit in echo.hits:
+        ms = hit.captures.get("timeout_ms", "")
+        if not ms.isdigit() or len(ms) > 12 or hit.record.time is None:
+            continue
+        waited = timedelta(milliseconds=int(ms))
+        since = hit.record.time - waited
+        gap = (since - cause.time).total_seconds()
+        if -5.0 <= gap <= max(60.0, waited.total_seconds() * 0.25):
+            who = f"rank {echo.rank}" if echo.rank is not None else "a rank"
+            return (
+                f"Timeout arithmetic: {who} timed out at {_hms(hit.record.time)} after "
+                f"{waited.total_seconds():g} s, so it had waited since {_hms(since)}; the root "
+                f"failure was at {_hms(cause.time)}, {abs(gap):.2f} s "
+                f"{'before' if gap >= 0 else 'after'} that: the timeout is its consequence."
+            )
+    return None
+
+
+def _hms(t: datetime) -> str:
+    return t.strftime("%H:%M:%S.%f")[:-3]
+
+
+def relate_launcher(graph: CausalGraph, ctx: Context) -> None:
+    """The launcher's notices (SIGTERM sent to the others, its failure summary) follow
+    whatever failed."""
+    causes = [e for e in graph.events if failing(e)]
+    for notice in graph.events:
+        if notice.echo == Echo.LAUNCHER:
+            for cause in causes:
+                graph.add(cause, notice, "launcher", "the launcher's reaction to a failure")
+
+
+def relate_consequences(graph: CausalGraph, ctx: Context) -> None:
+    """A generic exception on another rank, not logged clearly before a specific failure, is
+    most likely that failure's echo (a rank raising on a broken collective)."""
+    specific = [e for e in graph.events if e.primary and not e.generic]
+    for event in graph.events:
+        if not (event.primary and event.generic):
+            continue
+        for cause in specific:
+            if cause.rank is not None and cause.rank == event.rank:
+                continue
+            if could_cause(cause, event):
+                graph.add(cause, event, "consequence", "a generic error after a specific one")
+
+
+def relate_refinements(graph: CausalGraph, ctx: Context) -> None:
+    """A finding that declares it explains a kind is the cause of that kind's findings."""
+    for cause in graph.events:
+        for kind in cause.rule.explains:
+            for effect in graph.events:
+                if effect.rule.kind == kind and effect is not cause:
+                    graph.add(cause, effect, "refinement", f"explains the {kind}")
+
+
+def _after(event: Event, first_line: dict[str, int]) -> bool:
+    """Every line of the event comes after the given line of its source."""
+    return bool(event.hits) and all(
+        h.record.source in first_line and h.record.line > first_line[h.record.source]
+        for h in event.hits
+    )
+
+
+def relate_completion(graph: CausalGraph, ctx: Context) -> None:
+    """After training announced its end, a crash or a lost peer is teardown: the work was
+    done."""
+    if not ctx.completed_at:
+        return
+    crashes = [e for e in graph.events if e.crash_like and _after(e, ctx.completed_at)]
+    if not crashes:
+        return
+    node = graph.add_node(Node("completion", ctx.intended.get("teardown")))
+    for crash in crashes:
+        graph.add(
+            node,
+            crash,
+            "completion",
+            "training had announced its end before this happened: the work was done.",
+        )
+
+
+def relate_teardown_marker(graph: CausalGraph, ctx: Context) -> None:
+    """Once a program reached its end with the process group alive, a native crash is how it
+    was torn down."""
+    markers = [e for e in graph.events if e.marker == Marker.TEARDOWN]
+    if not markers:
+        return
+    for crash in graph.events:
+        if crash.rule.exit_path:
+            graph.add(markers[0], crash, "teardown", "the process was being torn down")
+
+
+def agreed_stop(graph: CausalGraph, ctx: Context) -> list[Event]:
+    """The stop announcements, when every rank announced (or agreed to) the early stop."""
+    stops = [e for e in graph.events if e.marker == Marker.STOP]
+    if not stops:
+        return []
+    announcers = {e.rank for e in stops if e.rank is not None}
+    ranks = {r for r, v in ctx.evidence.ranks.items() if v.present}
+    agreed = [
+        int(n)
+        for e in stops
+        for h in e.hits
+        if (n := h.captures.get("agreed_ranks", "")).isdigit() and len(n) <= 7
+    ]
+    if announcers and announcers >= ranks:
+        return stops
+    if not announcers and sum(_announcements(e) for e in stops) >= max(1, len(ranks)):
+        return stops
+    if agreed and max(agreed) >= len(ranks):
+        return stops
+    return []
+
+
+def _announcements(stop: Event) -> int:
+    """Ranks writing one console at the same moment glue their lines together ("...2
+    epochsEarly stopping at epoch 5..."): the repeat is counted, not the line."""
+    total = 0
+    for hit in stop.hits:
+        text = hit.record.text
+        said = next(
+            (m.group(0).casefold() for s in stop.rule.signatures if (m := s.compiled.search(text))),
+            "",
+        )
+        total += max(1, text.casefold().count(said)) if said else 1
+    return total
+
+
+def relate_agreed_stop(graph: CausalGraph, ctx: Context) -> None:
+    """After every rank stopped early on purpose, its exit path (a crash, lost peers, a
+    generic exception, a non-zero exit) is not a failure of training."""
+    stops = agreed_stop(graph, ctx)
+    if not stops:
+        return
+    node = graph.add_node(Node("agreed stop", ctx.intended.get("agreed-stop")))
+    first: dict[str, int] = {}
+    for stop in stops:
+        for h in stop.hits:
+            first[h.record.source] = min(first.get(h.record.source, h.record.line), h.record.line)
+    for event in graph.events:
+        after = (event.crash_like or event.echo is not None) and _after(event, first)
+        if after or (event.primary and event.generic) or event.echo == Echo.LAUNCHER:
+            graph.add(node, event, "agreed stop", "every rank had stopped on purpose before it")
+
+
+def relate_stall(graph: CausalGraph, ctx: Context) -> None:
+    """Once `ddpdoctor run` caught the job stalled, whatever stopped it afterwards (its own
+    kill, Ctrl-C, a SIGTERM) made ranks print stops, aborts, lost peers and generic
+    exceptions: those are the stall's echo, not new failures."""
+    stall = ctx.evidence.stall
+    if stall is None:
+        return
+    node = graph.add_node(Node("stall", None, time=stall.time))
+    for event in graph.events:
+        if event.echo is not None or event.rule.exit_path or (event.primary and event.generic):
+            graph.add(node, event, "stall", "printed when the stalled job was stopped")
+
+
+RELATIONS = (
+    relate_same_report,
+    relate_exit_path,
+    relate_echoes,
+    relate_launcher,
+    relate_consequences,
+    relate_refinements,
+    relate_completion,
+    relate_teardown_marker,
+    relate_agreed_stop,
+    relate_stall,
+)
+"""Applied in this order; every relation only adds edges."""

@@ -1,0 +1,59 @@
+"""Which rank each hit belongs to, decided once for the whole job: the writer's own rank, else
+what the job said about its (host, local rank) or (host, pid), else what the line itself names
+(a local rank on a single node, the rank it is about, a worker's pid). After this step records
+are not changed again."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+
+from ddpdoctor.model.findings import Hit
+from ddpdoctor.model.records import Origin
+
+Resolver = Callable[[Origin], "int | None"]
+
+MAX_RANK = 1_000_000
+"""A rank number above this is not a rank (a mangled or hostile line)."""
+
+
+def _number(text: str | None) -> int | None:
+    if text is None or not text.isdigit() or len(text) > 7:
+        return None
+    value = int(text)
+    return value if value <= MAX_RANK else None
+
+
+def rank_of(hit: Hit, resolve: Resolver, single_node: bool, sole_host: str | None) -> int | None:
+    """The global rank a hit is about, or None when nothing says it."""
+    rank = resolve(hit.record.origin)
+    if rank is not None:
+        return rank
+    captures = hit.captures
+    local = _number(captures.get("local_rank"))
+    if local is not None and single_node:
+        return local
+    subject = _number(captures.get("rank"))
+    if subject is not None:
+        return subject
+    pid = _number(captures.get("pid"))
+    if pid is not None:
+        # "Sending process 23939 closing signal", "Killed process 23939": a worker named by
+        # its pid, on the line's host (the only one, on a single node)
+        host = hit.record.origin.host or (sole_host if single_node else None)
+        return resolve(Origin(host=host, pid=pid))
+    return None
+
+
+def attribute(hits: list[Hit], resolve: Resolver, single_node: bool, hosts: list[str]) -> list[Hit]:
+    """New hits whose records carry their global rank (never mutates the given ones)."""
+    sole_host = hosts[0] if len(hosts) == 1 else None
+    out: list[Hit] = []
+    for hit in hits:
+        rank = rank_of(hit, resolve, single_node, sole_host)
+        if rank == hit.record.origin.rank:
+            out.append(hit)
+            continue
+        origin = replace(hit.record.origin, rank=rank)
+        out.append(replace(hit, record=replace(hit.record, origin=origin)))
+    return out

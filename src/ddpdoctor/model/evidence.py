@@ -1,0 +1,184 @@
+"""What every rank did, as plain data: the facts that inferred causes (hypotheses) are scored
+from when no line names the cause. Built in analysis from findings, job facts and a live run's
+stacks; read by rules/hypotheses. No behaviour beyond small derived properties."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from ddpdoctor.model.findings import Evidence
+
+COLLECTIVE_FUNCTIONS = frozenset(
+    [
+        "all_reduce",
+        "barrier",
+        "broadcast",
+        "all_gather",
+        "all_gather_into_tensor",
+        "all_gather_object",
+        "reduce_scatter",
+        "reduce_scatter_tensor",
+        "reduce",
+        "gather",
+        "scatter",
+        "all_to_all",
+        "all_to_all_single",
+        "send",
+        "recv",
+        "monitored_barrier",
+        "broadcast_object_list",
+        "gather_object",
+        "scatter_object_list",
+        "batch_isend_irecv",
+        "_allgather_base",
+        "_reduce_scatter_base",
+        "all_reduce_coalesced",
+    ]
+)
+"""torch.distributed's collective functions, as they appear in stacks and tracebacks."""
+
+
+@dataclass(frozen=True, slots=True)
+class Activity:
+    """Where one rank was when `ddpdoctor run` caught the job stalled, from its stack."""
+
+    category: str
+    """collective | dataloader | lock | sleep | compute | idle | exited | unknown"""
+    op: str = ""
+    site: str = ""
+    """file:line of the user's frame that led there."""
+    source: str = ""
+    """That line's code, when it could be read."""
+
+    @property
+    def in_collective(self) -> bool:
+        return self.category == "collective"
+
+
+@dataclass(frozen=True, slots=True)
+class WaitSite:
+    """Where a waiting rank waited: the collective its timeout names (watchdog fields) or the
+    one its traceback was in, and the user's line that called it."""
+
+    op: str | None = None
+    site: str | None = None
+    seq: int | None = None
+    numel: int | None = None
+
+    @property
+    def key(self) -> tuple[str | None, str | None, int | None]:
+        return (self.op.lower() if self.op else None, self.site, self.seq)
+
+
+@dataclass(slots=True)
+class RankView:
+    """One rank as the evidence shows it."""
+
+    rank: int
+    present: bool = False
+    """It left lines of its own (or the launcher accounted for it)."""
+    host: str | None = None
+    failed: bool = False
+    """A primary error (not an echo of another rank's failure) was seen on this rank."""
+    echoes: set[str] = field(default_factory=set)
+    """Echo kinds seen on this rank (rules.base.Echo values)."""
+    warned: bool = False
+    """A warning finding or an error-level log line without a rule."""
+    exit_code: int | None = None
+    exit_signal: str | None = None
+    announced_stop: bool = False
+    named_absent: bool = False
+    """A peer's log names this rank as never having arrived (a monitored barrier)."""
+    progress_total: int | None = None
+    """The M of its last "step n/M" counter."""
+    last_text: str = ""
+    busy_phase: str | None = None
+    """Its last words announce a long phase of its own (saving, evaluating, tokenising)."""
+    wait_sites: list[WaitSite] = field(default_factory=list)
+    activity: Activity | None = None
+    evidence: list[Evidence] = field(default_factory=list)
+    """Lines that show what this rank did last (quoted when it is blamed)."""
+
+    @property
+    def waiting(self) -> bool:
+        """It timed out in a collective or lost a peer: alive, and left waiting."""
+        return bool(self.echoes & {"waiting", "lost-peer"})
+
+    @property
+    def terminated(self) -> bool:
+        """The launcher had to SIGTERM it: it was alive (and busy) when the others failed."""
+        return self.exit_signal == "SIGTERM"
+
+    @property
+    def quiet(self) -> bool:
+        """It printed no error, no warning and no echo: it simply stopped talking."""
+        own = self.echoes - {"stopped", "launcher"}  # what others did to it, not its words
+        return self.present and not self.failed and not own and not self.warned
+
+
+@dataclass(slots=True)
+class Stall:
+    """`ddpdoctor run` caught the job making no progress and took every rank's stack."""
+
+    activities: dict[int, Activity]
+    time: datetime | None
+    source: str
+    line: int
+    summary: str
+    groups: list[tuple[str, str]] = field(default_factory=list)
+    """(who, where) for the report: ranks grouped by where they were."""
+    killed: bool = False
+    """`ddpdoctor run --on-hang kill` ended the job after it."""
+
+
+@dataclass(slots=True)
+class JobEvidence:
+    """The whole job, for hypotheses."""
+
+    ranks: dict[int, RankView] = field(default_factory=dict)
+    world_size: int | None = None
+    single_node: bool = True
+    transports: set[str] = field(default_factory=set)
+    timeout_ms: float | None = None
+    """The collective timeout that echoes report, if any."""
+    startup_seq: int | None = None
+    """Sequence number of a timed-out barrier-like collective among the job's first few."""
+    busy_progress: tuple[float, Evidence] | None = None
+    """A progress bar that kept moving (elapsed seconds, its line) while others waited."""
+    unranked_echoes: set[str] = field(default_factory=set)
+    """Echo kinds seen on lines no rank could be attributed to."""
+    stall: Stall | None = None
+    failing_exits: dict[int, int] = field(default_factory=dict)
+    """Ranks whose exit code was not 0 and who were not terminated by the launcher."""
+    job_exit_code: int | None = None
+    ended: bool = False
+    """Something marks the end of the job: an exit code, the end of training, a summary."""
+    last_step: tuple[int, int] | None = None
+    """(n, total) of the last progress counter, when the log stopped inside training."""
+    started_training: bool = False
+    stalled_at_startup: bool = False
+    """The output stops right after distributed start-up: no step, no error, no exit."""
+
+    @property
+    def waiting(self) -> set[int]:
+        return {r for r, v in self.ranks.items() if v.waiting}
+
+    @property
+    def quiet(self) -> set[int]:
+        return {r for r, v in self.ranks.items() if v.quiet}
+
+    @property
+    def missing(self) -> set[int]:
+        return {r for r, v in self.ranks.items() if not v.present}
+
+    @property
+    def echoes(self) -> set[str]:
+        seen = set(self.unranked_echoes)
+        for view in self.ranks.values():
+            seen |= view.echoes
+        return seen
+
+    @property
+    def timed_out(self) -> bool:
+        return "waiting" in self.echoes

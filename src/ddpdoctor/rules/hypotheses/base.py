@@ -1,0 +1,67 @@
+"""The shape of a hypothesis and of its assessment. A hypothesis reads plain job evidence
+(model.evidence) and says how well it explains the job's end, with what for and against."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ddpdoctor.model.evidence import JobEvidence, Stall
+from ddpdoctor.model.findings import Evidence
+from ddpdoctor.model.taxonomy import Status
+from ddpdoctor.rules.base import Rule
+
+
+@dataclass(slots=True)
+class Assessment:
+    """One hypothesis applied to one job: how much the evidence supports it and whom it blames.
+
+    score: 0..1, the confidence the verdict reports when this hypothesis wins.
+    explains_echoes: the timeouts and closed connections of the other ranks are its echo (a
+    rank that left or stalled explains why the others waited); False for verdicts that stand
+    beside them (a stall caught live, a log that simply ends).
+    """
+
+    rule: Rule
+    score: float
+    culprits: list[int] = field(default_factory=list)
+    support: list[str] = field(default_factory=list)
+    """Sentences: the evidence for it, said plainly (they become the summary's notes)."""
+    against: list[str] = field(default_factory=list)
+    """Sentences: what weakens it (lowers the score; shown with the confidence)."""
+    evidence: list[Evidence] = field(default_factory=list)
+    fix: list[str] = field(default_factory=list)
+    """Steps specific to this job (e.g. the culprit's code line), shown before the rule's."""
+    next_steps: list[str] = field(default_factory=list)
+    status: Status = Status.FAILED
+    category: str | None = None
+    explains_echoes: bool = True
+
+
+@dataclass(frozen=True)
+class Hypothesis:
+    """A documented inferred cause and the function that scores it."""
+
+    rule: Rule
+    assess: Callable[[JobEvidence], Assessment | None]
+    precedence: int
+    """Breaks ties between equal scores: lower wins (the more specific explanation)."""
+
+
+def ranks_text(ranks: set[int] | list[int]) -> str:
+    """'rank 1' or 'ranks 0,2'."""
+    ordered = sorted(ranks)
+    label = "rank" if len(ordered) == 1 else "ranks"
+    return f"{label} {','.join(str(r) for r in ordered)}"
+
+
+def stall_evidence(stall: Stall) -> list[Evidence]:
+    """The line of the run's events where the stall and every rank's place were recorded."""
+    if not stall.source:
+        return []
+    where = "; ".join(f"{who} {what}" for who, what in stall.groups[:6]) or stall.summary
+    return [Evidence(stall.source, stall.line, None, None, stall.time, f"stacks: {where}")]
+
+
+def stall_note(stall: Stall) -> str:
+    return f"the job stalled under `ddpdoctor run`, which took every rank's stack: {stall.summary}."

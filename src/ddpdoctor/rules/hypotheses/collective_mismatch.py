@@ -1,0 +1,151 @@
+"""INF203: the ranks were not in the same collective. Evidence, without TORCH_DISTRIBUTED_DEBUG:
+the ranks' timeouts name different collectives or different lines of the program (a collective
+inside a rank-dependent branch: a metric synced on the main process only, wait_for_everyone()
+under `if is_main_process`, an extra barrier on one rank); a live run's stacks show ranks
+waiting in different collectives; or only a minority of ranks waited while the rest went on."""
+
+from __future__ import annotations
+
+from ddpdoctor.model.evidence import JobEvidence
+from ddpdoctor.model.taxonomy import Status
+from ddpdoctor.rules.base import Explanation, Rule
+from ddpdoctor.rules.hypotheses.base import Assessment, ranks_text, stall_evidence
+
+RULE = Rule(
+    code="INF203",
+    kind="collective-mismatch",
+    title="The ranks waited in different collectives",
+    signatures=(),
+    explanation=Explanation(
+        what="The ranks timed out (or hung) in collectives that do not match: another "
+        "operation, another line of the program, or a collective only some ranks issued.",
+        why="A collective inside a rank-dependent branch (`if rank == 0: all_reduce`, a metric "
+        "synced only on the main process, `wait_for_everyone()` under `if is_main_process`), "
+        "or a rank that skipped a step the others took, so the ranks' sequences of "
+        "collectives diverged.",
+        fix="Make every rank issue the same collectives in the same order; move rank-dependent "
+        "work outside collectives; re-run with TORCH_DISTRIBUTED_DEBUG=DETAIL to have the "
+        "mismatch reported.",
+        false_positives="Uneven inputs give a similar picture: one rank left the loop and waits "
+        "in a final barrier while the others wait in the next step.",
+    ),
+    fix=(
+        "Find the collective in a rank-dependent branch (if rank == 0 / if is_main_process / "
+        "a skipped step) and call it on every rank, or move it out of the branch.",
+        "Re-run with TORCH_DISTRIBUTED_DEBUG=DETAIL to have the mismatching collective named.",
+    ),
+)
+
+MAIN_PROCESS = 0
+"""Rank-dependent branches most often single out the main process (rank 0)."""
+
+
+def assess(job: JobEvidence) -> Assessment | None:
+    found = [a for a in (_from_stall(job), _from_wait_sites(job), _from_minority(job)) if a]
+    return max(found, key=lambda a: a.score) if found else None
+
+
+def _groups(where: dict[int, tuple[object, ...]]) -> list[set[int]]:
+    """Ranks grouped by where they were, largest group first, then by lowest rank."""
+    groups: dict[tuple[object, ...], set[int]] = {}
+    for rank, key in where.items():
+        groups.setdefault(key, set()).add(rank)
+    return sorted(groups.values(), key=lambda g: (-len(g), min(g)))
+
+
+def _odd_ones(groups: list[set[int]]) -> tuple[set[int], bool]:
+    """The ranks outside the largest group, and whether that was a guess (groups of equal
+    size: the main process's group is named, as rank-dependent branches favour it)."""
+    if len(groups[0]) > len(groups[1]):
+        return set().union(*groups[1:]), False
+    with_main = next((g for g in groups if MAIN_PROCESS in g), None)
+    if with_main is not None:
+        return with_main, True
+    return set().union(*groups), True
+
+
+def _describe(where: dict[int, str]) -> str:
+    by: dict[str, list[int]] = {}
+    for rank, text in sorted(where.items()):
+        by.setdefault(text, []).append(rank)
+    return "; ".join(f"{ranks_text(r)} {t}" for t, r in by.items())
+
+
+def _from_stall(job: JobEvidence) -> Assessment | None:
+    if job.stall is None:
+        return None
+    inside = {r: a for r, a in job.stall.activities.items() if a.in_collective}
+    if len(inside) < 2 or len(inside) != len(job.stall.activities):
+        return None
+    groups = _groups({r: (a.op, a.site) for r, a in inside.items()})
+    if len(groups) < 2:
+        return None
+    odd, guess = _odd_ones(groups)
+    where = {r: f"wait in {a.op} at {a.site}" for r, a in inside.items()}
+    return Assessment(
+        RULE,
+        0.65 if guess else 0.8,
+        sorted(odd),
+        [f"the ranks' stacks show them in different collectives: {_describe(where)}."]
+        + (
+            [
+                "The ranks are split evenly; the main process's side is named, as rank-dependent "
+                "branches most often single it out."
+            ]
+            if guess
+            else []
+        ),
+        evidence=stall_evidence(job.stall),
+        status=Status.HUNG,
+    )
+
+
+def _from_wait_sites(job: JobEvidence) -> Assessment | None:
+    where: dict[int, tuple[object, ...]] = {}
+    text: dict[int, str] = {}
+    for rank, view in job.ranks.items():
+        sites = [s for s in view.wait_sites if s.op or s.site]
+        if not sites:
+            continue
+        last = sites[-1]
+        where[rank] = (last.op.lower() if last.op else None, last.site)
+        at = f" at {last.site}" if last.site else ""
+        seq = f" #{last.seq}" if last.seq is not None else ""
+        text[rank] = f"waited in {last.op or 'a collective'}{seq}{at}"
+    if len(where) < 2:
+        return None
+    groups = _groups(where)
+    if len(groups) < 2:
+        return None
+    odd, guess = _odd_ones(groups)
+    return Assessment(
+        RULE,
+        0.45 if guess else 0.6,
+        sorted(odd),
+        [f"the ranks timed out in different collectives: {_describe(text)}."]
+        + (
+            [
+                "The ranks are split evenly, so the logs cannot say which side took the extra "
+                "or missing call; the main process's side is named, as rank-dependent branches "
+                "most often single it out."
+            ]
+            if guess
+            else []
+        ),
+        against=["a guess between evenly split ranks"] if guess else [],
+    )
+
+
+def _from_minority(job: JobEvidence) -> Assessment | None:
+    waiting, quiet = job.waiting, job.quiet
+    if not (waiting and quiet) or len(waiting) >= len(quiet):
+        return None
+    return Assessment(
+        RULE,
+        0.5,
+        sorted(waiting),
+        [
+            f"only {ranks_text(waiting)} timed out; {ranks_text(quiet)} went on without error, "
+            "so the waiting ranks were in a collective nobody else joined."
+        ],
+    )

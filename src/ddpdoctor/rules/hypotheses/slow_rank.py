@@ -1,0 +1,119 @@
+"""INF201: one rank was busy outside the collectives while the others timed out waiting for it.
+Evidence: a progress bar that kept moving for about the timeout, a rank the launcher had to
+terminate (alive, printing nothing wrong), last words that announce a long phase, a timed-out
+barrier at start-up that some ranks never joined."""
+
+from __future__ import annotations
+
+from ddpdoctor.model.evidence import JobEvidence
+from ddpdoctor.rules.base import Explanation, Rule
+from ddpdoctor.rules.hypotheses.base import Assessment, ranks_text
+
+RULE = Rule(
+    code="INF201",
+    kind="slow-rank-timeout",
+    title="One rank was busy outside collectives while the others timed out waiting",
+    signatures=(),
+    explanation=Explanation(
+        what="Some ranks timed out in a collective while another rank was visibly busy (a "
+        "progress bar, preprocessing) and never joined it.",
+        why="Work done on one rank only (dataset tokenisation under main_process_first, "
+        "checkpoint consolidation, evaluation on rank 0) took longer than the process group "
+        "timeout.",
+        fix="Do the work before init_process_group or on every rank, cache it, or raise the "
+        "timeout for that phase.",
+        false_positives="If the busy rank was itself stuck, the cause is what it was stuck in.",
+    ),
+    fix=(
+        "Preprocess once before the distributed job (or cache the tokenised dataset) so ranks "
+        "do not wait for rank 0.",
+        "Or raise the timeout: init_process_group(..., timeout=datetime.timedelta(hours=2)) "
+        "(HF: --ddp_timeout 7200).",
+    ),
+)
+
+
+def assess(job: JobEvidence) -> Assessment | None:
+    """The strongest sign of a busy rank, if any rank waited for it."""
+    waiting, quiet, missing = job.waiting, job.quiet, job.missing
+    if not (waiting or job.timed_out):
+        return None
+    found: list[Assessment] = []
+    if job.busy_progress is not None and (quiet or missing):
+        elapsed, line = job.busy_progress
+        if line.rank is not None and line.rank not in waiting:
+            culprit = {line.rank}  # the bar's own writer (not a timeout glued to its line)
+        elif len(quiet) == 1:
+            culprit = set(quiet)
+        else:
+            culprit = set(missing) if len(missing) == 1 and not quiet else set()
+        timeout = (
+            f", about the collective timeout of {job.timeout_ms / 1000:g} s"
+            if job.timeout_ms
+            else ""
+        )
+        found.append(
+            Assessment(
+                RULE,
+                0.7,
+                sorted(culprit),
+                [
+                    f"a rank was busy: its progress bar ran for {elapsed:g} s{timeout}, while "
+                    "the other ranks waited."
+                ],
+                evidence=[line],
+            )
+        )
+    busy = {r for r in quiet if job.ranks[r].terminated}
+    named = {r for r, v in job.ranks.items() if v.named_absent}
+    if busy and waiting:
+        culprit = (busy & named) or busy
+        found.append(
+            Assessment(
+                RULE,
+                0.7 if busy & named else 0.6,
+                sorted(culprit),
+                [
+                    f"{ranks_text(culprit)} printed no error and were still running (the "
+                    f"launcher had to terminate them) while {ranks_text(waiting)} timed out "
+                    "waiting for them"
+                    + (
+                        ", and the monitored barrier names them as the ranks that never arrived."
+                        if busy & named
+                        else "."
+                    )
+                ],
+                evidence=[e for r in sorted(culprit) for e in job.ranks[r].evidence[:1]],
+            )
+        )
+    phases = [v for r, v in sorted(job.ranks.items()) if r in quiet | missing and v.busy_phase]
+    if waiting and phases:
+        view = phases[0]
+        found.append(
+            Assessment(
+                RULE,
+                0.55,
+                [view.rank],
+                [
+                    f"rank {view.rank}'s last line says it had started a long phase on its own "
+                    f'("{view.busy_phase}") while the others waited in a collective.'
+                ],
+            )
+        )
+    if missing and job.startup_seq is not None:
+        found.append(
+            Assessment(
+                RULE,
+                0.5,
+                sorted(missing),
+                [
+                    f"the ranks timed out in collective #{job.startup_seq} of a 1-element "
+                    f"barrier, at the very start of the job, and {ranks_text(missing)} never "
+                    "joined: the classic picture of one rank doing start-up work alone "
+                    "(downloading, tokenising, preprocessing under main_process_first) for "
+                    "longer than the timeout."
+                ],
+                next_steps=[f"Check what {ranks_text(missing)} printed at start-up."],
+            )
+        )
+    return max(found, key=lambda a: a.score) if found else None

@@ -1,0 +1,145 @@
+"""INF211 and INF206: `ddpdoctor run` caught the job making no progress and took every rank's
+stack. A rank outside the collective the others wait in (sleeping, waiting on a lock, stuck in
+the DataLoader, busy in its own code) is the one to look at, at the line its stack names; when
+every rank waits in the same collective, the logs cannot say more than "hang"."""
+
+from __future__ import annotations
+
+from ddpdoctor.model.evidence import Activity, JobEvidence
+from ddpdoctor.model.taxonomy import Category, Status
+from ddpdoctor.rules.base import Explanation, Rule
+from ddpdoctor.rules.hypotheses.base import Assessment, ranks_text, stall_evidence, stall_note
+
+STUCK = Rule(
+    code="INF211",
+    kind="hang",
+    title="A rank was stuck outside the collective the others waited in",
+    signatures=(),
+    category=Category.USER_CODE,
+    status=Status.HUNG,
+    explanation=Explanation(
+        what="The job made no progress; the stacks show most ranks waiting in a collective and "
+        "one (or a few) somewhere else: sleeping, waiting on a lock, in the DataLoader, or busy "
+        "in its own code.",
+        why="That rank never reached the collective: a sleep or a blocking call on one rank, a "
+        "deadlock, a data loader that stopped delivering, or work only that rank does.",
+        fix="Read the culprit's stack at the line named: make it reach the collective (remove "
+        "the blocking call, fix the deadlock or the data loading), or do that work on every "
+        "rank.",
+        false_positives="A rank that was legitimately busy and would have arrived: then only "
+        "the hang threshold was too short.",
+    ),
+    fix=("Read the culprit rank's stack (run folder, stacks/) at the line named above.",),
+)
+
+HANG = Rule(
+    code="INF206",
+    kind="hang",
+    title="No progress and no error",
+    signatures=(),
+    explanation=Explanation(
+        what="The job stopped making progress without printing an error.",
+        why="A deadlock in a collective, a rank stuck in data loading, or a hang in the "
+        "transport; the log alone cannot tell.",
+        fix="Run the job under `ddpdoctor run` to get the Python stack of every rank when it "
+        "stalls, or dump stacks now with `py-spy dump --pid PID` on each rank.",
+        false_positives="A log that was cut before the end.",
+    ),
+    fix=(
+        "Dump every rank's stack while it hangs: py-spy dump --pid PID (or run under "
+        "`ddpdoctor run`).",
+        "Set TORCH_DISTRIBUTED_DEBUG=DETAIL and NCCL_DEBUG=INFO for the next run.",
+    ),
+)
+
+ELSEWHERE = ("sleep", "lock", "dataloader", "compute", "idle", "unknown")
+
+
+def _fix(rank: int, activity: Activity, others: str) -> str:
+    code = f" (`{activity.source}`)" if activity.source else ""
+    at = f"{activity.site}{code}"
+    match activity.category:
+        case "sleep":
+            return (
+                f"Rank {rank} sleeps at {at} while {others}: remove or shorten that wait, or "
+                "let every rank take the same path."
+            )
+        case "lock":
+            return (
+                f"Rank {rank} waits on a lock at {at} while {others}: a deadlock (threads, a "
+                "queue, a file lock); make sure whatever holds it can finish on that rank."
+            )
+        case "dataloader":
+            return (
+                f"Rank {rank} is stuck in the DataLoader at {at} while {others}: a worker that "
+                "hangs or storage that stalls; re-run with num_workers=0 to see the error, or "
+                "set DataLoader(timeout=...)."
+            )
+        case "compute":
+            return (
+                f"Rank {rank} is busy in its own code at {at} while {others}: if that work "
+                "belongs to one rank (evaluation, saving, preprocessing), do it on every rank or "
+                "outside the collectives; if it should not take this long, it loops."
+            )
+    return f"Rank {rank} is not in any collective ({activity.category} at {at}) while {others}."
+
+
+def assess(job: JobEvidence) -> Assessment | None:
+    stall = job.stall
+    if stall is None or not stall.activities:
+        return None
+    acts = stall.activities
+    inside = {r for r, a in acts.items() if a.in_collective}
+    outside = {r for r, a in acts.items() if a.category in ELSEWHERE}
+    summary = [stall_note(stall)]
+    if inside and outside:
+        ops = sorted({f"{acts[r].op} at {acts[r].site}" for r in inside})
+        others = f"{ranks_text(inside)} wait in {' / '.join(ops)}"
+        data_only = all(acts[r].category in ("dataloader", "unknown", "idle") for r in outside)
+        return Assessment(
+            STUCK,
+            0.8,
+            sorted(outside),
+            summary,
+            fix=[_fix(r, acts[r], others) for r in sorted(outside)],
+            evidence=stall_evidence(stall),
+            status=Status.HUNG,
+            category=str(Category.UNKNOWN) if data_only else None,
+        )
+    if inside and len(inside) == len(acts):
+        places = {(a.op, a.site) for a in acts.values()}
+        if len(places) == 1:
+            return Assessment(
+                HANG,
+                0.5,
+                [],
+                [
+                    *summary,
+                    "every rank waits in the same collective: a rank that never arrived is not "
+                    "among them, or the transport itself stalled.",
+                ],
+                evidence=stall_evidence(stall),
+                next_steps=[
+                    "Check that every rank of the job was captured; if so, bisect the "
+                    "transport (`ddpdoctor check`, NCCL_IB_DISABLE=1, NCCL_P2P_DISABLE=1).",
+                ],
+                status=Status.HUNG,
+            )
+        return None  # ranks in different collectives: a collective mismatch
+    if outside:
+        by_category: dict[str, set[int]] = {}
+        for r in outside:
+            by_category.setdefault(acts[r].category, set()).add(r)
+        groups = sorted(by_category.items(), key=lambda kv: (len(kv[1]), min(kv[1])))
+        culprits = groups[0][1] if len(groups) > 1 else set()
+        shown = culprits or outside
+        return Assessment(
+            STUCK if culprits else HANG,
+            0.6 if culprits else 0.5,
+            sorted(culprits),
+            summary,
+            fix=[_fix(r, acts[r], "the others do not progress") for r in sorted(shown)][:4],
+            evidence=stall_evidence(stall),
+            status=Status.HUNG,
+        )
+    return None

@@ -1,0 +1,89 @@
+"""INF202: a rank left the job without an error while the others kept going and then failed
+waiting for it. Evidence: an early stop announced by some ranks only; ranks that simply stopped
+printing (exit 0, no error) while the others timed out or lost their peer."""
+
+from __future__ import annotations
+
+from ddpdoctor.model.evidence import JobEvidence
+from ddpdoctor.model.taxonomy import Status
+from ddpdoctor.rules.base import Explanation, Rule
+from ddpdoctor.rules.hypotheses.base import Assessment, ranks_text, stall_evidence
+
+RULE = Rule(
+    code="INF202",
+    kind="uncoordinated-exit",
+    title="A rank left the job without an error while the others kept going",
+    signatures=(),
+    explanation=Explanation(
+        what="A rank stopped printing with no error (often exiting 0) while its peers then "
+        "failed with closed connections or timeouts.",
+        why="An early stop, a `sys.exit()`, a `break` or a return taken on one rank only; or "
+        "the process was killed without a trace in its own log.",
+        fix="Decide stops on one rank and broadcast the decision; every rank must leave the "
+        "training loop at the same step and call destroy_process_group().",
+        false_positives="A rank killed from outside (OOM killer, scheduler) leaves the same "
+        "trace; check its exit code and dmesg.",
+    ),
+    fix=(
+        "Broadcast stop decisions: flag = torch.tensor([int(stop)]); dist.broadcast(flag, 0); "
+        "if flag.item(): break  (on every rank).",
+        "Never call sys.exit()/return on one rank inside the training loop.",
+    ),
+)
+
+
+def assess(job: JobEvidence) -> Assessment | None:
+    stalled = _from_stall(job)
+    if stalled is not None:
+        return stalled
+    waiting, quiet = job.waiting, job.quiet
+    if not (waiting or job.echoes & {"waiting", "lost-peer"}):
+        return None
+    present = {r for r, v in job.ranks.items() if v.present}
+    stoppers = {r for r, v in job.ranks.items() if v.announced_stop}
+    if stoppers and stoppers < present:
+        return Assessment(
+            RULE,
+            0.75,
+            sorted(stoppers),
+            [
+                f"{ranks_text(stoppers)} stopped early on their own; "
+                f"{ranks_text(present - stoppers)} kept going and failed waiting for them."
+            ],
+            evidence=[e for r in sorted(stoppers) for e in job.ranks[r].evidence[:1]],
+        )
+    left = {r for r in quiet if not job.ranks[r].terminated}
+    if left and waiting and len(waiting) >= len(quiet):
+        return Assessment(
+            RULE,
+            0.6,
+            sorted(left),
+            [
+                f"{ranks_text(left)} stopped printing without any error while "
+                f"{ranks_text(waiting)} reported closed connections or timeouts: they left (or "
+                "were killed) first. This is not a network fault."
+            ],
+        )
+    return None
+
+
+def _from_stall(job: JobEvidence) -> Assessment | None:
+    """`ddpdoctor run` found ranks gone while the others waited in a collective."""
+    if job.stall is None:
+        return None
+    acts = job.stall.activities
+    gone = {r for r, a in acts.items() if a.category == "exited"}
+    inside = {r for r, a in acts.items() if a.in_collective}
+    if not gone or not inside:
+        return None
+    return Assessment(
+        RULE,
+        0.8,
+        sorted(gone),
+        [
+            f"the job stalled under `ddpdoctor run`: {ranks_text(inside)} waited in a "
+            f"collective that {ranks_text(gone)} never reached: they had already exited."
+        ],
+        evidence=stall_evidence(job.stall),
+        status=Status.HUNG,
+    )

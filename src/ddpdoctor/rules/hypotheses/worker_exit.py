@@ -1,0 +1,47 @@
+"""INF208: the launcher reports a worker that failed, and that worker's own error is not in
+the logs (its output went elsewhere)."""
+
+from __future__ import annotations
+
+from ddpdoctor.model.evidence import JobEvidence
+from ddpdoctor.rules.base import Explanation, Rule
+from ddpdoctor.rules.hypotheses.base import Assessment, ranks_text
+
+RULE = Rule(
+    code="INF208",
+    kind="python-exception",
+    title="A worker exited with an error and its own output is not in the logs",
+    signatures=(),
+    explanation=Explanation(
+        what="The launcher reports a failed worker, but that worker's error text is missing.",
+        why="The worker's stderr went elsewhere (a --log-dir, a redirect, another file).",
+        fix="Collect that worker's output (torchrun --log-dir / --tee 3) and diagnose it.",
+        false_positives="None.",
+    ),
+    fix=("Re-run with torchrun --tee 3 (or --log-dir DIR) so each worker's output is kept.",),
+)
+
+
+def assess(job: JobEvidence) -> Assessment | None:
+    failing = job.failing_exits
+    if job.waiting:
+        return None
+    if not failing:
+        if "launcher" not in job.echoes or job.echoes & {"lost-peer", "stopped"}:
+            return None
+        return Assessment(
+            RULE,
+            0.4,
+            [],
+            [
+                "the launcher terminated the workers because one of them failed, and no "
+                "worker's own error is in these logs."
+            ],
+        )
+    codes = ", ".join(f"rank {r}: {c}" for r, c in sorted(failing.items()))
+    return Assessment(
+        RULE,
+        0.5,
+        sorted(failing),
+        [f"the launcher reports {ranks_text(set(failing))} exiting with an error ({codes})."],
+    )

@@ -1,0 +1,77 @@
+""" "OK" only when there was something to read and it was healthy: inputs that hold nothing to
+diagnose are a usage/input error (exit 2) that says what was missing, and a log that simply
+stops in the middle of training is "unknown", not OK. Through the real CLI."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+from tests.conftest import REPO, run_cli
+
+HEALTHY = REPO / "tests" / "fixtures" / "real" / "healthy-plain" / "console.log"
+
+
+def test_empty_stdin_is_nothing_to_diagnose() -> None:
+    proc = run_cli("diagnose", "-", stdin=b"")
+    assert proc.returncode == 2, proc.stdout
+    assert "<stdin>: is empty" in proc.stderr
+    assert "nothing to diagnose" in proc.stderr
+    assert "No failure found" not in proc.stdout
+
+
+def test_a_zero_byte_file_is_nothing_to_diagnose(tmp_path: Path) -> None:
+    empty = tmp_path / "rank0.log"
+    empty.write_bytes(b"")
+    proc = run_cli("diagnose", str(empty))
+    assert proc.returncode == 2
+    assert f"{empty}: is empty" in proc.stderr
+
+
+def test_a_folder_of_binary_files_is_nothing_to_diagnose(tmp_path: Path) -> None:
+    rng = random.Random(7)
+    for name in ("a.bin", "b.log", "c.txt"):
+        (tmp_path / name).write_bytes(bytes(rng.randrange(256) for _ in range(200_000)))
+    proc = run_cli("diagnose", str(tmp_path), "--format", "json")
+    assert proc.returncode == 2
+    assert proc.stderr.count("binary data, not a log") == 3
+    assert proc.stdout == ""
+
+
+def test_a_run_folder_whose_job_never_started(tmp_path: Path) -> None:
+    """A real `ddpdoctor run` of a command that does not exist."""
+    run_dir = tmp_path / "run"
+    start = run_cli("run", "--run-dir", str(run_dir), "--", str(tmp_path / "no-such-program"))
+    assert start.returncode == 127
+    proc = run_cli("diagnose", str(run_dir))
+    assert proc.returncode == 2
+    assert "the job never started" in proc.stderr
+    assert "No such file or directory" in proc.stderr
+
+
+def test_a_log_that_stops_mid_training_is_unknown(tmp_path: Path) -> None:
+    """A real healthy run's log cut at step 16 of 20: no error, but no end either."""
+    lines = HEALTHY.read_text().splitlines(keepends=True)
+    cut = [line for line in lines if "training complete" not in line]
+    log = tmp_path / "console.log"
+    log.write_text("".join(cut))
+    proc = run_cli("diagnose", str(log), "--format", "json")
+    assert proc.returncode == 1
+    verdict = json.loads(proc.stdout)["verdict"]
+    assert verdict["status"] == "unknown"
+    assert "ends at step 16 of 20 without an end" in verdict["summary"]
+
+
+def test_the_whole_healthy_log_is_ok() -> None:
+    proc = run_cli("diagnose", str(HEALTHY), "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["verdict"]["status"] == "ok"
+
+
+def test_every_input_unreadable_but_one_empty_says_both(tmp_path: Path) -> None:
+    (tmp_path / "x.bin").write_bytes(b"\x00\x01\x02" * 1000)
+    (tmp_path / "y.log").write_bytes(b"")
+    proc = run_cli("diagnose", str(tmp_path))
+    assert proc.returncode == 2
+    assert "binary data, not a log" in proc.stderr and "y.log: is empty" in proc.stderr

@@ -1,0 +1,121 @@
+"""The same inputs in any order or under other names give the same verdict, culprit and roles
+(design.md: "never the order or the names of files"). Metamorphic tests over every real
+capture (scenarios, fixtures) and every corpus case: the inputs reversed and renamed, and the
+lines of a console split into per-writer files."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from ddpdoctor.analysis.diagnose import diagnose_paths
+from ddpdoctor.model.findings import Report
+from ddpdoctor.scenarios import catalog, runner
+from tests.conftest import REPO, corpus_cases
+
+REAL = REPO / "tests" / "fixtures" / "real"
+
+
+def _cases() -> list[tuple[str, list[Path]]]:
+    cases = [
+        (f"scenario/{s.name}", [Path(p) for p in runner.log_paths(s.captured_dir)])
+        for s in catalog.SCENARIOS
+    ]
+    for folder in sorted(p for p in REAL.iterdir() if p.is_dir()):
+        files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name != "meta.json")
+        cases.append((f"real/{folder.name}", files))
+    for case in corpus_cases():
+        cases.append((f"corpus/{case.name}", sorted((case / "logs").iterdir())))
+    return cases
+
+
+CASES = _cases()
+
+
+def _verdict(report: Report) -> dict[str, object]:
+    v = report.verdict
+    return {
+        "status": v.status,
+        "kind": v.kind,
+        "category": v.category,
+        "rule": v.rule,
+        "ranks": v.culprit.ranks,
+        "hosts": v.culprit.hosts,
+        "roles": sorted({(f.rule, f.role) for f in report.findings}),
+    }
+
+
+def _copy_as(files: list[Path], out: Path, names: list[str]) -> list[str]:
+    """Each file copied under a new name; a file inside a node folder keeps its folder (the
+    folder names the host, as a user's layout does), only the file name changes."""
+    copied = []
+    for src, name in zip(files, names, strict=True):
+        parent = out / src.parent.name if src.parent.name.startswith("node") else out
+        parent.mkdir(parents=True, exist_ok=True)
+        target = parent / (name + "".join(src.suffixes))
+        shutil.copyfile(src, target)
+        copied.append(str(target))
+    return copied
+
+
+@pytest.mark.parametrize(("name", "files"), CASES, ids=[c[0] for c in CASES])
+def test_reversed_and_renamed_inputs_give_the_same_verdict(
+    name: str, files: list[Path], tmp_path: Path
+) -> None:
+    base = _verdict(diagnose_paths([str(f) for f in files]))
+    names = [f"input-{i:02d}" for i in range(len(files))][::-1]  # renamed, order reversed
+    again = _copy_as(files, tmp_path, names)
+    assert _verdict(diagnose_paths(list(reversed(again)))) == base
+
+
+RANK_PREFIX = re.compile(r"^\[(?:rank|default)(\d+)\]:")
+
+
+@pytest.mark.parametrize(("name", "files"), CASES, ids=[c[0] for c in CASES])
+def test_a_console_split_per_writer_gives_the_same_verdict(
+    name: str, files: list[Path], tmp_path: Path
+) -> None:
+    """torchrun --tee / per-rank log files instead of one console: the ranks' lines go to one
+    file each (prefix kept), the launcher's to another; given in an order that puts the
+    highest rank first."""
+    if len(files) != 1:
+        pytest.skip("already several files")
+    lines = files[0].read_text(encoding="utf-8", errors="replace").splitlines(keepends=True)
+    writers: dict[str, list[str]] = {}
+    for line in lines:
+        m = RANK_PREFIX.match(line)
+        writers.setdefault(f"rank{m.group(1)}" if m else "launcher", []).append(line)
+    if len(writers) < 3:
+        pytest.skip("fewer than two rank-prefixed writers")
+    base = _verdict(diagnose_paths([str(files[0])]))
+    paths = []
+    for writer in sorted(writers, reverse=True):
+        path = tmp_path / f"{writer}.log"
+        path.write_text("".join(writers[writer]), encoding="utf-8")
+        paths.append(str(path))
+    got = _verdict(diagnose_paths(paths))
+    for key in ("status", "kind", "category", "ranks"):
+        assert got[key] == base[key], (key, got, base)
+
+
+def test_two_unrelated_failures_in_either_order_and_name(corpus: Path, tmp_path: Path) -> None:
+    """The issue's reproduction: a CUDA OOM in one file, a missing module in another, no
+    timestamps. Both are roots; the verdict is the same whichever file comes first or how the
+    files are named, and it says that the other failure is independent."""
+    oom = corpus / "006-cuda-oom-rank2-funasr-cascade" / "logs" / "paste-part1.log"
+    module = next((corpus / "023-missing-module-torchrun-tensorboard" / "logs").iterdir())
+    a, b = tmp_path / "a.log", tmp_path / "b.log"
+    shutil.copyfile(oom, a)
+    shutil.copyfile(module, b)
+    first = diagnose_paths([str(a), str(b)])
+    second = diagnose_paths([str(b), str(a)])
+    a.rename(tmp_path / "z.log")
+    third = diagnose_paths([str(tmp_path)])
+    assert _verdict(first) == _verdict(second) == _verdict(third)
+    assert {f.kind for f in first.findings if f.role == "root"} >= {"cuda-oom", "missing-module"}
+    assert "independent failure" in first.verdict.summary
+    assert json.dumps(first.verdict.basis).count("- another failure") == 1

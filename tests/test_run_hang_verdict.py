@@ -1,0 +1,92 @@
+"""A hang caught by `ddpdoctor run` stays the root whoever stops the job afterwards: its own
+kill (--on-hang kill), Ctrl-C (SIGINT) or a SIGTERM. Real torchrun/gloo jobs where rank 1
+sleeps while rank 0 waits in a barrier (tests/programs/run_train.py hang); the verdict names
+rank 1 with the line where it sleeps and a fix for what it was doing, never "raise the timeout"
+nor the stop as a failure of its own."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_cli
+from tests.test_run_supervise import RUN, events, torchrun
+
+pytestmark = pytest.mark.real
+
+
+def _hang_verdict(run_dir: Path) -> dict[str, object]:
+    proc = run_cli("diagnose", str(run_dir), "--format", "json")
+    assert proc.returncode == 1, proc.stderr
+    report = json.loads(proc.stdout)
+    verdict = report["verdict"]
+    assert verdict["status"] == "hung", verdict
+    assert verdict["kind"] == "hang" and verdict["rule"] == "INF211", verdict
+    assert verdict["culprit"]["ranks"] == [1]
+    fix = " ".join(verdict["fix"])
+    assert "run_train.py:35" in fix and "sleep" in fix
+    assert "timeout" not in fix.lower()
+    roots = [f for f in report["findings"] if f["role"] == "root"]
+    assert [f["rule"] for f in roots] == ["INF211"], roots
+    stops = [f for f in report["findings"] if f["kind"] in ("preempted", "python-exception")]
+    assert all(f["role"] == "cascade" for f in stops), stops
+    return verdict
+
+
+def _run_until_stacks(run_dir: Path) -> subprocess.Popen[str]:
+    proc = subprocess.Popen(
+        [*RUN, "--run-dir", str(run_dir), "--hang-after", "4", "--", *torchrun(2, "hang")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        if (run_dir / "events.jsonl").exists() and any(
+            e["event"] == "stacks" for e in events(run_dir)
+        ):
+            return proc
+        time.sleep(0.5)
+    proc.kill()
+    raise AssertionError("no hang detected within 90 s")
+
+
+def test_hang_then_own_kill(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [
+            *RUN,
+            "--run-dir",
+            str(tmp_path / "r"),
+            "--hang-after",
+            "4",
+            "--on-hang",
+            "kill",
+            "--",
+            *torchrun(2, "hang"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert out.returncode != 0
+    _hang_verdict(tmp_path / "r")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["sigint", "sigterm"])
+def test_hang_then_stopped_by_a_signal(tmp_path: Path, sig: signal.Signals) -> None:
+    run_dir = tmp_path / "r"
+    proc = _run_until_stacks(run_dir)
+    proc.send_signal(sig)
+    try:
+        proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0
+    _hang_verdict(run_dir)
