@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint typecheck docs bench clean
+.PHONY: setup demo test fuzz lint typecheck docs bench clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -27,6 +27,13 @@ lint: $(STAMP)
 
 test: $(STAMP) lint
 	$(BIN)/python -m pytest -q
+
+# Thousands of hostile inputs (mutated real logs, run folders, error files, special files) with
+# fresh randomness, and the linear-time check with more pumping characters; `make test` runs a
+# few hundred derandomized ones.
+fuzz: $(STAMP)
+	DDPDOCTOR_FUZZ=full $(BIN)/python -m pytest -q -p no:cacheprovider \
+		tests/test_fuzz.py tests/test_linear_time.py --hypothesis-show-statistics
 
 docs: $(STAMP)
 	$(BIN)/ddpdoctor rules --write-docs docs/rules

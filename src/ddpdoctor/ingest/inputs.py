@@ -10,7 +10,7 @@ import glob
 import os
 import re
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from ddpdoctor.ingest.filenames import display_name
@@ -83,9 +83,10 @@ class _Expansion:
         hidden_too: bool = False,
     ) -> None:
         """Every file below `top`, depth first in name order, with a loop: a tree 1,000 folders
-        deep must not exhaust the interpreter's recursion limit. With `keep` (a glob), only
-        entries whose path relative to `top` it accepts are read or reported, and hidden ones
-        are looked at only when the pattern names some (`hidden_too`)."""
+        deep must not exhaust the interpreter's recursion limit. Links to folders are followed
+        after the real folders, so that a folder is named by its own path and a link to it is
+        the repeat. With `keep` (a glob), only entries whose path relative to `top` it accepts
+        are read or reported, and hidden ones only when the pattern names some."""
         top_key = (top_stat.st_dev, top_stat.st_ino)
         if top_key in self.folders:
             return  # the same folder named twice: its files are read once
@@ -93,42 +94,64 @@ class _Expansion:
         # (path, its key, index of the parent entry): the chain of parents finds loops
         chain: list[tuple[str, tuple[int, int], int]] = [(top, top_key, -1)]
         stack = [0]
-        while stack:
-            here = stack.pop()
-            folder = chain[here][0]
-            try:
-                with os.scandir(folder) as listing:
-                    entries = sorted(listing, key=lambda e: e.name)
-            except OSError as exc:
-                self.skip(folder, reason_for(exc, "cannot read folder"))
-                continue
-            subfolders: list[int] = []
-            for entry in entries:
-                path = entry.path[2:] if top == "." else entry.path  # as glob names them
-                rel = os.path.relpath(path, top) if keep is not None else ""
-                if entry.name.startswith(".") and not hidden_too:
-                    if keep is None:
-                        self.skip(path, HIDDEN)
-                    continue
-                try:
-                    is_folder = entry.is_dir()
-                    st: os.stat_result | None = entry.stat()
-                except OSError:
-                    is_folder, st = False, None
-                if not is_folder or st is None:
-                    if keep is None or keep(rel):
-                        self.add_file(path, st, in_folder=True)
-                    continue
-                key = (st.st_dev, st.st_ino)
+        links: list[tuple[str, tuple[int, int], int]] = []
+        while stack or links:
+            if not stack:
+                path, key, parent = links.pop(0)
                 seen = self.folders.get(key)
                 if seen is not None:
-                    if keep is None or keep(rel):
-                        self.skip(path, _repeat_reason(chain, here, key, seen))
+                    self.skip(path, _repeat_reason(chain, parent, key, seen))
                     continue
                 self.folders[key] = path
-                chain.append((path, key, here))
-                subfolders.append(len(chain) - 1)
+                chain.append((path, key, parent))
+                stack.append(len(chain) - 1)
+            here = stack.pop()
+            subfolders: list[int] = []
+            for path, key, is_link in self._list(chain[here][0], top, keep, hidden_too):
+                if is_link:
+                    links.append((path, key, here))
+                elif key in self.folders:  # a bind mount or hard-linked folder seen before
+                    self.skip(path, _repeat_reason(chain, here, key, self.folders[key]))
+                else:
+                    self.folders[key] = path
+                    chain.append((path, key, here))
+                    subfolders.append(len(chain) - 1)
             stack.extend(reversed(subfolders))
+
+    def _list(
+        self, folder: str, top: str, keep: Callable[[str], bool] | None, hidden_too: bool
+    ) -> Iterator[tuple[str, tuple[int, int], bool]]:
+        """Adds the files of one folder, reports what cannot be read; yields its subfolders as
+        (path, identity, reached through a link)."""
+        try:
+            with os.scandir(folder) as listing:
+                entries = sorted(listing, key=lambda e: e.name)
+        except OSError as exc:
+            self.skip(folder, reason_for(exc, "cannot read folder"))
+            return
+        for entry in entries:
+            path = entry.path[2:] if top == "." else entry.path  # as glob names them
+            wanted = keep is None or keep(os.path.relpath(path, top))
+            if entry.name.startswith(".") and not hidden_too:
+                if keep is None:
+                    self.skip(path, HIDDEN)
+                continue
+            try:
+                is_folder = entry.is_dir()
+            except OSError:
+                is_folder = False
+            try:
+                st: os.stat_result | None = entry.stat()
+            except OSError as exc:
+                if is_folder:  # e.g. its path is longer than PATH_MAX
+                    if wanted:
+                        self.skip(path, reason_for(exc, "cannot read folder"))
+                    continue
+                st = None
+            if is_folder and st is not None:
+                yield path, (st.st_dev, st.st_ino), entry.is_symlink()
+            elif wanted:
+                self.add_file(path, st, in_folder=True)
 
 
 def _repeat_reason(

@@ -31,6 +31,8 @@ try:  # isal decompresses gzip about 1.5x faster than zlib; optional.
 except ImportError:  # pragma: no cover - depends on the platform
     _fast_gzip = None
 
+_READ_ERRORS: tuple[type[BaseException], ...] = (QuietPipe, *_DECODE_ERRORS)
+
 CHUNK_BYTES = 4 * 1024 * 1024
 MAX_LINE_BYTES = 8 * 1024 * 1024
 """A single line longer than this is cut into pieces so memory stays bounded."""
@@ -38,6 +40,9 @@ SNIFF_BYTES = 8192
 DECODED_READ_BYTES = 256 * 1024
 """Read size of a decoded stream (gzip, UTF-16): a truncated archive then loses at most one read
 of text."""
+GZIP_PIECE_BYTES = 32 * 1024
+"""A .gz is decompressed this much at a time (as fast as larger reads, measured with isal): a
+truncated or corrupt archive then loses at most this much of the text before the damage."""
 PROBE_BYTES = 64 * 1024
 GZIP_MAGIC = b"\x1f\x8b"
 
@@ -111,6 +116,7 @@ class ChunkStream:
         self.read_bytes = chunk_bytes
         self._waited = False
         self._gzip = False
+        self._pending: BaseException | None = None
 
     def _skip(self, reason: str) -> None:
         self.info.status, self.info.reason = "skipped", reason
@@ -179,19 +185,26 @@ class ChunkStream:
                 stream.close()
 
     def _read(self, stream: BinaryIO, size: int) -> bytes:
-        """Up to `size` bytes; from a pipe or device, what arrives until `size` or a pause (one
-        raw read at a time, so that a pause loses nothing already read)."""
-        if not self._waited or not isinstance(stream, io.BufferedReader):
+        """Up to `size` bytes. A gzip stream is read in pieces and a pipe or device as data
+        arrives, so that an error or a pause keeps what came before it: the bytes read are
+        returned now and the error is raised by the next call (a truncated .gz used to lose its
+        whole last read, up to 256 KB of text)."""
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            raise pending
+        if not (self._waited or self._gzip) or not hasattr(stream, "read1"):
             return stream.read(size)
+        piece = GZIP_PIECE_BYTES if self._gzip else size
         parts: list[bytes] = []
         got = 0
         while got < size:
             try:
-                part = stream.read1(size - got)
-            except QuietPipe:
-                if parts:
-                    break  # what arrived is returned now; the next read raises again
-                raise
+                part = stream.read1(min(piece, size - got))
+            except _READ_ERRORS as exc:
+                if not parts:
+                    raise
+                self._pending = exc
+                break
             if not part:
                 break
             parts.append(part)
