@@ -23,6 +23,8 @@ CAPTURED = REPO / "src" / "ddpdoctor" / "scenarios" / "captured"
 CASES = REPO / "corpus" / "cases"
 RUN_FOLDERS = (REAL / "run-folder-hang", REAL / "run-folder-exit")
 ERROR_FILES = next((REAL / "elastic-error-json").glob("*_*"))
+MAX_MUTANT_BYTES = 4 << 20
+"""A mutant is cut to this size (the scan of long inputs is tested elsewhere)."""
 MAX_SEED_LINES = 400
 """A window of a real log this long keeps each example fast while holding whole tracebacks."""
 
@@ -120,7 +122,7 @@ def mutated(draw: st.DrawFn, data: bytes) -> bytes:
             s = bytes(buf).rfind(b"\n", 0, at) + 1
             e = bytes(buf).find(b"\n", at)
             line = bytes(buf[s : e + 1 if e >= 0 else len(buf)]) or b"x\n"
-            buf[s:s] = line * draw(st.integers(2, 500))
+            buf[s:s] = line * min(draw(st.integers(2, 500)), MAX_MUTANT_BYTES // len(line) + 1)
         elif kind == 6 and buf:  # a line stretched to 100 KB
             token = draw(st.sampled_from(TOKENS)).encode("utf-8", "surrogatepass") or b"x"
             buf[at:at] = token * (100_000 // len(token))
@@ -128,6 +130,7 @@ def mutated(draw: st.DrawFn, data: bytes) -> bytes:
             del buf[at:]
         else:  # invalid UTF-8 and lone surrogates' bytes
             buf[at:at] = draw(st.sampled_from([b"\xff\xfe", b"\xc3\x28", b"\xed\xa0\x80", b"\x80"]))
+        del buf[MAX_MUTANT_BYTES:]  # edits compound: a stretched line repeated 500 times
     return bytes(buf)
 
 

@@ -212,3 +212,14 @@ def test_recursive_globs_follow_links_once_and_stop_at_loops(tmp_path: Path, pat
     listed = sources(f"{tmp_path}/{pattern}")
     assert listed[str(tmp_path / "node0" / "a" / "rank0.log")].status == "read"
     assert len([p for p in listed if p.endswith("rank0.log")]) == 1
+
+
+def test_a_glob_over_a_folder_does_not_hide_the_rest_of_it(tmp_path: Path) -> None:
+    """A recursive glob sees part of a tree; the same folder named next has all its files read."""
+    (tmp_path / "node0").mkdir()
+    shutil.copy(TIMED, tmp_path / "node0" / "console.log")
+    (tmp_path / "node0" / "rank1.txt").write_text("step 1\n")
+    os.symlink(tmp_path, tmp_path / "node0" / "up")
+    inputs, problems = expand_paths([f"{tmp_path}/**/*.txt", str(tmp_path)])
+    assert sorted(Path(i.path).name for i in inputs) == ["console.log", "rank1.txt"]
+    assert [p.reason for p in problems] == [f"symbolic link loop: back to {tmp_path}"]

@@ -88,9 +88,11 @@ class _Expansion:
         the repeat. With `keep` (a glob), only entries whose path relative to `top` it accepts
         are read or reported, and hidden ones only when the pattern names some."""
         top_key = (top_stat.st_dev, top_stat.st_ino)
-        if top_key in self.folders:
+        # a glob sees only part of a tree: it must not stop a later full walk of the same one
+        visited = self.folders if keep is None else {}
+        if top_key in visited:
             return  # the same folder named twice: its files are read once
-        self.folders[top_key] = top
+        visited[top_key] = top
         # (path, its key, index of the parent entry): the chain of parents finds loops
         chain: list[tuple[str, tuple[int, int], int]] = [(top, top_key, -1)]
         stack = [0]
@@ -98,11 +100,11 @@ class _Expansion:
         while stack or links:
             if not stack:
                 path, key, parent = links.pop(0)
-                seen = self.folders.get(key)
+                seen = visited.get(key)
                 if seen is not None:
                     self.skip(path, _repeat_reason(chain, parent, key, seen))
                     continue
-                self.folders[key] = path
+                visited[key] = path
                 chain.append((path, key, parent))
                 stack.append(len(chain) - 1)
             here = stack.pop()
@@ -110,10 +112,10 @@ class _Expansion:
             for path, key, is_link in self._list(chain[here][0], top, keep, hidden_too):
                 if is_link:
                     links.append((path, key, here))
-                elif key in self.folders:  # a bind mount or hard-linked folder seen before
-                    self.skip(path, _repeat_reason(chain, here, key, self.folders[key]))
+                elif key in visited:  # a bind mount or hard-linked folder seen before
+                    self.skip(path, _repeat_reason(chain, here, key, visited[key]))
                 else:
-                    self.folders[key] = path
+                    visited[key] = path
                     chain.append((path, key, here))
                     subfolders.append(len(chain) - 1)
             stack.extend(reversed(subfolders))
@@ -183,7 +185,13 @@ def expand_paths(
                 out.skip(raw, "no file matches")
             continue
         _expand_one(out, raw)
-    return out.inputs, out.problems
+    problems: list[SourceInfo] = []
+    seen: set[tuple[str, str | None]] = set()
+    for problem in out.problems:  # a loop met by a folder and by a glob over it is one problem
+        if (problem.path, problem.reason) not in seen:
+            seen.add((problem.path, problem.reason))
+            problems.append(problem)
+    return out.inputs, problems
 
 
 def _expand_one(out: _Expansion, path: str) -> None:
@@ -202,30 +210,31 @@ def _expand_one(out: _Expansion, path: str) -> None:
 
 
 def _expand_glob(out: _Expansion, pattern: str) -> None:
-    """A pattern without `**` is the standard library's glob (one level per component); with
-    `**` its fixed leading folder is walked like a folder and each path matched against it."""
-    if "**" not in pattern:
+    """A pattern without a `**` component is the standard library's glob (one folder level per
+    component); with one, what comes before it is globbed and each folder found is walked like a
+    folder named on the command line, its paths matched against the rest of the pattern."""
+    parts = pattern.split(os.sep)
+    if "**" not in parts:
         for path in sorted(glob.glob(pattern)):
             _expand_one(out, path)
         return
-    parts = pattern.split(os.sep)
-    fixed = 0
-    while fixed < len(parts) - 1 and not glob.has_magic(parts[fixed]):
-        fixed += 1
-    root = os.sep.join(parts[:fixed]) or ("/" if pattern.startswith(os.sep) else ".")
-    if parts[:fixed] == [""]:
-        root = os.sep
-    rest = parts[fixed:]
+    cut = parts.index("**")
+    prefix = os.sep.join(parts[:cut]) or ("." if cut == 0 else os.sep)
+    rest = parts[cut:]
     matcher = re.compile(_glob_regex(rest))
-    try:
-        st = os.stat(root)
-    except OSError as exc:
-        if exc.errno != errno.ENOENT:  # a missing root: "no file matches" says enough
-            out.skip(root, reason_for(exc, "cannot read folder"))
-        return
-    if stat.S_ISDIR(st.st_mode):
-        hidden = any(p.startswith(".") for p in rest)
-        out.walk(root, st, keep=lambda rel: matcher.fullmatch(rel) is not None, hidden_too=hidden)
+    hidden = any(p.startswith(".") for p in rest)
+    bases = sorted(glob.glob(prefix)) if glob.has_magic(prefix) else [prefix]
+    for base in bases:
+        try:
+            st = os.stat(base)
+        except OSError as exc:
+            if exc.errno != errno.ENOENT:  # a missing base: "no file matches" says enough
+                out.skip(base, reason_for(exc, "cannot read folder"))
+            continue
+        if stat.S_ISDIR(st.st_mode):
+            out.walk(
+                base, st, keep=lambda rel: matcher.fullmatch(rel) is not None, hidden_too=hidden
+            )
 
 
 def _glob_regex(parts: list[str]) -> str:
