@@ -13,7 +13,12 @@ from functools import lru_cache
 from ddpdoctor.analysis.engine import Matcher, Pattern, build_matcher
 from ddpdoctor.analysis.facts import FACT_PATTERNS, FactPattern
 from ddpdoctor.analysis.newlines import count_newlines
-from ddpdoctor.ingest.bounds import count_number, safe_capture, time_from_epoch
+from ddpdoctor.ingest.bounds import (
+    MAX_NUMBER_DIGITS,
+    count_number,
+    safe_capture,
+    time_from_epoch,
+)
 from ddpdoctor.ingest.elastic_error import ErrorFileChunks, is_error_file
 from ddpdoctor.ingest.filenames import origin_from_path
 from ddpdoctor.ingest.prefixes import MAX_TEXT, ParsedLine, parse_line, rank_before
@@ -362,12 +367,20 @@ def _record(parsed: ParsedLine, display: str, line_no: int, file_origin: Origin)
 def _captures(m: re.Match[str]) -> dict[str, str]:
     """What a match captured, made safe where hits and facts are born: no capture longer than a
     line's text (a `.+` on an 8 MB line), none that is a number no real log prints (a rank or
-    timeout of thousands of digits breaks int(), a huge one overflows time arithmetic)."""
-    return {
-        k: v[:MAX_TEXT]
-        for k, v in m.groupdict().items()
-        if v is not None and safe_capture(v[:MAX_TEXT])
-    }
+    timeout of thousands of digits breaks int(), a huge one overflows time arithmetic). Short
+    captures, nearly all of them, pass without a look."""
+    if not m.re.groupindex:
+        return {}
+    out: dict[str, str] = {}
+    for name, value in m.groupdict().items():
+        if value is None:
+            continue
+        if len(value) > MAX_NUMBER_DIGITS:
+            value = value[:MAX_TEXT]
+            if not safe_capture(value):
+                continue
+        out[name] = value
+    return out
 
 
 def _raw_lines_before(chunk: bytes, start: int, count: int) -> list[str]:

@@ -28,7 +28,10 @@ _LONG_DIGITS = re.compile(rf"\d{{{MAX_NUMBER_DIGITS + 1}}}")
 
 def bounded_int(text: str | None, low: int, high: int) -> int | None:
     """`text` as an int when it is one of at most MAX_NUMBER_DIGITS digits within [low, high]."""
-    if text is None or _INT.fullmatch(text) is None:
+    if text is None:
+        return None
+    common = len(text) <= MAX_NUMBER_DIGITS and text.isascii() and text.isdigit()
+    if not common and _INT.fullmatch(text) is None:  # signs, other scripts' digits: slower
         return None
     value = int(text)
     return value if low <= value <= high else None
