@@ -21,7 +21,10 @@ from tests.conftest import CORPUS, REPO
 REAL = REPO / "tests" / "fixtures" / "real"
 CAPTURED = REPO / "src" / "ddpdoctor" / "scenarios" / "captured"
 CASES = REPO / "corpus" / "cases"
-RUN_FOLDERS = (REAL / "run-folder-hang", REAL / "run-folder-exit")
+RUN_FOLDERS = (
+    REPO / "tests" / "fixtures" / "runs" / "hang",
+    REPO / "tests" / "fixtures" / "runs" / "exit-3",
+)
 ERROR_FILES = next((REAL / "elastic-error-json").glob("*_*"))
 MAX_MUTANT_BYTES = 4 << 20
 """A mutant is cut to this size (the scan of long inputs is tested elsewhere)."""
@@ -38,7 +41,7 @@ def _log_files() -> list[Path]:
         for p in sorted(root.rglob("*"))
         if p.is_file() and p.suffix in (".log", ".txt", "") and p.stat().st_size < 4 << 20
     ]
-    return [p for p in files if "run-folder" not in str(p)]
+    return files
 
 
 LOG_FILES = _log_files()

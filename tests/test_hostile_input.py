@@ -24,7 +24,7 @@ from tests.conftest import REPO
 REAL = REPO / "tests" / "fixtures" / "real"
 TIMED = REAL / "timed-data-error" / "console.log"
 SUMMARY = REAL / "timeout-echo-printed-first" / "console.log"
-RUN_HANG = REAL / "run-folder-hang"
+RUN_HANG = REPO / "tests" / "fixtures" / "runs" / "hang"
 ERROR_JSON = next((REAL / "elastic-error-json").glob("*_*"))
 CORPUS = REPO / "corpus" / "cases"
 BIG = "9" * 5000
