@@ -1,60 +1,64 @@
-"""Scoreboard on the real corpus (../shared/corpus): kind, category and culprit ranks against
-the labels. Prints the table; the thresholds may never fall."""
+"""Scoreboard on the labelled real corpus (corpus/scoreboard.py): every split is scored and
+printed; the suite fails only when the training split regresses. The validation split is
+measured, never tuned on, and never asserted (a rule added for a validation case moves that
+case to training, in its label)."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
+from corpus.scoreboard import load_cases, render, score, totals
 
-from ddpdoctor.analysis.diagnose import diagnose_paths
-from tests.conftest import corpus_cases
-
-KIND_MIN = 0.90
-CULPRIT_MIN = 0.90
-# Measured on 2026-11-30: 28/29 kinds. Raise it when the tool improves; never lower it.
-KIND_FLOOR = 28
-
-
-def score(case: Path) -> dict[str, object]:
-    label = json.loads((case / "label.json").read_text())
-    report = diagnose_paths([str(case / "logs")])
-    v = report.verdict
-    accept = label.get("kind_accept") or [label["kind"]]
-    want_ranks = label.get("culprit_ranks")
-    return {
-        "case": case.name,
-        "want": label["kind"],
-        "got": v.kind,
-        "kind_ok": v.kind in accept,
-        "category_ok": v.category == label["category"],
-        "culprit_graded": want_ranks is not None,
-        "culprit_ok": want_ranks is None or sorted(v.culprit.ranks) == sorted(want_ranks),
-        "ranks": v.culprit.ranks,
-        "want_ranks": want_ranks,
-    }
+# Measured on 2026-12-01 after the causality redesign (train split). Raise them when the tool
+# improves; never lower them.
+TRAIN_FLOORS = {
+    "kind": 154,
+    "category": 146,
+    "culprit_with_kind": 15,
+    "fix": 103,
+}
+TRAIN_MAX_FALSE_INFRA = 0
+SHARED_KIND_FLOOR = 28
+"""Of the 29 cases in ../shared/corpus (all training)."""
 
 
-def test_corpus_scoreboard(corpus: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    rows = [score(c) for c in corpus_cases()]
-    kind_ok = sum(bool(r["kind_ok"]) for r in rows)
-    cat_ok = sum(bool(r["category_ok"]) for r in rows)
-    graded = [r for r in rows if r["culprit_graded"]]
-    culprit_ok = sum(bool(r["culprit_ok"]) for r in graded)
+def test_corpus_scoreboard(capsys: pytest.CaptureFixture[str]) -> None:
+    cases = load_cases()
+    if not cases:
+        pytest.skip("no corpus present")
+    scores = [score(c) for c in cases]
     with capsys.disabled():
-        print(f"\n{'case':<62} {'kind':<5} {'cat':<4} {'culprit':<8} got")
-        for r in rows:
-            print(
-                f"{r['case']:<62} {'ok' if r['kind_ok'] else 'MISS':<5} "
-                f"{'ok' if r['category_ok'] else '-':<4} "
-                f"{('ok' if r['culprit_ok'] else 'MISS') if r['culprit_graded'] else '':<8} "
-                f"{r['got']} {r['ranks']}"
-            )
-        print(
-            f"kind {kind_ok}/{len(rows)}  category {cat_ok}/{len(rows)}  "
-            f"culprit {culprit_ok}/{len(graded)}"
-        )
-    assert kind_ok >= KIND_FLOOR
-    assert kind_ok / len(rows) >= KIND_MIN
-    assert culprit_ok / len(graded) >= CULPRIT_MIN
+        print("\n" + render(scores, show_misses=False))
+    train = [s for s in scores if s.split == "train"]
+    t = totals(train)
+    for metric, floor in TRAIN_FLOORS.items():
+        assert int(t[metric]) >= floor, (metric, t[metric], floor)  # type: ignore[call-overload]
+    assert t["false_infra"] == TRAIN_MAX_FALSE_INFRA
+    shared = [s for s, c in zip(scores, cases, strict=True) if "shared" in str(c.path.parent)]
+    if shared:
+        assert sum(s.kind_ok for s in shared) >= SHARED_KIND_FLOOR
+
+
+def test_every_case_is_well_formed() -> None:
+    kinds_required = {"id", "source_url", "kind", "kind_accept", "category", "culprit_ranks"}
+    for case in load_cases():
+        missing = kinds_required - set(case.label)
+        assert not missing, (case.name, missing)
+        assert (case.path / "logs").is_dir(), case.name
+        assert case.split in ("train", "validation")
+
+
+def test_the_split_is_fixed_by_thread() -> None:
+    """The split depends only on the thread's address: two labels of the same thread would
+    land in the same split, and a case cannot be moved to validation by editing it."""
+    from corpus.scoreboard import split_of
+
+    url = "https://github.com/pytorch/pytorch/issues/1"
+    assert split_of({"source_url": url}, shared=False) == split_of(
+        {"source_url": url + "#issuecomment-2"}, shared=False
+    )
+    assert split_of({"source_url": url, "split": "train"}, shared=False) == "train"
+    assert split_of({"source_url": url}, shared=True) == "train"
+    splits = [c.split for c in load_cases()]
+    if splits:
+        share = splits.count("validation") / len(splits)
+        assert 0.2 <= share <= 0.45, share

@@ -71,8 +71,8 @@ def test_adaptive_threshold_follows_the_step_interval() -> None:
 
 def test_activity_alone_is_not_progress() -> None:
     p = ProgressTracker(5.0, startup_grace_s=0.0)
-    p.note("rank0", b"step 1 loss 2.0\n", 1)
-    p.note("rank0", b"warning: something\n", 1)
+    p.note("rank0", b"step 1 loss 2.0\n")
+    p.note("rank0", b"warning: something\n")
     stalled = p.stalled(now=p.started + 1000)
     assert stalled is not None and stalled[1] == ["rank0"]
 
@@ -94,3 +94,17 @@ def test_rank_in_the_dataloader_is_missing_from_the_collective() -> None:
 def test_a_dead_rank_is_missing() -> None:
     diag = diagnose_stacks([stack(0, PYSPY)], missing=[1])
     assert diag.taxonomy_kind == "uncoordinated-exit" and diag.culprits == [1]
+
+
+def test_a_job_waiting_on_its_writes_is_not_stalled() -> None:
+    """While the capture does not read (terminal behind), the job waits in write: no hang;
+    after the release its idle time counts from then, not from its last progress line."""
+    p = ProgressTracker(5.0, startup_grace_s=0.0)
+    p.note("rank0", b"step 1 loss 2.0\n")
+    t0 = p.started
+    p.hold(True, now=t0 + 1)
+    assert p.stalled(now=t0 + 100) is None
+    p.hold(False, now=t0 + 100)
+    assert p.stalled(now=t0 + 104) is None
+    stalled = p.stalled(now=t0 + 106)
+    assert stalled is not None and 5.9 < stalled[0] < 6.1

@@ -28,9 +28,10 @@ BUSY_WINDOW = (0.5, 1.25)
 others waited: it started with the collective they waited in."""
 
 BUSY_PHASE = re.compile(
-    r"(?i)sav(?:e|ing) (?:the )?(?:model|checkpoint|state)|evaluat|validat|tokeniz|preprocess"
-    r"|download|loading (?:the )?(?:dataset|data|checkpoint|model)|building (?:the )?index"
-    r"|consolidat|gather(?:ing)? (?:the )?(?:full )?state|running (?:on|the) (?:dataset|eval)"
+    r"(?i)sav(?:e|ing) (?:(?:the|a|its) )?(?:model|checkpoint|state)|evaluat|validat|tokeniz"
+    r"|preprocess|download|loading (?:the )?(?:dataset|data|checkpoint|model)"
+    r"|building (?:the )?index|consolidat|gather(?:ing)? (?:the )?(?:full )?state"
+    r"|running (?:on|the) (?:dataset|eval)"
 )
 """Last words that announce a long phase a rank does on its own."""
 
@@ -102,6 +103,13 @@ def build_evidence(job: JobView, events: list[Event]) -> JobEvidence:
             if not stream.error_lines and BUSY_PHASE.search(stream.last_text):
                 view.busy_phase = stream.last_text[:80]
 
+    flight = info.flight
+    if flight is not None:
+        evidence.flight = flight
+        for rank in flight.ranks_with_dump:  # a rank that left a dump was there
+            ranks.setdefault(rank, RankView(rank=rank)).present = True
+    for rank in job.completed_ranks:
+        ranks.setdefault(rank, RankView(rank=rank, present=True)).completed = True
     for event in events:
         _add_event(evidence, event)
         if event.marker in (Marker.TEARDOWN, Marker.STOP):
@@ -214,6 +222,7 @@ def _stall(job: JobView) -> Stall | None:
         summary=hang.summary,
         groups=groups,
         killed=job.killed_for_hang,
+        stopped=job.stopped,
     )
 
 

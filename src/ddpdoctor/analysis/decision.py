@@ -64,9 +64,50 @@ def decide(
     ctx = Context(evidence=evidence, completed_at=job.completed_at, intended=intended)
     for relation in RELATIONS:
         relation(graph, ctx)
+    _relate_symptoms(graph, evidence, hypotheses)
     decision = _choose(graph, evidence, job, hypotheses, ctx)
+    _weigh_flight_recorder(decision, evidence)
     _assign_roles(findings, graph, decision)
     return decision
+
+
+def _weigh_flight_recorder(decision: Decision, evidence: JobEvidence) -> None:
+    """The recorder tells where, the logs tell why: its first divergence is quoted with every
+    verdict, and raises the confidence when it names the same ranks (lowers it otherwise)."""
+    flight = evidence.flight
+    first = flight.first if flight is not None else None
+    if first is None or decision.rule is None:
+        return
+    said = " ".join(decision.notes)
+    if first.summary and first.summary not in said:
+        decision.notes.append(f"The Flight Recorder dumps show: {first.summary}")
+    named, culprits = set(first.ranks), set(decision.culprit_ranks)
+    if named and culprits and named <= culprits:
+        decision.confidence = min(0.99, decision.confidence + 0.05)
+        decision.basis.append("+ the Flight Recorder dumps name the same rank(s)")
+    elif named and culprits and not named & culprits and not first.ambiguous:
+        decision.confidence = max(0.05, decision.confidence - 0.1)
+        decision.basis.append(
+            f"- the Flight Recorder dumps point at rank(s) {_list(named)} instead"
+        )
+
+
+def _relate_symptoms(
+    graph: CausalGraph, evidence: JobEvidence, hypotheses: tuple[Hypothesis, ...]
+) -> None:
+    """A finding that declares itself the symptom of an inferred cause is explained by that
+    cause when the cause's own evidence holds (uneven batch counts behind a mismatch)."""
+    for hypothesis in hypotheses:
+        kind = hypothesis.rule.kind
+        symptoms = [e for e in graph.events if kind in e.rule.symptom_of]
+        if not symptoms:
+            continue
+        assessment = hypothesis.assess(evidence)
+        if assessment is None or assessment.score < MIN_SCORE:
+            continue
+        node = graph.add_node(Node(hypothesis.rule.code, hypothesis.rule, assessment.culprits))
+        for event in symptoms:
+            graph.add(node, event, "symptom", assessment.support[0] if assessment.support else "")
 
 
 # --------------------------------------------------------------------------- choosing a root

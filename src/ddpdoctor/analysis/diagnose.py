@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from ddpdoctor import __version__
 from ddpdoctor.analysis.decision import decide
+from ddpdoctor.analysis.flight import analyze as analyze_flight
 from ddpdoctor.analysis.grouping import dedupe, evidence_of, group
 from ddpdoctor.analysis.job import build_job
 from ddpdoctor.analysis.parallel import scan_inputs
 from ddpdoctor.analysis.verdict import build_verdict
 from ddpdoctor.ingest.attribution import attribute
+from ddpdoctor.ingest.flight_dumps import take_dumps
 from ddpdoctor.ingest.run_events import is_events_file, read_events
 from ddpdoctor.ingest.sources import Input, expand_paths
 from ddpdoctor.model.findings import Report
@@ -27,6 +29,7 @@ def diagnose_inputs(
     run_events = [read_events(i.path) for i in inputs if is_events_file(i.path)]
     event_paths = {e.source for e in run_events}
     inputs = [i for i in inputs if i.path not in event_paths]
+    dumps, dump_sources, inputs = take_dumps(inputs)
     scans = scan_inputs(inputs, engine=engine, jobs=jobs)
     hits = [h for scan in scans for h in scan.hits]
     order = 0
@@ -37,6 +40,8 @@ def diagnose_inputs(
     job = build_job(scans, [h.record.origin for h in hits], run_events)
     hits = attribute(hits, job.resolve, job.single_node, job.info.hosts)
     hits = dedupe(hits, rules)
+    if dumps:
+        job.info.flight = analyze_flight(dumps, job.info.world_size)
     findings = group(hits, rules)
     decision = decide(findings, job, rules, HYPOTHESES, INTENDED_ENDS)
     for f in findings:
@@ -46,7 +51,7 @@ def diagnose_inputs(
     verdict = build_verdict(decision, findings, job)
     role_order = {"root": 0, "cascade": 1, "context": 2}
     findings.sort(key=lambda f: (role_order.get(f.role, 3), f.hits[0].order if f.hits else 0))
-    sources: list[SourceInfo] = [scan.info for scan in scans] + list(problems or [])
+    sources: list[SourceInfo] = [scan.info for scan in scans] + dump_sources + list(problems or [])
     sources += [
         SourceInfo(
             e.source,

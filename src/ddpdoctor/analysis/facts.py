@@ -72,6 +72,9 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
     FactPattern("completed", r"training complete", "training complete"),
     FactPattern("completed", r"Training finished", "Training finished"),
     FactPattern("completed", r"Finished training", "Finished training"),
+    FactPattern("completed", r"training finished", "training finished"),
+    # Megatron-LM's training loop: "[after training is done] datetime: ..."
+    FactPattern("completed", r"\[after training is done\]", "after training is done"),
     # tqdm: " 9%|███▊   | 280000/2969526 [29:55<4:48:08, 155.57 examples/s]"
     FactPattern(
         "progress",
@@ -84,8 +87,16 @@ SUMMARY_RANK = re.compile(r"^\s*rank\s*: (?P<rank>\d+) \(local_rank: (?P<local>\
 SUMMARY_HOST = re.compile(r"^\s*host\s*: (?P<host>\S+)")
 
 
+SHELL_SIGNALS = frozenset({1, 2, 6, 7, 9, 11, 15})
+"""Signals whose 128+N exit code (a shell's, or Python's after a handled SIGTERM) is read as
+death by that signal: 137 is SIGKILL, 143 SIGTERM."""
+
+
 def signal_name(exit_code: int) -> str | None:
-    """The signal a negative exit code stands for (-9 -> SIGKILL), as launchers report it."""
+    """The signal an exit code stands for: negative as launchers report it (-9 -> SIGKILL),
+    or 128+N as shells and handlers do (143 -> SIGTERM)."""
+    if exit_code > 128 and exit_code - 128 in SHELL_SIGNALS:
+        return signal.Signals(exit_code - 128).name
     if exit_code >= 0:
         return None
     try:

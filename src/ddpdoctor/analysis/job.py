@@ -27,8 +27,12 @@ class JobView:
     transports: set[str] = field(default_factory=set)
     hangs: list[RunHang] = field(default_factory=list)
     killed_for_hang: bool = False
+    stopped: bool = False
+    """`ddpdoctor run` killed the job or forwarded a stop signal to it."""
     completed_at: dict[str, int] = field(default_factory=dict)
     """First line per source where training announced its end."""
+    completed_ranks: set[int] = field(default_factory=set)
+    """Ranks whose own lines announced the end of training."""
     rank_map: dict[tuple[str, int], int] = field(default_factory=dict)
 
     def resolve(self, origin: Origin) -> int | None:
@@ -99,6 +103,7 @@ def build_job(
     progress: list[FactHit] = []
     transports: set[str] = set()
     completed_at: dict[str, int] = {}
+    completed_ranks: set[int] = set()
     for scan in scans:
         expect_root = False
         for fact in scan.facts:
@@ -128,6 +133,9 @@ def build_job(
             elif fact.name == "progress":
                 progress.append(fact)
             elif fact.name == "completed":
+                done = resolve_rank(fact.record.origin, single_node, rank_map)
+                if done is not None:
+                    completed_ranks.add(done)
                 src = fact.record.source
                 completed_at[src] = min(completed_at.get(src, fact.record.line), fact.record.line)
             elif fact.name in ("socket_transport", "ib_transport"):
@@ -173,6 +181,8 @@ def build_job(
         transports=transports,
         hangs=hangs,
         killed_for_hang=any(e.killed_for_hang for e in run_events or []),
+        stopped=any(e.stopped for e in run_events or []),
         rank_map=rank_map,
         completed_at=completed_at,
+        completed_ranks=completed_ranks,
     )

@@ -72,16 +72,18 @@ def failing(event: Event) -> bool:
 
 
 def attribute_by_elimination(events: list[Event], evidence: JobEvidence) -> bool:
-    """A failure printed without a rank belongs to the one rank it can be: the only rank (on
-    its host, when the line has one) that neither waited nor lost its peer, narrowed to the
-    ranks whose exit code says they failed. Changes the events' ranks, never the records;
-    True when any event got a rank."""
+    """A failure (or an early-stop announcement) printed without a rank belongs to the one rank
+    it can be: the only rank (on its host, when the line has one) that neither waited nor lost
+    its peer, narrowed to the ranks whose exit code says they failed. Changes the events'
+    ranks, never the records; True when any event got a rank."""
     present = {r for r, v in evidence.ranks.items() if v.present}
     waiting = evidence.waiting
     failing = set(evidence.failing_exits)
     changed = False
     for event in events:
-        if event.rank is not None or not (event.primary or event.rule.exit_path):
+        if event.rank is not None or not (
+            event.primary or event.rule.exit_path or event.marker == Marker.STOP
+        ):
             continue
         hosts = {h.record.origin.host for h in event.hits if h.record.origin.host}
         on_host = {r for r in present if evidence.ranks[r].host in hosts}
@@ -104,12 +106,18 @@ def relate_same_report(graph: CausalGraph, ctx: Context) -> None:
     """One report is one failure: of two rules matching lines of the same writer's traceback,
     or of one message printed over a few lines (an error and the hints printed under it), the
     more specific explains the other."""
-    primaries = [e for e in graph.events if e.primary]
-    for a in primaries:
+    reports = [e for e in graph.events if failing(e)]
+    for a in reports:
         block = {(c.source, c.line) for h in a.hits for c in h.context}
         block |= {(h.record.source, h.record.line) for h in a.hits}
-        for b in primaries:
-            if b is a or b.rule.specificity >= a.rule.specificity:
+        for b in reports:
+            if b is a or not (b.primary or b.rule.exit_path):
+                continue
+            # an abort printed with a timeout ("terminate called ... what(): ... timeout") is
+            # how that timeout ended the process; otherwise the more specific rule wins
+            if not b.rule.exit_path and (not a.primary or b.rule.specificity >= a.rule.specificity):
+                continue
+            if b.rule.exit_path and a.rule.exit_path:
                 continue
             if _same_report(a, b, block):
                 graph.add(a, b, "same report", "the same message, read by a more specific rule")
@@ -245,11 +253,24 @@ def _after(event: Event, first_line: dict[str, int]) -> bool:
 
 
 def relate_completion(graph: CausalGraph, ctx: Context) -> None:
-    """After training announced its end, a crash or a lost peer is teardown: the work was
-    done."""
+    """After training announced its end, a crash, a lost peer or a stop from outside (a time
+    limit reached by a job that did not exit) is teardown: the work was done (of the rank it
+    happened to, when the announcements say which ranks finished)."""
     if not ctx.completed_at:
         return
-    crashes = [e for e in graph.events if e.crash_like and _after(e, ctx.completed_at)]
+    finished = {r for r, v in ctx.evidence.ranks.items() if v.completed}
+
+    def its_work_was_done(event: Event) -> bool:
+        # in a console shared by ranks, another rank's end says nothing about this one
+        return event.rank is None or not finished or event.rank in finished
+
+    crashes = [
+        e
+        for e in graph.events
+        if (e.crash_like or e.echo == Echo.STOPPED)
+        and _after(e, ctx.completed_at)
+        and its_work_was_done(e)
+    ]
     if not crashes:
         return
     node = graph.add_node(Node("completion", ctx.intended.get("teardown")))
@@ -327,15 +348,17 @@ def relate_agreed_stop(graph: CausalGraph, ctx: Context) -> None:
 
 
 def relate_stall(graph: CausalGraph, ctx: Context) -> None:
-    """Once `ddpdoctor run` caught the job stalled, whatever stopped it afterwards (its own
-    kill, Ctrl-C, a SIGTERM) made ranks print stops, aborts, lost peers and generic
-    exceptions: those are the stall's echo, not new failures."""
+    """Once `ddpdoctor run` caught the job stalled, the ranks' timeouts, lost peers, aborts and
+    stops are its echo; and when something stopped the job afterwards (its own kill, Ctrl-C,
+    a SIGTERM), so are the generic exceptions the stop made them raise. A real error raised
+    without a stop is not the stall's echo."""
     stall = ctx.evidence.stall
     if stall is None:
         return
     node = graph.add_node(Node("stall", None, time=stall.time))
     for event in graph.events:
-        if event.echo is not None or event.rule.exit_path or (event.primary and event.generic):
+        stop_echo = stall.stopped and event.primary and event.generic
+        if event.echo is not None or event.rule.exit_path or stop_echo:
             graph.add(node, event, "stall", "printed when the stalled job was stopped")
 
 

@@ -58,6 +58,12 @@ def _notify(text: str) -> None:
     help="Do not put the faulthandler sitecustomize on the job's PYTHONPATH.",
 )
 @click.option(
+    "--no-flight-recorder",
+    is_flag=True,
+    help="Leave PyTorch's Flight Recorder as the job sets it (default: TORCH_FR_BUFFER_SIZE=2000 "
+    "unless set, and every rank's dump collected into the run folder on a hang).",
+)
+@click.option(
     "--label-ranks",
     is_flag=True,
     help="Make torchrun prefix each line with [rankN]: (adds --tee 3).",
@@ -67,7 +73,16 @@ def _notify(text: str) -> None:
     type=float,
     default=5.0,
     show_default=True,
-    help="Seconds between SIGTERM and SIGKILL when ending the job.",
+    help="Seconds between SIGTERM and SIGKILL when ending the job, also after a signal "
+    "ddpdoctor forwarded (ranks that ignore SIGTERM are killed after this).",
+)
+@click.option(
+    "--output-buffer",
+    type=float,
+    default=16.0,
+    show_default=True,
+    help="MiB of the job's output held per stream for a terminal or pipe that is not "
+    "reading; beyond it the job's writes wait, as on a pipe (nothing is dropped).",
 )
 @click.option(
     "--startup-grace",
@@ -90,8 +105,10 @@ def run(
     on_hang: str,
     stacks: str,
     no_inject: bool,
+    no_flight_recorder: bool,
     label_ranks: bool,
     grace: float,
+    output_buffer: float,
     startup_grace: float,
     quiet_report: bool,
     no_redact: bool,
@@ -107,6 +124,12 @@ def run(
     if hang_after is not None and hang_after <= 0:
         click.echo("ddpdoctor run: --hang-after must be positive", err=True)
         sys.exit(USAGE_OR_INPUT)
+    if not 0 <= grace <= 86400:
+        click.echo("ddpdoctor run: --grace must be between 0 and 86400 seconds", err=True)
+        sys.exit(USAGE_OR_INPUT)
+    if not 1 <= output_buffer <= 65536:
+        click.echo("ddpdoctor run: --output-buffer must be between 1 and 65536 MiB", err=True)
+        sys.exit(USAGE_OR_INPUT)
     opts = RunOptions(
         argv=argv,
         run_dir=run_dir or default_run_dir(),
@@ -114,8 +137,10 @@ def run(
         on_hang=on_hang,
         stacks=stacks,
         inject=not no_inject and stacks != "none",
+        flight_recorder=not no_flight_recorder,
         label_ranks=label_ranks,
         grace_s=grace,
+        output_buffer_bytes=int(output_buffer * (1 << 20)),
         startup_grace_s=startup_grace,
         notify=_notify,
         redact=not no_redact,

@@ -57,8 +57,11 @@ PY_LEVEL = re.compile(r"(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL)[:\s]")
 # The group name is bounded: `[^)]*` from every "[PG 1 (" of a long line was quadratic.
 C10D_RANK = re.compile(r"\[(?:PG \d+ (?:\([^)]{0,200}\) )?)?Rank (?P<rank>\d+)\]")
 # Programs that name their rank at the start of a line: "Rank 3 finished", "[rank 1] step 10".
+# Python logging puts its header first: "INFO - trainer - [rank 1] ...", "[INFO] mmcv: rank 2 ...".
 LEADING_RANK = re.compile(
-    r"(?:(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\s+)?\[?[Rr]ank[ =:]?(?P<rank>\d{1,5})\]?[:,]?\s"
+    r"(?:(?:\[?[\w.]{1,40}\]?\s*[-:|]\s*)?\[?(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\]?"
+    r"(?:\s*[-:|]\s*|\s+)(?:\[?[\w.]{1,40}\]?\s*[-:|]\s*)?)?"
+    r"\[?[Rr]ank[ =:]?(?P<rank>\d{1,5})\]?[:,]?\s"
 )
 
 LEVEL_NAMES = {"I": "info", "W": "warning", "E": "error", "F": "fatal"}
@@ -116,6 +119,12 @@ def clean(raw: str) -> str:
     return raw[:MAX_TEXT]
 
 
+# OpenMPI's mpirun --tag-output: "[1,3]<stderr>:" is job 1, rank 3 (MPI_COMM_WORLD rank).
+OPENMPI = re.compile(r"\[\d+,(?P<rank>\d{1,7})\]<(?:stdout|stderr|stddiag)>: ?")
+
+# A log pasted into a Markdown quote: "> [rank0]: Traceback ...", "> > nested".
+QUOTE = re.compile(r">+ ?")
+
 TEXT_RANK = re.compile(r"(?<![A-Za-z])[Rr]ank[ =:]?(?P<rank>\d{1,5})\b")
 
 
@@ -145,12 +154,21 @@ def parse_line(raw: str, year: int = 1970, with_time: bool = True) -> ParsedLine
             break
         # each format starts with known characters: try only the ones that can match there
         c = text[pos]
+        if c == ">" and pos == 0:
+            pos = QUOTE.match(text, pos).end()  # type: ignore[union-attr]
+            continue
         bracket, digit = c == "[", c.isdigit()
         nxt = text[pos + 1] if pos + 1 < end else ""
         m = None
         if digit:
             m = RFC3339.match(text, pos) or ISO_TIME.match(text, pos)
         elif bracket and nxt.isdigit():
+            mpi = OPENMPI.match(text, pos)
+            if mpi:
+                origin.rank = int(mpi.group("rank"))
+                prefix_parts.append(mpi.group(0).strip())
+                pos = mpi.end()
+                continue
             m = ISO_TIME.match(text, pos)
         if m:
             if with_time:

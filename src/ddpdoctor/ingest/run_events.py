@@ -38,6 +38,9 @@ class RunEvents:
     exit_code: int | None = None
     hangs: list[RunHang] = field(default_factory=list)
     killed_for_hang: bool = False
+    stopped: bool = False
+    """The job was stopped from outside: ddpdoctor's kill after a hang, or a signal (Ctrl-C,
+    SIGTERM) that `run` forwarded to it."""
     start_error: str | None = None
     """Why the job never started (`ddpdoctor run` could not start the command)."""
     facts: int = 0
@@ -130,6 +133,9 @@ def _apply(events: RunEvents, rec: dict[str, Any], where: str) -> None:
         )
     elif kind == "kill" and rec.get("reason") == "hang":
         events.killed_for_hang = True
+        events.stopped = True
+    elif kind == "signal_forwarded":
+        events.stopped = True
 
 
 def _int(value: object, parse: Callable[[str], int | None]) -> int | None:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from ddpdoctor.model.findings import Evidence
+from ddpdoctor.model.flight import FlightAnalysis
 
 COLLECTIVE_FUNCTIONS = frozenset(
     [
@@ -88,6 +89,8 @@ class RankView:
     exit_code: int | None = None
     exit_signal: str | None = None
     announced_stop: bool = False
+    completed: bool = False
+    """Its own lines announced the end of training: it finished, it did not leave early."""
     named_absent: bool = False
     """A peer's log names this rank as never having arrived (a monitored barrier)."""
     progress_total: int | None = None
@@ -130,6 +133,8 @@ class Stall:
     """(who, where) for the report: ranks grouped by where they were."""
     killed: bool = False
     """`ddpdoctor run --on-hang kill` ended the job after it."""
+    stopped: bool = False
+    """The job was stopped after it (that kill, or a signal `run` forwarded)."""
 
 
 @dataclass(slots=True)
@@ -159,6 +164,8 @@ class JobEvidence:
     started_training: bool = False
     stalled_at_startup: bool = False
     """The output stops right after distributed start-up: no step, no error, no exit."""
+    flight: FlightAnalysis | None = None
+    """The ranks' Flight Recorder dumps read side by side, when they were given."""
 
     @property
     def waiting(self) -> set[int]:

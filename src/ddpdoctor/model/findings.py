@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from ddpdoctor.model.flight import FlightAnalysis
 from ddpdoctor.model.records import Record
 
 
@@ -107,6 +108,8 @@ class JobInfo:
     exit_signal: str | None = None
     per_rank: dict[int, RankExit] = field(default_factory=dict)
     launcher_root_cause_rank: int | None = None
+    flight: FlightAnalysis | None = None
+    """The Flight Recorder dumps among the inputs, read across ranks (None: no dump given)."""
 
 
 @dataclass(slots=True)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from html import escape
 
 from ddpdoctor.model.findings import Evidence, Finding, JobInfo, Report
+from ddpdoctor.report.flight import headline, table_rows
 from ddpdoctor.report.ranges import rank_ranges
 
 STATUS_COLOUR = {
@@ -66,6 +67,8 @@ def to_html(report: Report, width: int = 110) -> str:
     if report.findings:
         parts.append("<h2>Findings</h2>")
         parts.append(_findings(report.findings))
+    if report.job.flight is not None:
+        parts.append(_flight(report))
     parts.append("<h2>Job</h2>")
     parts.append(_job(report.job))
     parts.append("<h2>Sources</h2>")
@@ -147,6 +150,31 @@ def _job(job: JobInfo) -> str:
             )
         out += "</tbody></table>"
     return out
+
+
+def _flight(report: Report) -> str:
+    """The recorders side by side: what diverged, then the last collectives of each rank."""
+    a = report.job.flight
+    if a is None:
+        return ""
+    out = [f'<h2>Flight Recorder</h2><p class="meta">{escape(headline(a))}</p>']
+    if a.divergences:
+        out.append("<ul>")
+        out += [
+            f"<li><strong>{escape(d.kind)}</strong>: {escape(d.summary)}</li>"
+            for d in a.divergences
+        ]
+        out.append("</ul>")
+    header, rows = table_rows(a)
+    if rows:
+        out.append("<table><thead><tr>" + "".join(f"<th>{escape(h)}</th>" for h in header))
+        out.append("</tr></thead><tbody>")
+        for diverges, cells in rows:
+            css = ' class="role-root"' if diverges else ""
+            out.append(f"<tr{css}>" + "".join(f"<td>{escape(c)}</td>" for c in cells) + "</tr>")
+        out.append("</tbody></table>")
+    out += [f'<p class="meta">note: {escape(n)}</p>' for n in a.notes]
+    return "".join(out)
 
 
 def _sources(sources: list[object]) -> str:

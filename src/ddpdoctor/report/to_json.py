@@ -8,6 +8,7 @@ from typing import Any
 
 from ddpdoctor.model.findings import Evidence, Report
 from ddpdoctor.model.records import SourceInfo
+from ddpdoctor.report.flight import flight_to_dict
 
 SCHEMA = "ddpdoctor.report/v1"
 
@@ -92,6 +93,7 @@ def report_to_dict(report: Report) -> dict[str, Any]:
                 },
             },
             "launcher_root_cause_rank": job.launcher_root_cause_rank,
+            "flight_recorder": flight_to_dict(job.flight),
         },
         "sources": [_source(s) for s in report.sources],
     }

@@ -11,6 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ddpdoctor.model.findings import Evidence, Report
+from ddpdoctor.report.flight import headline, table_rows
 from ddpdoctor.report.problems import problem_lines
 from ddpdoctor.report.ranges import rank_ranges
 
@@ -93,6 +94,8 @@ def renderables(report: Report) -> list[RenderableType]:
             )
         out.append(table)
 
+    if report.job.flight is not None:
+        out.extend(_flight(report))
     job = report.job
     facts = Text(style="dim")
     facts.append(f"world size: {job.world_size if job.world_size is not None else 'unknown'}")
@@ -109,6 +112,34 @@ def renderables(report: Report) -> list[RenderableType]:
     for line in problem_lines(bad):
         src.append(f"\n  {line}", style="yellow")
     out.append(src)
+    return out
+
+
+def _flight(report: Report) -> list[RenderableType]:
+    """The recorders side by side: what diverged, then the last collectives of each rank."""
+    a = report.job.flight
+    if a is None:
+        return []
+    header, rows = table_rows(a)
+    table = Table(title=f"Flight Recorder ({headline(a)})", expand=True)
+    for i, name in enumerate(header):
+        if i == 1:
+            table.add_column(name, no_wrap=True, justify="right")
+        else:
+            table.add_column(name, no_wrap=i < 2, overflow="fold")
+    for diverges, cells in rows:
+        table.add_row(*cells, style="bold red" if diverges else None)
+    out: list[RenderableType] = []
+    lines = Text()
+    for d in a.divergences[:3]:
+        lines.append(f"{d.kind}: ", style="bold")
+        lines.append(_clip(d.summary, 600) + "\n")
+    for note in a.notes[:3]:
+        lines.append(f"note: {_clip(note)}\n", style="dim")
+    if rows:
+        out.append(table)
+    if lines:
+        out.append(lines)
     return out
 
 

@@ -85,6 +85,11 @@ CAPTURES: dict[str, str] = {
     "signum": "a signal number",
     "sig": "a signal name",
     "reason": "why the scheduler ended the job",
+    "job": "a scheduler's job id",
+    "count": "a count the message states (devices, processes)",
+    "device": "a device index or name",
+    "port": "a network port",
+    "timeout_rank": "the rank a watchdog names as the first to time out",
     "code": "an exit code",
     "pids": "process ids",
     "step": "a training step",
@@ -143,6 +148,8 @@ class Rule:
     marker: the line marks where the job stood (see Marker) rather than a failure.
     explains: kinds this finding is the cause of when both appear in one job (parameters
     without gradient make DDP's buckets differ, which gloo reports as a collective mismatch).
+    symptom_of: kinds of inferred causes that, when their own evidence holds, explain this
+    finding (ranks with uneven batch counts end up issuing different collectives).
     proves_infrastructure: the line itself is evidence of a hardware or fabric fault; a
     finding of an infrastructure kind without it is never blamed on infrastructure.
     status: the verdict's status when this rule is the root (default: `slow` for performance
@@ -167,6 +174,7 @@ class Rule:
     exit_path: bool = False
     marker: Marker | None = None
     explains: tuple[str, ...] = ()
+    symptom_of: tuple[str, ...] = ()
     proves_infrastructure: bool = False
     status: Status | None = None
     applies: Callable[[JobEvidence], bool] | None = None
@@ -187,7 +195,7 @@ class Rule:
             raise RuleDefinitionError(f"{self.code}: unknown kind {self.kind!r}")
         if self.severity not in ("error", "warning", "info"):
             raise RuleDefinitionError(f"{self.code}: bad severity {self.severity!r}")
-        for kind in self.explains:
+        for kind in (*self.explains, *self.symptom_of):
             if kind not in KINDS:
                 raise RuleDefinitionError(f"{self.code}: explains unknown kind {kind!r}")
         for sig in self.signatures:

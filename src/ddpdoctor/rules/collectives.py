@@ -11,11 +11,26 @@ COLLECTIVE_MISMATCH = Rule(
     kind="collective-mismatch",
     title="Ranks called different collectives",
     sources="c10d ProcessGroupWrapper.cpp (TORCH_DISTRIBUTED_DEBUG=DETAIL), gloo pair.cc",
+    # the rank that runs out of batches first issues the next phase's collectives early
+    symptom_of=("uneven-inputs",),
     signatures=(
         Signature(r"Detected mismatch between collectives on ranks"),
         # gloo/transport/tcp/pair.cc: shapes differ between ranks
         Signature(r"op\.preamble\.length <= op\.nbytes", "op.preamble.length"),
         Signature(r"Is there a distributed collective mismatch in your code"),
+        # FSDP's execution order check (torch/distributed/fsdp/_exec_order_utils.py, with
+        # TORCH_DISTRIBUTED_DEBUG=DETAIL): ranks all-gather different modules' parameters
+        Signature(
+            r"Forward order differs across ranks: rank (?P<rank_a>\d+) is all-gathering",
+            "Forward order differs across ranks",
+        ),
+        # NCCL transport/net_socket.cc: a peer sent more bytes than this rank expects
+        Signature(
+            r"message truncated : receiving \d+ bytes instead of \d+",
+            "message truncated : receiving",
+        ),
+        # accelerate utils/operations.py (ACCELERATE_DEBUG_MODE=1) compares shapes first
+        Signature(r"Cannot apply desired operation due to shape mismatches"),
     ),
     explanation=Explanation(
         what="Two ranks issued collectives that do not match: another op, another shape or "
@@ -36,6 +51,8 @@ COLLECTIVE_MISMATCH = Rule(
     positive=(
         "RuntimeError: Detected mismatch between collectives on ranks. Rank 1 is running "
         "collective: CollectiveFingerPrint(SequenceNumber=21, OpType=BROADCAST",
+        "RuntimeError: Forward order differs across ranks: rank 0 is all-gathering 5 parameters "
+        "while rank 1 is all-gathering 4 parameters",
     ),
     negative=("Watchdog caught collective operation timeout: WorkNCCL(SeqNum=2, OpType=ALLREDUCE",),
 )
@@ -59,6 +76,22 @@ NCCL_WATCHDOG_TIMEOUT = Rule(
         # the same line cut short by a paste or a terminal: still a watchdog timeout
         Signature(r"Watchdog caught collective operation timeout"),
         Signature(r"Timeout at NCCL work: (?P<seq>\d+)", "Timeout at NCCL work"),
+        # another rank's watchdog timed out and asked this one to dump its flight recorder
+        # (ProcessGroupNCCL.cpp, torch >= 2.4): this rank is a bystander of that timeout
+        Signature(
+            r"Received a dump signal due to a collective timeout from\s+rank (?P<timeout_rank>\d+)",
+            "Received a dump signal due to a collective timeout",
+        ),
+        # TORCH_NCCL_BLOCKING_WAIT=1 raises the timeout in the calling thread
+        # (ProcessGroupNCCL.cpp WorkNCCL::synchronize)
+        Signature(
+            r"timed out in blocking wait \(TORCH_NCCL_BLOCKING_WAIT=1\)",
+            "timed out in blocking wait",
+        ),
+        # ncclTimeout (NCCL init.cc ncclGetErrorString) through c10d's "NCCL error in: ..."
+        # and C10D_CHECK_TIMEOUT (NCCLUtils.hpp) of a non-blocking communicator
+        Signature(r"NCCL error in: \S+, timeout, NCCL version", ", timeout, NCCL version"),
+        Signature(r"NCCL timeout in: \S+:\d+", "NCCL timeout in: "),
         Signature(r"Some NCCL operations have failed or timed out"),
         Signature(r"watchdog thread terminated with"),
     ),
@@ -101,6 +134,8 @@ GLOO_TIMEOUT = Rule(
             "Timed out waiting",
         ),
         Signature(r"Application timeout caused pair closure"),
+        # gloo transport/tcp/pair.cc: a read on a pair timed out
+        Signature(r"\] Read timeout \[", "Read timeout ["),
     ),
     explanation=Explanation(
         what="A gloo send/recv inside a collective waited longer than the process group timeout.",
@@ -134,6 +169,17 @@ MONITORED_BARRIER = Rule(
             r"Ranks? (?P<missing>[\d, ]+) failed to pass monitoredBarrier",
             "failed to pass monitoredBarrier",
         ),
+        # ProcessGroupGloo::monitoredBarrier on a non-zero rank: rank 0 is the one to read
+        Signature(
+            r"successfully reached monitoredBarrier, but received errors while waiting for "
+            r"send/recv from rank (?P<missing>0)",
+            "successfully reached monitoredBarrier",
+        ),
+        # control_collectives/StoreCollectives.cpp names the ranks that did not arrive
+        Signature(
+            r"(?:barrier|gather|all_gather) failed -- missing ranks: (?P<missing>[\d, ]+)",
+            "failed -- missing ranks: ",
+        ),
     ),
     explanation=Explanation(
         what="torch.distributed.monitored_barrier names the ranks that did not arrive in time.",
@@ -147,4 +193,47 @@ MONITORED_BARRIER = Rule(
     negative=("Watchdog caught collective operation timeout",),
 )
 
-RULES = (COLLECTIVE_MISMATCH, NCCL_WATCHDOG_TIMEOUT, GLOO_TIMEOUT, MONITORED_BARRIER)
+WATCHDOG_STUCK = Rule(
+    code="HANG102",
+    kind="hang",
+    title="The NCCL watchdog itself got stuck (heartbeat monitor)",
+    sources="ProcessGroupNCCL.cpp HeartbeatMonitor (torch >= 2.2)",
+    echo=Echo.WAITING,
+    specificity=20,
+    signatures=(
+        Signature(
+            r"ProcessGroupNCCL's watchdog got stuck for (?P<after>\d+) seconds",
+            "watchdog got stuck for",
+        ),
+    ),
+    explanation=Explanation(
+        what="The heartbeat monitor saw the collective watchdog make no progress and aborts the "
+        "process.",
+        why="A CUDA or NCCL call hangs (a kernel that never finishes, a collective a peer never "
+        "joins, a GPU or link stall), or a thread holds the GIL inside a CUDA call. Often the "
+        "echo of a peer that stopped: look at the other ranks first.",
+        fix="Find what the ranks were doing: their stacks (py-spy dump, `ddpdoctor run`), the "
+        "other ranks' errors; TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC only delays the abort.",
+        false_positives="It is a real stall, but rarely its cause.",
+    ),
+    fix=(
+        "Dump the ranks' stacks while it hangs (py-spy dump --pid PID, or run under "
+        "`ddpdoctor run`) and read every rank's log for an earlier error.",
+        "If every rank waits in the same collective: bisect the transport (NCCL_P2P_DISABLE=1, "
+        "NCCL_IB_DISABLE=1) with NCCL_DEBUG=INFO.",
+    ),
+    positive=(
+        "[rank0]:[F1130 10:49:07.000000000 ProcessGroupNCCL.cpp:1224] [PG 0 (default_pg) Rank 0] "
+        "ProcessGroupNCCL's watchdog got stuck for 480 seconds without making progress in "
+        "monitoring enqueued collectives.",
+    ),
+    negative=("Watchdog caught collective operation timeout",),
+)
+
+RULES = (
+    COLLECTIVE_MISMATCH,
+    NCCL_WATCHDOG_TIMEOUT,
+    GLOO_TIMEOUT,
+    MONITORED_BARRIER,
+    WATCHDOG_STUCK,
+)

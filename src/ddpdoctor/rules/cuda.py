@@ -23,6 +23,9 @@ CUDA_OOM = Rule(
         Signature(r"OutOfMemoryError"),
         Signature(r"CUBLAS_STATUS_ALLOC_FAILED"),
         Signature(r"cudaErrorMemoryAllocation"),
+        # accelerate utils/memory.py find_executable_batch_size: every batch size ran out of
+        # GPU memory
+        Signature(r"No executable batch size found, reached zero"),
     ),
     explanation=Explanation(
         what="The CUDA caching allocator could not allocate memory on a GPU.",
@@ -80,7 +83,9 @@ DEVICE_SIDE_ASSERT = Rule(
     signatures=(
         Signature(r"device-side assert triggered"),
         Signature(r"\.cu:\d+: \w+: block: \[[\d,]+\], thread: \[[\d,]+\] Assertion", "Assertion"),
-        Signature(r"Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions"),
+        # not "Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions": c10's CUDA
+        # check (c10/cuda/CUDAException.cpp) appends it to every CUDA error, so it made an
+        # out-of-memory or illegal-access error read as a device-side assert (census)
     ),
     explanation=Explanation(
         what="A CUDA kernel hit an assertion: almost always an index out of range.",
@@ -88,8 +93,8 @@ DEVICE_SIDE_ASSERT = Rule(
         "tokenizer without resizing the embeddings), negative indices.",
         fix="Re-run with CUDA_LAUNCH_BLOCKING=1 (or on CPU) to get the exact line; check "
         "label/token ranges; model.resize_token_embeddings(len(tokenizer)).",
-        false_positives="The 'Compile with TORCH_USE_CUDA_DSA' hint follows every CUDA error; "
-        "it only counts when no more specific CUDA error is present.",
+        false_positives="The 'Compile with TORCH_USE_CUDA_DSA' hint follows every CUDA error "
+        "(out of memory, illegal memory access): it is not evidence of an assert.",
     ),
     fix=(
         "Re-run with CUDA_LAUNCH_BLOCKING=1 to get the failing operation's true stack.",
@@ -118,6 +123,8 @@ GPU_HARDWARE = Rule(
         Signature(r"PCIe Bus Error: severity=(?P<severity>\w+)", "PCIe Bus Error"),
         Signature(r"unrecoverable.{0,20}(?:ECC|NVLink)", "unrecoverable"),
         Signature(r"CUDA error: GPU is lost"),
+        # cudaErrorNvlinkUncorrectable (libcudart cudaGetErrorString)
+        Signature(r"uncorrectable NVLink error detected"),
     ),
     explanation=Explanation(
         what="The GPU or its link reported a hardware error.",
@@ -163,6 +170,30 @@ CUDA_LIBRARY_MISMATCH = Rule(
             ": cannot open shared object file",
         ),
         Signature(r"undefined symbol: (?:nccl|cudnn|cublas)\w*", "undefined symbol: "),
+        # cudaGetErrorString (libcudart): cudaErrorNoDevice, cudaErrorSystemDriverMismatch,
+        # cudaErrorCompatNotSupportedOnDevice
+        Signature(r"no CUDA-capable device is detected"),
+        Signature(r"system has unsupported display driver / cuda driver combination"),
+        Signature(r"forward compatibility was attempted on non supported HW"),
+        # NCCL init.cc: ranks run different NCCL builds (different images or wheels per node)
+        Signature(r"Mismatched NCCL version detected"),
+        # torch builds without the requested backend or without CUDA, or no visible GPU
+        # (distributed_c10d.py, torch/cuda/__init__.py, c10/cuda/CUDAFunctions.cpp,
+        # ProcessGroupNCCL.cpp)
+        Signature(
+            r"Distributed package doesn't have (?:NCCL|Gloo) built in",
+            "Distributed package doesn't have",
+        ),
+        Signature(r"Torch not compiled with CUDA enabled"),
+        Signature(r"No CUDA GPUs are available"),
+        Signature(r"ProcessGroupNCCL is only supported with GPUs, no GPUs found"),
+        # DeepSpeed launcher/runner.py and op_builder/builder.py (JIT-compiled ops)
+        Signature(r"Unable to proceed, no GPU resources available"),
+        Signature(
+            r"Installed CUDA version \S+ does not match the version torch was compiled with",
+            "does not match the version torch was compiled with",
+        ),
+        Signature(r"CUDA_HOME does not exist, unable to compile CUDA op"),
     ),
     explanation=Explanation(
         what="The installed PyTorch binary does not fit the GPU, the driver or the CUDA libraries.",
@@ -206,6 +237,39 @@ DEVICE_ASSIGNMENT = Rule(
         ),
         Signature(r"Tensors must be CUDA and dense"),
         Signature(r"NCCL error.{0,80}invalid usage", "invalid usage"),
+        # the detail line torch prints under it (c10d NCCLUtils.hpp) and NCCL 2.30's wording
+        # of the duplicate-GPU check (init.cc)
+        Signature(r"ncclInvalidUsage"),
+        Signature(r"Multiple Ranks are using the same GPU"),
+        # torchrun local_elastic_agent.py: more workers than visible GPUs
+        Signature(
+            r"local_rank \d+ exceeds available GPUs in CUDA_VISIBLE_DEVICES",
+            "exceeds available GPUs in CUDA_VISIBLE_DEVICES",
+        ),
+        # c10/cuda/CUDAFunctions.cpp: CUDA_VISIBLE_DEVICES changed after CUDA started
+        Signature(
+            r"CUDA unknown error - this may be due to an incorrectly set up environment, e\.g\. "
+            r"changing env variable CUDA_VISIBLE_DEVICES",
+            "CUDA unknown error - this may be due to an incorrectly set up environment",
+        ),
+        # DDP (nn/parallel/distributed.py), FSDP (_runtime_utils.py), DeviceMesh: a model or
+        # mesh placed on the wrong devices
+        Signature(r"device_ids can only be None or contain a single element"),
+        Signature(
+            r"DistributedDataParallel device_ids and output_device arguments only work with",
+            "DistributedDataParallel device_ids and output_device arguments",
+        ),
+        Signature(r"An FSDP-managed module unexpectedly has parameters on"),
+        Signature(r"DeviceMesh only support homogeneous hardware"),
+        # accelerate accelerator.py and utils/operations.py (debug mode)
+        Signature(
+            r"has been loaded with `device_map='auto'` in any distributed mode",
+            "in any distributed mode",
+        ),
+        Signature(
+            r"were not on the \w+ while the `Accelerator` is configured for",
+            "while the `Accelerator` is configured for",
+        ),
     ),
     explanation=Explanation(
         what="Several ranks ended up on the same GPU, or a rank used a device index it cannot see.",
@@ -295,6 +359,113 @@ SHARED_GPU_OOM = Rule(
     ),
 )
 
+CUDA_KERNEL_FAULT = Rule(
+    code="CUDA109",
+    kind="native-crash",
+    title="A CUDA kernel faulted or a CUDA call inside NCCL failed",
+    sources="CUDA runtime cudaGetErrorString (libcudart) via c10/cuda/CUDAException.cpp "
+    "('CUDA error: ...') and NCCL's WARN 'Cuda failure ...'; NCCL init.cc ncclGetErrorString "
+    "(ncclUnhandledCudaError) via torch/csrc/distributed/c10d/NCCLUtils.hpp",
+    specificity=45,
+    signatures=(
+        # cudaErrorIllegalAddress: printed after "CUDA error: " by torch and inside
+        # "Cuda failure '...'" by NCCL
+        Signature(r"an illegal memory access was encountered"),
+        # cudaErrorIllegalInstruction, cudaErrorMisalignedAddress, cudaErrorLaunchFailure
+        Signature(r"an illegal instruction was encountered"),
+        Signature(r"CUDA error: misaligned address", "misaligned address"),
+        Signature(r"unspecified launch failure"),
+        # ncclGetErrorString(ncclUnhandledCudaError): "unhandled cuda error" (NCCL < 2.18),
+        # "unhandled cuda error (run with NCCL_DEBUG=INFO for details)" since 2.18; torch
+        # adds "ncclUnhandledCudaError: Call to CUDA function failed." below it
+        Signature(r"unhandled cuda error"),
+        Signature(r"ncclUnhandledCudaError"),
+    ),
+    explanation=Explanation(
+        what="A GPU kernel accessed memory it must not (illegal memory access, misaligned "
+        "address, illegal instruction, launch failure), or a CUDA call that NCCL made failed "
+        "('unhandled cuda error').",
+        why="An out-of-bounds index in a kernel (custom CUDA extensions, fused kernels, "
+        "embedding lookups with ids past the table in code that does not assert), a library "
+        "bug, or a GPU fault. The error is sticky: every later CUDA call on that rank fails, "
+        "so NCCL reports 'unhandled cuda error' after it. NCCL's own 'Cuda failure' line (with "
+        "NCCL_DEBUG=WARN) names the CUDA error; when it says 'out of memory' the cause is an OOM.",
+        fix="Re-run with CUDA_LAUNCH_BLOCKING=1 (or under compute-sanitizer) to find the "
+        "failing kernel; check index ranges and custom extensions; look at `dmesg` for NVRM Xid "
+        "13/31/43/79 on that node, which makes it a hardware fault.",
+        false_positives="'unhandled cuda error' also follows a CUDA OOM inside NCCL (the OOM "
+        "rule then explains it) and driver problems at start-up.",
+    ),
+    fix=(
+        "Re-run the failing rank with CUDA_LAUNCH_BLOCKING=1 (or `compute-sanitizer python "
+        "train.py`) to get the kernel that faulted.",
+        "Check indices and custom CUDA extensions (rebuild them against the installed torch).",
+        "Run `dmesg -T | grep -i xid` on the node: an Xid 13/31/43/79 means a GPU fault, "
+        "drain the node.",
+        "With NCCL: export NCCL_DEBUG=WARN to see NCCL's 'Cuda failure' line naming the error.",
+    ),
+    positive=(
+        "RuntimeError: CUDA error: an illegal memory access was encountered",
+        "torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/"
+        "NCCLUtils.hpp:275, unhandled cuda error (run with NCCL_DEBUG=INFO for details), NCCL "
+        "version 2.20.5",
+        "node01:4242:4300 [3] NCCL WARN Cuda failure 'an illegal memory access was encountered'",
+    ),
+    negative=(
+        "RuntimeError: NCCL error in: /pytorch/torch/lib/c10d/ProcessGroupNCCL.cpp:410, "
+        "unhandled system error, NCCL version 2.4.8",
+        "RuntimeError: CUDA error: device-side assert triggered",
+    ),
+)
+
+CHECKPOINT_DEVICE_MISSING = Rule(
+    code="CUDA110",
+    kind="checkpoint-load-device",
+    title="Checkpoint restored onto a GPU this process does not have (no map_location)",
+    sources="torch/serialization.py _validate_device (validate_cuda_device)",
+    specificity=85,
+    signatures=(
+        # CUDA tensors in the file, but CUDA is unavailable in this process
+        Signature(
+            r"Attempting to deserialize object on a CUDA device but torch\.cuda\.is_available\(\) "
+            r"is False",
+            "Attempting to deserialize object on a CUDA device",
+        ),
+        # saved from cuda:N, loaded where fewer GPUs are visible (one GPU per rank)
+        Signature(
+            r"Attempting to deserialize object on CUDA device (?P<device>\d+) but "
+            r"torch\.cuda\.device_count\(\) is (?P<count>\d+)",
+            "Attempting to deserialize object on CUDA device",
+        ),
+    ),
+    explanation=Explanation(
+        what="torch.load tried to put tensors back on the GPU they were saved from, and this "
+        "process has no such GPU.",
+        why="Without map_location, torch.load restores each tensor onto the device it was "
+        "saved from: a checkpoint written on cuda:3 fails on a rank that sees one GPU "
+        "(CUDA_VISIBLE_DEVICES per rank, Slurm --gpus-per-task) or on a CPU-only node.",
+        fix="torch.load(path, map_location='cpu') and move to the rank's device, or "
+        "map_location=f'cuda:{local_rank}'.",
+        false_positives="None known.",
+    ),
+    fix=(
+        "Load with torch.load(path, map_location='cpu') (or map_location=f'cuda:{local_rank}').",
+        "Save checkpoints from CPU copies (state_dict tensors .cpu()) so they load anywhere.",
+    ),
+    positive=(
+        "RuntimeError: Attempting to deserialize object on a CUDA device but "
+        "torch.cuda.is_available() is False. If you are running on a CPU-only machine, please "
+        "use torch.load with map_location=torch.device('cpu') to map your storages to the CPU.",
+        "RuntimeError: Attempting to deserialize object on CUDA device 3 but "
+        "torch.cuda.device_count() is 1. Please use torch.load with map_location to map your "
+        "storages to an existing device.",
+    ),
+    negative=(
+        "RuntimeError: Attempting to deserialize object on a HPU device but "
+        "torch.hpu.is_available() is False.",
+    ),
+)
+
 RULES = (
     SHARED_GPU_OOM,
     CUDA_OOM,
@@ -304,4 +475,6 @@ RULES = (
     CUDA_LIBRARY_MISMATCH,
     DEVICE_ASSIGNMENT,
     DATALOADER_CUDA_FORK,
+    CUDA_KERNEL_FAULT,
+    CHECKPOINT_DEVICE_MISSING,
 )

@@ -29,6 +29,13 @@ DATA_ERROR = Rule(
         Signature(r"pyarrow\.lib\.Arrow\w*Error|ArrowInvalid", "Arrow"),
         Signature(r"_pickle\.UnpicklingError: invalid load key", "invalid load key"),
         Signature(r"PytorchStreamReader failed reading zip archive"),
+        # caffe2/serialize/inline_container.cc (a corrupt member) and torch/serialization.py
+        # (a legacy-format file that is not a checkpoint)
+        Signature(r"invalid header or archive is corrupted"),
+        Signature(r"Invalid magic number; corrupt file\?", "Invalid magic number"),
+        # transformers trainer.py: resume_from_checkpoint missing on this node
+        Signature(r"Can't find a valid checkpoint at"),
+        Signature(r"No valid checkpoint found in output directory"),
         Signature(r"BadZipFile"),
     ),
     context_none=(r"No space left on device", r"can't open file"),
@@ -64,6 +71,9 @@ DISK_FULL = Rule(
         Signature(r"No space left on device"),
         Signature(r"\[Errno 28\]", "[Errno 28]"),
         Signature(r"Disk quota exceeded"),
+        # Kubernetes pkg/kubelet/eviction/helpers.go: the pod's own filesystem filled up
+        Signature(r"Pod ephemeral local storage usage exceeds the total limit of containers"),
+        Signature(r"The node was low on resource: ephemeral-storage"),
         # torch.save(obj, path) on a full disk: the zip writer does not report the failed
         # write, it finds at the end that the file position is short (real run, /dev/full)
         Signature(
@@ -129,6 +139,14 @@ DATALOADER_WORKER_KILLED = Rule(
             "exited unexpectedly",
         ),
         Signature(r"unable to (?:allocate|write to file|open) shared memory", "shared memory"),
+        # torch/csrc/DataLoader.cpp: a worker that exited with a code, no traceback
+        Signature(
+            r"DataLoader worker \(pid (?P<pid>\d+)\) exited unexpectedly with exit code (?P<code>-?\d+)",
+            "exited unexpectedly with exit code",
+        ),
+        # aten/src/ATen/MapAllocator.cpp writing a shared-memory segment (/torch_<pid>_...):
+        # /dev/shm is full, not the disk
+        Signature(r"unable to write to file </torch_\d+", "unable to write to file </torch_"),
     ),
     explanation=Explanation(
         what="A DataLoader worker process died (bus error, killed, or could not allocate shm).",
@@ -148,6 +166,8 @@ DATALOADER_WORKER_KILLED = Rule(
         "RuntimeError: DataLoader worker (pid 325) is killed by signal: Bus error.",
         "ERROR: Unexpected bus error encountered in worker. This might be caused by "
         "insufficient shared memory (shm).",
+        "RuntimeError: unable to write to file </torch_18692_1954506624_0>: No space left on "
+        "device (28)",
     ),
     negative=("RuntimeError: CUDA error: initialization error",),
 )
@@ -166,6 +186,12 @@ MISSING_MODULE = Rule(
             r"ImportError: cannot import name '(?P<name>[^']+)'", "ImportError: cannot import name"
         ),
         Signature(r"ImportError: No module named (?P<module>\S+)", "ImportError: No module named"),
+        # transformers utils/import_utils.py: an optional dependency missing
+        Signature(
+            # a bounded name: `.+?` from every "requires the " of a long line was quadratic
+            r"requires the (?P<module>.{1,100}?) library but it was not found in your environment",
+            "library but it was not found in your environment",
+        ),
     ),
     context_none=(r"lib(?:cudnn|nccl|cublas|cudart|cuda)\w{0,64}\.so",),
     explanation=Explanation(
@@ -227,6 +253,11 @@ DATALOADER_FD_LIMIT = Rule(
     signatures=(
         Signature(r"received 0 items of ancdata"),
         Signature(r"\[Errno 24\] Too many open files", "Too many open files"),
+        # torch/utils/data/dataloader.py, when a worker's queue read fails with EMFILE
+        Signature(
+            r"Too many open files\. Communication with the workers is no longer possible",
+            "Communication with the workers is no longer possible",
+        ),
     ),
     explanation=Explanation(
         what="Passing tensors from DataLoader workers failed for lack of file descriptors.",

@@ -236,6 +236,9 @@ UNEVEN_INPUTS = Rule(
     signatures=(
         Signature(r"Detected at least one rank that exhausted inputs"),
         Signature(r"rank (?P<rank>\d+) .{0,40}exhausted (?:its )?inputs", "exhausted"),
+        # torch/distributed/algorithms/join.py Join._notify_procs_to_terminate: the rank that
+        # ran out first
+        Signature(r"Rank (?P<rank>\d+) exhausted all inputs", " exhausted all inputs"),
     ),
     explanation=Explanation(
         what="One rank finished its batches while the others still ran collectives.",
@@ -253,6 +256,7 @@ UNEVEN_INPUTS = Rule(
     ),
     positive=(
         "RuntimeError: Detected at least one rank that exhausted inputs. Throwing across all ranks.",
+        "RuntimeError: Rank 2 exhausted all inputs.",
     ),
     negative=("Epoch 3: 100%|##########| 250/250 [00:10<00:00]",),
 )

@@ -39,6 +39,11 @@ def _causality(rule: Rule) -> list[str]:
         lines.append(
             f"- explains: {', '.join(rule.explains)} (when both appear, this is the cause)"
         )
+    if rule.symptom_of:
+        lines.append(
+            f"- symptom of: {', '.join(rule.symptom_of)} (when that cause's evidence holds, it "
+            "is the root)"
+        )
     if rule.proves_infrastructure:
         lines.append("- evidence of a hardware or fabric fault by itself")
     names = sorted({n for s in rule.signatures for n in s.compiled.groupindex})

@@ -18,6 +18,8 @@ PYTHON_EXCEPTION = Rule(
         # Ctrl-C, or a stop forwarded as SIGINT: what a stopped process prints, not a bug
         Signature(r"^\**(?P<exc>KeyboardInterrupt)(?::|$)", "KeyboardInterrupt", echo=Echo.STOPPED),
         Signature(r"^\**(?P<exc>SystemExit)(?::|$)", "SystemExit"),
+        # `raise Exception(...)` itself: the two patterns above need a prefix before the suffix
+        Signature(r"^\**(?P<exc>Exception)(?::|$)", "Exception"),
     ),
     # indentation is spaces or tabs: `\n\s+` also ran over newlines, quadratic on a run of them
     context_all=(r"Traceback \(most recent call last\)|^[ \t]+File \"|\n[ \t]+File \"",),
@@ -30,7 +32,11 @@ PYTHON_EXCEPTION = Rule(
         "program is reported too.",
     ),
     fix=("Fix the error at the deepest frame of your own code in the traceback.",),
-    positive=("AttributeError: 'DistributedDataParallel' object has no attribute 'model'",),
+    positive=(
+        "AttributeError: 'DistributedDataParallel' object has no attribute 'model'",
+        "Exception: Current loss scale already at minimum - cannot decrease scale anymore. "
+        "Exiting run.",
+    ),
     negative=("INFO: loss=0.31 RuntimeError count=0",),
 )
 
@@ -44,8 +50,16 @@ EARLY_STOP = Rule(
     specificity=10,
     signatures=(
         # an event, not a setting: "Early stopping at epoch 5", not early_stopping_patience=3
-        # or EarlyStopping(monitor=...) in a config dump
-        Signature(r"(?i:\bearly[ -]stop(?:ping|ped)?)\b(?![_=(:]| agreed by all)", "arly"),
+        # or EarlyStopping(monitor=...) in a config dump, nor transformers' warning "early
+        # stopping required metric_for_best_model, but did not find ... so early stopping is
+        # disabled" (trainer_callback.py). "Early stopping: val_loss did not improve" is an
+        # event; "early_stopping: true" is not.
+        Signature(
+            r"(?i:\bearly[ -]stop(?:ping|ped)?)\b"
+            r"(?![_=(]|:\s*(?i:true|false|yes|no|null|none|\d|\{|\[|$)| agreed by all"
+            r"| required| is disabled)",
+            "arly",
+        ),
         # Lightning EarlyStopping: "... did not improve ... Signaling Trainer to stop."
         Signature(r"Signaling Trainer to stop"),
         # ddpdoctor.instrument.agree_to_stop (probe/stop.py): one line for every rank
@@ -68,11 +82,15 @@ EARLY_STOP = Rule(
     ),
     positive=(
         "Early stopping at epoch 3: val_loss did not improve",
+        "Early stopping: val_loss did not improve for 5 epochs",
         "ddpdoctor: early stopping agreed by all 2 ranks at step 3 (asked by ranks 1)",
     ),
     negative=(
         "Epoch 3: val_loss improved to 0.21",
         "early_stopping_patience=3,",
+        "early stopping: true",
+        "early stopping required metric_for_best_model, but did not find eval_accuracy so early "
+        "stopping is disabled",
     ),
 )
 
@@ -149,4 +167,43 @@ def _across_nodes_without_ib(job: JobEvidence) -> bool:
     return not job.single_node and "ib" not in job.transports
 
 
-RULES = (PYTHON_EXCEPTION, EARLY_STOP, TEARDOWN_WITHOUT_DESTROY, ZERO3_STAGE)
+EXIT_TEARDOWN = Rule(
+    code="EXIT103",
+    kind="exit-teardown-crash",
+    title="The job failed while shutting down (CUDA unloading, the launcher's exit barrier)",
+    sources="CUDA runtime (cudaErrorCudartUnloading), torch/distributed/elastic/agent/server/"
+    "api.py _exit_barrier",
+    specificity=80,
+    signatures=(
+        # a CUDA call made while the interpreter tears down the CUDA runtime
+        Signature(r"CUDA error: driver shutting down"),
+        # torchelastic: this node's workers finished; the other agents never reached the
+        # barrier every agent passes before it exits
+        Signature(r"Error waiting on exit barrier\. Elapsed: ", "Error waiting on exit barrier"),
+    ),
+    explanation=Explanation(
+        what="An error that only happens on the way out: a CUDA call after the driver began "
+        "unloading, or torchrun's exit barrier timing out because other nodes had not finished.",
+        why="Work left for interpreter exit (NCCL/CUDA objects destroyed by atexit or garbage "
+        "collection, no destroy_process_group), or nodes ending at different times (one node "
+        "still saving or evaluating, or hung in its own teardown).",
+        fix="End every rank the same way: barrier(), destroy_process_group(), free CUDA objects "
+        "before exit; on several nodes, find why the other nodes did not finish.",
+        false_positives="A node that really failed while the others waited at the exit barrier: "
+        "its own log says so.",
+    ),
+    fix=(
+        "At the end of training, on every rank: torch.distributed.barrier(); "
+        "torch.distributed.destroy_process_group(); then exit.",
+        "If torchrun timed out at its exit barrier: read the other nodes' logs for what kept "
+        "them (still saving, evaluating, or hung).",
+    ),
+    positive=(
+        "  what():  CUDA error: driver shutting down",
+        "E1130 13:00:00.100000 4242 torch/distributed/elastic/agent/server/api.py:1008] Error "
+        "waiting on exit barrier. Elapsed: 300.0042 seconds",
+    ),
+    negative=("CUDA error: out of memory",),
+)
+
+RULES = (PYTHON_EXCEPTION, EARLY_STOP, TEARDOWN_WITHOUT_DESTROY, ZERO3_STAGE, EXIT_TEARDOWN)

@@ -16,6 +16,13 @@ HOST_OOM_KILL = Rule(
     "kernel OOM killer, Slurm",
     specificity=60,
     signatures=(
+        # Python could not get host memory (an address-space or cgroup limit, no OOM killer)
+        Signature(r"^\**MemoryError\b", "MemoryError"),
+        # C++ allocation failure reported by an extension or the runtime
+        Signature(r"std::bad_alloc", "std::bad_alloc", suggests=True),
+        # 137 = 128 + SIGKILL, as shells, IDEs and container runtimes report it
+        Signature(r"exit(?:ed)? (?:with )?(?:code|status)[ :=]*137\b", "137", suggests=True),
+        Signature(r"signal 9[:( ]+(?:SIGKILL|Killed)", "signal 9", suggests=True),
         # a bare "Killed" printed by the shell when the kernel killed the process
         Signature(r"^Killed\s*$", "Killed", suggests=True),
         # host RAM exhausted without a kill: the CPU allocator says so
@@ -42,6 +49,30 @@ HOST_OOM_KILL = Rule(
         Signature(r"line \d+: +\d+ Killed +\S*python", " Killed ", suggests=True),
         # slurmstepd: "Detected 1 oom_kill event in StepId=1234.0"
         Signature(r"oom_kill events?", "oom_kill event"),
+        # the same in Slurm <= 21.08 (plugins/task/cgroup/task_cgroup_memory.c)
+        Signature(r"oom-kill event\(s\)", "oom-kill event(s)"),
+        # srun/launch.c: srun's summary of tasks the OOM killer (SIG_OOM) or SIGKILL ended
+        Signature(r": task (?P<rank>\d+): Out Of Memory", ": Out Of Memory"),
+        Signature(r": tasks? [\d,\-\[\]]+: Out Of Memory", ": Out Of Memory"),
+        # OpenMPI (orte/errmgr): "mpirun noticed that process rank 1 with PID 48213 on node
+        # gpu-ws01 exited on signal 9 (Killed)."
+        Signature(
+            r"mpirun noticed that process rank (?P<rank>\d+) with PID (?P<pid>\d+) on node "
+            r"\S+ exited on signal 9\b",
+            "mpirun noticed that process rank",
+            suggests=True,
+        ),
+        Signature(r"srun: error: \S+: tasks? [\d,\-\[\]]+: Killed\s*$", ": Killed", suggests=True),
+        # torch/multiprocessing/spawn.py (mp.spawn, Lightning ddp_spawn)
+        Signature(
+            r"process (?P<local_rank>\d+) terminated with signal SIGKILL",
+            "terminated with signal SIGKILL",
+            suggests=True,
+        ),
+        # mm/oom_kill.c dump_header: the first line of the kernel's OOM report
+        Signature(r"invoked oom-killer: ", "invoked oom-killer"),
+        # Kubernetes pkg/kubelet/eviction/helpers.go: pod evicted under node memory pressure
+        Signature(r"The node was low on resource: memory", "The node was low on resource: memory"),
     ),
     explanation=Explanation(
         what="A rank process died from SIGKILL with no Python traceback.",
@@ -135,6 +166,12 @@ NATIVE_CRASH = Rule(
     exit_path=True,
     specificity=40,
     signatures=(
+        # OpenMPI: a rank that died of SIGSEGV/SIGABRT/SIGBUS/SIGILL/SIGFPE
+        Signature(
+            r"mpirun noticed that process rank (?P<rank>\d+) with PID (?P<pid>\d+) on node "
+            r"\S+ exited on signal (?P<signum>11|6|7|4|8)\b",
+            "mpirun noticed that process rank",
+        ),
         Signature(r"\(core dumped\)", "core dumped"),
         Signature(r"Illegal instruction"),
         Signature(
@@ -149,6 +186,19 @@ NATIVE_CRASH = Rule(
         Signature(r"Fatal Python error: (?P<what>\w+)", "Fatal Python error"),
         Signature(r"terminate called after throwing an instance of"),
         Signature(r"exits with return code = -(?:11|6|7)", "exits with return code = -"),
+        # torch/csrc/DataLoader.cpp: a worker's SIGFPE handler (a native library in the data
+        # path, not shared memory)
+        Signature(r"Unexpected floating-point exception encountered in worker"),
+        # libstdc++ vterminate.cc when threads are destroyed joinable at exit
+        Signature(r"terminate called without an active exception"),
+        # srun/launch.c (strsignal of a task), torch/multiprocessing/spawn.py, and the
+        # kernel's own record of a SIGSEGV (arch/x86/mm/fault.c show_signal_msg)
+        Signature(r": tasks? [\d,\-\[\]]+: Bus error", ": Bus error"),
+        Signature(
+            r"process (?P<local_rank>\d+) terminated with signal SIG(?:SEGV|ABRT|BUS|FPE|ILL)",
+            "terminated with signal SIG",
+        ),
+        Signature(r"\[\d+\]: segfault at [0-9a-f]+ ip ", ": segfault at "),
     ),
     explanation=Explanation(
         what="A rank died from SIGSEGV/SIGABRT/SIGBUS in native code.",
@@ -172,8 +222,8 @@ NATIVE_CRASH = Rule(
 LOCAL_RANK_ARGUMENT = Rule(
     code="LCH105",
     kind="local-rank-argument",
-    title="Script does not accept the --local_rank/--local-rank argument",
-    sources="argparse, torch/distributed/launch.py",
+    title="Script and launcher disagree about the --local_rank/--local-rank argument",
+    sources="argparse, torch/distributed/launch.py, torchrun",
     specificity=90,
     signatures=(
         Signature(
@@ -182,12 +232,20 @@ LOCAL_RANK_ARGUMENT = Rule(
             r"error: unrecognized arguments: .{0,400}?--local[-_]rank(?:=(?P<local_rank>\d+))?",
             "error: unrecognized arguments: ",
         ),
+        # argparse.py: a script that requires --local_rank, started by torchrun (which passes
+        # LOCAL_RANK in the environment and no argument)
+        Signature(  # a bounded gap, as above: `.*?` was quadratic on a repeated literal
+            r"error: the following arguments are required: .{0,400}?--local[-_]rank",
+            "the following arguments are required: ",
+        ),
     ),
     explanation=Explanation(
-        what="argparse rejected the --local-rank (or --local_rank) argument.",
+        what="argparse rejected the --local-rank (or --local_rank) argument, or required it and "
+        "did not get it.",
         why="torch.distributed.launch passes --local-rank=N (hyphen since torch 2.0) while the "
         "script declares only --local_rank, or the script declares none; torchrun passes no "
-        "argument at all and sets LOCAL_RANK in the environment instead.",
+        "argument at all and sets LOCAL_RANK in the environment instead, so a script that "
+        "requires --local_rank fails under torchrun.",
         fix="Launch with torchrun and read int(os.environ['LOCAL_RANK']); or declare both "
         "spellings: parser.add_argument('--local-rank', '--local_rank', type=int, default=0).",
         false_positives="None.",
@@ -197,8 +255,14 @@ LOCAL_RANK_ARGUMENT = Rule(
         "Or: parser.add_argument('--local-rank', '--local_rank', dest='local_rank', type=int, "
         "default=0).",
     ),
-    positive=("train.py: error: unrecognized arguments: --local-rank=4",),
-    negative=("train.py: error: unrecognized arguments: --lr=0.1",),
+    positive=(
+        "train.py: error: unrecognized arguments: --local-rank=4",
+        "train.py: error: the following arguments are required: --local_rank",
+    ),
+    negative=(
+        "train.py: error: unrecognized arguments: --lr=0.1",
+        "train.py: error: the following arguments are required: --data_dir",
+    ),
 )
 
 LAUNCHER_ENV_MISSING = Rule(
@@ -263,6 +327,8 @@ ENTRYPOINT_NOT_FOUND = Rule(
             r"Error while finding module specification for '(?P<module>[^']+)'",
             "Error while finding module specification",
         ),
+        # slurmstepd exec_wait.c: srun's command is not on PATH on the node
+        Signature(r"execve\(\): (?P<path>\S+): No such file or directory", "execve(): "),
     ),
     explanation=Explanation(
         what="Python could not find the training script or module given to the launcher.",
@@ -306,6 +372,29 @@ RENDEZVOUS_FAILURE = Rule(
         Signature(r"RendezvousClosedError"),
         Signature(r"DistNetworkError"),
         Signature(r"EADDRINUSE|[Aa]ddress already in use", "ddress already in use"),
+        # torch/distributed/elastic/rendezvous (c10d/etcd backends): two jobs on one --rdzv-id
+        # or a stale store; static_tcp_rendezvous.py / launcher/api.py: a malformed endpoint
+        Signature(r"RendezvousStateError"),
+        Signature(r"[Pp]ort is (?:absent|missing) in endpoint", "in endpoint"),
+        # torch/distributed/rendezvous.py: tcp:// and file:// init_method errors
+        Signature(
+            r"Error initializing torch\.distributed using (?:tcp|file):// rendezvous",
+            "Error initializing torch.distributed using ",
+        ),
+        # torch <= 1.7 torch/lib/c10d/Utils.cpp tcputil::connect / accept (TCPStore, env://):
+        # "connect() timed out." on the clients, the accept timeout on the master
+        Signature(r"connect\(\) timed out", "connect() timed out"),
+        Signature(r"waiting for processes to connect has timed out"),
+        # TCPStoreBackend.cpp: the store server's thread died; every rank loses the store
+        Signature(r"TCPStoreMasterDaemon::run\(\) failed", "TCPStoreMasterDaemon::run() failed"),
+        # DeepSpeed launcher/runner.py: the hostfile's first node does not answer ssh
+        Signature(r"was not reachable via ssh"),
+        # accelerate utils/launch.py checks MASTER_PORT before starting torchrun
+        Signature(
+            r"Tried to launch distributed communication on port `(?P<port>\d+)`, but another "
+            r"process is utilizing it",
+            "but another process is utilizing it",
+        ),
         Signature(r"Timed out after \d+ seconds waiting for clients", "waiting for clients"),
     ),
     explanation=Explanation(
@@ -328,6 +417,7 @@ RENDEZVOUS_FAILURE = Rule(
         "torch.distributed.DistNetworkError: The server socket has failed to listen on any local "
         "network address. port: 29500, useIpv6: 0, code: -98, name: EADDRINUSE, message: "
         "address already in use",
+        "RuntimeError: connect() timed out.",
     ),
     negative=("Connection closed by peer [127.0.0.1]:29500",),
 )
@@ -342,20 +432,47 @@ SLURM_TERMINATED = Rule(
         # the torchelastic agent itself received SIGTERM (from the scheduler or a user)
         # a stop from outside: the scheduler's, a user's, or `ddpdoctor run`'s after a hang
         Signature(
-            r"Received (?P<signum>15|10|12) death signal, shutting down workers",
+            # 1 (SIGHUP): the terminal that started it closed
+            r"Received (?P<signum>15|10|12|1) death signal, shutting down workers",
             " death signal",
             echo=Echo.STOPPED,
         ),
         Signature(
             r"\*\*\* (?:JOB|STEP) [\d.]+ ON \S+ CANCELLED AT \S+ DUE TO (?P<reason>TIME LIMIT|PREEMPTION) \*\*\*",
             "CANCELLED AT",
+            echo=Echo.STOPPED,
         ),
         Signature(
-            r"SignalException: Process \d+ got signal: (?P<signum>15|10|12)",
+            r"SignalException: Process \d+ got signal: (?P<signum>15|10|12|1)",
             "SignalException",
             echo=Echo.STOPPED,
         ),
-        Signature(r"DUE TO (?P<reason>TIME LIMIT|PREEMPTION)", "DUE TO "),
+        Signature(r"DUE TO (?P<reason>TIME LIMIT|PREEMPTION)", "DUE TO ", echo=Echo.STOPPED),
+        # DeepSpeed launcher/launch.py sigkill_handler: the launcher itself got SIGINT/SIGTERM
+        # (a failing rank makes it print "exits with return code" instead; SIGINT is a person)
+        Signature(
+            r"Main process received (?P<sig>SIGTERM), exiting",
+            "Main process received",
+            echo=Echo.STOPPED,
+        ),
+        # Lightning trainer/connectors/signal_connector.py: Slurm's warning signal before
+        # preemption or the time limit (--signal=USR1@90), then the requeue
+        Signature(r"Handling auto-requeue signal: (?P<signum>\d+)", "Handling auto-requeue signal"),
+        Signature(r"requeing job (?P<job>\d+)", "requeing job "),
+        Signature(r"Requeued SLURM job: (?P<job>\d+)", "Requeued SLURM job"),
+        Signature(r"Requeuing SLURM job (?P<job>\d+) failed", "Requeuing SLURM job"),
+        # submitit core/job_environment.py and slurm/slurm.py: the same signal, caught by
+        # submitit, which checkpoints and requeues
+        Signature(
+            r"Caught signal (?P<sig>SIG\w+) on \S+: this job is (?P<reason>preempted|timed-out)",
+            ": this job is ",
+        ),
+        Signature(r"Requeued job (?P<job>\d+) \(\d+ remaining timeouts\)", "remaining timeouts"),
+        Signature(r"Exiting gracefully after preemption/timeout"),
+        # slurmstepd req.c: the job was requeued (preemption mode REQUEUE, scontrol requeue)
+        Signature(r"CANCELLED AT \S+ DUE TO JOB REQUEUE", "DUE TO JOB REQUEUE"),
+        # Kubernetes scheduler (DisruptionTarget condition of a preempted pod)
+        Signature(r": preempting to accommodate a higher priority", "preempting to accommodate"),
     ),
     explanation=Explanation(
         what="The scheduler stopped the job: time limit, preemption or cancellation.",
@@ -370,6 +487,9 @@ SLURM_TERMINATED = Rule(
     ),
     positive=(
         "slurmstepd: error: *** JOB 1234 ON node01 CANCELLED AT 2024-01-01T00:00:00 DUE TO TIME LIMIT ***",
+        "Handling auto-requeue signal: 10",
+        "submitit WARNING (2026-11-30 10:00:00,000) - Caught signal SIGUSR2 on node042: this job "
+        "is preempted.",
     ),
     negative=("slurmstepd: error: Detected 1 oom_kill event in StepId=1234.0",),
 )

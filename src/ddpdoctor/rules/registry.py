@@ -9,6 +9,7 @@ from ddpdoctor.rules import collectives, cuda, data, ddp, generic, inferred, lau
 from ddpdoctor.rules.base import Rule, RuleDefinitionError
 from ddpdoctor.rules.hypotheses import (
     collective_mismatch,
+    lagging_rank,
     log_ends,
     missing_ranks,
     slow_rank,
@@ -28,6 +29,7 @@ HYPOTHESES: tuple[Hypothesis, ...] = (
     Hypothesis(uneven_inputs.RULE, uneven_inputs.assess, precedence=2),
     Hypothesis(uncoordinated_exit.RULE, uncoordinated_exit.assess, precedence=3),
     Hypothesis(collective_mismatch.RULE, collective_mismatch.assess, precedence=4),
+    Hypothesis(lagging_rank.RULE, lagging_rank.assess, precedence=5),
     Hypothesis(missing_ranks.RULE, missing_ranks.assess, precedence=5),
     Hypothesis(worker_exit.RULE, worker_exit.assess, precedence=6),
     Hypothesis(startup_hang.RULE, startup_hang.assess, precedence=7),

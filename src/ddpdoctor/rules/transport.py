@@ -38,6 +38,14 @@ PEER_CLOSED = Rule(
         Signature(r"remote process exited or there was a network error"),
         Signature(r"ncclRemoteError"),
         Signature(r"Broken pipe"),
+        # gloo transport/tcp/pair.cc and pair.h: a socket gone during connect, handshake or
+        # after an earlier failure; ProcessGroupGloo.cpp: the mesh could not form at init
+        Signature(r"Socket unexpectedly closed \[", "Socket unexpectedly closed"),
+        Signature(r"\] Socket closed \[", "Socket closed ["),
+        Signature(r"\] Connect timeout \[", "Connect timeout ["),
+        Signature(r"Gloo connectFullMesh failed"),
+        # NCCL transport/net_socket.cc: the socket transport failed mid-collective
+        Signature(r"NET/Socket : socket progress error"),
     ),
     explanation=Explanation(
         what="A rank lost its TCP/NCCL connection to a peer.",
@@ -71,9 +79,13 @@ IB_ERROR = Rule(
         Signature(r"local catastrophic error"),
         Signature(r"NET/IB ?: Got completion from peer", "Got completion from peer"),
         Signature(r"IBV_WC_RETRY_EXC_ERR"),
+        # aws-ofi-nccl (EFA and other libfabric providers): a completion with an error
+        Signature(r"NET/OFI Request \S+ completed with error", "completed with error"),
         Signature(r"transport retry counter exceeded"),
         Signature(r"NET/IB.{0,40}(?:ibv_\w+ failed|Unable to|error)", "NET/IB"),
         Signature(r"ibv_reg_mr.{0,80}failed|ibv_create_qp.{0,80}failed", "ibv_"),
+        # NCCL misc/ibvwrap.cc: a QP could not be moved to RTR/RTS (RoCE GID index, cabling)
+        Signature(r"Call to ibv_modify_qp failed"),
     ),
     explanation=Explanation(
         what="NCCL's InfiniBand transport reported a completion error or a failed verbs call.",
@@ -166,6 +178,12 @@ NCCL_SYSTEM_ERROR = Rule(
         ),
         Signature(r"unhandled system error"),
         Signature(r"ncclSystemError"),
+        # NCCL misc/shmutils.cc: the SHM transport could not create its /dev/shm segment
+        # (a container's small /dev/shm); "unhandled system error" follows
+        Signature(
+            r"Error while (?:creating|attaching to) shared memory segment",
+            "shared memory segment",
+        ),
     ),
     explanation=Explanation(
         what="An NCCL call failed because a system call failed; most often while NCCL "

@@ -1,214 +1,319 @@
-"""Output capture: reader threads drain the child's stdout/stderr pipes, forward raw bytes to our
-own stdout/stderr and to the run folder (console.log, per-rank logs split on `[rankN]:` prefixes),
-and feed progress. Readers never block on a slow terminal or disk: bounded queues, drops counted.
+"""Output capture: one loop on the supervisor's main thread reads the job's stdout and stderr
+pipes in large reads (1 MiB pipes) and passes every byte on, in order per stream, to our own
+stdout/stderr (TerminalOut, never blocking) and to the log writer thread (console.log, per-rank
+logs, progress). Nothing is dropped: when the terminal or the disk is behind by more than
+`backlog_bytes`, the loop stops reading that pipe and the job's writes block, as on a pipe
+without ddpdoctor. Reads are coalesced (a short pause after a small read) so that a job that
+flushes every line does not wake the loop once per line.
 """
 
 from __future__ import annotations
 
+import array
 import contextlib
+import ctypes
+import fcntl
 import os
-import queue
-import re
+import select
+import termios
 import threading
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import BinaryIO
+import time
+from collections.abc import Callable
+from typing import Any
 
-from ddpdoctor.supervise.progress import JOB, ProgressTracker
+from ddpdoctor.supervise.linescan import LineScanner
+from ddpdoctor.supervise.logwriter import LogWriter
+from ddpdoctor.supervise.progress import ProgressTracker
 from ddpdoctor.supervise.rundir import RunDir
+from ddpdoctor.supervise.terminal import NONBLOCKING, SOCKET, TerminalOut
 
-READ_SIZE = 1 << 16
-QUEUE_CHUNKS = 1024
-MAX_PARTIAL = 1 << 20
-# torchrun `--tee`: `[{role}{local_rank}]:` (`[default0]:`), or a template like `[rank3]:`.
-RANK_PREFIX = re.compile(rb"^\[([A-Za-z_][A-Za-z_-]*?)(\d+)\]:[^\n]*\n", re.M)
-
-
-@dataclass
-class Drops:
-    terminal_chunks: int = 0
-    terminal_bytes: int = 0
-    disk_chunks: int = 0
-    disk_bytes: int = 0
-    write_errors: int = 0
-
-    def as_dict(self) -> dict[str, int]:
-        return dict(self.__dict__)
-
-
-_EOF = b""
+READ_SIZE = 1 << 20
+BACKLOG_BYTES = 16 << 20
+"""Default bound on what is held for a terminal that is not reading (per stream)."""
+LOG_BACKLOG_BYTES = 64 << 20
+COALESCE_BELOW = 1 << 19
+COALESCE_S = 0.02
+"""After a read of less than COALESCE_BELOW, wait this long before the next: each turn of the
+loop costs ~0.1 ms whatever it carries, and a job that flushes every line would otherwise make
+one turn per line. Output reaches the terminal at most this much later; the 1 MiB pipe holds
+what comes meanwhile unless the job writes over 100 MB/s, and then reads are large and the
+loop does not wait."""
+DRAIN_S = 5.0
+"""After the job's main process ended, how long its pipes may stay open without EOF (a stray
+grandchild holding them) before the loop stops waiting; time spent throttled does not count."""
+RETRY_MS = 10
+STREAM_NAMES = {1: "stdout", 2: "stderr"}
+_IN = select.POLLIN | select.POLLHUP | select.POLLERR
 
 
-@dataclass
 class Capture:
-    """Owns the reader, terminal-writer and disk-writer threads of one job."""
+    """Owns the pump loop (`run`, on the calling thread), the terminals and the log writer."""
 
-    rundir: RunDir
-    progress: ProgressTracker
-    echo: bool = True
-    drops: Drops = field(default_factory=Drops)
-    _threads: list[threading.Thread] = field(default_factory=list)
-    _disk: queue.Queue[tuple[int, bytes]] = field(default_factory=lambda: queue.Queue(QUEUE_CHUNKS))
-    _term: dict[int, queue.Queue[bytes]] = field(default_factory=dict)
-    _open_readers: int = 0
+    def __init__(
+        self,
+        rundir: RunDir,
+        progress: ProgressTracker,
+        echo: bool = True,
+        backlog_bytes: int = BACKLOG_BYTES,
+        scanner: LineScanner | None = None,
+    ) -> None:
+        self.echo = echo
+        self.progress = progress
+        self.backlog_bytes = max(READ_SIZE, backlog_bytes)
+        self.scanner = scanner or LineScanner()
+        self.log = LogWriter(rundir, progress, self.scanner)
+        self.terminals: dict[int, TerminalOut] = {}
+        self.read_bytes: dict[int, int] = {}
+        self.reads = 0
+        self._avail = array.array("i", [0])
+        self.turns = 0
+        self.throttled_s = 0.0
+        self.drained = True
+        self._posted: list[tuple[int, bytes]] = []
+        self._post_lock = threading.Lock()
+        self._running = False
+        self._wake_r, self._wake_w = os.pipe()
+        for fd in (self._wake_r, self._wake_w):
+            os.set_blocking(fd, False)
 
-    def start(self, pipes: dict[int, int]) -> None:
-        """`pipes` maps our output fd (1 or 2) to the read end of the child's pipe."""
-        self._open_readers = len(pipes)
-        for out_fd, read_fd in pipes.items():
-            if self.echo:
-                q: queue.Queue[bytes] = queue.Queue(QUEUE_CHUNKS)
-                self._term[out_fd] = q
-                self._spawn(self._terminal_writer, out_fd, q, name=f"ddpdoctor-term{out_fd}")
-            self._spawn(self._reader, out_fd, read_fd, name=f"ddpdoctor-read{out_fd}")
-        self._spawn(self._disk_writer, name="ddpdoctor-disk")
-
-    def _spawn(self, target: object, *args: object, name: str) -> None:
-        t = threading.Thread(target=target, args=args, name=name, daemon=True)  # type: ignore[arg-type]
-        t.start()
-        self._threads.append(t)
-
-    def _reader(self, out_fd: int, read_fd: int) -> None:
-        term = self._term.get(out_fd)
-        while True:
-            try:
-                data = os.read(read_fd, READ_SIZE)
-            except InterruptedError:
-                continue
-            except OSError:
-                data = _EOF
-            if term is not None:
-                self._put(term, data)
-            self._put_disk(out_fd, data)
-            if not data:
-                break
+    # ------------------------------------------------------------------ other threads
+    def post(self, fd: int, data: bytes) -> None:
+        """Print a message of ours (a hang report) on fd 1/2 after the job's pending output,
+        without blocking the caller while the loop runs; directly (blocking) otherwise."""
+        with self._post_lock:
+            if self._running and fd in self.terminals and self.terminals[fd].error is None:
+                self._posted.append((fd, data))
+                with contextlib.suppress(OSError):
+                    os.write(self._wake_w, b"\0")
+                return
         with contextlib.suppress(OSError):
-            os.close(read_fd)
-
-    def _put(self, q: queue.Queue[bytes], data: bytes) -> None:
-        try:
-            q.put_nowait(data)
-        except queue.Full:
-            if not data:  # EOF marker must arrive: wait briefly for room.
-                with contextlib.suppress(queue.Full):
-                    q.put(data, timeout=1.0)
-                return
-            self.drops.terminal_chunks += 1
-            self.drops.terminal_bytes += len(data)
-
-    def _put_disk(self, out_fd: int, data: bytes) -> None:
-        try:
-            self._disk.put_nowait((out_fd, data))
-        except queue.Full:
-            if not data:
-                with contextlib.suppress(queue.Full):
-                    self._disk.put((out_fd, data), timeout=1.0)
-                return
-            self.drops.disk_chunks += 1
-            self.drops.disk_bytes += len(data)
-
-    def _terminal_writer(self, out_fd: int, q: queue.Queue[bytes]) -> None:
-        while True:
-            data = q.get()
-            if not data:
-                return
             view = memoryview(data)
             while view:
-                try:
-                    n = os.write(out_fd, view)
-                except InterruptedError:
-                    continue
-                except OSError:
-                    self.drops.write_errors += 1
-                    break
-                view = view[n:]
+                view = view[os.write(fd, view) :]
 
-    def _disk_writer(self) -> None:
-        files: dict[str, BinaryIO] = {}
-        partial: dict[int, bytes] = {}
-        console: BinaryIO | None = None
+    def notifier(self, fallback: Callable[[str], None]) -> Callable[[str], None]:
+        """`notify` for the watchdog: through `post` when the job's output passes through us."""
+        if not self.echo:
+            return fallback
+
+        def notify(text: str) -> None:
+            self.post(2, (text.rstrip("\n") + "\n").encode("utf-8", "replace"))
+
+        return notify
+
+    # ------------------------------------------------------------------ the loop
+    def run(self, pipes: dict[int, int], pid: int, exited: Callable[[], bool]) -> None:
+        """Pump until the job (`pid`) ended, its pipes are drained and every byte delivered.
+
+        `pipes` maps our output fd (1 or 2) to the read end of the job's pipe for it."""
+        for out in pipes:
+            self.read_bytes[out] = 0
+            if self.echo:
+                self.terminals[out] = TerminalOut(out, STREAM_NAMES.get(out, f"fd {out}"))
+        keep_freed_memory()
+        self.log.start()
+        pidfd = _pidfd(pid)
+        open_pipes = dict(pipes)
+        for fd in open_pipes.values():
+            os.set_blocking(fd, False)
+        with self._post_lock:
+            self._running = True
         try:
-            console = self.rundir.console_log.open("ab")
+            self._pump(open_pipes, pidfd, exited)
+        finally:
+            for fd in open_pipes.values():
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            if pidfd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(pidfd)
+            with self._post_lock:
+                self._running = False
+                posted, self._posted = self._posted, []
+            for fd, data in posted:
+                self.terminals[fd].offer(data)
+            self._flush_blocking()
+            self.log.finish()
+            for term in self.terminals.values():
+                term.close()
+            for fd in (self._wake_r, self._wake_w):
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+
+    def _pump(
+        self, open_pipes: dict[int, int], pidfd: int | None, exited: Callable[[], bool]
+    ) -> None:
+        poller = select.poll()
+        poller.register(self._wake_r, select.POLLIN)
+        if pidfd is not None:
+            poller.register(pidfd, select.POLLIN)
+        registered: dict[int, int] = {}
+        child_done, exit_seen, held = False, pidfd is None, False
+        drain_left = DRAIN_S
+        last = time.monotonic()
+        log, terms, limit = self.log, self.terminals, self.backlog_bytes
+        term_of = {t.poll_fd: t for t in terms.values() if t.mode in (NONBLOCKING, SOCKET)}
+        while True:
+            now = time.monotonic()
+            if not child_done and exit_seen and exited():
+                child_done = True
+                if pidfd is not None:
+                    poller.unregister(pidfd)
+            wanted: dict[int, int] = {}
+            throttled = log_full = False
+            for out, rfd in open_pipes.items():
+                term = terms.get(out)
+                if log.backlog() >= LOG_BACKLOG_BYTES:
+                    throttled = log_full = True
+                elif term is not None and term.backlog >= limit:
+                    throttled = True
+                else:
+                    wanted[rfd] = _IN
+            for fd, term in term_of.items():
+                if term.pending:
+                    wanted[fd] = select.POLLOUT
+            if throttled:
+                self.throttled_s += now - last
+            if throttled != held:
+                held = throttled
+                self.progress.hold(held, now)
+            if child_done:
+                if not throttled:
+                    drain_left -= now - last
+                if open_pipes and drain_left <= 0:
+                    self.drained = False
+                    for out, rfd in list(open_pipes.items()):
+                        self._close_stream(out, rfd, open_pipes, poller, registered)
+                if not open_pipes and not any(t.pending for t in terms.values()):
+                    return
+            last = now
+            for fd, mask in wanted.items():
+                if registered.get(fd) != mask:
+                    poller.register(fd, mask)
+                    registered[fd] = mask
+            for fd in [fd for fd in registered if fd not in wanted]:
+                poller.unregister(fd)
+                del registered[fd]
+            timeout: int | None = None
+            if not exit_seen:
+                timeout = None if pidfd is not None else 50
+            if log_full:
+                timeout = RETRY_MS
+            elif child_done and open_pipes and not throttled:
+                timeout = max(1, int(drain_left * 1000))
+            got = 0
+            self.turns += 1
+            for fd, _events in poller.poll(timeout):
+                if fd == self._wake_r:
+                    self._take_posted()
+                elif fd == pidfd:
+                    exit_seen = True
+                elif fd in term_of:
+                    term_of[fd].flush()  # POLLOUT, or POLLERR: the write reports it
+                else:
+                    stream = next((o for o, r in open_pipes.items() if r == fd), None)
+                    if stream is not None:
+                        got += self._read(stream, fd, open_pipes, poller, registered)
+            if pidfd is None:
+                exit_seen = True  # no descriptor for the exit: ask every turn
+            if 0 < got < COALESCE_BELOW and not child_done:
+                time.sleep(COALESCE_S)
+
+    def _read(
+        self,
+        out: int,
+        rfd: int,
+        open_pipes: dict[int, int],
+        poller: select.poll,
+        registered: dict[int, int],
+    ) -> int:
+        try:
+            # exactly what the pipe holds: a 1 MiB read that returns less costs ~0.1 ms more
+            # in allocating and shrinking its buffer than the read itself
+            fcntl.ioctl(rfd, termios.FIONREAD, self._avail, True)
+            data = os.read(rfd, min(READ_SIZE, self._avail[0]) or READ_SIZE)
+        except (BlockingIOError, InterruptedError):
+            return 0
         except OSError:
-            self.drops.write_errors += 1
-        open_streams = self._open_readers
-        while open_streams:
-            out_fd, data = self._disk.get()
-            if not data:
-                open_streams -= 1
-                rest = partial.pop(out_fd, b"")
-                if rest:
-                    self._route(rest + b"\n", files)
-                continue
-            if console is not None:
-                try:
-                    console.write(data)
-                    if self._disk.empty():
-                        console.flush()
-                except OSError:
-                    self.drops.write_errors += 1
-            head = partial.pop(out_fd, b"")
-            cut = data.rfind(b"\n") + 1
-            if cut == 0:
-                if len(head) + len(data) < MAX_PARTIAL:
-                    partial[out_fd] = head + data
-                self.progress.note(JOB, data, 0)  # a `\r` progress bar redraw counts
-                continue
-            if len(data) > cut:
-                partial[out_fd] = data[cut:]
-            self._route(head + data[:cut] if head else data[:cut], files)
-            if self._disk.empty():
-                for fh in files.values():
-                    try:
-                        fh.flush()
-                    except OSError:
-                        self.drops.write_errors += 1
-        for fh in [*files.values(), *([console] if console else [])]:
-            try:
-                fh.close()
-            except OSError:
-                self.drops.write_errors += 1
+            data = b""
+        if not data:
+            self._close_stream(out, rfd, open_pipes, poller, registered)
+            return 0
+        self.read_bytes[out] += len(data)
+        self.reads += 1
+        self.log.put(out, data)  # the logs first: they never wait for the terminal
+        term = self.terminals.get(out)
+        if term is not None:
+            term.offer(data)
+        return len(data)
 
-    def _route(self, block: bytes, files: dict[str, BinaryIO]) -> None:
-        """Split complete lines by rank prefix; feed progress once per rank per block."""
-        lines = block.count(b"\n")
-        if b"]:" not in block:
-            self.progress.note(JOB, block, lines)
-            return
-        per_rank: dict[str, list[bytes]] = {}
-        for m in RANK_PREFIX.finditer(block):
-            label = (m.group(1) + m.group(2)).decode("ascii", "replace")
-            per_rank.setdefault(label, []).append(m.group(0))
-        if not per_rank:
-            self.progress.note(JOB, block, lines)
-            return
-        for label, chunks in per_rank.items():
-            text = b"".join(chunks)
-            self.progress.note(label, text, len(chunks))
-            fh = files.get(label)
-            if fh is None:
-                try:
-                    fh = files[label] = self.rundir.rank_log(label).open("ab")
-                except OSError:
-                    self.drops.write_errors += 1
-                    continue
-            try:
-                fh.write(text)
-            except OSError:
-                self.drops.write_errors += 1
-        unlabeled = lines - sum(len(c) for c in per_rank.values())
-        if unlabeled > 0:
-            self.progress.note(JOB, b"", unlabeled)
+    def _close_stream(
+        self,
+        out: int,
+        rfd: int,
+        open_pipes: dict[int, int],
+        poller: select.poll,
+        registered: dict[int, int],
+    ) -> None:
+        del open_pipes[out]
+        if registered.pop(rfd, None) is not None:
+            poller.unregister(rfd)
+        with contextlib.suppress(OSError):
+            os.close(rfd)
+        self.log.end(out)
 
-    def join(self, timeout_s: float) -> bool:
-        """Wait for every thread to drain; False if some still run (a stray holds the pipe)."""
-        import time
+    def _take_posted(self) -> None:
+        with contextlib.suppress(OSError):
+            while os.read(self._wake_r, 4096):
+                pass
+        with self._post_lock:
+            posted, self._posted = self._posted, []
+        for fd, data in posted:
+            self.terminals[fd].offer(data)
 
-        deadline = time.monotonic() + timeout_s
-        for t in self._threads:
-            t.join(max(0.0, deadline - time.monotonic()))
-        return not any(t.is_alive() for t in self._threads)
+    def _flush_blocking(self) -> None:
+        """The end: wait (in poll) until each terminal took everything or failed."""
+        poller = select.poll()
+        while True:
+            waiting = [t for t in self.terminals.values() if t.pending and t.error is None]
+            if not waiting:
+                return
+            for t in waiting:
+                poller.register(t.poll_fd, select.POLLOUT)
+            poller.poll(1000)
+            for t in waiting:
+                t.flush()
+                poller.unregister(t.poll_fd)
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "read": {STREAM_NAMES.get(k, str(k)): v for k, v in self.read_bytes.items()},
+            "reads": self.reads,
+            "turns": self.turns,
+            "terminal": {t.name: t.as_dict() for t in self.terminals.values()},
+            "logs": self.log.as_dict(),
+            "throttled_s": round(self.throttled_s, 3),
+            "drained": self.drained,
+            "engine": self.scanner.engine,
+        }
 
 
-def label_paths(rundir: RunDir) -> list[Path]:
-    return sorted(rundir.ranks_dir.glob("*.log"))
+def keep_freed_memory() -> None:
+    """Let glibc keep freed read buffers for reuse (up to 32 MiB) instead of giving them back
+    and faulting in fresh zeroed pages for the next 1 MiB read: measured 0.13 s instead of
+    0.18-0.32 s of ddpdoctor CPU per 200 MB. Affects only this process; a no-op elsewhere."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None)
+        libc.mallopt(M_MMAP_THRESHOLD, 4 << 20)
+        libc.mallopt(M_TRIM_THRESHOLD, 32 << 20)
+
+
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc malloc.h
+
+
+def _pidfd(pid: int) -> int | None:
+    """A descriptor that becomes readable when `pid` exits (Linux 5.3+), else None (polled)."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import fcntl
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import psutil
@@ -262,16 +263,56 @@ class Child:
     def terminate(self, grace_s: float = 5.0) -> None:
         """SIGTERM every group, wait `grace_s` for the tree to go, then SIGKILL what is left."""
         self.forward(signal.SIGTERM)
+        if not self._wait_gone(grace_s):
+            self.kill_remaining()
+
+    def kill_after(
+        self, grace_s: float, record: Callable[[list[ProcInfo]], None] = lambda _left: None
+    ) -> None:
+        """After a forwarded termination signal: give the tree `grace_s` to end, then SIGKILL
+        what is left (torchrun would wait 30 s for ranks that ignore SIGTERM) and `record` it."""
+        if self._wait_gone(grace_s):
+            return
+        left = self.remaining()
+        if left:
+            record(left)
+            self.kill_remaining()
+
+    def _wait_gone(self, grace_s: float) -> bool:
         deadline = time.monotonic() + grace_s
         while time.monotonic() < deadline:
-            if self.proc.poll() is not None and not self.tagged():
-                return
+            if self._stop.is_set() or (self.proc.poll() is not None and not self.remaining()):
+                return True
             time.sleep(0.1)
-        for p in [*self.tree(), *self.tagged()]:
+        return False
+
+    def remaining(self) -> list[ProcInfo]:
+        """Live (not zombie) processes of the tree and every tagged one, ranks mapped."""
+        out: list[ProcInfo] = []
+        for info in self.refresh():
             try:
-                p.kill()
+                if psutil.Process(info.pid).status() != psutil.STATUS_ZOMBIE:
+                    out.append(info)
             except psutil.Error:
                 continue
+        return out
+
+    def kill_remaining(self) -> None:
+        """SIGKILL everything left; the launcher last, a moment later, so that it can still log
+        how its ranks ended (its summary is evidence for the diagnosis)."""
+        others = [p for p in [*self.tree(), *self.tagged()] if p.pid != self.pid]
+        for p in others:
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+        if others:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=1.0)
+        if self.proc.poll() is None:
+            with contextlib.suppress(OSError):
+                self.proc.kill()
+        for p in self.tagged():  # started meanwhile
+            with contextlib.suppress(psutil.Error):
+                p.kill()
 
     def close(self) -> None:
         """Stop watching; closing the guardian pipe makes it reap any tagged leftovers."""
@@ -296,6 +337,22 @@ def zombie_exit_code(pid: int) -> int | None:
     if not fields or fields[0] != b"Z" or len(fields) < 50:
         return None
     return exit_status_code(int(fields[49]))
+
+
+PIPE_SIZE = 1 << 20
+"""The job's stdout/stderr pipes hold 1 MiB (the unprivileged maximum by default) instead of
+64 KiB: the capture loop wakes up 16x less often and takes each wake-up in one read."""
+
+
+def enlarge_pipe(fd: int, size: int = PIPE_SIZE) -> int:
+    """Set a pipe's capacity; returns the capacity it has (unchanged where refused)."""
+    try:
+        return fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, size)
+    except (OSError, AttributeError):
+        try:
+            return fcntl.fcntl(fd, fcntl.F_GETPIPE_SZ)
+        except (OSError, AttributeError):
+            return 0
 
 
 def spawn(
@@ -335,6 +392,8 @@ def spawn(
         os.close(guard_r)
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
+    for fd in (out_w, err_w):
+        enlarge_pipe(fd)
     child_env = dict(env)
     child_env[RUN_ID_ENV] = run_id
     try:

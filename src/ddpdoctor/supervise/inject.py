@@ -1,6 +1,7 @@
 """The no-ptrace path: a `sitecustomize.py` put first on the job's PYTHONPATH that arms
-faulthandler on SIGUSR1 in each rank (dump to `<stacks>/rank<RANK>.txt`) and chains to any
-existing sitecustomize. It must never break the user's interpreter.
+faulthandler on SIGUSR1 in each rank (dump to `<stacks>/rank<RANK>.txt`), arms the Flight
+Recorder hook (see supervise/flight.py) and chains to any existing sitecustomize. It must never
+break the user's interpreter.
 """
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ import tempfile
 from pathlib import Path
 
 SITECUSTOMIZE = r'''
-"""Written by `ddpdoctor run`; arms faulthandler on SIGUSR1, then chains to the real one."""
+"""Written by `ddpdoctor run`; arms faulthandler on SIGUSR1 and the Flight Recorder hook, then
+chains to the real one."""
 def _ddpdoctor_arm():
     import os
     stacks = os.environ.get("DDPDOCTOR_STACKS_DIR")
@@ -30,6 +32,91 @@ def _ddpdoctor_arm():
         faulthandler.register(signal.SIGUSR1, file=fh, all_threads=True, chain=False)
         globals()["_ddpdoctor_file"] = fh
         open(os.path.join(armed, str(os.getpid())), "w").close()
+    except Exception:
+        pass
+
+
+def _ddpdoctor_flight():
+    """Write this rank's Flight Recorder dump (torch's `_dump_fr_trace_json()`, then
+    `_dump_fr_trace()` with frames) to DDPDOCTOR_FR_DIR/rank<RANK>.json and .pkl when asked
+    (a file in the request folder; a thread polls, since the main thread may be blocked in a
+    collective): by the supervisor on a hang, and by any rank that is about to die of an
+    uncaught exception, which dumps itself and asks the others first, before the launcher
+    kills them. Never imports torch: a process that has not imported it has nothing recorded."""
+    import os, sys, threading
+    out = os.environ.get("DDPDOCTOR_FR_DIR")
+    requests = os.environ.get("DDPDOCTOR_FR_REQUESTS")
+    answers = os.environ.get("DDPDOCTOR_FR_ANSWERS")
+    rank = os.environ.get("RANK") or os.environ.get("SLURM_PROCID")
+    if not out or not requests or not answers or rank is None:
+        return
+    lock = threading.Lock()
+    seen = set()
+
+    def write(name, data):
+        path = os.path.join(out, name)
+        tmp = "%s.%d.tmp" % (path, os.getpid())
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, path)
+
+    def dump():
+        # JSON first: instant, no frames; then the pickle with frames, whose first call in a
+        # process takes seconds (torch imports its symbolizer's modules)
+        try:
+            dist = sys.modules.get("torch.distributed")
+            c10d = sys.modules.get("torch._C._distributed_c10d")
+            if dist is None or c10d is None or not dist.is_available():
+                return "torch.distributed not in use"
+            if not dist.is_initialized():
+                return "no process group"
+            with lock:
+                write("rank%s.json" % rank, c10d._dump_fr_trace_json())
+                write("rank%s.pkl" % rank, c10d._dump_fr_trace())
+            return "ok"
+        except Exception as exc:
+            return "error: %s: %s" % (type(exc).__name__, exc)
+
+    def answer(name, text):
+        tmp = os.path.join(answers, ".%s.%d" % (name, os.getpid()))
+        with open(tmp, "w") as fh:
+            fh.write(text)
+        os.replace(tmp, os.path.join(answers, "%s.%d" % (name, os.getpid())))
+
+    def watch():
+        import time
+        try:
+            seen.update(os.listdir(requests))
+        except OSError:
+            return
+        while True:
+            time.sleep(0.2)
+            try:
+                names = set(os.listdir(requests))
+            except OSError:
+                return  # the supervisor removed its folder: the run is over
+            for name in sorted(names - seen):
+                seen.add(name)
+                try:
+                    answer(name, dump())
+                except OSError:
+                    pass
+
+    try:
+        threading.Thread(target=watch, name="ddpdoctor-flight-recorder", daemon=True).start()
+        previous = sys.excepthook
+
+        def hook(*args):
+            name = "exception-rank%s-%d" % (rank, os.getpid())
+            seen.add(name)
+            try:
+                open(os.path.join(requests, name), "w").close()
+            except OSError:
+                pass
+            dump()
+            previous(*args)
+
+        sys.excepthook = hook
     except Exception:
         pass
 
@@ -54,12 +141,14 @@ def _ddpdoctor_chain():
 
 
 _ddpdoctor_arm()
+_ddpdoctor_flight()
 _ddpdoctor_chain()
 '''
 
 
 def prepare(base: Path | None = None) -> Path:
-    """A private temp folder holding `site/sitecustomize.py`, `armed/` and `heartbeats/`."""
+    """A private temp folder holding `site/sitecustomize.py`, `armed/` and `heartbeats/` (and,
+    made by supervise/flight.py, the Flight Recorder request and answer folders)."""
     root = Path(tempfile.mkdtemp(prefix="ddpdoctor-", dir=base))
     (root / "site").mkdir()
     (root / "armed").mkdir()

@@ -1,5 +1,6 @@
 """The end of a supervised run: call the post-mortem diagnosis on the run folder, add what only
-the supervisor knows (exact exit codes, hangs and their stacks, drops), write report.json/.txt.
+the supervisor knows (exact exit codes, hangs and their stacks, output delivery), write
+report.json/.txt.
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ def finish_report(
     per_rank: dict[int, int],
     hangs: list[Hang],
     killed_for_hang: bool,
-    drops: dict[str, int],
+    output: dict[str, Any],
     progress: dict[str, Any],
 ) -> tuple[dict[str, Any], str]:
     report, text, error = _diagnose(rundir)
@@ -116,7 +117,7 @@ def finish_report(
             for h in hangs
         ],
         "killed_for_hang": killed_for_hang,
-        "drops": drops,
+        "output": output,
         "progress": progress,
         "diagnosis_error": error,
     }
@@ -131,8 +132,9 @@ def finish_report(
         lines.append(h.text)
     if killed_for_hang:
         lines.append("the job was ended by ddpdoctor (--on-hang kill)")
-    if any(drops.values()):
-        lines.append(f"output drops: {drops}")
+    for term in (output.get("terminal") or {}).values():
+        if term.get("error"):
+            lines.append(f"{term['error']}: {term['unsent']} bytes are in console.log only")
     if error:
         lines.append(error)
     lines.append(f"run folder: {rundir.root}")

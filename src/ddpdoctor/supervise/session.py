@@ -6,8 +6,10 @@ then the end-of-job diagnosis written as report.json/report.txt. Returns values;
 from __future__ import annotations
 
 import os
+import resource
 import shutil
 import signal
+import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -18,8 +20,9 @@ from typing import Any
 
 from ddpdoctor.errors import SupervisorError
 from ddpdoctor.supervise import inject
-from ddpdoctor.supervise.capture import Capture
-from ddpdoctor.supervise.child import FORWARDED, Child, shell_code, spawn
+from ddpdoctor.supervise.capture import BACKLOG_BYTES, Capture
+from ddpdoctor.supervise.child import FORWARDED, Child, ProcInfo, shell_code, spawn
+from ddpdoctor.supervise.flight import FlightCollector
 from ddpdoctor.supervise.progress import ProgressTracker
 from ddpdoctor.supervise.report import finish_report
 from ddpdoctor.supervise.rundir import RunDir
@@ -36,10 +39,13 @@ class RunOptions:
     on_hang: str = "report"
     stacks: str = "auto"
     inject: bool = True
+    flight_recorder: bool = True
+    """Turn PyTorch's Flight Recorder on in the ranks and collect their dumps on a hang."""
     label_ranks: bool = False
     grace_s: float = 5.0
     startup_grace_s: float = 60.0
     echo: bool = True
+    output_buffer_bytes: int = BACKLOG_BYTES
     notify: Callable[[str], None] = lambda _text: None
     redact: bool = True
     """Mask secrets in what ddpdoctor writes (events, stack dumps, reports), not in the logs."""
@@ -53,7 +59,7 @@ class RunResult:
     report: dict[str, Any]
     hangs: int = 0
     per_rank: dict[int, int] = field(default_factory=dict)
-    drops: dict[str, int] = field(default_factory=dict)
+    output: dict[str, Any] = field(default_factory=dict)
 
 
 def is_torchrun(argv: Sequence[str]) -> int | None:
@@ -84,9 +90,15 @@ def run_job(opts: RunOptions) -> RunResult | SupervisorError:
     except OSError as exc:
         return SupervisorError(f"cannot create the run folder {opts.run_dir}: {exc}")
     argv = with_rank_labels(opts.argv) if opts.label_ranks else list(opts.argv)
-    env = inject.job_env(
-        dict(os.environ), inject_root, rundir.stacks_dir, opts.inject and opts.stacks != "py-spy"
-    )
+    injected = opts.inject and opts.stacks != "py-spy"
+    env = inject.job_env(dict(os.environ), inject_root, rundir.stacks_dir, injected)
+    flight: FlightCollector | None = None
+    if opts.flight_recorder:
+        try:
+            flight = FlightCollector.prepare(rundir.root, inject_root)
+            env = flight.env(env)
+        except OSError:
+            flight = None
     if opts.label_ranks and is_torchrun(argv) is not None:
         env.setdefault("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", LABEL_TEMPLATE)
     progress = ProgressTracker(opts.hang_after_s, inject_root / "heartbeats", opts.startup_grace_s)
@@ -108,9 +120,8 @@ def run_job(opts: RunOptions) -> RunResult | SupervisorError:
         run_dir=str(rundir.root),
     )
     received: list[int] = []
-    previous = _forward_signals(child, received, rundir)
-    capture = Capture(rundir, progress, echo=opts.echo)
-    capture.start(child.pipes)
+    previous = _forward_signals(child, received, rundir, opts.grace_s)
+    capture = Capture(rundir, progress, echo=opts.echo, backlog_bytes=opts.output_buffer_bytes)
     child.start_exit_watch()
     watchdog = Watchdog(
         child,
@@ -120,14 +131,21 @@ def run_job(opts: RunOptions) -> RunResult | SupervisorError:
         opts.stacks,
         inject_root / "armed",
         opts.grace_s,
-        opts.notify,
+        capture.notifier(opts.notify),
+        flight=flight if injected else None,
     )
     watchdog.start()
+    cpu_start = _cpu_s(resource.RUSAGE_SELF)
     try:
-        code = child.proc.wait()
+        # the output loop runs here until the job ended and all it wrote is delivered
+        capture.run(child.pipes, child.pid, lambda: child.proc.poll() is not None)
     finally:
         _restore_signals(previous)
-    drained = capture.join(5.0)
+    code = child.proc.wait()
+    cpu = {
+        "supervisor_s": round(_cpu_s(resource.RUSAGE_SELF) - cpu_start, 3),
+        "job_s": round(_cpu_s(resource.RUSAGE_CHILDREN), 3),
+    }
     watchdog.stop()
     time.sleep(0.06)  # one more exit-watch pass for ranks that died with the agent
     per_rank = child.per_rank_exit()
@@ -138,20 +156,22 @@ def run_job(opts: RunOptions) -> RunResult | SupervisorError:
         signal=signal.Signals(-code).name if code < 0 else None,
         per_rank={str(k): v for k, v in per_rank.items()},
         duration_s=round(time.monotonic() - started, 3),
-        drops=capture.drops.as_dict(),
-        output_drained=drained,
+        output=capture.stats(),
+        cpu=cpu,
         signals_received=received,
     )
     child.close()
     shutil.rmtree(inject_root, ignore_errors=True)
     _drop_empty(rundir.stacks_dir)
+    if flight is not None:
+        flight.tidy()
     report, text = finish_report(
         rundir,
         code,
         per_rank,
         watchdog.hangs,
         watchdog.killed_for_hang,
-        capture.drops.as_dict(),
+        capture.stats(),
         progress.snapshot(),
     )
     return RunResult(
@@ -161,18 +181,39 @@ def run_job(opts: RunOptions) -> RunResult | SupervisorError:
         report,
         len(watchdog.hangs),
         per_rank,
-        capture.drops.as_dict(),
+        capture.stats(),
     )
 
 
 Handler = Callable[[int, FrameType | None], Any] | int | None
 
 
-def _forward_signals(child: Child, received: list[int], rundir: RunDir) -> dict[int, Handler]:
+def _forward_signals(
+    child: Child, received: list[int], rundir: RunDir, grace_s: float
+) -> dict[int, Handler]:
+    """Forward each signal to every rank; after the first, SIGKILL what is left after grace_s."""
+    escalation: list[threading.Thread] = []
+
+    def record(left: list[ProcInfo]) -> None:
+        rundir.event(
+            "kill_escalated",
+            grace_s=grace_s,
+            processes=[{"pid": p.pid, "role": p.role, "rank": p.rank} for p in left],
+        )
+
     def handler(signum: int, _frame: FrameType | None) -> None:
         received.append(signum)
         rundir.event("signal_forwarded", signal=signal.Signals(signum).name)
         child.forward(signum)
+        if not escalation:
+            t = threading.Thread(
+                target=child.kill_after,
+                args=(grace_s, record),
+                daemon=True,
+                name="ddpdoctor-kill-after",
+            )
+            escalation.append(t)
+            t.start()
 
     previous: dict[int, Handler] = {}
     for sig in FORWARDED:
@@ -181,6 +222,11 @@ def _forward_signals(child: Child, received: list[int], rundir: RunDir) -> dict[
         except (OSError, ValueError):
             continue
     return previous
+
+
+def _cpu_s(who: int) -> float:
+    usage = resource.getrusage(who)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _restore_signals(previous: dict[int, Handler]) -> None:

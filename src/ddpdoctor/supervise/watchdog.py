@@ -1,5 +1,6 @@
-"""Hang detection: a thread that watches progress, and on a stall collects every rank's stack,
-groups them, records and reports the diagnosis, and (with on_hang="kill") ends the job.
+"""Hang detection: a thread that watches progress, and on a stall collects every rank's stack
+and Flight Recorder dump, groups the stacks, records and reports the diagnosis, and (with
+on_hang="kill") ends the job.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ddpdoctor.supervise.child import Child
+from ddpdoctor.supervise.flight import FlightCollector
 from ddpdoctor.supervise.progress import ProgressTracker
 from ddpdoctor.supervise.rundir import RunDir, utc_now
 from ddpdoctor.supervise.stacks import (
@@ -44,6 +46,8 @@ class Watchdog:
     grace_s: float = 5.0
     notify: Callable[[str], None] = lambda _text: None
     hangs: list[Hang] = field(default_factory=list)
+    flight: FlightCollector | None = None
+    """Asks the ranks for their Flight Recorder dumps on a hang (None: recorder off)."""
     killed_for_hang: bool = False
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
@@ -96,6 +100,9 @@ class Watchdog:
         gone = sorted(r for r in self.child.per_rank_exit() if r not in ranks_alive)
         stacks = collect(procs, self.rundir.stacks_dir, self.stack_method, self.armed_dir)
         collect_s = time.monotonic() - t0
+        if self.flight is not None:  # before anything is killed: the ranks are still there
+            result = self.flight.collect(procs)
+            self.rundir.event("flight_recorder", **result.as_dict())
         n = len(self.hangs) + 1
         write_dumps(stacks, self.rundir.stacks_dir, n, when, self.rundir.redact)
         diag = diagnose_stacks(stacks, missing=gone)

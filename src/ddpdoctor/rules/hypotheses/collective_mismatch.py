@@ -40,8 +40,16 @@ MAIN_PROCESS = 0
 """Rank-dependent branches most often single out the main process (rank 0)."""
 
 
+DIVERGING = ("mismatch", "only-some", "group-order", "group-config")
+"""Flight Recorder divergences that are a collective mismatch (not a rank left behind)."""
+
+
 def assess(job: JobEvidence) -> Assessment | None:
-    found = [a for a in (_from_stall(job), _from_wait_sites(job), _from_minority(job)) if a]
+    found = [
+        a
+        for a in (_from_flight(job), _from_stall(job), _from_wait_sites(job), _from_minority(job))
+        if a
+    ]
     return max(found, key=lambda a: a.score) if found else None
 
 
@@ -69,6 +77,24 @@ def _describe(where: dict[int, str]) -> str:
     for rank, text in sorted(where.items()):
         by.setdefault(text, []).append(rank)
     return "; ".join(f"{ranks_text(r)} {t}" for t, r in by.items())
+
+
+def _from_flight(job: JobEvidence) -> Assessment | None:
+    """The ranks' Flight Recorders disagree on what was called at one sequence number."""
+    if job.flight is None:
+        return None
+    div = next((d for d in job.flight.divergences if d.kind in DIVERGING), None)
+    if div is None:
+        return None
+    return Assessment(
+        RULE,
+        0.7 if div.ambiguous else 0.85,
+        sorted(div.ranks),
+        [f"the Flight Recorder dumps show it: {div.summary}"],
+        against=["the dumps cannot tell which side took the extra or missing call"]
+        if div.ambiguous
+        else [],
+    )
 
 
 def _from_stall(job: JobEvidence) -> Assessment | None:
@@ -138,7 +164,22 @@ def _from_wait_sites(job: JobEvidence) -> Assessment | None:
 
 def _from_minority(job: JobEvidence) -> Assessment | None:
     waiting, quiet = job.waiting, job.quiet
-    if not (waiting and quiet) or len(waiting) >= len(quiet):
+    if not (waiting and quiet):
+        return None
+    finished = {r for r in quiet if job.ranks[r].completed and not job.ranks[r].announced_stop}
+    if finished and finished == quiet:
+        return Assessment(
+            RULE,
+            0.6,
+            sorted(waiting),
+            [
+                f"{ranks_text(finished)} finished training and left; {ranks_text(waiting)} "
+                "waited in a collective after that, one the others never called (a "
+                "collective in a rank-dependent branch at the end, such as wait_for_everyone() "
+                "under `if is_main_process`)."
+            ],
+        )
+    if len(waiting) >= len(quiet):
         return None
     return Assessment(
         RULE,

@@ -52,7 +52,8 @@ def assess(job: JobEvidence) -> Assessment | None:
             ],
             evidence=[e for r in sorted(stoppers) for e in job.ranks[r].evidence[:1]],
         )
-    left = {r for r in quiet if not job.ranks[r].terminated}
+    # a rank that announced the end of training finished; it did not leave early
+    left = {r for r in quiet if not job.ranks[r].terminated and not job.ranks[r].completed}
     if left and waiting and len(waiting) >= len(quiet):
         return Assessment(
             RULE,

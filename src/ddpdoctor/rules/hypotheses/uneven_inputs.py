@@ -30,7 +30,7 @@ RULE = Rule(
 
 
 def assess(job: JobEvidence) -> Assessment | None:
-    if not job.waiting:
+    if not (job.waiting or any(v.failed for v in job.ranks.values())):
         return None
     totals = {r: v.progress_total for r, v in job.ranks.items() if v.progress_total is not None}
     if len(set(totals.values())) < 2:

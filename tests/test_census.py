@@ -1,0 +1,207 @@
+"""The census of upstream messages against the knowledge base: every message of a failure kind
+is recognised by its rule the way the scanner confirms a line, no benign or context message is
+claimed by an error rule, every entry is well formed, and the coverage page is current.
+Known misses are strict xfails: fixing one makes its test fail until the census says so."""
+
+from __future__ import annotations
+
+import pytest
+from census.coverage import (
+    CENSUS,
+    PAGE,
+    CensusError,
+    Message,
+    claimants,
+    coverage_markdown,
+    load,
+    pattern_regex,
+    problems,
+    verdict,
+    winners,
+)
+
+from ddpdoctor.model.taxonomy import KINDS
+from ddpdoctor.rules.registry import all_rules
+from tests.conftest import diagnose_json
+
+MESSAGES = load()
+RULES = {r.code: r for r in all_rules()}
+
+
+def _params(messages: list[Message]) -> list[object]:
+    return [
+        pytest.param(
+            m,
+            id=m.id,
+            marks=[pytest.mark.xfail(strict=True, reason=m.gap)] if m.gap else [],
+        )
+        for m in messages
+    ]
+
+
+def test_census_holds_at_least_400_messages_with_unique_ids() -> None:
+    assert len(MESSAGES) >= 400
+    ids = [m.id for m in MESSAGES]
+    assert len(ids) == len(set(ids)), [i for i in ids if ids.count(i) > 1]
+
+
+def test_every_entry_is_well_formed() -> None:
+    bad = {f"{m.id} (line {m.line})": p for m in MESSAGES if (p := problems(m, RULES))}
+    assert not bad, bad
+
+
+@pytest.mark.parametrize("msg", _params([m for m in MESSAGES if m.kind in KINDS]))
+def test_failure_message_is_recognised_by_its_rule(msg: Message) -> None:
+    ok, got = verdict(msg)
+    assert ok, f"{msg.example!r}: expected {msg.rule or msg.kind}, the diagnosis keeps {got}"
+
+
+@pytest.mark.parametrize("msg", _params([m for m in MESSAGES if m.kind not in KINDS]))
+def test_benign_and_context_messages_are_not_claimed_by_an_error_rule(msg: Message) -> None:
+    ok, got = verdict(msg)
+    assert ok, f"{msg.example!r} ({msg.kind}): {got}"
+
+
+def test_every_kind_with_messages_is_mapped() -> None:
+    """A kind whose rules have signatures prints messages of its own: the census holds at
+    least one of them, recognised by a rule (not a known gap)."""
+    printed = {r.kind for r in all_rules() if r.signatures}
+    mapped = {m.kind for m in MESSAGES if m.kind in KINDS and not m.gap and verdict(m)[0]}
+    assert printed - mapped == set()
+    in_census = {m.kind for m in MESSAGES if m.kind in KINDS}
+    assert in_census - mapped == set(), "kinds whose every message is a gap"
+
+
+def test_known_gaps_say_why() -> None:
+    for m in MESSAGES:
+        if m.gap is not None:
+            assert len(m.gap) >= 20, f"{m.id}: say which rule misses it and why"
+
+
+def test_coverage_page_is_current() -> None:
+    assert PAGE.is_file(), "run `make census`"
+    assert PAGE.read_text(encoding="utf-8") == coverage_markdown(MESSAGES), (
+        "docs/census.md is stale: run `make census`"
+    )
+
+
+# --- the checker itself, so that a census that passes means something -------------------
+
+
+def _msg(**fields: object) -> Message:
+    base: dict[str, object] = {
+        "id": "x",
+        "pattern": "CUDA out of memory. Tried to allocate {size}",
+        "example": "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
+        "source": "torch 2.5 c10/cuda/CUDACachingAllocator.cpp",
+        "versions": "torch>=2.5,<=2.13",
+        "kind": "cuda-oom",
+        "rule": "CUDA101",
+        "notes": "n",
+    }
+    base.update(fields)
+    return Message(**base)  # type: ignore[arg-type]
+
+
+def test_checker_accepts_a_right_entry_and_rejects_wrong_ones() -> None:
+    assert problems(_msg(), RULES) == []
+    assert verdict(_msg())[0]
+    # the rule recognises it, but a more specific rule of another kind wins the line
+    wrong = _msg(
+        example="RuntimeError: CUDA out of memory. Tried to allocate 2.00 MiB",
+        context=('  File "/x/torch/serialization.py", line 1, in load',),
+    )
+    assert not verdict(wrong)[0]
+    assert [r.code for r in winners(wrong)] == ["CUDA102"]
+    assert problems(_msg(rule="DDP101"), RULES) == [
+        "rule DDP101 is of kind ddp-unused-parameters, not cuda-oom"
+    ]
+    assert "the example does not follow the pattern" in problems(
+        _msg(example="CUDA error: out of memory"), RULES
+    )
+    assert problems(_msg(versions="torch 2.5"), RULES)
+    assert problems(_msg(rule=None), RULES) == [
+        "a failure message without a rule must say why (gap)"
+    ]
+
+
+def test_checker_flags_a_benign_line_that_an_error_rule_claims() -> None:
+    benign = _msg(kind="benign", rule=None)
+    ok, got = verdict(benign)
+    assert not ok and "CUDA101" in got
+    assert verdict(_msg(kind="benign", rule=None, example="NCCL INFO Init COMPLETE"))[0]
+
+
+def test_context_conditions_use_the_lines_before_the_example() -> None:
+    line = "ValueError: bad value"
+    bare = _msg(kind="python-exception", rule="PY101", example=line, pattern="ValueError: {}")
+    assert not claimants(bare)
+    tb = _msg(
+        kind="python-exception",
+        rule="PY101",
+        example=line,
+        pattern="ValueError: {}",
+        context=("Traceback (most recent call last):", '  File "train.py", line 3, in <module>'),
+    )
+    assert [r.code for r in claimants(tb)] == ["PY101"]
+
+
+def test_pattern_placeholders_follow_the_sources() -> None:
+    assert pattern_regex("failed (exitcode: %s) local_rank: %s").search(
+        "failed (exitcode: -9) local_rank: 3 (pid: 1)"
+    )
+    assert pattern_regex("Detected %lu oom_kill event%s in %s.").search(
+        "Detected 1 oom_kill event in StepId=7.0."
+    )
+    assert pattern_regex("{{literal}} {x}").search("{literal} y")
+    assert not pattern_regex("100%% done").search("100 done")
+
+
+def test_a_malformed_census_line_is_a_clear_error(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    bad = tmp_path / "m.jsonl"
+    bad.write_text('{"id": "a"}\n')
+    with pytest.raises(CensusError, match=r"m.jsonl:1: missing"):
+        load(bad)
+    bad.write_text("not json\n")
+    with pytest.raises(CensusError, match=r"m.jsonl:1: not JSON"):
+        load(bad)
+    assert CENSUS.is_file()
+
+
+# --- the verdict on c10's whole CUDA error block ------------------------------------------
+
+# c10/cuda/CUDAException.cpp (torch >= 2.1) appends these lines to every "CUDA error: ..."
+C10_CUDA_ERROR_TAIL = (
+    "CUDA kernel errors might be asynchronously reported at some other API call, so the "
+    "stacktrace below might be incorrect.",
+    "For debugging consider passing CUDA_LAUNCH_BLOCKING=1",
+    "Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.",
+)
+
+
+@pytest.mark.parametrize(
+    ("error", "kind"),
+    [
+        ("out of memory", "cuda-oom"),
+        ("an illegal memory access was encountered", "native-crash"),
+        ("device-side assert triggered", "device-side-assert"),
+    ],
+)
+def test_the_lines_c10_appends_to_every_cuda_error_do_not_change_its_kind(
+    error: str, kind: str, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    """The TORCH_USE_CUDA_DSA hint once made every CUDA error read as a device-side assert."""
+    log = tmp_path / "rank0.log"
+    log.write_text(
+        "\n".join(
+            (
+                "Traceback (most recent call last):",
+                '  File "/work/train.py", line 12, in <module>',
+                "    loss.backward()",
+                f"RuntimeError: CUDA error: {error}",
+                *C10_CUDA_ERROR_TAIL,
+                "",
+            )
+        )
+    )
+    assert diagnose_json(log)["verdict"]["kind"] == kind
