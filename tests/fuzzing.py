@@ -21,10 +21,14 @@ from tests.conftest import CORPUS, REPO
 REAL = REPO / "tests" / "fixtures" / "real"
 CAPTURED = REPO / "src" / "ddpdoctor" / "scenarios" / "captured"
 CASES = REPO / "corpus" / "cases"
+FLIGHT = REAL / "flight-recorder"
 RUN_FOLDERS = (
     REPO / "tests" / "fixtures" / "runs" / "hang",
     REPO / "tests" / "fixtures" / "runs" / "exit-3",
+    FLIGHT / "run-hang" / "run",
 )
+FLIGHT_CAPTURES = tuple(sorted(p for p in FLIGHT.iterdir() if (p / "dumps").is_dir()))
+"""Real Flight Recorder dumps (pickle and JSON forms) with the console log of their job."""
 ERROR_FILES = next((REAL / "elastic-error-json").glob("*_*"))
 MAX_MUTANT_BYTES = 4 << 20
 """A mutant is cut to this size (the scan of long inputs is tested elsewhere)."""
@@ -166,6 +170,7 @@ def json_values() -> st.SearchStrategy[Any]:
         st.floats(allow_nan=True, allow_infinity=True),
         st.text(max_size=40),
         st.sampled_from(["", "rank 1", "2026-12-01T15:44:44", "0001-01-01T00:00:00", "yesterday"]),
+        st.sampled_from(["²", "--5", "١٢", "-", "1e3", "9" * 30, "9" * 5000, "[0, 1, ²]"]),
     )
     return st.recursive(
         leaves,
@@ -178,13 +183,46 @@ def json_values() -> st.SearchStrategy[Any]:
 
 def _replace_somewhere(draw: st.DrawFn, value: Any) -> Any:
     """`value` with one node (found by a random walk from the root) replaced by any JSON."""
-    if isinstance(value, dict) and value and draw(st.booleans()):
+    deeper = draw(st.integers(0, 3)) > 0  # leaves hold most fields: go down 3 times in 4
+    if isinstance(value, dict) and value and deeper:
         key = draw(st.sampled_from(sorted(value)))
         return {**value, key: _replace_somewhere(draw, value[key])}
-    if isinstance(value, list) and value and draw(st.booleans()):
+    if isinstance(value, list) and value and deeper:
         i = draw(st.integers(0, len(value) - 1))
         return [*value[:i], _replace_somewhere(draw, value[i]), *value[i + 1 :]]
     return draw(json_values())
+
+
+HOSTILE_NUMBERS: list[Any] = [
+    "²",
+    "--5",
+    "١٢",
+    "9" * 5000,
+    "-" + "9" * 30,
+    10**400,
+    -(2**70),
+    float("nan"),
+    float("inf"),
+    1.5,
+    True,
+    None,
+    "",
+]
+
+
+def _numbers_spoiled(draw: st.DrawFn, value: Any, depth: int = 0) -> Any:
+    """`value` with about half of its numbers (and strings of digits) replaced by ones of
+    another script, sign, size or type: every numeric field of a format at once."""
+    if depth > 50:
+        return value
+    if isinstance(value, dict):
+        return {k: _numbers_spoiled(draw, v, depth + 1) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_numbers_spoiled(draw, v, depth + 1) for v in value[:200]] + value[200:]
+    numeric = isinstance(value, int | float) or (isinstance(value, str) and value.isdigit())
+    if numeric and draw(st.booleans()):
+        return draw(st.sampled_from(HOSTILE_NUMBERS))
+    return value
 
 
 def _dump(value: Any) -> str:
@@ -205,14 +243,18 @@ def mutated_json_lines(draw: st.DrawFn, text: str) -> bytes:
         except ValueError:
             out.append(line)
             continue
-        choice = draw(st.integers(0, 9))
-        if choice <= 4:
-            out.append(_dump(_replace_somewhere(draw, record)))
-        elif choice == 5:
-            continue
+        choice = draw(st.integers(0, 10))  # Hypothesis favours small values: 0 is common
+        if choice == 0:
+            out.append(_dump(_numbers_spoiled(draw, record)))
+        elif choice <= 5:
+            for _ in range(draw(st.integers(1, 4))):
+                record = _replace_somewhere(draw, record)
+            out.append(_dump(record))
         elif choice == 6:
-            out += [line] * draw(st.integers(2, 5))
+            continue
         elif choice == 7:
+            out += [line] * draw(st.integers(2, 5))
+        elif choice == 8:
             depth = draw(st.sampled_from([50, 5000, 100_000]))
             out.append('{"event": "stacks", "diagnosis": ' + "[" * depth + "]" * depth + "}")
         else:

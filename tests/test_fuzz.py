@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from ddpdoctor.cli.main import cli
 from tests.fuzzing import (
     ERROR_FILES,
+    FLIGHT_CAPTURES,
     RUN_FOLDERS,
     SPECIAL,
     add_special,
@@ -119,3 +120,23 @@ def test_special_files_named_and_in_folders(data: st.DataObject, special: list[s
         chosen = data.draw(st.lists(st.sampled_from(named), min_size=1, max_size=3))
         diagnose(*chosen)
         diagnose(str(folder))
+
+
+@SMALL
+@given(data=st.data())
+def test_mutated_flight_recorder_dumps(data: st.DataObject) -> None:
+    """Real dumps with their log: JSON forms with values of any type, pickles with bytes
+    changed (the reader refuses any pickle that names a class; this checks it never raises)."""
+    seed = data.draw(st.sampled_from(FLIGHT_CAPTURES))
+    with tempfile.TemporaryDirectory() as tmp:
+        run = Path(tmp) / "run"
+        shutil.copytree(seed, run)
+        for dump in sorted((run / "dumps").iterdir()):
+            if not data.draw(st.booleans()):
+                continue
+            if dump.suffix == ".pkl":
+                dump.write_bytes(data.draw(mutated(dump.read_bytes())))
+            else:
+                line = json.dumps(json.loads(dump.read_text()))
+                dump.write_bytes(data.draw(mutated_json_lines(line)))
+        diagnose(str(run))

@@ -190,6 +190,20 @@ def test_huge_timestamp_in_an_error_file(tmp_path: Path) -> None:
     assert report["verdict"]["kind"] == "data-error"
 
 
+def test_a_flight_recorder_counter_in_another_script(tmp_path: Path) -> None:
+    """A real JSON dump whose pg_status counter is "²": str.isdigit() says yes, int() raises."""
+    capture = REAL / "flight-recorder" / "skip"
+    run = tmp_path / "skip"
+    shutil.copytree(capture, run)
+    dump = run / "dumps" / "rank0.json"
+    doc = json.loads(dump.read_text())
+    for status in doc["pg_status"].values():
+        status["last_enqueued_collective"] = "²"
+        status["last_completed_collective"] = "--5"
+    dump.write_text(json.dumps(doc))
+    diagnose(str(run))
+
+
 # -- malformed run folders --------------------------------------------------------------------
 
 DEEP = "[" * 100_000 + "]" * 100_000

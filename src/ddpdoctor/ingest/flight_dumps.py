@@ -17,6 +17,7 @@ import stat
 from dataclasses import dataclass
 from typing import Any
 
+from ddpdoctor.ingest.bounds import MAX_RANK
 from ddpdoctor.ingest.filenames import origin_from_path
 from ddpdoctor.ingest.sources import Input
 from ddpdoctor.model.flight import FlightDump, FlightEntry, FlightFrame, FlightGroupStatus
@@ -37,6 +38,7 @@ PICKLE_PROTOCOLS = (2, 3, 4, 5)
 and 1 have no header; such files are text or not dumps, and are read as logs, never unpickled."""
 JSON_KEYS = (b'"entries"', b'"pg_config"', b'"pg_status"', b'"comm_lib_version"')
 TRAILING_RANK = re.compile(r"(\d{1,6})$")
+_DECIMAL = re.compile(r"-?[0-9]{1,19}")
 
 _READ_ERRORS = (
     pickle.UnpicklingError,
@@ -228,7 +230,7 @@ def _int(value: Any) -> int | None:
         return None
     if isinstance(value, int):
         return value if -(2**63) <= value < 2**64 else None
-    if isinstance(value, str) and 0 < len(value) <= 20 and value.lstrip("-").isdigit():
+    if isinstance(value, str) and _DECIMAL.fullmatch(value):  # not "²", "--5" or "١٢"
         return int(value)
     return None
 
@@ -314,9 +316,9 @@ def _rank_list(value: Any) -> list[int]:
     if isinstance(value, str) and len(value) <= 1_000_000:
         parts = value.strip().strip("[]").split(",")
         ranks = [_int(p.strip()) for p in parts if p.strip()]
-        return [r for r in ranks if r is not None and r >= 0]
+        return [r for r in ranks if r is not None and 0 <= r <= MAX_RANK]
     if isinstance(value, list | tuple):
-        return [r for r in (_int(x) for x in value) if r is not None and r >= 0]
+        return [r for r in (_int(x) for x in value) if r is not None and 0 <= r <= MAX_RANK]
     return []
 
 
