@@ -191,7 +191,8 @@ def test_huge_timestamp_in_an_error_file(tmp_path: Path) -> None:
 
 
 def test_a_flight_recorder_counter_in_another_script(tmp_path: Path) -> None:
-    """A real JSON dump whose pg_status counter is "²": str.isdigit() says yes, int() raises."""
+    """A real JSON dump whose counters and group ids are "²" or "--5" (str.isdigit() or
+    lstrip("-") says yes, int() raises) or 5,000 digits."""
     capture = REAL / "flight-recorder" / "skip"
     run = tmp_path / "skip"
     shutil.copytree(capture, run)
@@ -200,6 +201,8 @@ def test_a_flight_recorder_counter_in_another_script(tmp_path: Path) -> None:
     for status in doc["pg_status"].values():
         status["last_enqueued_collective"] = "²"
         status["last_completed_collective"] = "--5"
+    doc["entries"][0]["process_group"][0] = "²"  # a group id the analysis sorts as a number
+    doc["entries"][1]["process_group"][0] = BIG
     dump.write_text(json.dumps(doc))
     diagnose(str(run))
 

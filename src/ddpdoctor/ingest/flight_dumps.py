@@ -224,6 +224,15 @@ def _text(value: Any) -> str | None:
     return value[:MAX_TEXT] if isinstance(value, str) else None
 
 
+def _pg_name(value: Any) -> str:
+    """A process group's id as text; one that looks like a number but is none Python can read
+    back (other scripts' digits, thousands of digits) is marked so that no reader tries."""
+    text = _text(value) or ""
+    if text.isdigit() and not (text.isascii() and len(text) <= 12):
+        return "#" + text
+    return text
+
+
 def _int(value: Any) -> int | None:
     """An int, or a decimal string of one (the JSON form writes pg_status counters as text)."""
     if isinstance(value, bool):
@@ -274,7 +283,7 @@ def _entry(raw: Any) -> FlightEntry | None:
     if name is None or seq is None or not isinstance(group, list | tuple) or not group:
         return None
     backend, _, op = name.rpartition(":")
-    pg = _text(group[0]) or ""
+    pg = _pg_name(group[0])
     desc = (_text(group[1]) if len(group) > 1 else None) or ""
     created = _int(raw.get("time_created_ns"))
     return FlightEntry(
@@ -307,7 +316,7 @@ def _members(value: Any) -> dict[str, list[int]]:
             continue
         ranks = _rank_list(conf.get("ranks"))
         if ranks:
-            out[key[:MAX_TEXT]] = ranks
+            out[_pg_name(key)] = ranks
     return out
 
 
@@ -328,7 +337,7 @@ def _status(value: Any) -> dict[str, FlightGroupStatus]:
         return out
     for key, raw in list(value.items())[:10_000]:
         if isinstance(key, str) and isinstance(raw, dict):
-            out[key[:MAX_TEXT]] = FlightGroupStatus(
+            out[_pg_name(key)] = FlightGroupStatus(
                 last_enqueued=_int(raw.get("last_enqueued_collective")),
                 last_started=_int(raw.get("last_started_collective")),
                 last_completed=_int(raw.get("last_completed_collective")),
