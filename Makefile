@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup setup-launchers slurm-up slurm-down demo test lint typecheck docs census bench \
+.PHONY: setup setup-launchers slurm-up slurm-down demo test fuzz lint typecheck docs census bench \
 	bench-run clean scoreboard browser
 
 $(STAMP): pyproject.toml
@@ -62,6 +62,13 @@ browser:
 		|| { $(SUDO) apt-get update && \
 		     $(SUDO) apt-get install -y --no-install-recommends chromium chromium-driver; }; \
 	fi
+
+# Thousands of hostile inputs (mutated real logs, run folders, error files, special files) with
+# fresh randomness, and the linear-time check with more pumping characters; `make test` runs a
+# few hundred derandomized ones.
+fuzz: $(STAMP)
+	DDPDOCTOR_FUZZ=full $(BIN)/python -m pytest -q -p no:cacheprovider \
+		tests/test_fuzz.py tests/test_linear_time.py --hypothesis-show-statistics
 
 docs: $(STAMP)
 	$(BIN)/ddpdoctor rules --write-docs docs/rules

@@ -7,6 +7,7 @@ import re
 import signal
 from dataclasses import dataclass
 
+from ddpdoctor.ingest.bounds import exit_code_number, pid_number, rank_number
 from ddpdoctor.model.findings import RankExit
 
 
@@ -110,14 +111,14 @@ def parse_summary_entry(before: list[str], line: str) -> tuple[int | None, RankE
     exit_ = RankExit(code=None)
     m = re.search(r"exitcode\s*: (-?\d+)", line)
     if m:
-        exit_.code = int(m.group(1))
+        exit_.code = exit_code_number(m.group(1))
     pid = re.search(r"\(pid: (\d+)\)", line)
     if pid:
-        exit_.pid = int(pid.group(1))
+        exit_.pid = pid_number(pid.group(1))
     for text in reversed(before[-4:]):
         mr = SUMMARY_RANK.match(text)
         if mr and rank is None:
-            rank, exit_.local_rank = int(mr.group("rank")), int(mr.group("local"))
+            rank, exit_.local_rank = rank_number(mr.group("rank")), rank_number(mr.group("local"))
         mh = SUMMARY_HOST.match(text)
         if mh and exit_.host is None:
             exit_.host = mh.group("host")
@@ -126,13 +127,22 @@ def parse_summary_entry(before: list[str], line: str) -> tuple[int | None, RankE
     return rank, exit_
 
 
+MAX_ELAPSED_PART = 10**6
+"""tqdm prints hours unbounded (`1234:05:06`), minutes and seconds below 60; a part beyond this
+is not a time (and a sum of huge parts would overflow a float)."""
+
+
 def elapsed_seconds(text: str) -> float | None:
-    """'29:55' or '1:02:03' as seconds."""
-    try:
-        parts = [int(p) for p in text.split(":")]
-    except ValueError:
+    """'29:55' or '1:02:03' as seconds; None for anything else."""
+    parts = text.split(":")
+    if not 1 <= len(parts) <= 3:
         return None
     total = 0
-    for p in parts:
-        total = total * 60 + p
+    for part in parts:
+        if not (part.isascii() and part.isdigit()) or len(part) > 7:
+            return None
+        value = int(part)
+        if value > MAX_ELAPSED_PART:
+            return None
+        total = total * 60 + value
     return float(total)

@@ -7,9 +7,13 @@ from dataclasses import dataclass, field, replace
 
 from ddpdoctor.analysis.facts import parse_summary_entry, signal_name
 from ddpdoctor.analysis.scanner import FactHit, SourceScan, StreamSummary
+from ddpdoctor.ingest.bounds import count_number, exit_code_number, rank_number
 from ddpdoctor.ingest.run_events import RunEvents, RunHang
 from ddpdoctor.model.findings import Evidence, JobInfo, RankExit
 from ddpdoctor.model.records import Origin
+
+MAX_WORLD_SIZE = 1_000_000
+"""A world size hint above this is not believed (and ranks missing are listed up to 100,000)."""
 
 
 @dataclass(slots=True)
@@ -60,8 +64,11 @@ def learn_rank_map(scans: list[SourceScan]) -> dict[tuple[str, int], int]:
         for fact in scan.facts:
             host = fact.record.origin.host
             if fact.name == "nccl_comm" and host:
-                rank = int(fact.captures["rank"])
-                mapping.setdefault((host, int(fact.captures["dev"])), rank)
+                rank = rank_number(fact.captures.get("rank"))
+                dev = rank_number(fact.captures.get("dev"))
+                if rank is None or dev is None:
+                    continue
+                mapping.setdefault((host, dev), rank)
                 if fact.record.origin.pid:
                     mapping.setdefault((host, -fact.record.origin.pid), rank)
             elif fact.name == "summary_exit":
@@ -101,8 +108,8 @@ def build_job(
         expect_root = False
         for fact in scan.facts:
             if fact.name == "world_size":
-                n = int(fact.captures.get("n", "0"))
-                if 0 < n <= 1_000_000:
+                n = count_number(fact.captures.get("n"), MAX_WORLD_SIZE)
+                if n:
                     world_hints.append(n)
             elif fact.name == "root_cause":
                 expect_root = True
@@ -118,10 +125,10 @@ def build_job(
                     if expect_root:
                         root_cause_rank, expect_root = rank, False
             elif fact.name == "launcher_exit":
-                local = int(fact.captures["local_rank"])
-                code = int(fact.captures["code"])
+                local = rank_number(fact.captures.get("local_rank"))
+                code = exit_code_number(fact.captures.get("code"))
                 rank = local if single_node else None
-                if rank is not None and rank not in per_rank:
+                if rank is not None and code is not None and rank not in per_rank:
                     per_rank[rank] = RankExit(code=code, signal=signal_name(code), local_rank=local)
             elif fact.name == "progress":
                 progress.append(fact)

@@ -13,9 +13,15 @@ from functools import lru_cache
 from ddpdoctor.analysis.engine import Matcher, Pattern, build_matcher
 from ddpdoctor.analysis.facts import FACT_PATTERNS, FactPattern
 from ddpdoctor.analysis.newlines import count_newlines
+from ddpdoctor.ingest.bounds import (
+    MAX_NUMBER_DIGITS,
+    count_number,
+    safe_capture,
+    time_from_epoch,
+)
 from ddpdoctor.ingest.elastic_error import ErrorFileChunks, is_error_file
 from ddpdoctor.ingest.filenames import origin_from_path
-from ddpdoctor.ingest.prefixes import ParsedLine, parse_line, rank_before
+from ddpdoctor.ingest.prefixes import MAX_TEXT, ParsedLine, parse_line, rank_before
 from ddpdoctor.ingest.sources import ChunkStream, Input
 from ddpdoctor.ingest.tracebacks import walk_back
 from ddpdoctor.model.findings import Hit
@@ -78,9 +84,12 @@ class StreamSummary:
 
 # Training progress (steps, epochs, loss) and distributed start-up, as seen in head and tail.
 # Each opens with a look-ahead for the characters its alternatives can start with: Python `re`
-# then skips other positions in C (3.6 -> 2.3 us a line on the benchmark's tails).
+# then skips other positions in C (3.6 -> 2.3 us a line on the benchmark's tails). Runs are
+# bounded (a percentage has at most 3 digits): `\d+%` from every digit of a long number, or
+# `\s*...\s*` over a long run of blanks, was quadratic.
 PROGRESS_LINE = re.compile(
-    r"(?i)(?=[seilb\d])(?:\b(?:step|iter(?:ation)?|epoch|loss|batch)\b\s*[:=\[]?\s*\d|\d+%\|)"
+    r"(?i)(?=[seilb\d])(?:\b(?:step|iter(?:ation)?|epoch|loss|batch)\b\s{0,8}[:=\[]?\s{0,8}\d"
+    r"|\d{1,3}%\|)"
 )
 PROGRESS_COUNTER = re.compile(
     r"(?i)(?=[sib])\b(?:step|iter(?:ation)?|batch|it)\b\D{0,3}?(?P<n>\d+)\s*/\s*(?P<total>\d+)"
@@ -151,7 +160,8 @@ class Scanner:
                 result.info.lines = 0
                 return result
             if stream.mtime is not None and line_base == 0:
-                year = datetime.fromtimestamp(stream.mtime, UTC).year
+                modified = time_from_epoch(stream.mtime)
+                year = modified.year if modified is not None else year
                 parse = _parser(year)
             if head_left > 0:
                 head = chunk[:head_left]
@@ -236,7 +246,7 @@ class Scanner:
                 near = rank_before(parsed.text, m.start())
                 if near is not None:
                     record.origin.rank = near
-            captures = {k: v for k, v in m.groupdict().items() if v is not None}
+            captures = _captures(m)
             if target.fact is not None:
                 before = _raw_lines_before(chunk, start, target.fact.lines_before)
                 result.facts.append(FactHit(target.fact.name, captures, record, before))
@@ -313,8 +323,8 @@ class Scanner:
             for message in reversed(messages):
                 counter = PROGRESS_COUNTER.search(message)
                 if counter:
-                    streams[key].progress_total = int(counter.group("total"))
-                    streams[key].progress_done = int(counter.group("n"))
+                    streams[key].progress_total = count_number(counter.group("total"))
+                    streams[key].progress_done = count_number(counter.group("n"))
                     break
 
 
@@ -357,12 +367,31 @@ def _record(parsed: ParsedLine, display: str, line_no: int, file_origin: Origin)
     )
 
 
+def _captures(m: re.Match[str]) -> dict[str, str]:
+    """What a match captured, made safe where hits and facts are born: no capture longer than a
+    line's text (a `.+` on an 8 MB line), none that is a number no real log prints (a rank or
+    timeout of thousands of digits breaks int(), a huge one overflows time arithmetic). Short
+    captures, nearly all of them, pass without a look."""
+    if not m.re.groupindex:
+        return {}
+    out: dict[str, str] = {}
+    for name, value in m.groupdict().items():
+        if value is None:
+            continue
+        if len(value) > MAX_NUMBER_DIGITS:
+            value = value[:MAX_TEXT]
+            if not safe_capture(value):
+                continue
+        out[name] = value
+    return out
+
+
 def _raw_lines_before(chunk: bytes, start: int, count: int) -> list[str]:
     out: list[str] = []
     end = start - 1
     while end > 0 and len(out) < count:
         s = chunk.rfind(b"\n", 0, end) + 1
-        out.append(chunk[s:end].decode("utf-8", errors="replace"))
+        out.append(chunk[s : min(end, s + MAX_TEXT)].decode("utf-8", errors="replace"))
         end = s - 1
     out.reverse()
     return out

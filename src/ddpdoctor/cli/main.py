@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -13,8 +14,12 @@ from ddpdoctor import __version__
 from ddpdoctor.cli import exitcodes
 from ddpdoctor.cli.options import MIN_WIDTH, format_for, output_path, selected
 from ddpdoctor.errors import DdpdoctorError
+from ddpdoctor.ingest.inputs import PIPE_WAIT_S
 from ddpdoctor.redaction import clean_text
 from ddpdoctor.report.render import FORMATS
+
+if TYPE_CHECKING:
+    from ddpdoctor.model.findings import Report
 
 
 class LazyGroup(click.Group):
@@ -115,6 +120,13 @@ Exit codes:
     is_flag=True,
     help="Show secrets (tokens, passwords, keys) as the logs have them instead of masking them.",
 )
+@click.option(
+    "--pipe-wait",
+    type=click.FloatRange(min=0.1),
+    default=PIPE_WAIT_S,
+    show_default=True,
+    help="Seconds a named pipe or device may stay silent before reading it stops.",
+)
 def diagnose(
     paths: tuple[str, ...],
     fmt: str | None,
@@ -124,18 +136,22 @@ def diagnose(
     engine: str,
     jobs: int | None,
     no_redact: bool,
+    pipe_wait: float,
 ) -> None:
     """Diagnose the logs of every rank and node: files, folders, globs, .gz files, - for stdin."""
-    from ddpdoctor.analysis.diagnose import diagnose_paths
+    from ddpdoctor.analysis.diagnose import diagnose_inputs
     from ddpdoctor.cli.progress import scan_progress
+    from ddpdoctor.ingest.sources import expand_paths
     from ddpdoctor.report.problems import problem_lines
     from ddpdoctor.report.render import render
     from ddpdoctor.report.view import shown
 
+    inputs, problems = expand_paths(list(paths), wait_s=pipe_wait)
     with scan_progress(list(paths)):
-        found = diagnose_paths(list(paths), engine=engine, jobs=jobs)
+        found = diagnose_inputs(inputs, problems, engine=engine, jobs=jobs)
     # what reaches stderr below (skipped paths) is cleaned like the report itself
     report = shown(found, redact=not no_redact)
+    _printable_paths(report)
     if not any(s.status != "skipped" and s.lines > 0 for s in report.sources):
         for line in problem_lines(report.sources):
             click.echo(f"ddpdoctor: {line.split(': ', 1)[1]}", err=True)
@@ -252,6 +268,20 @@ def rules_cmd(
         return
     for r in rules:
         click.echo(f"{r.code:<8} {r.kind:<30} {r.default_category!s:<15} {r.title}")
+
+
+def _printable_paths(report: Report) -> None:
+    """File names that are not UTF-8 written with escapes in every source and evidence path: a
+    lone surrogate would make the JSON invalid and a UTF-8 report file unwritable."""
+    from ddpdoctor.ingest.filenames import display_name
+
+    for source in report.sources:
+        source.path = display_name(source.path)
+    for evidence in report.verdict.evidence:
+        evidence.source = display_name(evidence.source)
+    for finding in report.findings:
+        for evidence in finding.evidence:
+            evidence.source = display_name(evidence.source)
 
 
 def main() -> None:

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from collections.abc import Iterator
-from datetime import UTC, datetime
 from pathlib import Path
 
+from ddpdoctor.ingest.bounds import count_number, time_from_epoch
+from ddpdoctor.ingest.inputs import reason_for
 from ddpdoctor.model.records import SourceInfo
 
 MAX_ERROR_FILE_BYTES = 16 * 1024 * 1024
@@ -30,14 +32,18 @@ class ErrorFileChunks:
 
     def __iter__(self) -> Iterator[bytes]:
         try:
-            size = os.path.getsize(self.path)
-            self.mtime = os.path.getmtime(self.path)
-            if size > MAX_ERROR_FILE_BYTES:
+            st = os.stat(self.path)
+            self.mtime = st.st_mtime
+            if not stat.S_ISREG(st.st_mode):  # a FIFO of that name would block the read
+                self.info.status, self.info.reason = "skipped", "not a regular file"
+                return
+            if st.st_size > MAX_ERROR_FILE_BYTES:
                 self.info.status, self.info.reason = "skipped", "error file too large"
                 return
-            raw = Path(self.path).read_bytes()
+            with open(self.path, "rb") as f:
+                raw = f.read(MAX_ERROR_FILE_BYTES + 1)
         except OSError as exc:
-            self.info.status, self.info.reason = "skipped", f"cannot read: {exc.strerror}"
+            self.info.status, self.info.reason = "skipped", reason_for(exc)
             return
         self.info.bytes = len(raw)
         text = render_error_file(raw)
@@ -51,20 +57,26 @@ def render_error_file(raw: bytes) -> str | None:
     """The traceback (or message) lines of a torchelastic error file, ISO-timestamped."""
     try:
         doc = json.loads(raw.decode("utf-8", errors="replace"))
-    except ValueError:
+    except (ValueError, RecursionError):  # deep nesting exhausts the decoder's recursion
         return None
     message = doc.get("message") if isinstance(doc, dict) else None
     if isinstance(message, str):  # older format: a bare message string
         body, stamp = message, None
     elif isinstance(message, dict):
-        extra = message.get("extraInfo") or {}
+        extra = message.get("extraInfo")
+        extra = extra if isinstance(extra, dict) else {}
         body = extra.get("py_callstack") or message.get("message") or ""
         stamp = extra.get("timestamp")
     else:
         return None
+    if not isinstance(body, str):
+        return None
     prefix = ""
-    if isinstance(stamp, str | int) and str(stamp).isdigit():
-        when = datetime.fromtimestamp(int(stamp), UTC)
+    seconds = count_number(stamp) if isinstance(stamp, str) else None
+    if type(stamp) is int:
+        seconds = count_number(str(stamp))
+    when = time_from_epoch(seconds) if seconds is not None else None
+    if when is not None:
         prefix = when.strftime("%Y-%m-%dT%H:%M:%SZ ")
-    lines = [line for line in str(body).splitlines() if line.strip()]
+    lines = [line for line in body.splitlines() if line.strip()]
     return "".join(f"{prefix}{line}\n" for line in lines)

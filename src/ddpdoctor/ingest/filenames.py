@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 
+from ddpdoctor.ingest.bounds import rank_number
 from ddpdoctor.model.records import Origin
 
 RANK_NAME = re.compile(r"(?:^|[^a-z])(?:global_?)?rank[-_.]?(\d{1,5})(?!\d)", re.IGNORECASE)
@@ -40,13 +41,8 @@ def origin_from_path(path: str) -> Origin:
     origin = Origin()
     if not parts:
         return origin
-    if (
-        len(parts) >= 3
-        and STREAM_FILE.match(parts[-1])
-        and parts[-2].isdigit()
-        and ATTEMPT_DIR.match(parts[-3])
-    ):
-        origin.local_rank = int(parts[-2])
+    if len(parts) >= 3 and STREAM_FILE.match(parts[-1]) and ATTEMPT_DIR.match(parts[-3]):
+        origin.local_rank = rank_number(parts[-2])
     stem = parts[-1].split(".", 1)[0]
     m = LOCAL_RANK_NAME.search(stem)
     if m and origin.local_rank is None:
@@ -66,3 +62,17 @@ def origin_from_path(path: str) -> Origin:
         if origin.host is None and (m := HOST_NAME.match(folder)):
             origin.host = m.group(1)
     return origin
+
+
+def display_name(path: str) -> str:
+    """The path as reports show it: bytes that are not UTF-8 (kept by Python as lone surrogates,
+    which no UTF-8 output can hold) written as `\\xNN` escapes."""
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        try:
+            raw = path.encode("utf-8", "surrogateescape")
+        except UnicodeEncodeError:  # a surrogate that stands for no byte
+            return path.encode("utf-8", "backslashreplace").decode("utf-8")
+        return raw.decode("utf-8", "backslashreplace")
+    return path

@@ -17,6 +17,7 @@ import stat
 from dataclasses import dataclass
 from typing import Any
 
+from ddpdoctor.ingest.bounds import MAX_RANK
 from ddpdoctor.ingest.filenames import origin_from_path
 from ddpdoctor.ingest.sources import Input
 from ddpdoctor.model.flight import FlightDump, FlightEntry, FlightFrame, FlightGroupStatus
@@ -37,6 +38,7 @@ PICKLE_PROTOCOLS = (2, 3, 4, 5)
 and 1 have no header; such files are text or not dumps, and are read as logs, never unpickled."""
 JSON_KEYS = (b'"entries"', b'"pg_config"', b'"pg_status"', b'"comm_lib_version"')
 TRAILING_RANK = re.compile(r"(\d{1,6})$")
+_DECIMAL = re.compile(r"-?[0-9]{1,19}")
 
 _READ_ERRORS = (
     pickle.UnpicklingError,
@@ -222,13 +224,22 @@ def _text(value: Any) -> str | None:
     return value[:MAX_TEXT] if isinstance(value, str) else None
 
 
+def _pg_name(value: Any) -> str:
+    """A process group's id as text; one that looks like a number but is none Python can read
+    back (other scripts' digits, thousands of digits) is marked so that no reader tries."""
+    text = _text(value) or ""
+    if text.isdigit() and not (text.isascii() and len(text) <= 12):
+        return "#" + text
+    return text
+
+
 def _int(value: Any) -> int | None:
     """An int, or a decimal string of one (the JSON form writes pg_status counters as text)."""
     if isinstance(value, bool):
         return None
     if isinstance(value, int):
         return value if -(2**63) <= value < 2**64 else None
-    if isinstance(value, str) and 0 < len(value) <= 20 and value.lstrip("-").isdigit():
+    if isinstance(value, str) and _DECIMAL.fullmatch(value):  # not "²", "--5" or "١٢"
         return int(value)
     return None
 
@@ -272,7 +283,7 @@ def _entry(raw: Any) -> FlightEntry | None:
     if name is None or seq is None or not isinstance(group, list | tuple) or not group:
         return None
     backend, _, op = name.rpartition(":")
-    pg = _text(group[0]) or ""
+    pg = _pg_name(group[0])
     desc = (_text(group[1]) if len(group) > 1 else None) or ""
     created = _int(raw.get("time_created_ns"))
     return FlightEntry(
@@ -305,7 +316,7 @@ def _members(value: Any) -> dict[str, list[int]]:
             continue
         ranks = _rank_list(conf.get("ranks"))
         if ranks:
-            out[key[:MAX_TEXT]] = ranks
+            out[_pg_name(key)] = ranks
     return out
 
 
@@ -314,9 +325,9 @@ def _rank_list(value: Any) -> list[int]:
     if isinstance(value, str) and len(value) <= 1_000_000:
         parts = value.strip().strip("[]").split(",")
         ranks = [_int(p.strip()) for p in parts if p.strip()]
-        return [r for r in ranks if r is not None and r >= 0]
+        return [r for r in ranks if r is not None and 0 <= r <= MAX_RANK]
     if isinstance(value, list | tuple):
-        return [r for r in (_int(x) for x in value) if r is not None and r >= 0]
+        return [r for r in (_int(x) for x in value) if r is not None and 0 <= r <= MAX_RANK]
     return []
 
 
@@ -326,7 +337,7 @@ def _status(value: Any) -> dict[str, FlightGroupStatus]:
         return out
     for key, raw in list(value.items())[:10_000]:
         if isinstance(key, str) and isinstance(raw, dict):
-            out[key[:MAX_TEXT]] = FlightGroupStatus(
+            out[_pg_name(key)] = FlightGroupStatus(
                 last_enqueued=_int(raw.get("last_enqueued_collective")),
                 last_started=_int(raw.get("last_started_collective")),
                 last_completed=_int(raw.get("last_completed_collective")),

@@ -8,6 +8,7 @@ import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+from ddpdoctor.ingest.bounds import pid_number, plausible_time, rank_number
 from ddpdoctor.model.records import Origin
 
 # Colours and cursor moves (CSI), then whole OSC/DCS strings (window title, hyperlinks) up to
@@ -53,7 +54,8 @@ PLATFORM_TAG = re.compile(r"\[(?!Rank |PG |rank\d)[^\[\]]{1,80}\]\s")
 # Python logging `LEVEL:logger:` or `LEVEL logger` heads (level only, message kept).
 PY_LEVEL = re.compile(r"(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL)[:\s]")
 # Inside c10d messages the global rank appears as `[Rank 3]` or `[PG 0 (default_pg) Rank 3]`.
-C10D_RANK = re.compile(r"\[(?:PG \d+ (?:\([^)]*\) )?)?Rank (?P<rank>\d+)\]")
+# The group name is bounded: `[^)]*` from every "[PG 1 (" of a long line was quadratic.
+C10D_RANK = re.compile(r"\[(?:PG \d+ (?:\([^)]{0,200}\) )?)?Rank (?P<rank>\d+)\]")
 # Programs that name their rank at the start of a line: "Rank 3 finished", "[rank 1] step 10".
 # Python logging puts its header first: "INFO - trainer - [rank 1] ...", "[INFO] mmcv: rank 2 ...".
 LEADING_RANK = re.compile(
@@ -87,7 +89,7 @@ def _parse_iso(ts: str) -> datetime | None:
         value = datetime.fromisoformat(ts)
     except ValueError:
         return None
-    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+    return plausible_time(value)
 
 
 def _glog_time(md: str, hms: str, year: int) -> datetime | None:
@@ -131,7 +133,7 @@ def rank_before(text: str, pos: int) -> int | None:
     ("...loss 0.8rank 1: early stopping"), the words nearest a match belong to that rank."""
     last = None
     for m in TEXT_RANK.finditer(text, 0, pos):
-        last = int(m.group("rank"))
+        last = rank_number(m.group("rank"))
     return last
 
 
@@ -182,7 +184,7 @@ def parse_line(raw: str, year: int = 1970, with_time: bool = True) -> ParsedLine
             continue
         m = TORCHRUN.match(text, pos) if bracket else None
         if m:
-            num = int(m.group("num"))
+            num = rank_number(m.group("num"))
             if m.group("role").lower() == "rank":
                 origin.rank = num
             else:
@@ -202,15 +204,15 @@ def parse_line(raw: str, year: int = 1970, with_time: bool = True) -> ParsedLine
             if with_time and m.group("md"):
                 out.time = out.time or _glog_time(m.group("md"), m.group("hms"), year)
             if m.group("pid"):
-                origin.pid = int(m.group("pid"))
+                origin.pid = pid_number(m.group("pid"))
             pos = m.end()
             continue
         m = NCCL.match(text, pos) if c.isalnum() or c in "._-" else None
         if m:
             origin.host = origin.host or m.group("host")
-            origin.pid = int(m.group("pid"))
+            origin.pid = pid_number(m.group("pid"))
             origin.local_rank = (
-                origin.local_rank if origin.local_rank is not None else int(m.group("dev"))
+                origin.local_rank if origin.local_rank is not None else rank_number(m.group("dev"))
             )
             prefix_parts.append(f"{m.group('host')}:{m.group('pid')}")
             pos = m.end()
@@ -227,7 +229,7 @@ def parse_line(raw: str, year: int = 1970, with_time: bool = True) -> ParsedLine
             continue
         m = SLURM.match(text) if pos == 0 and (digit or c == " ") else None
         if m:
-            origin.rank = int(m.group("task"))
+            origin.rank = rank_number(m.group("task"))
             prefix_parts.append(m.group(0).strip())
             pos = m.end()
             continue
@@ -248,8 +250,8 @@ def parse_line(raw: str, year: int = 1970, with_time: bool = True) -> ParsedLine
             out.level = m.group("level").lower()
     if origin.rank is None and "ank" in message:
         m = C10D_RANK.search(message) or LEADING_RANK.match(message)
-        if m:
-            origin.rank = int(m.group("rank"))
+        if m and (rank := rank_number(m.group("rank"))) is not None:
+            origin.rank = rank
             out.rank_from_text = True
     out.text = message
     out.prefix = " ".join(prefix_parts)

@@ -1,9 +1,9 @@
-"""Inputs: expand the user's paths (files, folders, globs, '-') and stream each one as
-newline-aligned byte chunks, transparently gunzipping by magic bytes. Never modifies input."""
+"""Inputs as bytes: stream each one (expanded by `inputs`) as newline-aligned chunks,
+transparently gunzipping by magic bytes and decoding UTF-16; binary data, unreadable, corrupt and
+silent inputs end with a status and a reason, never an exception. Never modifies input."""
 
 from __future__ import annotations
 
-import glob
 import gzip
 import io
 import os
@@ -11,17 +11,27 @@ import stat
 import sys
 import zlib
 from collections.abc import Iterator
-from dataclasses import dataclass
 from types import ModuleType
-from typing import BinaryIO
+from typing import BinaryIO, cast
 
+from ddpdoctor.ingest.inputs import PIPE_WAIT_S, STDIN_NAME, Input, expand_paths, reason_for
+from ddpdoctor.ingest.pipes import QuietPipe, WaitedReader, open_waited
 from ddpdoctor.model.records import SourceInfo
 
+__all__ = ["PIPE_WAIT_S", "STDIN_NAME", "ChunkStream", "Input", "expand_paths", "looks_binary"]
+
 _fast_gzip: ModuleType | None
+_DECODE_ERRORS: tuple[type[BaseException], ...] = (EOFError, OSError, zlib.error)
 try:  # isal decompresses gzip about 1.5x faster than zlib; optional.
     from isal import igzip as _fast_gzip
+    from isal.igzip_lib import IsalError
+
+    # isal reports a corrupt deflate stream with its own type, not OSError or zlib.error
+    _DECODE_ERRORS += (cast("type[BaseException]", IsalError),)
 except ImportError:  # pragma: no cover - depends on the platform
     _fast_gzip = None
+
+_READ_ERRORS: tuple[type[BaseException], ...] = (QuietPipe, *_DECODE_ERRORS)
 
 CHUNK_BYTES = 4 * 1024 * 1024
 MAX_LINE_BYTES = 8 * 1024 * 1024
@@ -30,70 +40,11 @@ SNIFF_BYTES = 8192
 DECODED_READ_BYTES = 256 * 1024
 """Read size of a decoded stream (gzip, UTF-16): a truncated archive then loses at most one read
 of text."""
+GZIP_PIECE_BYTES = 32 * 1024
+"""A .gz is decompressed this much at a time (as fast as larger reads, measured with isal): a
+truncated or corrupt archive then loses at most this much of the text before the damage."""
 PROBE_BYTES = 64 * 1024
 GZIP_MAGIC = b"\x1f\x8b"
-STDIN_NAME = "<stdin>"
-
-
-@dataclass(slots=True)
-class Input:
-    """One thing to read: a path on disk, or stdin; or the byte range [start, end) of a plain
-    file (end None: to the end), cut just after a newline so that ranges share no line."""
-
-    path: str
-    display: str
-    start: int = 0
-    end: int | None = None
-
-
-def expand_paths(paths: list[str]) -> tuple[list[Input], list[SourceInfo]]:
-    """Expand files, folders (recursively, sorted), globs and '-' into inputs.
-
-    Paths that do not exist come back as skipped sources with a reason.
-    """
-    inputs: list[Input] = []
-    problems: list[SourceInfo] = []
-    seen: set[object] = set()
-
-    def add(path: str, in_folder: bool = False) -> None:
-        # one stat per file (realpath costs one per path component): a file reached twice,
-        # through a link or two arguments, has one identity
-        try:
-            st = os.stat(path)
-            key: object = (st.st_dev, st.st_ino)
-        except OSError:  # a dangling link: reported when it is read
-            key = os.path.realpath(path)
-        else:
-            if in_folder and not stat.S_ISREG(st.st_mode):
-                # a pipe or socket in a log folder would block the scan; named ones are read
-                problems.append(SourceInfo(path, status="skipped", reason="not a regular file"))
-                return
-        if key not in seen:
-            seen.add(key)
-            inputs.append(Input(path=path, display=path))
-
-    for raw in paths:
-        if raw == "-":
-            inputs.append(Input(path="-", display=STDIN_NAME))
-            continue
-        candidates = [raw]
-        if not os.path.exists(raw) and glob.has_magic(raw):
-            candidates = sorted(glob.glob(raw, recursive=True))
-            if not candidates:
-                problems.append(SourceInfo(raw, status="skipped", reason="no file matches"))
-                continue
-        for path in candidates:
-            if os.path.isdir(path):
-                for root, dirs, files in os.walk(path):
-                    dirs.sort()
-                    for name in sorted(files):
-                        if not name.startswith("."):
-                            add(os.path.join(root, name), in_folder=True)
-            elif os.path.exists(path):
-                add(path)
-            else:
-                problems.append(SourceInfo(path, status="skipped", reason="no such file"))
-    return inputs, problems
 
 
 UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
@@ -135,12 +86,19 @@ def _is_regular(stream: io.BufferedReader) -> bool:
 
 
 def looks_binary(head: bytes) -> bool:
-    """True for data that is not a log: many control bytes. A few NULs (bus errors print them)
-    are tolerated."""
+    """True for data that is not a log: many control bytes, or some control bytes amid bytes
+    that are not UTF-8 (random or compressed data: 9-11% control bytes, 40% invalid UTF-8 in
+    8 KB of /dev/urandom). A few NULs (bus errors print them), colour codes, and logs in a
+    legacy encoding (no control bytes) stay text."""
     if not head:
         return False
-    control = len(head) - len(head.translate(None, CONTROL_BYTES))
-    return control / len(head) > 0.10
+    control = (len(head) - len(head.translate(None, CONTROL_BYTES))) / len(head)
+    if control > 0.10:
+        return True
+    if control <= 0.03:
+        return False
+    invalid = head.decode("utf-8", "replace").count("\ufffd") - head.count(b"\xef\xbf\xbd")
+    return invalid / len(head) > 0.15
 
 
 CONTROL_BYTES = bytes([*range(0, 9), *range(14, 32)])
@@ -156,24 +114,42 @@ class ChunkStream:
         self.info = SourceInfo(path=item.display)
         self.mtime: float | None = None
         self.read_bytes = chunk_bytes
+        self._waited = False
+        self._gzip = False
+        self._pending: BaseException | None = None
+
+    def _skip(self, reason: str) -> None:
+        self.info.status, self.info.reason = "skipped", reason
 
     def _open(self) -> BinaryIO | None:
         if self.item.path == "-":
             raw: BinaryIO = sys.stdin.buffer
         else:
             try:
-                raw = open(self.item.path, "rb")  # noqa: SIM115 - closed in __iter__
-                self.mtime = os.path.getmtime(self.item.path)
+                st = os.stat(self.item.path)
+                if stat.S_ISDIR(st.st_mode):
+                    self._skip("a folder, not a file")
+                    return None
+                if stat.S_ISREG(st.st_mode):
+                    raw = open(self.item.path, "rb")  # noqa: SIM115 - closed in __iter__
+                else:  # a pipe or device: opening a FIFO without a writer would block
+                    raw = open_waited(self.item.path, self.item.wait_s)
+                    self._waited = True
+                self.mtime = st.st_mtime
                 if self.item.start or self.item.end is not None:
                     raw.seek(self.item.start)
                     return raw  # a part of a plain file: never compressed, never sniffed
             except OSError as exc:
-                self.info.status, self.info.reason = "skipped", f"cannot read: {exc.strerror}"
+                self._skip(reason_for(exc))
                 return None
         try:
             head = raw.peek(UTF16_SNIFF_BYTES) if hasattr(raw, "peek") else b""
+        except QuietPipe as exc:
+            raw.close()
+            self._skip(f"nothing arrived in {exc.wait_s:g} s (a pipe without a writer?)")
+            return None
         except OSError as exc:
-            self.info.status, self.info.reason = "skipped", f"cannot read: {exc.strerror}"
+            self._skip(reason_for(exc))
             return None
         if looks_utf16(head):  # Windows PowerShell's `>` writes UTF-16
             self.read_bytes = DECODED_READ_BYTES
@@ -181,6 +157,7 @@ class ChunkStream:
         if head[:2] == GZIP_MAGIC:
             opener = _fast_gzip.open if _fast_gzip is not None else gzip.open
             self.read_bytes = DECODED_READ_BYTES
+            self._gzip = True
             return opener(raw, "rb")  # type: ignore[no-any-return,no-untyped-call,return-value,unused-ignore]
         return raw
 
@@ -189,7 +166,12 @@ class ChunkStream:
         if stream is None:
             return
         # a decoded stream (gzip, UTF-16) is no BufferedReader: read, not sized
-        if self.item.path != "-" and isinstance(stream, io.BufferedReader) and _is_regular(stream):
+        if (
+            self.item.path != "-"
+            and isinstance(stream, io.BufferedReader)
+            and not isinstance(stream.raw, WaitedReader)
+            and _is_regular(stream)
+        ):
             try:
                 yield from self._exact_chunks(stream)
             finally:
@@ -202,6 +184,33 @@ class ChunkStream:
             if stream is not sys.stdin.buffer:
                 stream.close()
 
+    def _read(self, stream: BinaryIO, size: int) -> bytes:
+        """Up to `size` bytes. A gzip stream is read in pieces and a pipe or device as data
+        arrives, so that an error or a pause keeps what came before it: the bytes read are
+        returned now and the error is raised by the next call (a truncated .gz used to lose its
+        whole last read, up to 256 KB of text)."""
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            raise pending
+        if not (self._waited or self._gzip) or not hasattr(stream, "read1"):
+            return stream.read(size)
+        piece = GZIP_PIECE_BYTES if self._gzip else size
+        parts: list[bytes] = []
+        got = 0
+        while got < size:
+            try:
+                part = stream.read1(min(piece, size - got))
+            except _READ_ERRORS as exc:
+                if not parts:
+                    raise
+                self._pending = exc
+                break
+            if not part:
+                break
+            parts.append(part)
+            got += len(part)
+        return b"".join(parts)
+
     def _joined_chunks(self, stream: BinaryIO, left: int) -> Iterator[bytes]:
         """Any stream: read blocks, carry the partial last line into the next one. `left` is
         how many bytes to read, or -1 for all."""
@@ -209,16 +218,30 @@ class ChunkStream:
         first = self.item.start == 0  # a later range of a file was sniffed with its start
         while left != 0:
             try:
-                block = stream.read(self.read_bytes if left < 0 else min(left, self.read_bytes))
+                want = self.read_bytes if left < 0 else min(left, self.read_bytes)
+                block = self._read(stream, want)
                 left = left - len(block) if left > 0 else left
-            except (EOFError, OSError, zlib.error, gzip.BadGzipFile) as exc:
+            except QuietPipe as exc:
+                if self.info.bytes:
+                    self.info.status = "partial"
+                    self.info.reason = f"the pipe went quiet for {exc.wait_s:g} s; read until then"
+                else:
+                    self._skip(f"nothing arrived in {exc.wait_s:g} s (a pipe without a writer?)")
+                break
+            except _DECODE_ERRORS as exc:
                 self.info.status = "partial"
-                self.info.reason = f"truncated or corrupt compressed data: {exc}"
+                self.info.reason = (
+                    f"truncated or corrupt compressed data: {exc}"
+                    if self._gzip
+                    else reason_for(exc, "read failed")
+                    if isinstance(exc, OSError)
+                    else str(exc)
+                )
                 break
             if first:
                 first = False
                 if looks_binary(block[:SNIFF_BYTES]):
-                    self.info.status, self.info.reason = "skipped", "binary data, not a log"
+                    self._skip("binary data, not a log")
                     return
             if not block:
                 break
@@ -245,7 +268,7 @@ class ChunkStream:
         try:
             stop = os.fstat(fd).st_size if self.item.end is None else self.item.end
         except OSError as exc:
-            self.info.status, self.info.reason = "skipped", f"cannot read: {exc.strerror}"
+            self._skip(reason_for(exc))
             return
         while pos < stop:
             want = min(self.chunk_bytes, stop - pos)
@@ -263,10 +286,10 @@ class ChunkStream:
             try:
                 block = os.pread(fd, want, pos)
             except OSError as exc:
-                self.info.status, self.info.reason = "partial", f"read failed: {exc.strerror}"
+                self.info.status, self.info.reason = "partial", reason_for(exc, "read failed")
                 return
             if pos == 0 and looks_binary(block[:SNIFF_BYTES]):
-                self.info.status, self.info.reason = "skipped", "binary data, not a log"
+                self._skip("binary data, not a log")
                 return
             if not block:
                 break

@@ -15,6 +15,12 @@ CHAINED = re.compile(
 EXCEPTION_LINE = re.compile(r"^\**[A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit|Warning)\b")
 MAX_WALK_LINES = 400
 MAX_TRACEBACK_LINES = 120
+MAX_WALK_BYTES = 1024 * 1024
+"""The walk back also stops after this many bytes: 400 lines of 8 MB each, looked at again for
+every error line, would make a scan of long lines quadratic."""
+LINE_PARSE_BYTES = 64 * 1024
+"""Only the start of a long line is parsed: its prefix and the first 4,000 characters of its
+text are all a traceback line is judged by."""
 
 
 def is_traceback_line(text: str) -> bool:
@@ -42,13 +48,17 @@ def walk_back(
     walked = 0
     after_head = False
     needle = _writer_needle(key)
-    while end > 0 and walked < MAX_WALK_LINES and len(found) < MAX_TRACEBACK_LINES:
-        start = chunk.rfind(b"\n", 0, end) + 1
+    floor = max(0, line_start - MAX_WALK_BYTES)
+    while end > floor and walked < MAX_WALK_LINES and len(found) < MAX_TRACEBACK_LINES:
+        start = chunk.rfind(b"\n", floor, end) + 1
+        if start == 0 and floor > 0:
+            break  # the line starts before the budget: not looked at
         walked += 1
         if needle and chunk.find(needle, start, end) < 0 and not _cleaned(chunk, start, end):
             end = start - 1  # another writer's line: no need to parse it
             continue
-        parsed = parse(chunk[start:end].decode("utf-8", errors="replace"))
+        stop = min(end, start + LINE_PARSE_BYTES)
+        parsed = parse(chunk[start:stop].decode("utf-8", errors="replace"))
         end = start - 1
         if parsed.prefix != key or not parsed.text.strip():
             continue

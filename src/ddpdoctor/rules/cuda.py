@@ -164,7 +164,9 @@ CUDA_LIBRARY_MISMATCH = Rule(
             r"CUDNN_STATUS_(?:NOT_INITIALIZED|ARCH_MISMATCH|VERSION_MISMATCH)", "CUDNN_STATUS_"
         ),
         Signature(
-            r"lib(?:cudnn|nccl|cublas|cudart|cuda)\w*\.so[.\d]*: cannot open shared object file",
+            # bounded runs: `\w*` from every "libcuda" of a long word was quadratic
+            r"lib(?:cudnn|nccl|cublas|cudart|cuda)\w{0,64}\.so[.\d]{0,16}: cannot open shared "
+            r"object file",
             ": cannot open shared object file",
         ),
         Signature(r"undefined symbol: (?:nccl|cudnn|cublas)\w*", "undefined symbol: "),

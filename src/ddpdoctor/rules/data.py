@@ -188,11 +188,12 @@ MISSING_MODULE = Rule(
         Signature(r"ImportError: No module named (?P<module>\S+)", "ImportError: No module named"),
         # transformers utils/import_utils.py: an optional dependency missing
         Signature(
-            r"requires the (?P<module>.+?) library but it was not found in your environment",
+            # a bounded name: `.+?` from every "requires the " of a long line was quadratic
+            r"requires the (?P<module>.{1,100}?) library but it was not found in your environment",
             "library but it was not found in your environment",
         ),
     ),
-    context_none=(r"lib(?:cudnn|nccl|cublas|cudart|cuda)\w*\.so",),
+    context_none=(r"lib(?:cudnn|nccl|cublas|cudart|cuda)\w{0,64}\.so",),
     explanation=Explanation(
         what="Python could not import a module.",
         why="The package is not installed for the interpreter the launcher used (torchrun from "

@@ -21,7 +21,8 @@ PYTHON_EXCEPTION = Rule(
         # `raise Exception(...)` itself: the two patterns above need a prefix before the suffix
         Signature(r"^\**(?P<exc>Exception)(?::|$)", "Exception"),
     ),
-    context_all=(r"Traceback \(most recent call last\)|^\s+File \"|\n\s+File \"",),
+    # indentation is spaces or tabs: `\n\s+` also ran over newlines, quadratic on a run of them
+    context_all=(r"Traceback \(most recent call last\)|^[ \t]+File \"|\n[ \t]+File \"",),
     explanation=Explanation(
         what="A Python exception ended a rank, and no more specific rule explains it.",
         why="A bug or a wrong assumption in the training code or a library it calls.",

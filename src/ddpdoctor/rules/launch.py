@@ -227,13 +227,15 @@ LOCAL_RANK_ARGUMENT = Rule(
     specificity=90,
     signatures=(
         Signature(
-            r"error: unrecognized arguments: .*?--local[-_]rank(?:=(?P<local_rank>\d+))?",
+            # a bounded gap: `.*?` from every repeat of the literal was quadratic (>300 s on a
+            # 1 MB line); torch's launcher passes --local-rank first, right after the script
+            r"error: unrecognized arguments: .{0,400}?--local[-_]rank(?:=(?P<local_rank>\d+))?",
             "error: unrecognized arguments: ",
         ),
         # argparse.py: a script that requires --local_rank, started by torchrun (which passes
         # LOCAL_RANK in the environment and no argument)
-        Signature(
-            r"error: the following arguments are required: .*?--local[-_]rank",
+        Signature(  # a bounded gap, as above: `.*?` was quadratic on a repeated literal
+            r"error: the following arguments are required: .{0,400}?--local[-_]rank",
             "the following arguments are required: ",
         ),
     ),
