@@ -75,3 +75,12 @@ def test_every_input_unreadable_but_one_empty_says_both(tmp_path: Path) -> None:
     proc = run_cli("diagnose", str(tmp_path))
     assert proc.returncode == 2
     assert "binary data, not a log" in proc.stderr and "y.log: is empty" in proc.stderr
+
+
+def test_not_ok_while_a_named_input_could_not_be_read(tmp_path: Path) -> None:
+    """A healthy log and a log that does not exist: nothing found in the first is not OK."""
+    proc = run_cli("diagnose", str(HEALTHY), str(tmp_path / "rank1.log"), "--format", "json")
+    assert proc.returncode == 1, proc.stderr
+    verdict = json.loads(proc.stdout)["verdict"]
+    assert verdict["status"] == "unknown"
+    assert "rank1.log" in verdict["summary"] and "no such file" in verdict["summary"]

@@ -3,6 +3,8 @@ causal graph -> decision -> report. One entry point for the CLI, `run` and `demo
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ddpdoctor import __version__
 from ddpdoctor.analysis.decision import decide
 from ddpdoctor.analysis.flight import analyze as analyze_flight
@@ -14,7 +16,7 @@ from ddpdoctor.ingest.attribution import attribute
 from ddpdoctor.ingest.flight_dumps import take_dumps
 from ddpdoctor.ingest.run_events import is_events_file, read_events
 from ddpdoctor.ingest.sources import Input, expand_paths
-from ddpdoctor.model.findings import Report
+from ddpdoctor.model.findings import Report, Verdict
 from ddpdoctor.model.records import SourceInfo
 from ddpdoctor.rules.registry import HYPOTHESES, INTENDED_ENDS, all_rules
 
@@ -24,6 +26,7 @@ def diagnose_inputs(
     problems: list[SourceInfo] | None = None,
     engine: str = "auto",
     jobs: int | None = None,
+    named: list[str] | None = None,
 ) -> Report:
     rules = {r.code: r for r in all_rules()}
     run_events = [read_events(i.path) for i in inputs if is_events_file(i.path)]
@@ -63,6 +66,7 @@ def diagnose_inputs(
         )
         for e in run_events
     ]
+    verdict = not_ok_without_what_was_named(verdict, sources, named or [])
     return Report(
         tool_version=__version__,
         verdict=verdict,
@@ -75,4 +79,25 @@ def diagnose_inputs(
 def diagnose_paths(paths: list[str], engine: str = "auto", jobs: int | None = None) -> Report:
     """Diagnose files, folders, globs, .gz files and '-' (stdin)."""
     inputs, problems = expand_paths(paths)
-    return diagnose_inputs(inputs, problems, engine=engine, jobs=jobs)
+    return diagnose_inputs(inputs, problems, engine=engine, jobs=jobs, named=paths)
+
+
+def not_ok_without_what_was_named(
+    verdict: Verdict, sources: list[SourceInfo], named: list[str]
+) -> Verdict:
+    """ "OK" needs what the user named: when an input given by name could not be read (or only
+    in part), nothing found in the rest is not a clean bill of health."""
+    if verdict.status != "ok":
+        return verdict
+    unread = [s for s in sources if s.path in named and s.status != "read"]
+    if not unread:
+        return verdict
+    what = "; ".join(f"{s.path} ({s.status}: {s.reason})" for s in unread[:5])
+    return replace(
+        verdict,
+        status="unknown",
+        title="No failure found in what could be read",
+        summary=f"No error, timeout or crash was found in what could be read, but {what}: the "
+        "answer may be there.",
+        next_steps=[f"Make {s.path} readable and diagnose again." for s in unread[:5]],
+    )

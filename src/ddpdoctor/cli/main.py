@@ -148,7 +148,7 @@ def diagnose(
 
     inputs, problems = expand_paths(list(paths), wait_s=pipe_wait)
     with scan_progress(list(paths)):
-        found = diagnose_inputs(inputs, problems, engine=engine, jobs=jobs)
+        found = diagnose_inputs(inputs, problems, engine=engine, jobs=jobs, named=list(paths))
     # what reaches stderr below (skipped paths) is cleaned like the report itself
     report = shown(found, redact=not no_redact)
     _printable_paths(report)

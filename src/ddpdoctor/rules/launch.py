@@ -21,7 +21,7 @@ HOST_OOM_KILL = Rule(
         # C++ allocation failure reported by an extension or the runtime
         Signature(r"std::bad_alloc", "std::bad_alloc", suggests=True),
         # 137 = 128 + SIGKILL, as shells, IDEs and container runtimes report it
-        Signature(r"exit(?:ed)? (?:with )?(?:code|status)[ :=]*137\b", "137", suggests=True),
+        Signature(r"exit(?:ed)? (?:with )?(?:code|status)[ :=]*137\b", " 137", suggests=True),
         Signature(r"signal 9[:( ]+(?:SIGKILL|Killed)", "signal 9", suggests=True),
         # a bare "Killed" printed by the shell when the kernel killed the process
         Signature(r"^Killed\s*$", "Killed", suggests=True),
