@@ -161,6 +161,9 @@ def _diagnose_as_nobody(path: str) -> dict[str, Any]:
         "import ddpdoctor.cli.main as cli, ddpdoctor.analysis.diagnose\n"
         "import ddpdoctor.report.render, ddpdoctor.report.to_json, ddpdoctor.report.view\n"
         "import ddpdoctor.report.problems, ddpdoctor.ingest.sources\n"
+        # one diagnosis as root first: every module the command imports lazily is loaded
+        "from click.testing import CliRunner\n"
+        f"CliRunner().invoke(cli.cli, ['diagnose', '--format', 'json', {str(HEALTHY)!r}])\n"
         "os.setgroups([]); os.setgid(65534); os.setuid(65534)\n"
         f"sys.argv = ['ddpdoctor', 'diagnose', '--format', 'json', {path!r}]\n"
         "cli.main()\n"
