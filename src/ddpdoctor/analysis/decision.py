@@ -215,14 +215,18 @@ def _who(event: Event) -> str:
 
 
 def _culprits(roots: list[Event], evidence: JobEvidence, graph: CausalGraph) -> set[int]:
-    named = {
+    blamed = [
         int(n)
         for e in roots
         for h in e.hits
         if (n := h.captures.get("culprit_rank", "")).isdigit() and len(n) <= 7
-    }
-    if named:
-        return named
+    ]
+    if blamed:
+        # each rank's message blames another; the rank most of them blame is the odd one out
+        counts = {r: blamed.count(r) for r in set(blamed)}
+        top = max(counts.values())
+        leaders = {r for r, c in counts.items() if c == top}
+        return leaders if len(leaders) == 1 and top > 1 else set(counts)
     ranks = {e.rank for e in roots if e.rank is not None}
     if ranks:
         return ranks

@@ -1,0 +1,39 @@
+"""Real gloo runs of a Trainer-like script (tests/programs/trainer_style_job.py: a banner,
+metrics printed as dicts, 2-4 ranks), one fault per mode: line-proven failures and cross-rank
+ones, diagnosed with the kind and culprit a person would give. Captured by
+capture_trainer.sh."""
+
+from __future__ import annotations
+
+import pytest
+
+from ddpdoctor.analysis.diagnose import diagnose_paths
+from tests.conftest import REPO
+
+REAL = REPO / "tests" / "fixtures" / "real"
+
+# mode -> (kind, culprit ranks)
+EXPECTED = {
+    "unused": ("ddp-unused-parameters", [0, 1]),
+    # each rank's message blames the other: with two ranks both are named
+    "model-mismatch": ("ddp-model-mismatch", [0, 1]),
+    "pg-missing": ("process-group-not-initialized", [0]),
+    "weights-only": ("weights-only-load", [0, 1]),
+    "eval-assert": ("python-exception", [1]),
+    "slow-save": ("slow-rank-timeout", [0]),
+    "exit": ("uncoordinated-exit", [1]),
+    "gather-main": ("collective-mismatch", [0]),
+    "segv": ("native-crash", [2]),
+    "shape": ("collective-mismatch", [1]),
+    "missing-file": ("data-error", [3]),
+    "sigterm": ("preempted", []),
+}
+
+
+@pytest.mark.parametrize("mode", sorted(EXPECTED))
+def test_trainer_run(mode: str) -> None:
+    verdict = diagnose_paths([str(REAL / f"trainer-{mode}" / "console.log")]).verdict
+    assert (verdict.kind, verdict.culprit.ranks) == EXPECTED[mode], (
+        verdict.rule,
+        verdict.summary,
+    )
