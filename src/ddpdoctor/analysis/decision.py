@@ -45,6 +45,8 @@ class Decision:
     next_steps: list[str] = field(default_factory=list)
     inferred: Finding | None = None
     """The finding standing for an inferred root, so the findings list shows the root."""
+    title: str | None = None
+    """The title of a verdict that names no kind (what the inference says is missing)."""
 
 
 def decide(
@@ -362,7 +364,10 @@ def _from_hypothesis(graph: CausalGraph, assessment: Assessment) -> Decision:
         for event in graph.events:
             if event.echo is not None and not graph.explained(event):
                 graph.add(node, event, "inferred", rule.title)
-    decision = Decision(status=assessment.status, rule=rule)
+    # an inferred cause whose own verdict is "unknown" (a log that simply ends) names no kind:
+    # it says what is missing, it does not guess what happened
+    named = None if assessment.status == Status.UNKNOWN else rule
+    decision = Decision(status=assessment.status, rule=named)
     decision.culprit_ranks = sorted(assessment.culprits)
     decision.confidence = round(assessment.score, 2)
     decision.category = assessment.category
@@ -371,6 +376,9 @@ def _from_hypothesis(graph: CausalGraph, assessment: Assessment) -> Decision:
     decision.evidence = list(assessment.evidence)
     decision.next_steps = list(assessment.next_steps)
     decision.basis = [f"+ {s}" for s in assessment.support] + [f"- {a}" for a in assessment.against]
+    if named is None:
+        decision.title = rule.title
+        return decision
     decision.inferred = Finding(
         rule=rule.code,
         kind=rule.kind,

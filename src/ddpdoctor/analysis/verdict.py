@@ -23,10 +23,13 @@ def build_verdict(decision: Decision, findings: list[Finding], job: JobView) -> 
             kind=None,
             category=None,
             rule=None,
-            title="No failure found" if decision.status == Status.OK else "No cause found",
+            title=decision.title
+            or ("No failure found" if decision.status == Status.OK else "No cause found"),
             confidence=decision.confidence,
             culprit=Culprit(),
-            summary=" ".join(decision.notes) if decision.notes else _ok_summary(job),
+            summary=" ".join(n[:1].upper() + n[1:] for n in decision.notes)
+            if decision.notes
+            else _ok_summary(job),
             fix=[],
             evidence=[],
             next_steps=decision.next_steps,
