@@ -116,6 +116,8 @@ def _ddpdoctor_flight():
         previous = sys.excepthook
 
         def hook(*args):
+            if args and isinstance(args[0], type) and issubclass(args[0], KeyboardInterrupt):
+                return previous(*args)  # Ctrl-C: a stop, not a failure to record (and quick)
             name = "exception-rank%s-%d" % (rank, os.getpid())
             seen.add(name)
             try:
