@@ -80,6 +80,9 @@ def renderables(report: Report, width: int = 100) -> list[RenderableType]:
         lines.append(Text("Culprit: " + "; ".join(culprit), style="bold cyan"))
     lines.append(Text(""))
     lines.append(Text(summary_body(v)))
+    if v.basis:  # what the confidence rests on, for and against
+        lines.append(Text(""))
+        lines.append(Text(f"Confidence {v.confidence:.2f}: " + "; ".join(v.basis), style="dim"))
     out: list[RenderableType] = [Panel(Group(*lines), title="ddpdoctor verdict", expand=True)]
 
     inner = width - PANEL_PADDING
