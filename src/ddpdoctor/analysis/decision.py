@@ -375,7 +375,10 @@ def _from_hypothesis(graph: CausalGraph, assessment: Assessment) -> Decision:
     decision.fix = list(assessment.fix)
     decision.evidence = list(assessment.evidence)
     decision.next_steps = list(assessment.next_steps)
-    decision.basis = [f"+ {s}" for s in assessment.support] + [f"- {a}" for a in assessment.against]
+    decision.basis = [
+        "+ inferred from how the ranks behaved (the evidence above); no line names this cause",
+        *(f"- {a}" for a in assessment.against),
+    ]
     if named is None:
         decision.title = rule.title
         return decision
