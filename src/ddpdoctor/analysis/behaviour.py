@@ -250,8 +250,8 @@ def _stalled_at_startup(job: JobView) -> bool:
     streams = [s for s in job.streams if s.lines_seen]
     if not streams:
         return False
-    last = max(streams, key=lambda s: s.last_line)
-    init = last.last_init_line
+    last = max(s.last_line for s in streams)
+    init = max(s.last_init_line for s in streams)  # a cut last line may belong to no writer
     # no training step since the (last) start-up, and the output ends right after it
     progressed = any(s.last_progress_line > init for s in streams)
-    return init > 0 and not progressed and last.last_line - init <= 3
+    return init > 0 and not progressed and last - init <= 3
