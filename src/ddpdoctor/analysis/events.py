@@ -56,15 +56,6 @@ class Event:
         lines = [h.record.line for h in self.hits if h.record.source == source]
         return min(lines) if lines else None
 
-    def last_line(self, source: str) -> int | None:
-        lines = [h.record.line for h in self.hits if h.record.source == source]
-        return max(lines) if lines else None
-
-    @property
-    def label(self) -> str:
-        who = f"rank {self.rank}" if self.rank is not None else "an unknown rank"
-        return f"{self.rule.title} ({who})"
-
 
 @dataclass(eq=False)
 class Node:
@@ -88,15 +79,3 @@ def split(findings: list[Finding], rules: dict[str, Rule]) -> list[Event]:
         for (rank, echo), hits in by_key.items():
             events.append(Event(finding, rule, rank, hits, Echo(echo) if echo else None))
     return events
-
-
-def before_in_stream(a: Event, b: Event, slack_s: float = 0.0) -> bool | None:
-    """Whether a was printed before b: by their times when both have one, else by line order
-    in a source both appear in; None when nothing orders them (never the order of files)."""
-    if a.time is not None and b.time is not None:
-        return (a.time - b.time).total_seconds() <= slack_s
-    for source in sorted(a.sources & b.sources):
-        la, lb = a.first_line(source), b.first_line(source)
-        if la is not None and lb is not None:
-            return la <= lb
-    return None
