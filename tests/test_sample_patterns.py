@@ -24,8 +24,11 @@ texts = st.lists(
 
 @given(texts)
 def test_progress_line_finds_what_the_plain_pattern_finds(text: str) -> None:
+    """Both find a line or neither; where they do, the match ends at the same place. A
+    percentage is read as at most three digits, so in '0100%|' the fast pattern starts one
+    digit later than the plain one: the scanner only asks whether a line matches."""
     fast, plain = PROGRESS_LINE.search(text), PLAIN_LINE.search(text)
-    assert (fast and fast.span()) == (plain and plain.span())
+    assert (fast and fast.end()) == (plain and plain.end())
 
 
 @given(texts)
