@@ -44,7 +44,13 @@ def test_captured_logs_are_real_runs(scenario: catalog.Scenario) -> None:
     meta = runner.read_meta(scenario.captured_dir)
     assert meta["scenario"] == scenario.name
     assert str(meta["torch"]).startswith("2.")
-    assert meta["exit_code"] not in (0, None)
+    if scenario.expected_status == "ok":
+        assert meta["exit_code"] == 0
+    else:
+        assert meta["exit_code"] not in (0, None)
+    if scenario.framework is not None:  # the framework's version is kept with its log
+        assert isinstance(meta["framework"], dict)
+        assert meta["framework"][scenario.framework]
     assert meta["timed_out"] is False
     paths = runner.log_paths(scenario.captured_dir)
     assert paths and paths[0].endswith(runner.CONSOLE_LOG)
