@@ -529,12 +529,6 @@ FRAMEWORK_SCENARIOS: tuple[Scenario, ...] = (
         None,
         (),
         status=OK,
-        gaps={
-            "status": "unknown: the Trainer's last line, {'train_runtime': '0.13', ...}, is not "
-            "read as the end of training (transformers 5 quotes the values)",
-            "kind": "hang (INF212): the log is read as ending mid-training",
-            "category": "unknown",
-        },
     ),
     _framework(
         "transformers",
@@ -544,12 +538,6 @@ FRAMEWORK_SCENARIOS: tuple[Scenario, ...] = (
         None,
         (),
         status=OK,
-        gaps={
-            "status": "unknown: the Trainer's last line, {'train_runtime': '0.13', ...}, is not "
-            "read as the end of training (transformers 5 quotes the values)",
-            "kind": "hang (INF212): the log is read as ending mid-training",
-            "category": "unknown",
-        },
         notes="The callback stops training without printing anything.",
     ),
     _framework(
@@ -568,8 +556,11 @@ FRAMEWORK_SCENARIOS: tuple[Scenario, ...] = (
         "user-code",
         (0,),
         gaps={
-            "kind": "uncoordinated-exit (INF202): rank 1 is read as having left early",
-            "culprits": "rank 1, the rank that finished",
+            "kind": "exit-teardown-crash (INF210): rank 0's lost peer after the Trainer's "
+            "'train_runtime' line is read as teardown",
+            "category": "intended-exit",
+            "culprits": "none",
+            "cascade": "rank 0's closed connection is the root",
         },
         notes="Rank 1 finished and exited 0; rank 0's gather in evaluate() loses its peer.",
     ),
