@@ -45,6 +45,8 @@ class Scenario:
     """`ok` for the healthy runs (a clean end, an early stop every rank agreed on)."""
     framework: Framework | None = None
     """The framework the program is written with: it must be importable for a real run."""
+    expected_fix: str = ""
+    """Text the verdict's first fix step must contain: the fix in the framework's own terms."""
     cascade_ranks: tuple[int, ...] = ()
     """Ranks that fail only as a consequence of the root: at least one finding on them must have
     role `cascade`. (Each timeout or closed-connection finding must too, see `mismatches`.)"""
@@ -369,6 +371,7 @@ def _framework(
     *,
     cascade: tuple[int, ...] = (),
     status: str = "failed",
+    fix: str = "",
     launcher: Launcher | None = None,
     env: dict[str, str] | None = None,
     gaps: dict[str, str] | None = None,
@@ -388,6 +391,7 @@ def _framework(
         expected_kind=kind,
         expected_category=category,
         expected_culprits=culprits,
+        expected_fix=fix,
         cascade_ranks=cascade,
         timeout_s=90.0,
         gaps=gaps or {},
@@ -413,6 +417,7 @@ FRAMEWORK_SCENARIOS: tuple[Scenario, ...] = (
         "ddp-unused-parameters",
         "user-code",
         (1,),
+        fix="DistributedDataParallelKwargs(find_unused_parameters=True)",
         cascade=(0,),
         notes="Rank 1's auxiliary head gets no gradient; the reducer says so on rank 1.",
     ),
@@ -423,6 +428,7 @@ FRAMEWORK_SCENARIOS: tuple[Scenario, ...] = (
         "collective-mismatch",
         "user-code",
         (0,),
+        fix="outside `if accelerator.is_main_process:`",
         cascade=(1,),
         notes="Both ranks time out (5 s): rank 0 in the metric's all_gather, rank 1 in the "
         "next epoch's gradient all_reduce.",
@@ -461,6 +467,7 @@ FRAMEWORK_SCENARIOS: tuple[Scenario, ...] = (
         "data-error",
         "user-code",
         (1,),
+        fix="ProjectConfiguration(save_on_each_node=True)",
         cascade=(0,),
         notes="save_state writes the weights on the main process only (save_on_each_node=False);"
         " node 1's folder holds its RNG state and no model file.",
@@ -490,6 +497,7 @@ FRAMEWORK_SCENARIOS: tuple[Scenario, ...] = (
         "ddp-unused-parameters",
         "user-code",
         (0, 1),
+        fix="DDPStrategy(find_unused_parameters=True)",
     ),
     _framework(
         "lightning",
@@ -498,6 +506,7 @@ FRAMEWORK_SCENARIOS: tuple[Scenario, ...] = (
         "collective-mismatch",
         "user-code",
         (0,),
+        fix="self.log(..., sync_dist=True) on every rank",
         cascade=(1,),
         launcher="torchrun",
         env={"DDP_TIMEOUT_S": "6"},
@@ -519,6 +528,7 @@ FRAMEWORK_SCENARIOS: tuple[Scenario, ...] = (
         "data-error",
         "user-code",
         (1,),
+        fix="fit(ckpt_path=...) a path every node reads",
         cascade=(0,),
     ),
     _framework(
@@ -547,6 +557,7 @@ FRAMEWORK_SCENARIOS: tuple[Scenario, ...] = (
         "ddp-unused-parameters",
         "user-code",
         (0, 1),
+        fix="TrainingArguments(ddp_find_unused_parameters=True)",
     ),
     _framework(
         "transformers",
@@ -555,12 +566,14 @@ FRAMEWORK_SCENARIOS: tuple[Scenario, ...] = (
         "collective-mismatch",
         "user-code",
         (0,),
+        fix="trainer.evaluate() / trainer.predict() on every process",
         gaps={
             "kind": "exit-teardown-crash (INF210): rank 0's lost peer after the Trainer's "
             "'train_runtime' line is read as teardown",
             "category": "intended-exit",
             "culprits": "none",
             "cascade": "rank 0's closed connection is the root",
+            "fix": "the teardown fix: barrier() and destroy_process_group() on every rank",
         },
         notes="Rank 1 finished and exited 0; rank 0's gather in evaluate() loses its peer.",
     ),
@@ -589,6 +602,7 @@ FRAMEWORK_SCENARIOS: tuple[Scenario, ...] = (
         "data-error",
         "user-code",
         (1,),
+        fix="TrainingArguments(save_on_each_node=True)",
         cascade=(0,),
         notes="The Trainer saves on the main process only: node 1's checkpoint-4 holds its RNG "
         "state and no model.",
@@ -608,7 +622,7 @@ def get(name: str) -> Scenario:
         raise KeyError(f"unknown scenario {name!r}; known: {known}") from None
 
 
-ASPECTS = ("status", "kind", "category", "culprits", "cascade")
+ASPECTS = ("status", "kind", "category", "culprits", "cascade", "fix")
 """What is checked of a diagnosis, each on its own so that a known gap hides nothing else."""
 SECONDARY_KINDS = frozenset({"nccl-timeout", "nccl-network"})
 """Kinds of the timeout and closed-connection errors: cascades in every scenario that expects
@@ -641,4 +655,7 @@ def mismatches(scenario: Scenario, report: Report) -> dict[str, str]:
         wrong.append(f"no cascade finding on ranks {list(scenario.cascade_ranks)}")
     if wrong:
         out["cascade"] = "; ".join(wrong)
+    if scenario.expected_fix and not (v.fix and scenario.expected_fix in v.fix[0]):
+        first = v.fix[0] if v.fix else "none"
+        out["fix"] = f"first fix step {first!r}, expected one with {scenario.expected_fix!r}"
     return out

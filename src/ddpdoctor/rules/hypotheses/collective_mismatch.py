@@ -9,6 +9,7 @@ from __future__ import annotations
 from ddpdoctor.model.evidence import JobEvidence
 from ddpdoctor.model.taxonomy import Status
 from ddpdoctor.rules.base import Explanation, Rule
+from ddpdoctor.rules.frameworks import COLLECTIVE_IN_BRANCH_FIX
 from ddpdoctor.rules.hypotheses.base import Assessment, ranks_text, stall_evidence
 
 RULE = Rule(
@@ -34,6 +35,7 @@ RULE = Rule(
         "a skipped step) and call it on every rank, or move it out of the branch.",
         "Re-run with TORCH_DISTRIBUTED_DEBUG=DETAIL to have the mismatching collective named.",
     ),
+    framework_fix=COLLECTIVE_IN_BRANCH_FIX,
 )
 
 MAIN_PROCESS = 0
