@@ -567,14 +567,6 @@ FRAMEWORK_SCENARIOS: tuple[Scenario, ...] = (
         "user-code",
         (0,),
         fix="trainer.evaluate() / trainer.predict() on every process",
-        gaps={
-            "kind": "exit-teardown-crash (INF210): rank 0's lost peer after the Trainer's "
-            "'train_runtime' line is read as teardown",
-            "category": "intended-exit",
-            "culprits": "none",
-            "cascade": "rank 0's closed connection is the root",
-            "fix": "the teardown fix: barrier() and destroy_process_group() on every rank",
-        },
         notes="Rank 1 finished and exited 0; rank 0's gather in evaluate() loses its peer.",
     ),
     _framework(
