@@ -182,6 +182,9 @@ DATALOADER_WORKER_KILLED = Rule(
         "Check `df -h /dev/shm`; enlarge it: docker run --shm-size=16g (or --ipc=host); in "
         "Kubernetes mount an emptyDir {medium: Memory} at /dev/shm.",
         "Or lower DataLoader(num_workers=...) / the batch size per worker.",
+        "A worker 'killed by signal: Killed' got SIGKILL, most often from the kernel's OOM "
+        "killer (host memory, not /dev/shm): check dmesg -T | grep -iE 'killed process|out of "
+        "memory' on the node and lower num_workers or what each worker keeps in memory.",
     ),
     positive=(
         "RuntimeError: DataLoader worker (pid 325) is killed by signal: Bus error.",
