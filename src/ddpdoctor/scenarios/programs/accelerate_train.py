@@ -52,12 +52,15 @@ class Samples(Dataset[Batch]):
         g = torch.Generator().manual_seed(seed)
         self.x = torch.randn(n, 8, generator=g)
         self.y = self.x.sum(-1)
+        self.served = 0  # in a DataLoader worker: that worker's own copy counts
 
     def __len__(self) -> int:
         return len(self.x)
 
     def __getitem__(self, i: int) -> Batch:
-        if FAULT == "worker-killed" and os.environ.get("RANK") == str(FAIL_RANK) and i == 40:
+        self.served += 1
+        doomed = FAULT == "worker-killed" and os.environ.get("RANK") == str(FAIL_RANK)
+        if doomed and self.served == 20:  # rank 1's worker, whatever the shuffled order
             os.kill(os.getpid(), signal.SIGKILL)  # what the OOM killer does to a worker
         return self.x[i], self.y[i]
 

@@ -116,6 +116,7 @@ def main() -> None:
         # ... and its resubmission resumes from the last checkpoint in output_dir
         again = Trainer(model=model, args=arguments(), train_dataset=train, eval_dataset=evaluation)
         again.train(resume_from_checkpoint=True)
+        dist.destroy_process_group()
         return
     trainer = Trainer(
         model=model,
@@ -132,6 +133,8 @@ def main() -> None:
         trainer.evaluate()
     if FAULT == "healthy":
         trainer.save_model()
+    dist.destroy_process_group()  # this script made the group: gloo in torch 2.13 may abort
+    # a process that exits with it alive ("terminate called without an active exception")
 
 
 if __name__ == "__main__":

@@ -113,6 +113,10 @@ def main() -> None:
         trainer(max_epochs=2).fit(model, train, val, ckpt_path=f"{NODE_DISK}/last.ckpt")
     else:
         trainer().fit(model, train, val)
+    # Lightning leaves the process group alive at the end; gloo in torch 2.13 may then abort a
+    # process at exit ("terminate called without an active exception")
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
