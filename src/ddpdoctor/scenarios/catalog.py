@@ -542,16 +542,6 @@ FRAMEWORK_SCENARIOS: tuple[Scenario, ...] = (
     ),
     _framework(
         "transformers",
-        "early-stop",
-        "transformers Trainer: EarlyStoppingCallback ends training at a plateau, exit 0",
-        None,
-        None,
-        (),
-        status=OK,
-        notes="The callback stops training without printing anything.",
-    ),
-    _framework(
-        "transformers",
         "unused-parameters",
         "transformers Trainer: GPT2DoubleHeadsModel on LM only, ddp_find_unused_parameters=False",
         "ddp-unused-parameters",

@@ -4,7 +4,6 @@ ids the way transformers users do: `Trainer` with `TrainingArguments`, callbacks
 
 FAULT (argv[1]) picks the mistake or accident injected where users meet it:
   healthy             a short run with evaluation, exit 0 (transformers' usual warnings only)
-  early-stop          EarlyStoppingCallback ends training when eval_loss stops improving, exit 0
   unused-parameters   GPT2DoubleHeadsModel trained on language modelling only: its
                       multiple-choice head gets no gradient, with ddp_find_unused_parameters=False
   evaluate-main-only  after training, `trainer.evaluate()` runs under
@@ -25,7 +24,6 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import Dataset
 from transformers import (
-    EarlyStoppingCallback,
     GPT2Config,
     GPT2DoubleHeadsModel,
     GPT2LMHeadModel,
@@ -96,19 +94,6 @@ def main() -> None:
         overrides["ddp_find_unused_parameters"] = False  # "faster, and silences the warning"
     if FAULT == "sigkill":
         callbacks.append(KillAtStep())
-    if FAULT == "early-stop":
-        patience = EarlyStoppingCallback(early_stopping_patience=1, early_stopping_threshold=1e-3)
-        callbacks.append(patience)
-        overrides |= {
-            "max_steps": 40,
-            "eval_steps": 2,
-            "save_strategy": "steps",
-            "save_steps": 2,
-            "save_total_limit": 1,
-            "load_best_model_at_end": True,
-            "metric_for_best_model": "eval_loss",
-            "learning_rate": 1e-6,  # a plateau: eval_loss stops improving at once
-        }
     if FAULT == "checkpoint-missing":
         # a first job ran until it was preempted after saving checkpoint-4 ...
         first = arguments(save_strategy="steps", save_steps=4, max_steps=4)
@@ -129,12 +114,16 @@ def main() -> None:
     if FAULT == "evaluate-main-only":
         if trainer.is_world_process_zero():  # report the final metrics once
             print(trainer.evaluate())
-    else:
-        trainer.evaluate()
+        return  # rank 1 ends here while rank 0 waits in evaluate(): no teardown to wait on
+    trainer.evaluate()
     if FAULT == "healthy":
         trainer.save_model()
-    dist.destroy_process_group()  # this script made the group: gloo in torch 2.13 may abort
-    # a process that exits with it alive ("terminate called without an active exception")
+    # this script made the group, so it ends it: in torch 2.13 a gloo group left to interpreter
+    # exit may abort the process ("terminate called without an active exception"), or hang it
+    # when DDP's reducer frees the group while gloo's thread still frees the last gather's
+    # tensors (both need the GIL); the barrier lets that thread finish first
+    dist.barrier()
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
