@@ -4,8 +4,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup setup-launchers slurm-up slurm-down demo test fuzz lint typecheck docs census bench \
-	bench-run clean scoreboard browser
+.PHONY: setup setup-launchers setup-frameworks slurm-up slurm-down demo test fuzz lint typecheck docs census \
+	bench bench-run clean scoreboard browser
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -29,6 +29,17 @@ export DS_WARM_OP := from deepspeed.accelerator import get_accelerator as a; b =
 
 setup-launchers: $(LAUNCHERS_STAMP)
 
+# accelerate, lightning and transformers for the framework scenarios (scenarios/frameworks.py,
+# tests/test_frameworks_real.py), torch kept at 2.13.0 by the constraints.
+FRAMEWORKS_STAMP := $(VENV)/.frameworks
+$(FRAMEWORKS_STAMP): $(STAMP) constraints.txt
+	@# a failure here leaves those tests skipped (they say why), not the whole suite failed
+	$(BIN)/pip install -q -c constraints.txt -e '.[torch,dev,stacks,frameworks]' \
+		&& touch $(FRAMEWORKS_STAMP) \
+		|| echo "setup-frameworks failed: the framework scenario runs will be skipped" >&2
+
+setup-frameworks: $(FRAMEWORKS_STAMP)
+
 # a single-node Slurm for tests/test_slurm.py (CI's .ci/run does this around `make test`)
 slurm-up:
 	bash .ci/slurm-up
@@ -47,7 +58,7 @@ lint: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-test: $(STAMP) $(LAUNCHERS_STAMP) lint
+test: $(STAMP) $(LAUNCHERS_STAMP) $(FRAMEWORKS_STAMP) lint
 	$(BIN)/python -m pytest -q
 
 # The timeline's browser test (tests/test_timeline_browser.py) needs Debian's chromium and its

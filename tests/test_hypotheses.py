@@ -61,6 +61,8 @@ POSITIVE = {
         (lambda t: real("timeout-echo-printed-first"), [0]),
         (lambda t: case("057"), None),
         (lambda t: case("132"), None),
+        # after the Trainer's end of training, trainer.evaluate() on rank 0 only
+        (lambda t: scenario("hf-trainer-evaluate-main-only"), [0]),
     ],
     "INF204": [(lambda t: case("141"), None), (lambda t: case("146"), None)],
     "INF205": [(lambda t: case("070"), [])],
@@ -74,7 +76,12 @@ POSITIVE = {
 }
 NEAR_MISS = {
     "INF201": [lambda t: scenario("uncoordinated-exit"), lambda t: real("healthy-plain")],
-    "INF202": [lambda t: scenario("slow-rank-timeout"), lambda t: scenario("early-stop")],
+    "INF202": [
+        lambda t: scenario("slow-rank-timeout"),
+        lambda t: scenario("early-stop"),
+        # rank 1 left after training announced its end: it finished, it did not leave early
+        lambda t: scenario("hf-trainer-evaluate-main-only"),
+    ],
     "INF203": [lambda t: scenario("uneven-inputs"), lambda t: scenario("data-error")],
     "INF204": [lambda t: real("multinode-silent-rank")],
     "INF205": [lambda t: real("healthy-noisy")],

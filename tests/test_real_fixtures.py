@@ -96,12 +96,16 @@ def test_two_node_jobs(case: str, kind: str, ranks: list[int], hosts: list[str])
     assert timeouts.role == "cascade" and 3 not in timeouts.ranks
 
 
-def test_crash_after_training_completed_is_a_teardown_problem() -> None:
+def test_a_collective_one_rank_calls_after_training_completed_is_a_mismatch() -> None:
     """Real run (tests/programs/teardown_crash.py): both ranks print 'Training complete', then
-    rank 1 exits at once and rank 0's last all_reduce loses its peer."""
+    rank 1 exits at once and rank 0's own last all_reduce (a metric only rank 0 averages) loses
+    its peer. Not teardown: rank 0's code called a collective rank 1 never called, the same bug
+    as a barrier under `if rank == 0` after the end (style-barrier-main) or trainer.evaluate()
+    on the main process only (hf-trainer-evaluate-main-only)."""
     report = diagnose_paths([str(HEALTHY / "teardown-crash" / "console.log")])
-    assert report.verdict.kind == "exit-teardown-crash"
-    assert report.verdict.category == "intended-exit"
+    assert report.verdict.kind == "collective-mismatch"
+    assert report.verdict.category == "user-code"
+    assert report.verdict.culprit.ranks == [0]
 
 
 def test_faulthandler_dumps_of_a_stalled_job_are_a_hang() -> None:

@@ -44,7 +44,13 @@ def test_captured_logs_are_real_runs(scenario: catalog.Scenario) -> None:
     meta = runner.read_meta(scenario.captured_dir)
     assert meta["scenario"] == scenario.name
     assert str(meta["torch"]).startswith("2.")
-    assert meta["exit_code"] not in (0, None)
+    if scenario.expected_status == "ok":
+        assert meta["exit_code"] == 0
+    else:
+        assert meta["exit_code"] not in (0, None)
+    if scenario.framework is not None:  # the framework's version is kept with its log
+        assert isinstance(meta["framework"], dict)
+        assert meta["framework"][scenario.framework]
     assert meta["timed_out"] is False
     paths = runner.log_paths(scenario.captured_dir)
     assert paths and paths[0].endswith(runner.CONSOLE_LOG)
@@ -108,3 +114,23 @@ def test_demo_replays_a_scenario_this_machine_cannot_run(monkeypatch: pytest.Mon
     assert result.exit_code == 0, result.output
     assert "REPLAY (this machine has no /no/such/device)" in result.output
     assert "disk-full" in result.output
+
+
+def test_a_framework_that_is_not_installed_is_a_missing_need(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Without the framework the scenario cannot run: the real tests skip it, saying what is
+    missing, and demo replays its bundled logs."""
+    scenario = replace(catalog.get("lightning-early-stop"), framework="no_such_framework")  # type: ignore[arg-type]
+    assert scenario.missing_needs == ["no_such_framework"]
+    monkeypatch.setattr(catalog, "get", lambda name: scenario)
+    result = CliRunner().invoke(demo_cmd.demo, ["lightning-early-stop"])
+    assert result.exit_code == 0, result.output
+    assert "REPLAY (this machine has no no_such_framework)" in result.output
+    assert "Injected fault: early-stop (intended-exit); the diagnosis matches." in result.output
+
+
+def test_healthy_runs_are_listed_as_such() -> None:
+    result = CliRunner().invoke(demo_cmd.demo, ["--list"])
+    line = next(ln for ln in result.output.splitlines() if ln.startswith("hf-trainer-healthy"))
+    assert "none (ok)" in line

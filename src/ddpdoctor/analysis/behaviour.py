@@ -114,6 +114,8 @@ def build_evidence(job: JobView, events: list[Event]) -> JobEvidence:
         _add_event(evidence, event)
         if event.marker in (Marker.TEARDOWN, Marker.STOP):
             evidence.ended = True  # the program reached its end, or stopped on purpose
+        if event.rank is not None and _waited_after_end(event, job.completed_at):
+            ranks[event.rank].waited_after_end = True
 
     evidence.timeout_ms = _timeout_ms(events)
     evidence.startup_seq = _startup_seq(events)
@@ -150,6 +152,20 @@ def _add_event(evidence: JobEvidence, event: Event) -> None:
                 if absent is not None:
                     evidence.ranks.setdefault(absent, RankView(rank=absent)).named_absent = True
     view.evidence.extend(Evidence.of(h.record) for h in event.hits[:2])
+
+
+def _waited_after_end(event: Event, completed_at: dict[str, int]) -> bool:
+    """A timeout or lost peer inside a collective the rank's own code called (its traceback
+    names both), in a job whose training announced its end, and not printed before that
+    announcement in a source that has both (per-rank files leave them unordered: the end
+    was announced, the wait came at some point)."""
+    if not completed_at or event.echo not in (Echo.WAITING, Echo.LOST_PEER) or not event.hits:
+        return False
+    before = any(
+        h.record.source in completed_at and h.record.line < completed_at[h.record.source]
+        for h in event.hits
+    )
+    return not before and any((site := wait_site(h)).op and site.site for h in event.hits)
 
 
 def _timeout_ms(events: list[Event]) -> float | None:

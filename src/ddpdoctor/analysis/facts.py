@@ -67,7 +67,8 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
     FactPattern(
         "completed", r"Training completed\. Do not forget to share your model", "Training completed"
     ),
-    FactPattern("completed", r"'train_runtime': [\d.]+", "'train_runtime'"),
+    # transformers Trainer's last log line; 5.x prints the values as strings ('0.1328')
+    FactPattern("completed", r"'train_runtime': '?[\d.]+", "'train_runtime'"),
     FactPattern("completed", r"Training complete", "Training complete"),
     FactPattern("completed", r"training complete", "training complete"),
     FactPattern("completed", r"Training finished", "Training finished"),

@@ -257,12 +257,17 @@ def _after(event: Event, first_line: dict[str, int]) -> bool:
 def relate_completion(graph: CausalGraph, ctx: Context) -> None:
     """After training announced its end, a crash, a lost peer or a stop from outside (a time
     limit reached by a job that did not exit) is teardown: the work was done (of the rank it
-    happened to, when the announcements say which ranks finished)."""
+    happened to, when the announcements say which ranks finished). Not a rank that waited in a
+    collective its own code called after the end: it was still doing distributed work."""
     if not ctx.completed_at:
         return
     finished = {r for r, v in ctx.evidence.ranks.items() if v.completed}
 
     def its_work_was_done(event: Event) -> bool:
+        if event.rank is not None and event.echo in (Echo.WAITING, Echo.LOST_PEER):
+            view = ctx.evidence.ranks.get(event.rank)
+            if view is not None and view.waited_after_end:
+                return False
         # in a console shared by ranks, another rank's end says nothing about this one
         return event.rank is None or not finished or event.rank in finished
 

@@ -11,6 +11,7 @@ from ddpdoctor.analysis.job import JobView
 from ddpdoctor.model.findings import Culprit, Evidence, Finding, Hit, Verdict
 from ddpdoctor.model.taxonomy import Role, Status
 from ddpdoctor.rules.base import Rule
+from ddpdoctor.rules.frameworks import frameworks_in
 
 MAX_VERDICT_EVIDENCE = 8
 
@@ -53,11 +54,16 @@ def build_verdict(decision: Decision, findings: list[Finding], job: JobView) -> 
         confidence=round(decision.confidence, 2),
         culprit=Culprit(ranks=decision.culprit_ranks, hosts=decision.culprit_hosts),
         summary=_summary(decision, rule, findings, job, category, root_hits),
-        fix=list(decision.fix) + list(rule.fix),
+        fix=list(decision.fix) + rule.fix_for(_frameworks(findings)) + list(rule.fix),
         evidence=evidence[:MAX_VERDICT_EVIDENCE],
         next_steps=decision.next_steps,
         basis=decision.basis,
     )
+
+
+def _frameworks(findings: list[Finding]) -> list[str]:
+    """The training frameworks the job ran under, from the frames of every traceback read."""
+    return frameworks_in([r.text for f in findings for h in f.hits for r in h.context])
 
 
 def _in_order(hits: list[Hit]) -> list[Hit]:

@@ -34,7 +34,7 @@ def _list_scenarios() -> None:
     for s in catalog.SCENARIOS:
         mark = "*" if s.name == catalog.DEFAULT_SCENARIO else " "
         ranks = str(s.nproc) if s.launcher != "python" else "-"
-        click.echo(f"{s.name + mark:<30} {ranks:>5}  {s.expected_kind:<30} {s.title}")
+        click.echo(f"{s.name + mark:<30} {ranks:>5}  {s.expected_label:<30} {s.title}")
     click.echo("\n* the default. Run one with: ddpdoctor demo NAME")
 
 
@@ -135,7 +135,8 @@ def demo(name: str, list_only: bool, fmt: str, keep: str | None, replay: bool, w
 
     paths = runner.log_paths(out_dir)
     report = diagnose_paths(paths)
-    expected_ok = (report.verdict.kind, report.verdict.category) == (
+    expected_ok = (report.verdict.status, report.verdict.kind, report.verdict.category) == (
+        scenario.expected_status,
         scenario.expected_kind,
         scenario.expected_category,
     )
@@ -158,9 +159,9 @@ def demo(name: str, list_only: bool, fmt: str, keep: str | None, replay: bool, w
         click.echo("")
         click.echo(render(report, "text", width=width))
         verdict = "matches" if expected_ok else "does NOT match"
-        click.echo(
-            f"Injected fault: {scenario.expected_kind} ({scenario.expected_category}); "
-            f"the diagnosis {verdict}."
+        injected = scenario.expected_label + (
+            f" ({scenario.expected_category})" if scenario.expected_category else ""
         )
+        click.echo(f"Injected fault: {injected}; the diagnosis {verdict}.")
         if keep or live:
             click.echo(f"Logs: {out_dir}  (again: ddpdoctor diagnose {shlex.join(paths)})")

@@ -99,6 +99,10 @@ class RankView:
     busy_phase: str | None = None
     """Its last words announce a long phase of its own (saving, evaluating, tokenising)."""
     wait_sites: list[WaitSite] = field(default_factory=list)
+    waited_after_end: bool = False
+    """It waited (or lost its peer) in a collective its own code called after training had
+    announced its end: still distributed work (an evaluation, a save, a barrier), not
+    teardown."""
     activity: Activity | None = None
     evidence: list[Evidence] = field(default_factory=list)
     """Lines that show what this rank did last (quoted when it is blamed)."""

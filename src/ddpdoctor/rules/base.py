@@ -14,6 +14,7 @@ from functools import cached_property
 
 from ddpdoctor.model.evidence import JobEvidence
 from ddpdoctor.model.taxonomy import KINDS, Category, Status, default_category
+from ddpdoctor.rules.frameworks import BY_NAME as FRAMEWORKS
 
 
 class RuleDefinitionError(ValueError):
@@ -160,6 +161,8 @@ class Rule:
     between independent roots that no time orders.
     context_all / context_none: regexes that must (or must not) appear in the same writer's
     traceback around the matched line, for rules that refine another (OOM inside torch.load).
+    framework_fix: (framework, step) pairs: the fix in that framework's own terms, shown first
+    when the job's tracebacks show it ran under that framework (rules/frameworks.py).
     """
 
     code: str
@@ -181,6 +184,7 @@ class Rule:
     specificity: int = 50
     context_all: tuple[str, ...] = ()
     context_none: tuple[str, ...] = ()
+    framework_fix: tuple[tuple[str, str], ...] = ()
     references: tuple[str, ...] = ()
     positive: tuple[str, ...] = ()
     negative: tuple[str, ...] = ()
@@ -198,6 +202,9 @@ class Rule:
         for kind in (*self.explains, *self.symptom_of):
             if kind not in KINDS:
                 raise RuleDefinitionError(f"{self.code}: explains unknown kind {kind!r}")
+        for name, _step in self.framework_fix:
+            if name not in FRAMEWORKS:
+                raise RuleDefinitionError(f"{self.code}: fix for unknown framework {name!r}")
         for sig in self.signatures:
             unknown = set(sig.compiled.groupindex) - set(CAPTURES)
             if unknown:
@@ -217,6 +224,10 @@ class Rule:
         if self.status is not None:
             return self.status
         return Status.SLOW if self.default_category == Category.PERFORMANCE else Status.FAILED
+
+    def fix_for(self, frameworks: list[str]) -> list[str]:
+        """The fix steps in the terms of these frameworks (those the job ran under)."""
+        return [step for name, step in self.framework_fix if name in frameworks]
 
     def echo_of(self, signature: Signature | None) -> Echo | None:
         """The echo a hit of `signature` carries: the signature's own, else the rule's."""

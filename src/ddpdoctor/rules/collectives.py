@@ -5,6 +5,7 @@ alive (`Echo.WAITING`)."""
 from __future__ import annotations
 
 from ddpdoctor.rules.base import Echo, Explanation, Rule, Signature
+from ddpdoctor.rules.frameworks import COLLECTIVE_IN_BRANCH_FIX
 
 COLLECTIVE_MISMATCH = Rule(
     code="COL101",
@@ -48,6 +49,7 @@ COLLECTIVE_MISMATCH = Rule(
         "Re-run with TORCH_DISTRIBUTED_DEBUG=DETAIL: mismatches are then reported with the "
         "op, shape and rank instead of hanging.",
     ),
+    framework_fix=COLLECTIVE_IN_BRANCH_FIX,
     positive=(
         "RuntimeError: Detected mismatch between collectives on ranks. Rank 1 is running "
         "collective: CollectiveFingerPrint(SequenceNumber=21, OpType=BROADCAST",

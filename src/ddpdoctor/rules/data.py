@@ -52,6 +52,27 @@ DATA_ERROR = Rule(
         "Validate or regenerate corrupt files; create shared caches on rank 0 and barrier() "
         "before other ranks read them.",
     ),
+    # the frameworks save checkpoints from the main process only: on node-local disks the
+    # other nodes have none (or a folder with their RNG state only) when they resume
+    framework_fix=(
+        (
+            "accelerate",
+            "Accelerate: if the missing file is a checkpoint, save_state() wrote the weights on "
+            "the main process only: save where every node reads, or "
+            "ProjectConfiguration(save_on_each_node=True).",
+        ),
+        (
+            "lightning",
+            "Lightning: if the missing file is a checkpoint, pass fit(ckpt_path=...) a path "
+            "every node reads (shared storage): ModelCheckpoint writes on global rank 0 only.",
+        ),
+        (
+            "transformers",
+            "transformers Trainer: if the missing file is a checkpoint, put output_dir on "
+            "storage every node reads, or TrainingArguments(save_on_each_node=True): "
+            "resume_from_checkpoint must exist on every node.",
+        ),
+    ),
     positive=(
         "FileNotFoundError: [Errno 2] No such file or directory: "
         "'E:/visionlab/data/imnet_val/val5k/val_file_list.pickle'",
@@ -161,6 +182,9 @@ DATALOADER_WORKER_KILLED = Rule(
         "Check `df -h /dev/shm`; enlarge it: docker run --shm-size=16g (or --ipc=host); in "
         "Kubernetes mount an emptyDir {medium: Memory} at /dev/shm.",
         "Or lower DataLoader(num_workers=...) / the batch size per worker.",
+        "A worker 'killed by signal: Killed' got SIGKILL, most often from the kernel's OOM "
+        "killer (host memory, not /dev/shm): check dmesg -T | grep -iE 'killed process|out of "
+        "memory' on the node and lower num_workers or what each worker keeps in memory.",
     ),
     positive=(
         "RuntimeError: DataLoader worker (pid 325) is killed by signal: Bus error.",

@@ -43,6 +43,26 @@ DDP_UNUSED_PARAMETERS = Rule(
         "part in the loss on every rank and step.",
         "Or wrap with DistributedDataParallel(model, find_unused_parameters=True) (slower).",
     ),
+    framework_fix=(
+        (
+            "lightning",
+            "Lightning: make every parameter take part in training_step's loss or freeze it, or "
+            "Trainer(strategy=DDPStrategy(find_unused_parameters=True)) (the string "
+            "strategy='ddp_find_unused_parameters_true' does the same; slower).",
+        ),
+        (
+            "accelerate",
+            "Accelerate: make the parameters take part in the loss on every process, or "
+            "Accelerator(kwargs_handlers=[DistributedDataParallelKwargs("
+            "find_unused_parameters=True)]) (slower).",
+        ),
+        (
+            "transformers",
+            "transformers Trainer: TrainingArguments(ddp_find_unused_parameters=True) (its "
+            "default for a PreTrainedModel without gradient checkpointing), or drop the module "
+            "that takes no part in the loss.",
+        ),
+    ),
     references=("https://pytorch.org/docs/stable/notes/ddp.html",),
     positive=(
         "RuntimeError: Expected to have finished reduction in the prior iteration before "

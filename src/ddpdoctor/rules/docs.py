@@ -81,6 +81,10 @@ def rule_markdown(rule: Rule) -> str:
         lines.append("Steps:")
         lines += [f"1. {step}" for step in rule.fix]
         lines.append("")
+    if rule.framework_fix:
+        lines.append("Under a framework (shown first when the job's tracebacks show it):")
+        lines += [f"- {step}" for _name, step in rule.framework_fix]
+        lines.append("")
     if ex.false_positives:
         lines += ["## False positives", ex.false_positives, ""]
     if rule.signatures:

@@ -29,13 +29,15 @@ TEARDOWN_CRASH = Rule(
     signatures=(),
     explanation=Explanation(
         what="The failure came after the job announced the end of training.",
-        why="Ranks left the process group at different times (no destroy_process_group), a "
-        "final collective ran on some ranks only, or library teardown (NCCL/gloo threads, "
-        "atexit hooks, DataLoader workers) crashed during interpreter exit.",
+        why="Ranks left the process group at different times (no destroy_process_group), or "
+        "library teardown (NCCL/gloo threads, atexit hooks, DataLoader workers) crashed during "
+        "interpreter exit.",
         fix="End every rank the same way: barrier(), destroy_process_group(), then exit 0; "
         "keep end-of-training work (saving, evaluation) on every rank or behind a barrier.",
         false_positives="A real failure while saving the final checkpoint (disk full, host "
-        "OOM) is reported as that failure instead.",
+        "OOM) is reported as that failure instead; so is a collective the program itself "
+        "calls after the end on some ranks only (a final evaluation or barrier under "
+        "`if rank == 0`): a collective mismatch.",
     ),
     fix=(
         "At the very end on every rank: torch.distributed.barrier(); "

@@ -1,9 +1,11 @@
 """The table of scenarios: which program injects which failure, how it is launched, the
-diagnosis a correct analysis must give, and how a report is checked against it. Running lives in
-runner.py; nothing here imports torch."""
+diagnosis a correct analysis must give, and how a report is checked against it. Raw torchrun
+programs first, then the same failures written with Accelerate, Lightning and the transformers
+Trainer. Running lives in runner.py; nothing here imports torch or a framework."""
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -11,9 +13,14 @@ from typing import TYPE_CHECKING, Literal
 if TYPE_CHECKING:
     from ddpdoctor.model.findings import Report
 
-Launcher = Literal["torchrun", "launch", "python"]
+Launcher = Literal["torchrun", "launch", "python", "accelerate", "lightning"]
 """torchrun: `torchrun --standalone`; launch: the deprecated `python -m torch.distributed.launch`;
-python: the program started with plain python, as users do by mistake."""
+python: the program started with plain python, as users do by mistake; accelerate: `accelerate
+launch --multi_gpu --num_processes N`; lightning: plain python, Lightning's own launcher starting
+the other ranks as children."""
+
+Framework = Literal["accelerate", "lightning", "transformers"]
+"""The training framework a program is written with (also the module it imports)."""
 
 PROGRAMS_DIR = Path(__file__).parent / "programs"
 CAPTURED_DIR = Path(__file__).parent / "captured"
@@ -28,11 +35,18 @@ class Scenario:
     title: str
     program: str
     """File name under programs/ (for entrypoint-not-found, a file that does not exist)."""
-    expected_kind: str
-    expected_category: str
+    expected_kind: str | None
+    """None for a healthy run: the verdict names no kind."""
+    expected_category: str | None
     expected_culprits: tuple[int, ...] | None
     """Global ranks the verdict must blame; None when the logs cannot tell ranks apart (errors
     raised before torch installs its `[rankN]:` excepthook, or outside any rank)."""
+    expected_status: str = "failed"
+    """`ok` for the healthy runs (a clean end, an early stop every rank agreed on)."""
+    framework: Framework | None = None
+    """The framework the program is written with: it must be importable for a real run."""
+    expected_fix: str = ""
+    """Text the verdict's first fix step must contain: the fix in the framework's own terms."""
     cascade_ranks: tuple[int, ...] = ()
     """Ranks that fail only as a consequence of the root: at least one finding on them must have
     role `cascade`. (Each timeout or closed-connection finding must too, see `mismatches`.)"""
@@ -58,8 +72,17 @@ class Scenario:
 
     @property
     def missing_needs(self) -> list[str]:
-        """The paths in `needs` this machine lacks: the scenario cannot run here."""
-        return [p for p in self.needs if not Path(p).exists()]
+        """The paths in `needs` and the framework this machine lacks: the scenario cannot run
+        here (the framework is checked without importing it)."""
+        missing = [p for p in self.needs if not Path(p).exists()]
+        if self.framework is not None and importlib.util.find_spec(self.framework) is None:
+            missing.append(self.framework)
+        return missing
+
+    @property
+    def expected_label(self) -> str:
+        """The expected kind, or what a healthy run is expected to give."""
+        return self.expected_kind or f"none ({self.expected_status})"
 
     @property
     def program_path(self) -> Path:
@@ -323,6 +346,252 @@ SCENARIOS += (
     ),
 )
 
+# --------------------------------------------------------------------------- frameworks
+# The same failures as users meet them through a framework: each program is one training script
+# written with the framework's own idioms; its first argument picks the injected fault.
+OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+"""Nothing is downloaded at run time: the models are built from a config."""
+
+
+PROGRAMS: dict[Framework, tuple[str, str, Launcher]] = {
+    "accelerate": ("accelerate", "accelerate_train.py", "accelerate"),
+    "lightning": ("lightning", "lightning_train.py", "lightning"),
+    "transformers": ("hf-trainer", "hf_trainer_train.py", "torchrun"),
+}
+"""Framework -> (scenario name prefix, program, how its users launch it)."""
+
+
+def _framework(
+    framework: Framework,
+    fault: str,
+    title: str,
+    kind: str | None,
+    category: str | None,
+    culprits: tuple[int, ...] | None,
+    *,
+    cascade: tuple[int, ...] = (),
+    status: str = "failed",
+    fix: str = "",
+    launcher: Launcher | None = None,
+    env: dict[str, str] | None = None,
+    gaps: dict[str, str] | None = None,
+    notes: str = "",
+) -> Scenario:
+    """One fault of one framework's program (its first argument names the fault)."""
+    prefix, program, usual = PROGRAMS[framework]
+    return Scenario(
+        name=f"{prefix}-{fault}",
+        title=title,
+        program=program,
+        args=(fault,),
+        framework=framework,
+        launcher=launcher or usual,
+        env={**OFFLINE, **(env or {})},
+        expected_status=status,
+        expected_kind=kind,
+        expected_category=category,
+        expected_culprits=culprits,
+        expected_fix=fix,
+        cascade_ranks=cascade,
+        timeout_s=90.0,
+        gaps=gaps or {},
+        notes=notes,
+    )
+
+
+OK = "ok"
+FRAMEWORK_SCENARIOS: tuple[Scenario, ...] = (
+    _framework(
+        "accelerate",
+        "healthy",
+        "Accelerate: two epochs with evaluation; only accelerate launch's usual warnings",
+        None,
+        None,
+        (),
+        status=OK,
+    ),
+    _framework(
+        "accelerate",
+        "loss-main-only",
+        "Accelerate: the auxiliary loss is added on the main process only",
+        "ddp-unused-parameters",
+        "user-code",
+        (1,),
+        fix="DistributedDataParallelKwargs(find_unused_parameters=True)",
+        cascade=(0,),
+        notes="Rank 1's auxiliary head gets no gradient; the reducer says so on rank 1.",
+    ),
+    _framework(
+        "accelerate",
+        "gather-in-branch",
+        "Accelerate: gather_for_metrics inside `if accelerator.is_main_process`",
+        "collective-mismatch",
+        "user-code",
+        (0,),
+        fix="outside `if accelerator.is_main_process:`",
+        cascade=(1,),
+        notes="Both ranks time out (5 s): rank 0 in the metric's all_gather, rank 1 in the "
+        "next epoch's gradient all_reduce.",
+    ),
+    _framework(
+        "accelerate",
+        "eval-exception",
+        "Accelerate: rank 1's evaluation shard has no labels; its metric divides by zero",
+        "python-exception",
+        "user-code",
+        (1,),
+        cascade=(0,),
+    ),
+    _framework(
+        "accelerate",
+        "worker-killed",
+        "Accelerate: rank 1's DataLoader worker is SIGKILLed (as by the OOM killer)",
+        "dataloader-worker-killed",
+        "environment",
+        (1,),
+        cascade=(0,),
+    ),
+    _framework(
+        "accelerate",
+        "sigkill",
+        "Accelerate: rank 1 is SIGKILLed at step 3 (as by the OOM killer)",
+        "host-oom",
+        "resource",
+        (1,),
+        cascade=(0,),
+    ),
+    _framework(
+        "accelerate",
+        "checkpoint-missing",
+        "Accelerate: load_state from node-local disks; the weights were saved on node 0 only",
+        "data-error",
+        "user-code",
+        (1,),
+        fix="ProjectConfiguration(save_on_each_node=True)",
+        cascade=(0,),
+        notes="save_state writes the weights on the main process only (save_on_each_node=False);"
+        " node 1's folder holds its RNG state and no model file.",
+    ),
+    _framework(
+        "lightning",
+        "healthy",
+        "Lightning: three epochs under Lightning's own launcher; only its usual warnings",
+        None,
+        None,
+        (),
+        status=OK,
+    ),
+    _framework(
+        "lightning",
+        "early-stop",
+        "Lightning: EarlyStopping(monitor='val_loss') stops training on every rank, exit 0",
+        "early-stop",
+        "intended-exit",
+        (),
+        status=OK,
+    ),
+    _framework(
+        "lightning",
+        "unused-parameters",
+        "Lightning: an auxiliary head left out of the loss (DDPStrategy's default)",
+        "ddp-unused-parameters",
+        "user-code",
+        (0, 1),
+        fix="DDPStrategy(find_unused_parameters=True)",
+    ),
+    _framework(
+        "lightning",
+        "sync-dist-in-branch",
+        "Lightning under torchrun: self.log(sync_dist=True) under `if trainer.is_global_zero`",
+        "collective-mismatch",
+        "user-code",
+        (0,),
+        fix="self.log(..., sync_dist=True) on every rank",
+        cascade=(1,),
+        launcher="torchrun",
+        env={"DDP_TIMEOUT_S": "6"},
+        notes="Rank 0 waits in the metric's all_reduce, rank 1 in Lightning's next barrier.",
+    ),
+    _framework(
+        "lightning",
+        "eval-exception",
+        "Lightning: validation_step raises on rank 1",
+        "python-exception",
+        "user-code",
+        (1,),
+        cascade=(0,),
+    ),
+    _framework(
+        "lightning",
+        "checkpoint-missing",
+        "Lightning: fit(ckpt_path=...) on node-local disks; ModelCheckpoint saved on rank 0 only",
+        "data-error",
+        "user-code",
+        (1,),
+        fix="fit(ckpt_path=...) a path every node reads",
+        cascade=(0,),
+    ),
+    _framework(
+        "transformers",
+        "healthy",
+        "transformers Trainer: a short run with evaluation; only the usual warnings",
+        None,
+        None,
+        (),
+        status=OK,
+    ),
+    _framework(
+        "transformers",
+        "unused-parameters",
+        "transformers Trainer: GPT2DoubleHeadsModel on LM only, ddp_find_unused_parameters=False",
+        "ddp-unused-parameters",
+        "user-code",
+        (0, 1),
+        fix="TrainingArguments(ddp_find_unused_parameters=True)",
+    ),
+    _framework(
+        "transformers",
+        "evaluate-main-only",
+        "transformers Trainer: trainer.evaluate() under `if trainer.is_world_process_zero()`",
+        "collective-mismatch",
+        "user-code",
+        (0,),
+        fix="trainer.evaluate() / trainer.predict() on every process",
+        notes="Rank 1 finished and exited 0; rank 0's gather in evaluate() loses its peer.",
+    ),
+    _framework(
+        "transformers",
+        "eval-exception",
+        "transformers Trainer: an evaluation example of the wrong length lands on rank 1",
+        "python-exception",
+        "user-code",
+        (1,),
+        cascade=(0,),
+    ),
+    _framework(
+        "transformers",
+        "sigkill",
+        "transformers Trainer: a callback SIGKILLs rank 1 at step 3 (as the OOM killer would)",
+        "host-oom",
+        "resource",
+        (1,),
+        cascade=(0,),
+    ),
+    _framework(
+        "transformers",
+        "checkpoint-missing",
+        "transformers Trainer: resume_from_checkpoint=True with output_dir on node-local disks",
+        "data-error",
+        "user-code",
+        (1,),
+        fix="TrainingArguments(save_on_each_node=True)",
+        cascade=(0,),
+        notes="The Trainer saves on the main process only: node 1's checkpoint-4 holds its RNG "
+        "state and no model.",
+    ),
+)
+SCENARIOS += FRAMEWORK_SCENARIOS
+
 BY_NAME: dict[str, Scenario] = {s.name: s for s in SCENARIOS}
 
 
@@ -335,7 +604,7 @@ def get(name: str) -> Scenario:
         raise KeyError(f"unknown scenario {name!r}; known: {known}") from None
 
 
-ASPECTS = ("status", "kind", "category", "culprits", "cascade")
+ASPECTS = ("status", "kind", "category", "culprits", "cascade", "fix")
 """What is checked of a diagnosis, each on its own so that a known gap hides nothing else."""
 SECONDARY_KINDS = frozenset({"nccl-timeout", "nccl-network"})
 """Kinds of the timeout and closed-connection errors: cascades in every scenario that expects
@@ -346,8 +615,8 @@ def mismatches(scenario: Scenario, report: Report) -> dict[str, str]:
     """Aspect -> how the report differs from what the scenario expects; empty when it agrees."""
     v = report.verdict
     out: dict[str, str] = {}
-    if v.status != "failed":
-        out["status"] = f"status {v.status!r}, expected 'failed'"
+    if v.status != scenario.expected_status:
+        out["status"] = f"status {v.status!r}, expected {scenario.expected_status!r}"
     if v.kind != scenario.expected_kind:
         out["kind"] = f"kind {v.kind!r} (rule {v.rule}), expected {scenario.expected_kind!r}"
     if v.category != scenario.expected_category:
@@ -368,4 +637,7 @@ def mismatches(scenario: Scenario, report: Report) -> dict[str, str]:
         wrong.append(f"no cascade finding on ranks {list(scenario.cascade_ranks)}")
     if wrong:
         out["cascade"] = "; ".join(wrong)
+    if scenario.expected_fix and not (v.fix and scenario.expected_fix in v.fix[0]):
+        first = v.fix[0] if v.fix else "none"
+        out["fix"] = f"first fix step {first!r}, expected one with {scenario.expected_fix!r}"
     return out

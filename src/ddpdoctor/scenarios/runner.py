@@ -69,17 +69,51 @@ def torch_version() -> str | None:
         return None
 
 
+def framework_version(name: str | None) -> str | None:
+    """The installed version of a scenario's framework, without importing it."""
+    if name is None:
+        return None
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
 def _torchrun() -> list[str]:
     beside = Path(sys.executable).with_name("torchrun")
     return [str(beside)] if beside.exists() else [sys.executable, "-m", "torch.distributed.run"]
+
+
+def _accelerate_launch(nproc: int) -> list[str]:
+    """`accelerate launch` on several CPU processes, as its users type it (no `accelerate
+    config`: its defaults warning is part of what they see). Its rendezvous gets a free port:
+    the default 29500 may be taken by another job on the machine."""
+    beside = Path(sys.executable).with_name("accelerate")
+    cmd = (
+        [str(beside)]
+        if beside.exists()
+        else [sys.executable, "-m", "accelerate.commands.accelerate_cli"]
+    )
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    return [
+        *cmd,
+        "launch",
+        "--multi_gpu",
+        f"--num_processes={nproc}",
+        f"--main_process_port={port}",
+    ]
 
 
 def build_command(scenario: Scenario, log_dir: Path | None, master_port: int | None) -> list[str]:
     """The command line a user would have typed for this scenario."""
     program = str(scenario.program_path)
     nproc = f"--nproc-per-node={scenario.nproc}"
-    if scenario.launcher == "python":
+    if scenario.launcher in ("python", "lightning"):  # Lightning starts the other ranks itself
         return [sys.executable, program, *scenario.args]
+    if scenario.launcher == "accelerate":
+        return [*_accelerate_launch(scenario.nproc), program, *scenario.args]
     if scenario.launcher == "launch":
         return [sys.executable, "-m", "torch.distributed.launch", nproc, program, *scenario.args]
     cmd = _torchrun()
@@ -185,6 +219,11 @@ def _write_meta(
         "duration_s": round(duration_s, 2),
         "date": started.isoformat(timespec="seconds"),
         "torch": torch_version(),
+        **(
+            {"framework": {scenario.framework: framework_version(scenario.framework)}}
+            if scenario.framework
+            else {}
+        ),
         "python": platform.python_version(),
         "platform": platform.platform(),
         "cpu_count": os.cpu_count(),

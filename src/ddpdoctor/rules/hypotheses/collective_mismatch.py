@@ -9,6 +9,7 @@ from __future__ import annotations
 from ddpdoctor.model.evidence import JobEvidence
 from ddpdoctor.model.taxonomy import Status
 from ddpdoctor.rules.base import Explanation, Rule
+from ddpdoctor.rules.frameworks import COLLECTIVE_IN_BRANCH_FIX
 from ddpdoctor.rules.hypotheses.base import Assessment, ranks_text, stall_evidence
 
 RULE = Rule(
@@ -34,6 +35,7 @@ RULE = Rule(
         "a skipped step) and call it on every rank, or move it out of the branch.",
         "Re-run with TORCH_DISTRIBUTED_DEBUG=DETAIL to have the mismatching collective named.",
     ),
+    framework_fix=COLLECTIVE_IN_BRANCH_FIX,
 )
 
 MAIN_PROCESS = 0
@@ -167,6 +169,11 @@ def _from_minority(job: JobEvidence) -> Assessment | None:
     if not (waiting and quiet):
         return None
     finished = {r for r in quiet if job.ranks[r].completed and not job.ranks[r].announced_stop}
+    if not finished and all(job.ranks[r].waited_after_end for r in waiting):
+        # no rank's own line says it finished, but training announced its end before the
+        # waiting ranks entered their collective: the ranks that left without an error left
+        # after it (a training step needs every rank), they did not leave early
+        finished = {r for r in quiet if not job.ranks[r].announced_stop}
     if finished and finished == quiet:
         return Assessment(
             RULE,

@@ -52,8 +52,12 @@ def assess(job: JobEvidence) -> Assessment | None:
             ],
             evidence=[e for r in sorted(stoppers) for e in job.ranks[r].evidence[:1]],
         )
-    # a rank that announced the end of training finished; it did not leave early
+    # a rank that announced the end of training finished; it did not leave early. Nor did
+    # one that left after training announced its end, while the others went on to collectives
+    # of their own (collective_mismatch: a collective only some ranks called)
     left = {r for r in quiet if not job.ranks[r].terminated and not job.ranks[r].completed}
+    if waiting and all(job.ranks[r].waited_after_end for r in waiting):
+        left = set()
     if left and waiting and len(waiting) >= len(quiet):
         return Assessment(
             RULE,
