@@ -257,29 +257,50 @@ def comm_init_line(w: Writer, rng: random.Random, comm: int, complete: bool) -> 
     )
 
 
+def init_burst(w: Writer, rng: random.Random) -> list[str]:
+    """One communicator's init on one rank: its START and COMPLETE lines (the candidates)
+    around the channel, tree and connection lines NCCL prints in between."""
+    comm = rng.randrange(1, 64)
+    lines = [comm_init_line(w, rng, comm, complete=False)]
+    for ch in range(rng.randrange(12, 32)):
+        peer = (w.rank + 1 + ch % 2) % w.world
+        lines.append(
+            _nccl(w, 0) + f"Channel {ch:02d}/0 : {w.rank}[{w.dev}] -> {peer}[{peer % 8}] "
+            f"via P2P/CUMEM/read"
+        )
+    lines.append(_nccl(w, 0) + "Connected all rings")
+    lines.append(_nccl(w, 0) + "Connected all trees")
+    lines.append(_nccl(w, 0) + "threadThresholds 8/8/64 | 128/8/64 | 512 | 512")
+    lines.append(comm_init_line(w, rng, comm, complete=True))
+    return lines
+
+
 def dense_candidate(w: Writer, rng: random.Random, step: int) -> list[str]:
-    """Lines the prefilter hands to Python (one, or a warning with its detail lines)."""
+    """Lines the prefilter hands to Python: a warning (with its detail lines), a transport,
+    or a communicator's init (two candidates among its INFO lines). Inits are rare after the
+    start (a new process group, a lazily created P2P communicator): 0.5% of the events, so
+    that at 20% density about one line in a thousand is a comm line, as in real logs of
+    NCCL_DEBUG=INFO; every rank's first init is in the header."""
     kind = rng.random()
-    if kind < 0.40:
-        comm = rng.randrange(1, 64)
-        return [comm_init_line(w, rng, comm, complete=rng.random() < 0.5)]
-    if kind < 0.70:  # DeepSpeed ZeRO-3, every rank, every step under memory pressure
+    if kind < 0.005:
+        return init_burst(w, rng)
+    if kind < 0.015:
+        return [
+            _nccl(w, 0) + f"NET/IB : Using [0]mlx5_0:1/IB [1]mlx5_1:1/IB [2]mlx5_2:1/IB "
+            f"[3]mlx5_3:1/IB [RO]; OOB ib0:10.3.{w.rank // GPUS_PER_NODE}.{10 + w.dev}<0>"
+        ]
+    if kind < 0.50:  # DeepSpeed ZeRO-3, every rank, every step under memory pressure
         return [_ds_time(rng) + ZERO3_FLUSH.format(n=rng.randrange(1, 9))]
-    if kind < 0.85:  # torch's reducer.cpp, TORCH_WARN per step when warnings are always shown
+    if kind < 0.75:  # torch's reducer.cpp, TORCH_WARN per step when warnings are always shown
         return [
             _glog_time("W", rng) + f"{w.pid} reducer.cpp:1400] " + GRAD_STRIDES,
             "grad.sizes() = [256, 64, 1, 1], strides() = [64, 1, 64, 64]",
             "bucket_view.sizes() = [256, 64, 1, 1], strides() = [64, 1, 1, 1] "
             "(function operator())",
         ]
-    if kind < 0.95:  # c10d while the store's host is not up yet (socket.cpp)
-        return [
-            _glog_time("W", rng) + f"{w.pid} socket.cpp:752] [c10d] The client socket has failed "
-            f"to connect to [dgx-a100-000]:29500 (errno: 111 - Connection refused)."
-        ]
-    return [
-        _nccl(w, 0) + f"NET/IB : Using [0]mlx5_0:1/IB [1]mlx5_1:1/IB [2]mlx5_2:1/IB "
-        f"[3]mlx5_3:1/IB [RO]; OOB ib0:10.3.{w.rank // GPUS_PER_NODE}.{10 + w.dev}<0>"
+    return [  # c10d while the store's host is not up yet (socket.cpp)
+        _glog_time("W", rng) + f"{w.pid} socket.cpp:752] [c10d] The client socket has failed "
+        f"to connect to [dgx-a100-000]:29500 (errno: 111 - Connection refused)."
     ]
 
 
@@ -349,14 +370,17 @@ def tqdm_line(step: int, total: int = 20000) -> str:
 def dense_text(
     rng: random.Random, density: float, writers: list[Writer], size: int, step: int
 ) -> str:
-    """About `size` bytes of interleaved lines of all writers, `density` of them candidates."""
+    """About `size` bytes of interleaved lines of all writers, `density` of them candidates
+    (a candidate event comes whenever the share so far is below it)."""
     lines: list[str] = []
     length = 0
+    candidates = 0
     while length < size:
         w = rng.choice(writers)
         step += 1
-        if rng.random() < density:
+        if candidates < density * (len(lines) + 1):
             texts = dense_candidate(w, rng, step)
+            candidates += 2 if len(texts) > 3 else 1  # an init burst holds two
         elif w.rank == 0 and rng.random() < 0.25:
             texts = [tqdm_line(step)]
         else:

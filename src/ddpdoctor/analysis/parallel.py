@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, MutableSequence
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import suppress
 from functools import lru_cache
@@ -18,6 +18,7 @@ from ddpdoctor.analysis.scanner import (
     MANY_FILES,
     MAX_HITS_PER_PATTERN,
     FactHit,
+    PartBudget,
     Scanner,
     SourceScan,
     sample_bytes_for,
@@ -109,9 +110,42 @@ def _line_start_after(fh: object, offset: int) -> int | None:
     return None
 
 
-def _scan_part(job: tuple[str, Input, int, bool]) -> SourceScan:
-    engine, item, sample, head = job
-    return compact(_scanner(engine).scan(item, sample, head))
+_Job = tuple[str, Input, int, bool, "tuple[int, tuple[int, ...]] | None"]
+_shared_counts: MutableSequence[int] | None = None
+"""The hit counts of split files' ranges, shared with worker processes (see PartBudget)."""
+
+
+def _share(counts: MutableSequence[int]) -> None:
+    """Worker initializer: the parent's shared counts (inherited as they are under fork)."""
+    global _shared_counts
+    _shared_counts = counts
+
+
+def _scan_part(job: _Job) -> SourceScan:
+    engine, item, sample, head, slots = job
+    budget = None
+    if slots is not None and _shared_counts is not None:
+        budget = PartBudget(_shared_counts, slots[0], slots[1])
+    return compact(_scanner(engine).scan(item, sample, head, budget))
+
+
+def _budget_slots(units: list[tuple[int, Input]]) -> list[tuple[int, tuple[int, ...]] | None]:
+    """Per unit: its slot and the slots of the earlier ranges of the same file, for the ranges
+    of split files; None for a file scanned whole."""
+    parts_of: dict[int, int] = {}
+    for index, _ in units:
+        parts_of[index] = parts_of.get(index, 0) + 1
+    slots: list[tuple[int, tuple[int, ...]] | None] = []
+    earlier: dict[int, list[int]] = {}
+    for index, _ in units:
+        if parts_of[index] < 2:
+            slots.append(None)
+            continue
+        mine = sum(1 for s in slots if s is not None)
+        before = earlier.setdefault(index, [])
+        slots.append((mine, tuple(before)))
+        before.append(mine)
+    return slots
 
 
 def scan_inputs(
@@ -131,17 +165,22 @@ def scan_inputs(
         use_numpy()  # before forking too: two workers importing at once took twice as long
     merged: list[SourceScan | None] = [None] * len(inputs)
     parts: Iterator[SourceScan]
+    slots = _budget_slots(units)
+    n_slots = sum(1 for s in slots if s is not None)
+    jobs_ = [(engine, u, sample, head, s) for (_, u), s in zip(units, slots, strict=True)]
     if workers > 1 and total >= PARALLEL_MIN_BYTES:
         methods = multiprocessing.get_all_start_methods()
         context = multiprocessing.get_context("fork" if "fork" in methods else None)
-        with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+        counts = context.RawArray("q", max(1, n_slots * scanner.n_rules))
+        with ProcessPoolExecutor(
+            max_workers=workers, mp_context=context, initializer=_share, initargs=(counts,)
+        ) as pool:
             chunksize = max(1, min(16, len(units) // (workers * 8)))
-            parts = pool.map(
-                _scan_part, [(engine, u, sample, head) for _, u in units], chunksize=chunksize
-            )
+            parts = pool.map(_scan_part, jobs_, chunksize=chunksize)
             _merge_all(merged, [i for i, _ in units], parts)
     else:
-        parts = (compact(scanner.scan(u, sample, head)) for _, u in units)
+        _share([0] * (n_slots * scanner.n_rules))
+        parts = (_scan_part(job) for job in jobs_)
         _merge_all(merged, [i for i, _ in units], parts)
     return [m for m in merged if m is not None]
 
@@ -180,12 +219,9 @@ def merge(acc: SourceScan, part: SourceScan) -> SourceScan:
         kept[hit.rule] = kept.get(hit.rule, 0) + 1
     for hit in part.hits:
         if kept.get(hit.rule, 0) >= MAX_HITS_PER_PATTERN:
-            acc.dropped_hits[hit.rule] = acc.dropped_hits.get(hit.rule, 0) + 1
             continue
         kept[hit.rule] = kept.get(hit.rule, 0) + 1
         acc.hits.append(hit)
-    for code, n in part.dropped_hits.items():
-        acc.dropped_hits[code] = acc.dropped_hits.get(code, 0) + n
     acc.facts.extend(part.facts)
     for key, s in part.streams.items():
         s.first_line += shift if s.first_line else 0

@@ -48,9 +48,22 @@ def walk_back(
     walked = 0
     after_head = False
     needles = _writer_needles(key)
+    rare = max(needles, key=len) if needles else b""
     floor = max(0, line_start - MAX_WALK_BYTES)
     find = chunk.find
     while end > floor and walked < MAX_WALK_LINES and len(found) < MAX_TRACEBACK_LINES:
+        if rare:
+            # the lines after the last one holding the writer's longest needle are other
+            # writers' (unless cleaning could join a needle): counted, not visited one by one
+            pos = chunk.rfind(rare, floor, end)
+            after = find(b"\n", pos, end + 1) if pos >= 0 else floor - 1
+            if after < end and not _cleaned(chunk, after + 1, end):
+                skipped = chunk.count(b"\n", after + 1, end) + 1
+                if pos < 0 or walked + skipped >= MAX_WALK_LINES:
+                    break
+                walked += skipped
+                end = after
+                continue
         start = chunk.rfind(b"\n", floor, end) + 1
         if start == 0 and floor > 0:
             break  # the line starts before the budget: not looked at
