@@ -69,14 +69,17 @@ def generated_cases() -> Iterator[tuple[str, list[str]]]:
         ranks.mkdir()
         write_dense_ranks(ranks, 300, int(0.01 * GIB) // 300, 9, 0.2)
     yield "generated/dense-ranks-0.2-300", [str(ranks)]
+    yield "generated/dense-ranks-0.2-300-workers", [str(ranks)]
 
 
 def report_of(name: str, paths: list[str], jobs: int | None = None) -> dict[str, Any]:
-    """The report; a name ending in -split cuts its file into 6 MB ranges, scanned in worker
-    processes when jobs > 1."""
+    """The report; a name ending in -split cuts its file into 6 MB ranges, and one ending in
+    -split or -workers is scanned in worker processes when jobs > 1, however small."""
     saved = parallel.PART_BYTES, parallel.PARALLEL_MIN_BYTES
     if name.endswith("-split"):
-        parallel.PART_BYTES, parallel.PARALLEL_MIN_BYTES = 6 * 1024 * 1024, 0
+        parallel.PART_BYTES = 6 * 1024 * 1024
+    if name.endswith(("-split", "-workers")):
+        parallel.PARALLEL_MIN_BYTES = 0
     try:
         return report_to_dict(diagnose_paths(paths, jobs=jobs))
     finally:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import lru_cache
 
-from ddpdoctor.analysis.engine import Matcher, Pattern, Seen, build_matcher
+from ddpdoctor.analysis.engine import Distinct, Matcher, Pattern, Seen, build_matcher
 from ddpdoctor.analysis.facts import FACT_PATTERNS, FactPattern, elapsed_seconds
 from ddpdoctor.analysis.newlines import count_newlines
 from ddpdoctor.ingest.bounds import (
@@ -114,28 +114,56 @@ class SourceScan:
     streams: dict[str, StreamSummary] = field(default_factory=dict)
 
 
-class PartBudget:
-    """The hits of each rule that the earlier byte ranges of the same file have kept so far,
-    shared by the worker processes scanning its ranges. Merging keeps the first
-    MAX_HITS_PER_PATTERN hits of a rule in file order, so a range need not look at a rule's
-    lines once those before it hold that many: on a 1 GiB log repeating three warnings, six of
-    eight ranges no longer confirm 6,000 hits each that merging throws away. The counts only
-    grow, so a range reading them early keeps more than merging needs, never less: the result
-    does not depend on which range ran first."""
+MAX_HITS_ACROSS_FILES = 2000
+"""With MANY_FILES inputs or more (one writer each), a rule's hits past this many over all
+files, in input order, are not kept, except the first of each file: every rank keeps what it
+said (its timeout, its warning), and 10,000 rank files repeating three warnings keep about
+16,000 hits instead of 290,000."""
 
-    def __init__(self, counts: MutableSequence[int], slot: int, earlier: Sequence[int]) -> None:
-        self.counts = counts
-        """n_rules numbers per range of every split file (a shared array across processes)."""
+
+class HitBudget:
+    """What the scans before this one kept, so that it need not confirm hits that would be
+    dropped: merging keeps the first MAX_HITS_PER_PATTERN hits of a rule in a split file, and
+    with many files the first MAX_HITS_ACROSS_FILES over all of them (see parallel.trim).
+
+    `shared` is an array shared with the worker processes: n_rules numbers of hits kept by
+    the files already trimmed (written by the parent), then n_rules per range of a split
+    file (written by the range's scan after each chunk). The numbers only grow, so a scan that
+    reads them early keeps more than is needed, never less: the result does not depend on
+    which scan ran first (on a 1 GiB log repeating three warnings, six of eight ranges no
+    longer confirm 6,000 hits each that merging threw away)."""
+
+    def __init__(
+        self,
+        shared: MutableSequence[int],
+        n_rules: int,
+        slot: int | None = None,
+        earlier: Sequence[int] = (),
+        across_files: bool = False,
+    ) -> None:
+        self.shared = shared
+        self.n_rules = n_rules
         self.slot = slot
+        """This range's numbers (a split file), or None."""
         self.earlier = earlier
-        """Slots of the ranges before this one in the same file."""
+        """The slots of the ranges before this one in the same file."""
+        self.across_files = across_files
 
-    def before(self, rule: int, n_rules: int) -> int:
-        counts = self.counts
-        return sum(counts[j * n_rules + rule] for j in self.earlier)
+    def before(self, rule: int) -> tuple[int, int]:
+        """Hits of the rule kept by the earlier ranges of this file, and by earlier files."""
+        shared, n = self.shared, self.n_rules
+        parts = sum(shared[(1 + j) * n + rule] for j in self.earlier)
+        return parts, shared[rule] if self.across_files else 0
 
-    def publish(self, rule: int, n_rules: int, kept: int) -> None:
-        self.counts[self.slot * n_rules + rule] = kept
+    def publish(self, rule: int, kept: int) -> None:
+        if self.slot is not None:
+            self.shared[(1 + self.slot) * self.n_rules + rule] = kept
+
+    def over(self, kept: int, parts: int, files: int) -> bool:
+        """Whether a next hit, after `kept` in this scan, would be dropped."""
+        if self.earlier and kept + parts >= MAX_HITS_PER_PATTERN:
+            return True
+        return self.across_files and kept > 0 and kept + files >= MAX_HITS_ACROSS_FILES
 
 
 @dataclass(slots=True)
@@ -170,14 +198,14 @@ class _Source:
     file_origin: Origin
     parse: _Parse
     rule_kept: list[int]
-    """Hits kept per rule (by index), for the budget of a split file's ranges."""
-    budget: PartBudget | None = None
+    """Hits kept per rule (by index), for the budget."""
+    budget: HitBudget | None = None
     seen: Seen = field(default_factory=Seen)
     kept: dict[int, int] = field(default_factory=dict)
     """Facts and hits kept per pattern."""
     progress: _Progress = field(default_factory=lambda: _Progress())
-    earlier: dict[int, int] = field(default_factory=dict)
-    """Per rule, the budget's hits of earlier ranges, read once per chunk."""
+    earlier: dict[int, tuple[int, int]] = field(default_factory=dict)
+    """Per rule, the budget's hits of earlier ranges and files, read once per chunk."""
     touched: set[int] = field(default_factory=set)
     """Rules with new hits since the budget was last told."""
 
@@ -205,6 +233,12 @@ class Scanner:
             MAX_HITS_PER_PATTERN if t.rule is not None else MAX_FACTS_PER_PATTERN
             for t in self._targets
         ]
+        self._value_pids = [
+            pid
+            for pid, t in enumerate(self._targets)
+            if t.fact is not None and t.fact.distinct == Distinct.VALUE
+        ]
+        self.rule_index = {code: n for n, code in enumerate(self.rules)}
         self.matcher: Matcher = build_matcher(patterns, prefer=engine)
 
     @property
@@ -216,9 +250,13 @@ class Scanner:
         item: Input,
         sample_bytes: int = HEAD_TAIL_BYTES,
         sample_head: bool = True,
-        budget: PartBudget | None = None,
+        budget: HitBudget | None = None,
+        shared_keys: dict[int, set[object]] | None = None,
     ) -> SourceScan:
-        """`budget`: for a range of a split file, what the ranges before it kept."""
+        """`budget`: what the scans before this one kept (see HitBudget). `shared_keys`: the
+        values of facts read by value only (FactPattern.distinct) already handed on by this
+        process, shared by the scans of one diagnosis: merging keeps the first of each value
+        over all files, in input order, and this process saw the earlier ones first."""
         stream: ChunkStream | ErrorFileChunks = (
             ErrorFileChunks(item.path, item.display)
             if is_error_file(item.path)
@@ -290,21 +328,23 @@ class Scanner:
         if budget is None:
             return
         for rule in src.touched:
-            budget.publish(rule, self.n_rules, src.rule_kept[rule])
+            budget.publish(rule, src.rule_kept[rule])
         src.touched.clear()
         src.earlier.clear()
 
     def _over_budget(self, src: _Source, rule: int) -> bool:
-        """True when merging would drop this range's next hit of the rule: the earlier ranges
-        of the file and this one hold MAX_HITS_PER_PATTERN of it. The first range has no
-        earlier ones and keeps its hits as an unsplit file does (per pattern)."""
+        """True when merging would drop this scan's next hit of the rule (see HitBudget); its
+        patterns are then no longer looked for in the source."""
         budget = src.budget
-        if budget is None or not budget.earlier:
+        if budget is None or not (budget.earlier or budget.across_files):
             return False
+        kept = src.rule_kept[rule]
+        if budget.across_files and kept == 0:
+            return False  # a file's first hit of a rule is always kept
         earlier = src.earlier.get(rule)
         if earlier is None:
-            earlier = src.earlier[rule] = budget.before(rule, self.n_rules)
-        if src.rule_kept[rule] + earlier < MAX_HITS_PER_PATTERN:
+            earlier = src.earlier[rule] = budget.before(rule)
+        if not budget.over(kept, *earlier):
             return False
         src.seen.capped.update(self._rule_pids[rule])
         return True
