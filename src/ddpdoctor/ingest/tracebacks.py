@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from ddpdoctor.ingest.prefixes import ParsedLine
+from ddpdoctor.ingest.prefixes import ParsedLine, parse_line
 
 TRACEBACK_HEAD = "Traceback (most recent call last):"
 CHAINED = re.compile(
@@ -76,17 +76,20 @@ def walk_back(
             end = start - 1  # another writer's line: no need to parse it
             continue
         stop = min(end, start + LINE_PARSE_BYTES)
-        parsed = parse(chunk[start:stop].decode("utf-8", errors="replace"))
+        raw = chunk[start:stop].decode("utf-8", errors="replace")
+        # decided without the line's time (a third of a parse); a line kept is parsed whole
+        parsed = parse_line(raw, with_time=False)
         end = start - 1
         if parsed.prefix != key or not parsed.text.strip():
             continue
         if after_head and not CHAINED.match(parsed.text):
-            if parsed.time is not None:  # logger.exception's header line dates the traceback
-                found.append((walked, parsed))
+            dated = parse(raw)
+            if dated.time is not None:  # logger.exception's header line dates the traceback
+                found.append((walked, dated))
             break
         if not is_traceback_line(parsed.text):
             break
-        found.append((walked, parsed))
+        found.append((walked, parse(raw)))
         after_head = parsed.text.startswith(TRACEBACK_HEAD)
     found.reverse()
     return found
