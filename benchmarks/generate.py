@@ -414,7 +414,7 @@ def _header(writers: list[Writer]) -> bytes:
     return "".join(out).replace("@COMM@@@", "00000000").replace("@TIME@@@", "10:00:00").encode()
 
 
-def _stamped(block: bytes, index: int) -> bytes:
+def stamped(block: bytes, index: int) -> bytes:
     """A pool block as the index-th block of the file: its own second and communicators."""
     t = 36000 + index
     clock = f"{t // 3600 % 24:02d}:{t // 60 % 60:02d}:{t % 60:02d}".encode()
@@ -434,7 +434,7 @@ def write_dense(
         e = 0
         index = 0
         while written < size:
-            block = _stamped(pool[rng.randrange(len(pool))], index)
+            block = stamped(pool[rng.randrange(len(pool))], index)
             index += 1
             if len(block) > size - written:
                 block = block[: block.rfind(b"\n", 0, size - written) + 1]
@@ -458,7 +458,7 @@ def write_dense_ranks(out: Path, files: int, size: int, seed: int, density: floa
         node = rank // GPUS_PER_NODE
         w = Writer(rank, files, f"[rank{rank}]:", f"node{node:04d}", 40000 + rank % 100)
         text = dense_text(rng, density, [w], size, rank * 1000)
-        data = _header([w]) + _stamped(text.encode(), rank)
+        data = _header([w]) + stamped(text.encode(), rank)
         if rank % max(1, files // 300) == 0:
             data += f"{w.prefix}{real[(seed + rank) % len(real)]}\n".encode()
         (out / f"rank{rank:0{width}d}.log").write_bytes(data)
