@@ -68,6 +68,9 @@ PREFIXES += [
     b"[rank0]:host-1:11:12 [0] ",
     b"[rank\xff]:",
     b"2024-01-01 ",
+    b"0: [rank0]:",  # srun --label: the node's task id first, shared by its ranks
+    b"0: [rank1]:",
+    b"1: [rank0]:",
 ]
 
 
@@ -90,6 +93,6 @@ def test_skipping_other_writers_unparsed_changes_no_stitch(
     parse = _parser(2026)
     key = parse(chunk[start:-1].decode("utf-8", errors="replace")).prefix
     fast = walk_back(chunk, start, key, parse)
-    with patch.object(tracebacks, "_writer_needle", lambda key: b""):
+    with patch.object(tracebacks, "_writer_needles", lambda key: ()):
         slow = walk_back(chunk, start, key, parse)
     assert [(n, p.text, p.prefix) for n, p in fast] == [(n, p.text, p.prefix) for n, p in slow]

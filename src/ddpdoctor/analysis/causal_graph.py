@@ -28,23 +28,30 @@ class CausalGraph:
     events: list[Event]
     nodes: list[Node] = field(default_factory=list)
     edges: list[Edge] = field(default_factory=list)
+    # the edges of each cause and effect, in the order they were added: looking them up by a
+    # scan of all edges made 10,000 ranks' 30,000 events take 9 s
+    _by_cause: dict[int, list[Edge]] = field(default_factory=dict, repr=False)
+    _by_effect: dict[int, list[Edge]] = field(default_factory=dict, repr=False)
 
     def add(
         self, cause: Cause, effect: Cause, relation: str, why: str = "", proof: bool = False
     ) -> None:
         if cause is effect:
             return
-        self.edges.append(Edge(cause, effect, relation, why, proof))
+        edge = Edge(cause, effect, relation, why, proof)
+        self.edges.append(edge)
+        self._by_cause.setdefault(id(cause), []).append(edge)
+        self._by_effect.setdefault(id(effect), []).append(edge)
 
     def add_node(self, node: Node) -> Node:
         self.nodes.append(node)
         return node
 
     def causes_of(self, effect: Cause) -> list[Edge]:
-        return [e for e in self.edges if e.effect is effect]
+        return list(self._by_effect.get(id(effect), ()))
 
     def effects_of(self, cause: Cause) -> list[Edge]:
-        return [e for e in self.edges if e.cause is cause]
+        return list(self._by_cause.get(id(cause), ()))
 
     def explained(self, item: Cause, among: set[int] | None = None) -> bool:
         """Something else explains it (optionally: only causes whose id is in `among`)."""

@@ -7,8 +7,11 @@ import re
 import signal
 from dataclasses import dataclass
 
+from ddpdoctor.analysis.engine import Distinct
 from ddpdoctor.ingest.bounds import exit_code_number, pid_number, rank_number
 from ddpdoctor.model.findings import RankExit
+
+VALUE, WRITER = Distinct.VALUE, Distinct.WRITER
 
 
 @dataclass(frozen=True)
@@ -19,6 +22,12 @@ class FactPattern:
     lines_before: int = 0
     """Raw lines above a hit that job building reads (the summary block around an exit code);
     most facts need none, and copying them for every hit is a measurable part of a scan."""
+    distinct: Distinct | None = None
+    """What job building reads of this fact, when that is all it reads: the captured values
+    (a world size: the largest counts; a transport: that it was named) or the values and the
+    writer (NCCL's comm lines map a host's device and pid to a rank, first one wins). The
+    scan then hands on only the first line of each, without parsing the repeats: every rank
+    prints the same world size and transport, at every communicator's init."""
 
     @property
     def compiled(self) -> re.Pattern[str]:
@@ -36,16 +45,17 @@ def _compiled(regex: str) -> re.Pattern[str]:
 
 FACT_PATTERNS: tuple[FactPattern, ...] = (
     # NCCL INFO comm ... rank 8 nranks 16 (NCCL init.cc)
-    FactPattern("world_size", r"\bnranks (?P<n>\d+)", "nranks "),
+    FactPattern("world_size", r"\bnranks (?P<n>\d+)", "nranks ", distinct=VALUE),
     FactPattern(
         "nccl_comm",
         r"comm 0x[0-9a-f]+ rank (?P<rank>\d+) nranks (?P<n>\d+) cudaDev (?P<dev>\d+)",
         " cudaDev ",
+        distinct=WRITER,
     ),
-    FactPattern("world_size", r"\bWORLD_SIZE[=:]\s*(?P<n>\d+)", "WORLD_SIZE"),
-    FactPattern("world_size", r"\bworld[_ ]size\W{1,4}(?P<n>\d+)", "world"),
+    FactPattern("world_size", r"\bWORLD_SIZE[=:]\s*(?P<n>\d+)", "WORLD_SIZE", distinct=VALUE),
+    FactPattern("world_size", r"\bworld[_ ]size\W{1,4}(?P<n>\d+)", "world", distinct=VALUE),
     # Lightning: "Initializing distributed: GLOBAL_RANK: 0, MEMBER: 1/8"
-    FactPattern("world_size", r"MEMBER: \d+/(?P<n>\d+)", "MEMBER: "),
+    FactPattern("world_size", r"MEMBER: \d+/(?P<n>\d+)", "MEMBER: ", distinct=VALUE),
     # torchelastic summary block (torch/distributed/elastic/multiprocessing/errors/__init__.py)
     FactPattern("summary_exit", r"^\s*exitcode\s*: (?P<code>-?\d+)", "exitcode", lines_before=5),
     FactPattern("root_cause", r"Root Cause \(first observed failure\)", "Root Cause"),
@@ -56,8 +66,8 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
         "failed (exitcode: ",
     ),
     # NCCL net.cc: which transport NCCL uses between nodes
-    FactPattern("socket_transport", r"NET/Socket : Using", "NET/Socket : Using"),
-    FactPattern("ib_transport", r"NET/IB : Using", "NET/IB : Using"),
+    FactPattern("socket_transport", r"NET/Socket : Using", "NET/Socket : Using", distinct=VALUE),
+    FactPattern("ib_transport", r"NET/IB : Using", "NET/IB : Using", distinct=VALUE),
     # the end of training as frameworks announce it (Lightning, HF Trainer, scripts)
     FactPattern(
         "completed",

@@ -5,13 +5,13 @@ lines with a candidate (and a bounded head and tail, for job facts) are parsed i
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, MutableSequence, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import lru_cache
 
-from ddpdoctor.analysis.engine import Matcher, Pattern, build_matcher
-from ddpdoctor.analysis.facts import FACT_PATTERNS, FactPattern
+from ddpdoctor.analysis.engine import Distinct, Matcher, Pattern, Seen, build_matcher
+from ddpdoctor.analysis.facts import FACT_PATTERNS, FactPattern, elapsed_seconds
 from ddpdoctor.analysis.newlines import count_newlines
 from ddpdoctor.ingest.bounds import (
     MAX_NUMBER_DIGITS,
@@ -47,8 +47,13 @@ def sample_bytes_for(n_inputs: int) -> int:
 
 ERROR_LEVELS = frozenset(("error", "fatal", "critical"))
 MAX_HITS_PER_PATTERN = 2000
-"""After this many confirmed hits of one signature in one source, further ones are counted
-but not kept: memory stays bounded on a log that repeats one warning every step."""
+"""After this many confirmed hits of one signature in one source, further lines of it are not
+looked at (the engine stops reporting the pattern for the source): memory stays bounded and a
+log that repeats one warning every step costs nothing past it."""
+MAX_FACTS_PER_PATTERN = 10_000
+"""The same for job facts (a world size, an exit in a launcher's summary), whose repeats are
+mostly dropped as they come (see FactPattern.distinct): bounds a hostile log's thousands of
+different values."""
 
 
 @dataclass(slots=True)
@@ -107,7 +112,73 @@ class SourceScan:
     hits: list[Hit] = field(default_factory=list)
     facts: list[FactHit] = field(default_factory=list)
     streams: dict[str, StreamSummary] = field(default_factory=dict)
-    dropped_hits: dict[str, int] = field(default_factory=dict)
+
+
+MAX_HITS_ACROSS_FILES = 2000
+"""With MANY_FILES inputs or more (one writer each), a rule's hits past this many over all
+files, in input order, are not kept, except the first of each file: every rank keeps what it
+said (its timeout, its warning), and 10,000 rank files repeating three warnings keep about
+16,000 hits instead of 290,000."""
+
+
+class HitBudget:
+    """What the scans before this one kept, so that it need not confirm hits that would be
+    dropped: merging keeps the first MAX_HITS_PER_PATTERN hits of a rule in a split file, and
+    with many files the first MAX_HITS_ACROSS_FILES over all of them (see parallel.trim).
+
+    `shared` is an array shared with the worker processes: n_rules numbers of hits kept by
+    the files already trimmed (written by the parent), then n_rules per range of a split
+    file (written by the range's scan after each chunk). The numbers only grow, so a scan that
+    reads them early keeps more than is needed, never less: the result does not depend on
+    which scan ran first (on a 1 GiB log repeating three warnings, six of eight ranges no
+    longer confirm 6,000 hits each that merging threw away)."""
+
+    def __init__(
+        self,
+        shared: MutableSequence[int],
+        n_rules: int,
+        slot: int | None = None,
+        earlier: Sequence[int] = (),
+        across_files: bool = False,
+    ) -> None:
+        self.shared = shared
+        self.n_rules = n_rules
+        self.slot = slot
+        """This range's numbers (a split file), or None."""
+        self.earlier = earlier
+        """The slots of the ranges before this one in the same file."""
+        self.across_files = across_files
+
+    def before(self, rule: int) -> tuple[int, int]:
+        """Hits of the rule kept by the earlier ranges of this file, and by earlier files."""
+        shared, n = self.shared, self.n_rules
+        parts = sum(shared[(1 + j) * n + rule] for j in self.earlier)
+        return parts, shared[rule] if self.across_files else 0
+
+    def publish(self, rule: int, kept: int) -> None:
+        if self.slot is not None:
+            self.shared[(1 + self.slot) * self.n_rules + rule] = kept
+
+    def over(self, kept: int, parts: int, files: int) -> bool:
+        """Whether a next hit, after `kept` in this scan, would be dropped."""
+        if self.earlier and kept + parts >= MAX_HITS_PER_PATTERN:
+            return True
+        return self.across_files and kept > 0 and kept + files >= MAX_HITS_ACROSS_FILES
+
+
+@dataclass(slots=True)
+class _Progress:
+    """The progress bar that ran longest so far (the first of equals): the only one job
+    building keeps, so the others are dropped as they come."""
+
+    fact: FactHit | None = None
+    elapsed_s: float = -1.0
+
+    def offer(self, fact: FactHit) -> None:
+        elapsed = elapsed_seconds(fact.captures.get("elapsed", ""))
+        if self.fact is None or (elapsed is not None and elapsed > self.elapsed_s):
+            self.fact = fact
+            self.elapsed_s = elapsed if elapsed is not None else self.elapsed_s
 
 
 @dataclass(frozen=True)
@@ -115,6 +186,28 @@ class _Target:
     rule: Rule | None
     signature: Signature | None
     fact: FactPattern | None
+    rule_index: int = -1
+
+
+@dataclass(slots=True)
+class _Source:
+    """What the scan of one source carries from chunk to chunk."""
+
+    result: SourceScan
+    display: str
+    file_origin: Origin
+    parse: _Parse
+    rule_kept: list[int]
+    """Hits kept per rule (by index), for the budget."""
+    budget: HitBudget | None = None
+    seen: Seen = field(default_factory=Seen)
+    kept: dict[int, int] = field(default_factory=dict)
+    """Facts and hits kept per pattern."""
+    progress: _Progress = field(default_factory=lambda: _Progress())
+    earlier: dict[int, tuple[int, int]] = field(default_factory=dict)
+    """Per rule, the budget's hits of earlier ranges and files, read once per chunk."""
+    touched: set[int] = field(default_factory=set)
+    """Rules with new hits since the budget was last told."""
 
 
 class Scanner:
@@ -124,20 +217,46 @@ class Scanner:
         self.rules = {r.code: r for r in rules}
         self._targets: list[_Target] = []
         patterns: list[Pattern] = []
-        for rule in self.rules.values():
+        self._rule_pids: list[list[int]] = []
+        for index, rule in enumerate(self.rules.values()):
+            self._rule_pids.append([])
             for sig in rule.signatures:
-                self._targets.append(_Target(rule, sig, None))
+                self._rule_pids[index].append(len(self._targets))
+                self._targets.append(_Target(rule, sig, None, index))
                 patterns.append(Pattern(_unanchored(sig.regex), sig.required_literal))
         for fact in FACT_PATTERNS:
             self._targets.append(_Target(None, None, fact))
             # a progress bar redraws every step: the latest few per chunk are enough
             sampled = fact.name == "progress"
-            patterns.append(Pattern(_unanchored(fact.regex), fact.literal, sampled))
+            patterns.append(Pattern(_unanchored(fact.regex), fact.literal, sampled, fact.distinct))
+        self._caps = [
+            MAX_HITS_PER_PATTERN if t.rule is not None else MAX_FACTS_PER_PATTERN
+            for t in self._targets
+        ]
+        self._value_pids = [
+            pid
+            for pid, t in enumerate(self._targets)
+            if t.fact is not None and t.fact.distinct == Distinct.VALUE
+        ]
+        self.rule_index = {code: n for n, code in enumerate(self.rules)}
         self.matcher: Matcher = build_matcher(patterns, prefer=engine)
 
+    @property
+    def n_rules(self) -> int:
+        return len(self.rules)
+
     def scan(
-        self, item: Input, sample_bytes: int = HEAD_TAIL_BYTES, sample_head: bool = True
+        self,
+        item: Input,
+        sample_bytes: int = HEAD_TAIL_BYTES,
+        sample_head: bool = True,
+        budget: HitBudget | None = None,
+        shared_keys: dict[int, set[object]] | None = None,
     ) -> SourceScan:
+        """`budget`: what the scans before this one kept (see HitBudget). `shared_keys`: the
+        values of facts read by value only (FactPattern.distinct) already handed on by this
+        process, shared by the scans of one diagnosis: merging keeps the first of each value
+        over all files, in input order, and this process saw the earlier ones first."""
         stream: ChunkStream | ErrorFileChunks = (
             ErrorFileChunks(item.path, item.display)
             if is_error_file(item.path)
@@ -146,13 +265,12 @@ class Scanner:
         result = SourceScan(info=stream.info)
         file_origin = origin_from_path(item.path) if item.path != "-" else Origin()
         year = datetime.now(UTC).year
-        parse = _parser(year)
+        src = _Source(result, item.display, file_origin, _parser(year), [0] * self.n_rules, budget)
         line_base = 0
         order = 0
         # no head for a later part of a split file, or when sampling tails only
         head_left = sample_bytes if item.start == 0 and sample_head else 0
         last_chunk = b""
-        kept: dict[int, int] = {}
         for chunk in stream:
             if line_base == 0 and order == 0 and is_own_output(chunk[:4096]):
                 result.info.status = "skipped"
@@ -162,33 +280,24 @@ class Scanner:
             if stream.mtime is not None and line_base == 0:
                 modified = time_from_epoch(stream.mtime)
                 year = modified.year if modified is not None else year
-                parse = _parser(year)
+                src.parse = _parser(year)
             if head_left > 0:
                 head = chunk[:head_left]
-                self._sample(result, head, line_base, file_origin, item.display, parse)
+                self._sample(result, head, line_base, file_origin, item.display, src.parse)
                 head_left -= len(head)
             before = 0  # newlines before `prev` in this chunk: one pass numbers hits and lines
             prev = 0
-            for start, end, pids in self.matcher.candidate_lines(chunk):
+            for start, end, pids in self.matcher.candidate_lines(chunk, src.seen):
                 before += count_newlines(chunk, prev, start)
                 prev = start
                 order += 1
-                self._confirm(
-                    result,
-                    chunk,
-                    start,
-                    end,
-                    pids,
-                    line_base + before + 1,
-                    order,
-                    file_origin,
-                    item.display,
-                    parse,
-                    kept,
-                )
+                self._confirm(src, chunk, start, end, pids, line_base + before + 1, order)
             last_chunk = chunk
             line_base += before + count_newlines(chunk, prev, len(chunk))
             result.info.lines = line_base
+            self._tell_budget(src)
+        if src.progress.fact is not None:
+            result.facts.append(src.progress.fact)
         if last_chunk and line_base > 0 and item.end is None:
             tail_start = max(0, len(last_chunk) - sample_bytes)
             tail_start = last_chunk.find(b"\n", tail_start - 1) + 1 if tail_start else 0
@@ -201,43 +310,76 @@ class Scanner:
                     first_tail_line,
                     file_origin,
                     item.display,
-                    parse,
+                    src.parse,
                 )
             elif first_tail_line < head_lines < line_base:
                 skip = head_lines - first_tail_line
                 pos = tail_start
                 for _ in range(skip):
                     pos = last_chunk.find(b"\n", pos) + 1
-                self._sample(result, last_chunk[pos:], head_lines, file_origin, item.display, parse)
+                self._sample(
+                    result, last_chunk[pos:], head_lines, file_origin, item.display, src.parse
+                )
         return result
+
+    def _tell_budget(self, src: _Source) -> None:
+        """After a chunk: publish this range's counts, forget the earlier ranges' (they grow)."""
+        budget = src.budget
+        if budget is None:
+            return
+        for rule in src.touched:
+            budget.publish(rule, src.rule_kept[rule])
+        src.touched.clear()
+        src.earlier.clear()
+
+    def _over_budget(self, src: _Source, rule: int) -> bool:
+        """True when merging would drop this scan's next hit of the rule (see HitBudget); its
+        patterns are then no longer looked for in the source."""
+        budget = src.budget
+        if budget is None or not (budget.earlier or budget.across_files):
+            return False
+        kept = src.rule_kept[rule]
+        if budget.across_files and kept == 0:
+            return False  # a file's first hit of a rule is always kept
+        earlier = src.earlier.get(rule)
+        if earlier is None:
+            earlier = src.earlier[rule] = budget.before(rule)
+        if not budget.over(kept, *earlier):
+            return False
+        src.seen.capped.update(self._rule_pids[rule])
+        return True
 
     def _confirm(
         self,
-        result: SourceScan,
+        src: _Source,
         chunk: bytes,
         start: int,
         end: int,
         pids: list[int],
         line_no: int,
         order: int,
-        file_origin: Origin,
-        display: str,
-        parse: _Parse,
-        kept: dict[int, int],
     ) -> None:
+        capped = src.seen.capped
+        if capped and all(pid in capped for pid in pids):
+            return  # located before its patterns reached their caps in this chunk
         raw = chunk[start:end].decode("utf-8", errors="replace")
         parsed: ParsedLine | None = None
         context: list[tuple[int, ParsedLine]] | None = None
         rules_done: set[str] = set()
+        result, display, file_origin = src.result, src.display, src.file_origin
         for pid in pids:
+            if pid in capped:
+                continue
             target = self._targets[pid]
+            if target.rule_index >= 0 and self._over_budget(src, target.rule_index):
+                continue
             regex = target.signature.compiled if target.signature else None
             if regex is None and target.fact is not None:
                 regex = target.fact.compiled
             if regex is None:
                 continue
             if parsed is None:
-                parsed = parse(raw)
+                parsed = src.parse(raw)
             m = regex.search(parsed.text) or regex.search(raw)
             if m is None:
                 continue
@@ -249,16 +391,18 @@ class Scanner:
             captures = _captures(m)
             if target.fact is not None:
                 before = _raw_lines_before(chunk, start, target.fact.lines_before)
-                result.facts.append(FactHit(target.fact.name, captures, record, before))
+                fact = FactHit(target.fact.name, captures, record, before)
+                if target.fact.name == "progress":
+                    src.progress.offer(fact)
+                    continue
+                result.facts.append(fact)
+                _count(src.kept, pid, self._caps[pid], capped)
                 continue
             rule = target.rule
             if rule is None or rule.code in rules_done:
                 continue
-            if kept.get(pid, 0) >= MAX_HITS_PER_PATTERN:
-                result.dropped_hits[rule.code] = result.dropped_hits.get(rule.code, 0) + 1
-                continue
             if context is None:
-                context = walk_back(chunk, start, parsed.prefix, parse)
+                context = walk_back(chunk, start, parsed.prefix, src.parse)
             ctx_records = [_record(p, display, line_no - back, file_origin) for back, p in context]
             ctx_text = "\n".join(p.text for _, p in context) + "\n" + parsed.text
             if not rule.context_ok(ctx_text):
@@ -271,7 +415,9 @@ class Scanner:
                     None,
                 )
             rules_done.add(rule.code)
-            kept[pid] = kept.get(pid, 0) + 1
+            _count(src.kept, pid, self._caps[pid], capped)
+            src.rule_kept[target.rule_index] += 1
+            src.touched.add(target.rule_index)
             suggests = target.signature is not None and target.signature.suggests
             echo = rule.echo_of(target.signature)
             result.hits.append(Hit(rule.code, record, captures, ctx_records, order, suggests, echo))
@@ -326,6 +472,12 @@ class Scanner:
                     streams[key].progress_total = count_number(counter.group("total"))
                     streams[key].progress_done = count_number(counter.group("n"))
                     break
+
+
+def _count(kept: dict[int, int], pid: int, cap: int, capped: set[int]) -> None:
+    n = kept[pid] = kept.get(pid, 0) + 1
+    if n >= cap:
+        capped.add(pid)
 
 
 OWN_OUTPUT = re.compile(

@@ -4,13 +4,16 @@ lanes stays bounded however many ranks the job had."""
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 
 from ddpdoctor.model.timeline import Lane, Mark
 from ddpdoctor.report.ranges import rank_ranges
 
 MAX_LANES = 24
 """Groups beyond this many are merged into one lane of the remaining ranks."""
+_NO_TIME = datetime.max.replace(tzinfo=UTC)
+"""Where a mark without a time sorts among marks at the same position (times are UTC-aware:
+a naive `datetime.max` could not be compared with them)."""
 
 
 def signature(lane: Lane) -> tuple[object, ...]:
@@ -54,13 +57,17 @@ def merge(group: list[Lane], index: int) -> Lane:
         culprit=any(lane.culprit for lane in group),
     )
     slots: dict[tuple[object, ...], Mark] = {}
+    # the ranks of each slot, sorted once at the end: sorting them again for every lane made
+    # a group of 10,000 ranks take 2.5 s
+    ranks_of: dict[tuple[object, ...], set[int]] = {}
     for lane in group:
         for m in lane.marks:
             key = (m.what, m.role, m.rule, m.label)
             first = slots.get(key)
-            if first is None or (m.position, m.time or datetime.max) < (
+            ranks_of.setdefault(key, set()).update(lane.ranks)
+            if first is None or (m.position, m.time or _NO_TIME) < (
                 first.position,
-                first.time or datetime.max,
+                first.time or _NO_TIME,
             ):
                 slots[key] = Mark(
                     id="",
@@ -73,10 +80,9 @@ def merge(group: list[Lane], index: int) -> Lane:
                     line=m.line,
                     text=m.text,
                     position=m.position,
-                    ranks=sorted({*(first.ranks if first else []), *lane.ranks}),
                 )
-            else:
-                first.ranks = sorted({*first.ranks, *lane.ranks})
+    for slot, mark in slots.items():
+        mark.ranks = sorted(ranks_of[slot])
     merged.marks = sorted(slots.values(), key=lambda m: m.position)
     return merged
 

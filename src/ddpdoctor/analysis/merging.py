@@ -1,0 +1,175 @@
+"""The parent's side of a scan: the ranges of a split file merged back in order, facts that job
+building cannot tell apart dropped, and with many files each file trimmed as it completes, in
+input order, so that what is kept does not depend on which worker scanned what. Owns no rule
+semantics: it keeps what job building and the analysis read (see scanner.HitBudget)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, MutableSequence
+
+from ddpdoctor.analysis.engine import Distinct
+from ddpdoctor.analysis.facts import FACT_PATTERNS, elapsed_seconds
+from ddpdoctor.analysis.scanner import (
+    MAX_HITS_ACROSS_FILES,
+    MAX_HITS_PER_PATTERN,
+    FactHit,
+    SourceScan,
+)
+from ddpdoctor.model.findings import Hit
+from ddpdoctor.model.records import Record
+
+BY_VALUE = frozenset(f.name for f in FACT_PATTERNS if f.distinct == Distinct.VALUE)
+"""Facts job building reads by value only (a world size, a transport): one of each is enough."""
+
+
+def _value_key(fact: FactHit) -> tuple[str, tuple[tuple[str, str], ...]]:
+    return fact.name, tuple(sorted(fact.captures.items()))
+
+
+class Merger:
+    """Collects the scans of the units of a plan, in plan order (input order, file order)."""
+
+    def __init__(
+        self,
+        owners: list[int],
+        rule_index: dict[str, int],
+        across_files: bool = False,
+        shared: MutableSequence[int] | None = None,
+    ) -> None:
+        self.owners = owners
+        self.merged: dict[int, SourceScan] = {}
+        self.left: dict[int, int] = {}
+        for owner in owners:
+            self.left[owner] = self.left.get(owner, 0) + 1
+        self.rule_index = rule_index
+        self.across_files = across_files
+        self.shared = shared
+        """Where the hits kept so far are published for the worker processes (HitBudget)."""
+        self.accepted = [0] * len(rule_index)
+        self.values: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
+
+    def add_all(self, parts: Iterable[SourceScan]) -> list[SourceScan]:
+        """Every unit's scan, in plan order; one SourceScan per input, in input order."""
+        for owner, part in zip(self.owners, parts, strict=True):
+            self.add(owner, part)
+        return [self.merged[i] for i in sorted(self.merged)]
+
+    def add(self, owner: int, part: SourceScan) -> None:
+        acc = self.merged.get(owner)
+        self.merged[owner] = part if acc is None else merge(acc, part)
+        self.left[owner] -= 1
+        if not self.left[owner]:
+            self._complete(self.merged[owner])
+
+    def _complete(self, scan: SourceScan) -> None:
+        """A file whose last range arrived: its facts by value that earlier files had are
+        dropped (the first of each value over all files is kept, as one process finds it), and
+        with many files its hits are trimmed."""
+        facts: list[FactHit] = []
+        for fact in scan.facts:
+            if fact.name in BY_VALUE:
+                key = _value_key(fact)
+                if key in self.values:
+                    continue
+                self.values.add(key)
+            facts.append(fact)
+        scan.facts = facts
+        if self.across_files:
+            scan.hits = self._trim(scan.hits)
+
+    def _trim(self, hits: list[Hit]) -> list[Hit]:
+        """A file's first hit of each rule, and the others while the rule has fewer than
+        MAX_HITS_ACROSS_FILES over the files before; the counts go to the workers."""
+        kept: list[Hit] = []
+        first: set[str] = set()
+        accepted = self.accepted
+        for hit in hits:
+            rule = self.rule_index[hit.rule]
+            if hit.rule in first and accepted[rule] >= MAX_HITS_ACROSS_FILES:
+                continue
+            first.add(hit.rule)
+            accepted[rule] += 1
+            kept.append(hit)
+        if self.shared is not None:
+            for rule in {self.rule_index[h.rule] for h in kept}:
+                self.shared[rule] = accepted[rule]
+        return kept
+
+
+def merge(acc: SourceScan, part: SourceScan) -> SourceScan:
+    """Append the scan of the next range of the same file to `acc` (both compacted)."""
+    shift = acc.info.lines
+    shifted: set[int] = set()
+
+    def move(record: Record) -> None:
+        if id(record) not in shifted:
+            shifted.add(id(record))
+            record.line += shift
+
+    for hit in part.hits:
+        move(hit.record)
+        for ctx in hit.context:
+            move(ctx)
+    for fact in part.facts:
+        move(fact.record)
+    info = acc.info
+    info.bytes += part.info.bytes
+    info.lines += part.info.lines
+    if info.status == "read" and part.info.status != "read":
+        info.status, info.reason = part.info.status, part.info.reason
+    kept: dict[str, int] = {}
+    for hit in acc.hits:
+        kept[hit.rule] = kept.get(hit.rule, 0) + 1
+    for hit in part.hits:
+        if kept.get(hit.rule, 0) >= MAX_HITS_PER_PATTERN:
+            continue
+        kept[hit.rule] = kept.get(hit.rule, 0) + 1
+        acc.hits.append(hit)
+    acc.facts.extend(part.facts)
+    for key, s in part.streams.items():
+        s.first_line += shift if s.first_line else 0
+        s.last_line += shift if s.last_line else 0
+        s.last_init_line += shift if s.last_init_line else 0
+        s.last_progress_line += shift if s.last_progress_line else 0
+        a = acc.streams.get(key)
+        if a is None:
+            acc.streams[key] = s
+            continue
+        a.lines_seen += s.lines_seen
+        a.last_line, a.last_text = s.last_line, s.last_text
+        a.progress_lines += s.progress_lines
+        a.last_init_line = s.last_init_line or a.last_init_line
+        a.last_progress_line = s.last_progress_line or a.last_progress_line
+        a.error_lines += s.error_lines
+        a.progress_total = s.progress_total or a.progress_total
+        if a.origin.rank is None and s.origin.rank is not None:
+            a.origin = s.origin
+    return compact(acc)
+
+
+def compact(scan: SourceScan) -> SourceScan:
+    """Drop facts that job building cannot tell apart from ones kept: the same world size
+    twice, a transport seen before, every progress bar but the first longest-running one."""
+    best: FactHit | None = None
+    best_s = -1.0
+    for fact in scan.facts:
+        if fact.name == "progress":
+            elapsed = elapsed_seconds(fact.captures.get("elapsed", ""))
+            if best is None or (elapsed is not None and elapsed > best_s):
+                best, best_s = fact, elapsed if elapsed is not None else best_s
+    seen: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
+    kept: list[FactHit] = []
+    for fact in scan.facts:
+        if fact.name == "progress":
+            if fact is best:
+                kept.append(fact)
+            continue
+        if fact.name not in BY_VALUE:
+            kept.append(fact)
+            continue
+        key = _value_key(fact)
+        if key not in seen:
+            seen.add(key)
+            kept.append(fact)
+    scan.facts = kept
+    return scan
