@@ -100,7 +100,9 @@ PROGRESS_COUNTER = re.compile(
     r"(?i)(?=[sib])\b(?:step|iter(?:ation)?|batch|it)\b\D{0,3}?(?P<n>\d+)\s*/\s*(?P<total>\d+)"
 )
 INIT_LINE = re.compile(
-    r"Initializing distributed|init_process_group|torch\.dis|NCCL INFO (?:Bootstrap|NET/|comm )"
+    # torch.distributed's own loggers, except the launcher's process handling (stops, exits)
+    r"Initializing distributed|init_process_group|torch\.dis(?!tributed\.elastic\.multiproc)"
+    r"|NCCL INFO (?:Bootstrap|NET/|comm )"
     r"|Global seed set|GLOBAL_RANK|MASTER_ADDR|distributed_backend|Added key: store_based_barrier"
     r"|NCCL INFO (?:Channel|Connected all|Trees|Ring)|via P2P|P2P/IPC|P2P/CUMEM|Init COMPLETE"
 )

@@ -114,6 +114,11 @@ LAUNCHER_SIGTERM = Rule(
         Signature(r"Sending process (?P<pid>\d+) closing signal SIG(?P<sig>\w+)", "closing signal"),
         Signature(r"exitcode\s*: -15\b", "exitcode"),
         Signature(r"Signal 15 \(SIGTERM\) received by PID", "Signal 15 (SIGTERM)"),
+        # the same _close, escalating when a worker ignored the SIGTERM for its grace period
+        Signature(
+            r"Unable to shutdown process (?P<pid>\d+) via Signals\.SIGTERM",
+            "Unable to shutdown process",
+        ),
     ),
     explanation=Explanation(
         what="torchrun stopped the surviving workers because one worker failed.",
@@ -125,6 +130,8 @@ LAUNCHER_SIGTERM = Rule(
     positive=(
         "WARNING:torch.distributed.elastic.multiprocessing.api:Sending process 812914 closing "
         "signal SIGTERM",
+        "torch.distributed.elastic.multiprocessing.api: [WARNING] Unable to shutdown process "
+        "552917 via Signals.SIGTERM, forcefully exiting via Signals.SIGKILL",
     ),
     negative=(
         "torch.distributed.elastic.multiprocessing.api.SignalException: Process 1 got signal: 15",
