@@ -47,6 +47,16 @@ def launcher_only(name: str, tmp: Path) -> list[str]:
     return [str(out)]
 
 
+def cut_before(name: str, marker: str, tmp: Path) -> list[str]:
+    """A real console cut just before the first line holding `marker`, as a paste that stops
+    early or a log truncated when its disk filled up."""
+    lines = Path(scenario(name)[0]).read_text().splitlines(keepends=True)
+    end = next(i for i, ln in enumerate(lines) if marker in ln)
+    out = tmp / "cut.log"
+    out.write_text("".join(lines[:end]))
+    return [str(out)]
+
+
 # code -> [(inputs, culprit ranks or None for "not checked")]
 POSITIVE = {
     "INF201": [
@@ -69,6 +79,12 @@ POSITIVE = {
     # torchrun saw rank 0 exit 1 first and SIGTERMed rank 1 (the real culprit) while it was
     # going down: from the launcher alone the culprit cannot be told, so it is not checked
     "INF208": [(lambda t: launcher_only("data-error", t), None)],
+    # rank 1's traceback without its FileNotFoundError line; two pastes cut inside one
+    "INF215": [
+        (lambda t: cut_before("data-error", "[rank1]: FileNotFoundError", t), [1]),
+        (lambda t: case("235"), []),
+        (lambda t: case("259"), []),
+    ],
     "INF209": [
         (lambda t: scenario("uneven-inputs"), [1]),
         (lambda t: real("abort-after-timeout"), [1]),
@@ -87,6 +103,12 @@ NEAR_MISS = {
     "INF205": [lambda t: real("healthy-noisy")],
     "INF208": [lambda t: scenario("data-error")],
     "INF209": [lambda t: scenario("collective-mismatch-op-nodebug")],
+    "INF215": [
+        lambda t: scenario("data-error"),  # every traceback whole
+        # rank 0's timeout traceback is cut, rank 1's error is whole: rank 1's line decides
+        lambda t: cut_before("data-error", "[rank0]: RuntimeError", t),
+        lambda t: real("healthy-plain"),
+    ],
 }
 
 

@@ -126,6 +126,7 @@ def build_evidence(job: JobView, events: list[Event]) -> JobEvidence:
     evidence.started_training = any(s.progress_lines for s in job.streams)
     evidence.last_step = _last_step(job)
     evidence.stalled_at_startup = _stalled_at_startup(job)
+    evidence.cut_tracebacks = list(job.cut_tracebacks)
     return evidence
 
 

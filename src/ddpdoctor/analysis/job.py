@@ -34,6 +34,9 @@ class JobView:
     completed_ranks: set[int] = field(default_factory=set)
     """Ranks whose own lines announced the end of training."""
     rank_map: dict[tuple[str, int], int] = field(default_factory=dict)
+    cut_tracebacks: list[Evidence] = field(default_factory=list)
+    """Writers whose output ends inside a traceback (its exception line is not there): the
+    last frame seen, else the header, with the writer's rank when known."""
 
     def resolve(self, origin: Origin) -> int | None:
         return resolve_rank(origin, self.single_node, self.rank_map)
@@ -174,6 +177,19 @@ def build_job(
                     time=None,
                     text=stream.last_progress_text[-300:],
                 )
+    cut_tracebacks = [
+        Evidence(
+            source=scan.info.path,
+            line=stream.open_traceback_at,
+            rank=resolve_rank(stream.origin, single_node, rank_map),
+            host=stream.origin.host,
+            time=None,
+            text=stream.open_traceback_text,
+        )
+        for scan in scans
+        for stream in scan.streams.values()
+        if stream.open_traceback_line
+    ]
     info = JobInfo(
         world_size=world,
         ranks_seen=sorted(ranks),
@@ -204,4 +220,5 @@ def build_job(
         rank_map=rank_map,
         completed_at=completed_at,
         completed_ranks=completed_ranks,
+        cut_tracebacks=cut_tracebacks,
     )

@@ -131,12 +131,16 @@ def merge(acc: SourceScan, part: SourceScan) -> SourceScan:
         s.last_line += shift if s.last_line else 0
         s.last_init_line += shift if s.last_init_line else 0
         s.last_progress_line += shift if s.last_progress_line else 0
+        s.open_traceback_line += shift if s.open_traceback_line else 0
+        s.open_traceback_at += shift if s.open_traceback_at else 0
         a = acc.streams.get(key)
         if a is None:
             acc.streams[key] = s
             continue
         a.lines_seen += s.lines_seen
         a.last_line, a.last_text = s.last_line, s.last_text
+        a.open_traceback_line, a.open_traceback_at = s.open_traceback_line, s.open_traceback_at
+        a.open_traceback_text = s.open_traceback_text
         a.progress_lines += s.progress_lines
         a.last_init_line = s.last_init_line or a.last_init_line
         a.last_progress_line = s.last_progress_line or a.last_progress_line

@@ -85,6 +85,13 @@ class StreamSummary:
     """The n of that counter: where the writer was when its output ends."""
     last_progress_text: str = ""
     """The writer's last progress line (for the report's timeline)."""
+    open_traceback_line: int = 0
+    """Where the writer's last traceback began, while no exception line has closed it yet (0:
+    none open). Open at the end of its output: the output was cut inside a traceback."""
+    open_traceback_text: str = ""
+    """That traceback's last whole frame line ('File "...", line N, in f'), else its header."""
+    open_traceback_at: int = 0
+    """The line of open_traceback_text."""
 
 
 # Training progress (steps, epochs, loss) and distributed start-up, as seen in head and tail.
@@ -99,6 +106,11 @@ PROGRESS_LINE = re.compile(
 PROGRESS_COUNTER = re.compile(
     r"(?i)(?=[sib])\b(?:step|iter(?:ation)?|batch|it)\b\D{0,3}?(?P<n>\d+)\s*/\s*(?P<total>\d+)"
 )
+TRACEBACK_HEADER = "Traceback (most recent call last):"
+TRACEBACK_BODY = re.compile(r"\s|\^|~")
+"""A traceback's frames and source lines are indented (3.11's markers too); the exception line
+that ends it is not."""
+WHOLE_FRAME = re.compile(r'\s{1,8}File "[^"]{1,4096}", line \d')
 INIT_LINE = re.compile(
     # torch.distributed's own loggers, except the launcher's process handling (stops, exits)
     r"Initializing distributed|init_process_group|torch\.dis(?!tributed\.elastic\.multiproc)"
@@ -306,6 +318,8 @@ class Scanner:
             head_lines = sum(s.lines_seen for s in result.streams.values())
             first_tail_line = line_base - last_chunk.count(b"\n", tail_start)
             if first_tail_line >= head_lines:
+                for summary in result.streams.values():  # the unread middle may have ended it
+                    summary.open_traceback_line = summary.open_traceback_at = 0
                 self._sample(
                     result,
                     last_chunk[tail_start:],
@@ -467,6 +481,7 @@ class Scanner:
                 progress.setdefault(key, []).append(message)
             if INIT_LINE.search(message):
                 summary.last_init_line = line_no
+            _follow_traceback(summary, message, line_no)
         for key, messages in progress.items():  # the last counter counts: search from the end
             for message in reversed(messages):
                 counter = PROGRESS_COUNTER.search(message)
@@ -474,6 +489,19 @@ class Scanner:
                     streams[key].progress_total = count_number(counter.group("total"))
                     streams[key].progress_done = count_number(counter.group("n"))
                     break
+
+
+def _follow_traceback(summary: StreamSummary, message: str, line_no: int) -> None:
+    """Track whether the writer is inside a traceback no exception line has ended yet."""
+    if message.startswith(TRACEBACK_HEADER):
+        summary.open_traceback_line = summary.open_traceback_at = line_no
+        summary.open_traceback_text = TRACEBACK_HEADER
+    elif summary.open_traceback_line:
+        if not TRACEBACK_BODY.match(message):
+            summary.open_traceback_line = summary.open_traceback_at = 0
+            summary.open_traceback_text = ""
+        elif WHOLE_FRAME.match(message):
+            summary.open_traceback_at, summary.open_traceback_text = line_no, message.strip()[:300]
 
 
 def _count(kept: dict[int, int], pid: int, cap: int, capped: set[int]) -> None:

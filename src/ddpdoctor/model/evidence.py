@@ -168,6 +168,8 @@ class JobEvidence:
     started_training: bool = False
     stalled_at_startup: bool = False
     """The output stops right after distributed start-up: no step, no error, no exit."""
+    cut_tracebacks: list[Evidence] = field(default_factory=list)
+    """Writers whose output ends inside a traceback whose exception line is not in the logs."""
     stopped_by_run: bool = False
     """`ddpdoctor run` ended the job: its kill after a hang, or a stop signal it forwarded."""
     flight: FlightAnalysis | None = None

@@ -9,6 +9,7 @@ from ddpdoctor.rules import collectives, cuda, data, ddp, generic, inferred, lau
 from ddpdoctor.rules.base import Rule, RuleDefinitionError
 from ddpdoctor.rules.hypotheses import (
     collective_mismatch,
+    cut_traceback,
     lagging_rank,
     log_ends,
     missing_ranks,
@@ -32,6 +33,7 @@ HYPOTHESES: tuple[Hypothesis, ...] = (
     Hypothesis(lagging_rank.RULE, lagging_rank.assess, precedence=5),
     Hypothesis(missing_ranks.RULE, missing_ranks.assess, precedence=5),
     Hypothesis(worker_exit.RULE, worker_exit.assess, precedence=6),
+    Hypothesis(cut_traceback.RULE, cut_traceback.assess, precedence=6),
     Hypothesis(startup_hang.RULE, startup_hang.assess, precedence=7),
     Hypothesis(log_ends.RULE, log_ends.assess, precedence=8),
 )

@@ -1,0 +1,86 @@
+"""A writer whose output ends inside a traceback (header and frames, no exception line): the
+scan's head and tail samples follow each writer's tracebacks (scanner._follow_traceback). Real
+consoles only: whole ones must never read as cut, and the same consoles cut mid-traceback must."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ddpdoctor.analysis.scanner import Scanner, SourceScan
+from ddpdoctor.ingest.prefixes import parse_line
+from ddpdoctor.ingest.sources import Input
+from ddpdoctor.rules.registry import all_rules
+from ddpdoctor.scenarios import catalog, runner
+from tests.conftest import REPO
+
+SCANNER = Scanner([r for r in all_rules() if r.signatures])
+REAL = REPO / "tests" / "fixtures" / "real"
+
+
+def _scan(path: Path, sample_bytes: int | None = None) -> SourceScan:
+    item = Input(str(path), str(path))
+    return SCANNER.scan(item) if sample_bytes is None else SCANNER.scan(item, sample_bytes)
+
+
+def _open(scan: SourceScan) -> dict[str, tuple[int, str]]:
+    return {
+        key: (s.open_traceback_at, s.open_traceback_text)
+        for key, s in scan.streams.items()
+        if s.open_traceback_line
+    }
+
+
+def _consoles() -> list[Path]:
+    scenarios = [Path(p) for s in catalog.SCENARIOS for p in runner.log_paths(s.captured_dir)]
+    fixtures = sorted(p for p in REAL.rglob("*.log") if p.is_file())
+    return [p for p in scenarios + fixtures if any(map(_is_header, _text(p).splitlines()))]
+
+
+def _is_header(line: str) -> bool:
+    """A traceback's first line after the writer's prefix (not one quoted in a summary)."""
+    return parse_line(line, with_time=False).text.startswith("Traceback (most recent call last)")
+
+
+def _text(path: Path) -> str:
+    return path.read_text(encoding="utf-8", errors="replace")
+
+
+CONSOLES = _consoles()
+
+
+def test_there_are_real_tracebacks_to_read() -> None:
+    assert len(CONSOLES) >= 40  # chained ones among them (disk-full-checkpoint, worker-oom)
+
+
+@pytest.mark.parametrize("console", CONSOLES, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_a_whole_console_has_no_cut_traceback(console: Path) -> None:
+    assert _open(_scan(console)) == {}
+
+
+@pytest.mark.parametrize("console", CONSOLES, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_cut_after_a_frame_the_writer_is_inside_a_traceback(console: Path, tmp_path: Path) -> None:
+    """Cut each console right after the first frame of its last traceback: that writer's
+    output ends inside it, and the frame quoted is the one before the cut."""
+    lines = _text(console).splitlines(keepends=True)
+    header = max(i for i, ln in enumerate(lines) if _is_header(ln))
+    frame = next(i for i in range(header, len(lines)) if 'File "' in lines[i])
+    cut = tmp_path / "cut.log"
+    cut.write_text("".join(lines[: frame + 1]), encoding="utf-8")
+    found = _open(_scan(cut))
+    assert len(found) == 1, found
+    ((at, text),) = found.values()
+    assert at == frame + 1 and text.startswith('File "')
+
+
+def test_a_traceback_cut_in_the_unread_middle_of_a_big_log_is_not_guessed(tmp_path: Path) -> None:
+    """Head and tail are sampled; a traceback open at the end of the head may have ended in
+    the middle nobody parsed: it is not reported."""
+    console = REAL / "style-worker-oom" / "console.log"
+    lines = _text(console).splitlines(keepends=True)
+    header = next(i for i, ln in enumerate(lines) if _is_header(ln))
+    head = "".join(lines[: header + 3])
+    log = tmp_path / "big.log"
+    log.write_text(head + "filler line\n" * 20_000 + "last words\n", encoding="utf-8")
+    assert _open(_scan(log, sample_bytes=len(head.encode()) + 10)) == {}
