@@ -122,7 +122,9 @@ GPU_HARDWARE = Rule(
         Signature(r"GPU has fallen off the bus"),
         Signature(r"PCIe Bus Error: severity=(?P<severity>\w+)", "PCIe Bus Error"),
         Signature(r"unrecoverable.{0,20}(?:ECC|NVLink)", "unrecoverable"),
-        Signature(r"CUDA error: GPU is lost"),
+        # NVML_ERROR_GPU_IS_LOST, as nvidia-smi and NVML users print it ("Unable to determine
+        # the device handle for GPU ...: GPU is lost. Reboot the system to recover this GPU")
+        Signature(r"\bGPU is lost\b", "GPU is lost"),
         # cudaErrorNvlinkUncorrectable (libcudart cudaGetErrorString)
         Signature(r"uncorrectable NVLink error detected"),
     ),
@@ -141,6 +143,8 @@ GPU_HARDWARE = Rule(
     positive=(
         "RuntimeError: CUDA error: uncorrectable ECC error encountered",
         "pcieport 0000:00:03.1: PCIe Bus Error: severity=Uncorrected (Non-Fatal), type=Transaction Layer",
+        "Unable to determine the device handle for GPU 0000:41:00.0: GPU is lost. Reboot the "
+        "system to recover this GPU",
     ),
     negative=("CUDA error: device-side assert triggered",),
 )
