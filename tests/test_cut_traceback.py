@@ -84,3 +84,18 @@ def test_a_traceback_cut_in_the_unread_middle_of_a_big_log_is_not_guessed(tmp_pa
     log = tmp_path / "big.log"
     log.write_text(head + "filler line\n" * 20_000 + "last words\n", encoding="utf-8")
     assert _open(_scan(log, sample_bytes=len(head.encode()) + 10)) == {}
+
+
+def test_a_cpp_backtrace_cut_before_its_end_is_native(tmp_path: Path) -> None:
+    """c10::Error's frames ('Exception raised from f at file:line', 'frame #N:'), cut in the
+    middle as a paste is: a native trace, quoted by its first line."""
+    lines = _text(REAL / "rendezvous-no-master" / "console.log").splitlines(keepends=True)
+    start = next(i for i, ln in enumerate(lines) if ln.startswith("Exception raised from"))
+    cut = tmp_path / "cut.log"
+    cut.write_text("".join(lines[: start + 6]), encoding="utf-8")
+    scan = _scan(cut)
+    ((at, text),) = _open(scan).values()
+    assert at == start + 1 and text.startswith("Exception raised from throwTimeoutError")
+    assert all(s.open_trace_native for s in scan.streams.values() if s.open_traceback_line)
+    # the line after the frames ends the trace: the same console whole has none open
+    assert _open(_scan(REAL / "rendezvous-no-master" / "console.log")) == {}

@@ -85,6 +85,8 @@ POSITIVE = {
         (lambda t: case("235"), []),
         (lambda t: case("259"), []),
     ],
+    # c10::Error frames that end the paste: the heartbeat monitor's, the NCCL watchdog's
+    "INF216": [(lambda t: case("136"), None), (lambda t: case("153"), [])],
     "INF209": [
         (lambda t: scenario("uneven-inputs"), [1]),
         (lambda t: real("abort-after-timeout"), [1]),
@@ -109,6 +111,8 @@ NEAR_MISS = {
         lambda t: cut_before("data-error", "[rank0]: RuntimeError", t),
         lambda t: real("healthy-plain"),
     ],
+    # rank 1's watchdog timeout, then frames no rank owns: the timeout's own trace
+    "INF216": [lambda t: case("403"), lambda t: real("rendezvous-no-master")],
 }
 
 

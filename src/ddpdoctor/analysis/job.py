@@ -9,6 +9,7 @@ from ddpdoctor.analysis.facts import parse_summary_entry, signal_name
 from ddpdoctor.analysis.scanner import FactHit, SourceScan, StreamSummary
 from ddpdoctor.ingest.bounds import count_number, exit_code_number, rank_number
 from ddpdoctor.ingest.run_events import RunEvents, RunHang
+from ddpdoctor.model.evidence import CutTrace
 from ddpdoctor.model.findings import Evidence, JobInfo, RankExit
 from ddpdoctor.model.records import Origin
 
@@ -34,7 +35,7 @@ class JobView:
     completed_ranks: set[int] = field(default_factory=set)
     """Ranks whose own lines announced the end of training."""
     rank_map: dict[tuple[str, int], int] = field(default_factory=dict)
-    cut_tracebacks: list[Evidence] = field(default_factory=list)
+    cut_tracebacks: list[CutTrace] = field(default_factory=list)
     """Writers whose output ends inside a traceback (its exception line is not there): the
     last frame seen, else the header, with the writer's rank when known."""
 
@@ -178,13 +179,16 @@ def build_job(
                     text=stream.last_progress_text[-300:],
                 )
     cut_tracebacks = [
-        Evidence(
-            source=scan.info.path,
-            line=stream.open_traceback_at,
-            rank=resolve_rank(stream.origin, single_node, rank_map),
-            host=stream.origin.host,
-            time=None,
-            text=stream.open_traceback_text,
+        CutTrace(
+            Evidence(
+                source=scan.info.path,
+                line=stream.open_traceback_at,
+                rank=resolve_rank(stream.origin, single_node, rank_map),
+                host=stream.origin.host,
+                time=None,
+                text=stream.open_traceback_text,
+            ),
+            native=stream.open_trace_native,
         )
         for scan in scans
         for stream in scan.streams.values()

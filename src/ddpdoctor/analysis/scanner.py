@@ -89,9 +89,13 @@ class StreamSummary:
     """Where the writer's last traceback began, while no exception line has closed it yet (0:
     none open). Open at the end of its output: the output was cut inside a traceback."""
     open_traceback_text: str = ""
-    """That traceback's last whole frame line ('File "...", line N, in f'), else its header."""
+    """That traceback's last whole frame line ('File "...", line N, in f'), else its first line
+    (for a C++ backtrace, its 'Exception raised from' line or first frame)."""
     open_traceback_at: int = 0
     """The line of open_traceback_text."""
+    open_trace_native: bool = False
+    """The open trace is a C++ backtrace (c10::Error's frames), not a Python traceback: the
+    process died in native code, or printed an error whose message came before it."""
 
 
 # Training progress (steps, epochs, loss) and distributed start-up, as seen in head and tail.
@@ -107,10 +111,15 @@ PROGRESS_COUNTER = re.compile(
     r"(?i)(?=[sib])\b(?:step|iter(?:ation)?|batch|it)\b\D{0,3}?(?P<n>\d+)\s*/\s*(?P<total>\d+)"
 )
 TRACEBACK_HEADER = "Traceback (most recent call last):"
+NATIVE_HEADER = "Exception raised from "
+"""c10::Error's backtrace: 'Exception raised from f at file:line (most recent call first):'."""
 TRACEBACK_BODY = re.compile(r"\s|\^|~")
 """A traceback's frames and source lines are indented (3.11's markers too); the exception line
 that ends it is not."""
 WHOLE_FRAME = re.compile(r'\s{1,8}File "[^"]{1,4096}", line \d')
+NATIVE_FRAME = re.compile(r"frame #\d{1,4}: ")
+NATIVE_WRAPPED = re.compile(r"[^\n]{0,4096}?\(0x[0-9a-fA-F]{1,16} in ")
+"""The rest of a native frame that a terminal or a paste wrapped: '... (0x7fa1 in lib.so)'."""
 INIT_LINE = re.compile(
     # torch.distributed's own loggers, except the launcher's process handling (stops, exits)
     r"Initializing distributed|init_process_group|torch\.dis(?!tributed\.elastic\.multiproc)"
@@ -492,16 +501,33 @@ class Scanner:
 
 
 def _follow_traceback(summary: StreamSummary, message: str, line_no: int) -> None:
-    """Track whether the writer is inside a traceback no exception line has ended yet."""
-    if message.startswith(TRACEBACK_HEADER):
-        summary.open_traceback_line = summary.open_traceback_at = line_no
-        summary.open_traceback_text = TRACEBACK_HEADER
+    """Track whether the writer is inside a stack trace that no line after it has ended: a
+    Python traceback (its exception line ends it) or a C++ backtrace of frames (any other line
+    ends it). A frame opens one too: pastes often start below the header."""
+    if message.startswith(TRACEBACK_HEADER) or (
+        WHOLE_FRAME.match(message) and not summary.open_traceback_line
+    ):
+        _open_trace(summary, line_no, message, native=False)
+    elif message.startswith(NATIVE_HEADER) or (
+        NATIVE_FRAME.match(message) and not summary.open_traceback_line
+    ):
+        _open_trace(summary, line_no, message, native=True)
     elif summary.open_traceback_line:
-        if not TRACEBACK_BODY.match(message):
+        if summary.open_trace_native:
+            inside = NATIVE_FRAME.match(message) or NATIVE_WRAPPED.match(message)
+        else:
+            inside = TRACEBACK_BODY.match(message)
+        if not inside:
             summary.open_traceback_line = summary.open_traceback_at = 0
             summary.open_traceback_text = ""
-        elif WHOLE_FRAME.match(message):
+        elif not summary.open_trace_native and WHOLE_FRAME.match(message):
             summary.open_traceback_at, summary.open_traceback_text = line_no, message.strip()[:300]
+
+
+def _open_trace(summary: StreamSummary, line_no: int, message: str, native: bool) -> None:
+    summary.open_traceback_line = summary.open_traceback_at = line_no
+    summary.open_traceback_text = message.strip()[:300]
+    summary.open_trace_native = native
 
 
 def _count(kept: dict[int, int], pid: int, cap: int, capped: set[int]) -> None:

@@ -125,6 +125,16 @@ class RankView:
 
 
 @dataclass(slots=True)
+class CutTrace:
+    """A writer whose output ends inside a stack trace that nothing after it ended."""
+
+    where: Evidence
+    """Its last whole Python frame (else its first line), with the writer's rank if known."""
+    native: bool = False
+    """A C++ backtrace (c10::Error's frames) rather than a Python traceback."""
+
+
+@dataclass(slots=True)
 class Stall:
     """`ddpdoctor run` caught the job making no progress and took every rank's stack."""
 
@@ -168,8 +178,8 @@ class JobEvidence:
     started_training: bool = False
     stalled_at_startup: bool = False
     """The output stops right after distributed start-up: no step, no error, no exit."""
-    cut_tracebacks: list[Evidence] = field(default_factory=list)
-    """Writers whose output ends inside a traceback whose exception line is not in the logs."""
+    cut_tracebacks: list[CutTrace] = field(default_factory=list)
+    """Writers whose output ends inside a stack trace whose error line is not in the logs."""
     stopped_by_run: bool = False
     """`ddpdoctor run` ended the job: its kill after a hang, or a stop signal it forwarded."""
     flight: FlightAnalysis | None = None

@@ -39,7 +39,7 @@ HYPOTHESES: tuple[Hypothesis, ...] = (
 )
 """Inferred causes, each scored from the job's evidence by the same engine (analysis/decide)."""
 
-HYPOTHESIS_ONLY_RULES = (stalled_rank.HANG,)
+HYPOTHESIS_ONLY_RULES = (stalled_rank.HANG, cut_traceback.NATIVE)
 """Rules a hypothesis may conclude with besides its own (documented like every rule)."""
 
 INTENDED_ENDS: dict[str, Rule] = {

@@ -1,14 +1,20 @@
-"""INF215: a writer's output ends inside a Python traceback: the header and maybe some frames
-are there, the exception line that ends every traceback is not. The process raised an exception
-(a traceback is only printed for one), and the log was cut before saying which: a paste that
-stops early, a file truncated by a full disk or a killed `tee`, a process killed mid-print."""
+"""INF215 / INF216: a writer's output ends inside a stack trace that nothing after it ended.
+A Python traceback without the exception line that ends every traceback (INF215), or a C++
+backtrace of c10::Error frames (INF216). The process raised an error (a trace is only printed for
+one) and the log was cut before, or while, saying which: a paste that stops early, a file
+truncated by a full disk or a killed `tee`, a process that died mid-print."""
 
 from __future__ import annotations
 
-from ddpdoctor.model.evidence import JobEvidence
+from ddpdoctor.model.evidence import CutTrace, JobEvidence
 from ddpdoctor.model.taxonomy import Category
 from ddpdoctor.rules.base import Explanation, Rule
 from ddpdoctor.rules.hypotheses.base import Assessment, ranks_text
+
+COLLECT = (
+    "Collect the complete output of that rank (torchrun --tee 3 or --log-dir DIR keeps each "
+    "worker's stderr) and run the diagnosis on it: the error line decides the cause."
+)
 
 RULE = Rule(
     code="INF215",
@@ -17,8 +23,8 @@ RULE = Rule(
     signatures=(),
     category=Category.UNKNOWN,
     explanation=Explanation(
-        what="A writer's last lines are a traceback ('Traceback (most recent call last):' and "
-        "its frames) with no exception line after it.",
+        what="A writer's last lines are a Python traceback ('Traceback (most recent call "
+        "last):' and its frames, or frames alone) with no exception line after it.",
         why="Python prints a traceback when an exception ends a thread or process (or the code "
         "logs one); its last line names the exception. Without that line the cause is unknown, "
         "only where it happened: the last frame shown.",
@@ -27,40 +33,70 @@ RULE = Rule(
         false_positives="A log copied while the traceback was being written, by a job that "
         "then went on (rare: a traceback is printed at once).",
     ),
-    fix=(
-        "Collect the complete output of that rank (torchrun --tee 3 or --log-dir DIR keeps "
-        "each worker's stderr) and run the diagnosis on it: the exception line decides the cause.",
-        "Until then, the last frame shown is where it failed: read that code first.",
+    fix=(COLLECT, "Until then, the last frame shown is where it failed: read that code first."),
+)
+
+NATIVE = Rule(
+    code="INF216",
+    kind="native-crash",
+    title="The output ends inside a C++ backtrace (c10::Error frames)",
+    signatures=(),
+    category=Category.UNKNOWN,
+    explanation=Explanation(
+        what="A writer's last lines are the frames of a C++ backtrace ('Exception raised from "
+        "f at file:line (most recent call first):', 'frame #N: ...') and nothing follows.",
+        why="torch's C++ code threw an error. Raised in a thread of its own (the NCCL watchdog, "
+        "the heartbeat monitor) it ends the process with SIGABRT; raised under Python it "
+        "becomes a RuntimeError whose message comes before the frames. The function it was "
+        "raised from says where: a watchdog means a collective timed out or failed.",
+        fix="Read the lines before the frames (the error's message) on that rank, or collect "
+        "its complete output.",
+        false_positives="A log cut right after an error whose message this diagnosis did not "
+        "recognise: the message is then above the frames.",
     ),
+    fix=(COLLECT, "Read the function named in 'Exception raised from': it says which part threw."),
 )
 
 
 def assess(job: JobEvidence) -> Assessment | None:
-    waiting = job.waiting  # a rank's own timeout traceback, cut, is an echo, not a cause
-    cut = [e for e in job.cut_tracebacks if e.rank is None or e.rank not in waiting]
+    # a rank whose own errors are echoes (a timeout, a closed connection, a stop) printed that
+    # trace for them: it is not a cause; nor is a trace no rank owns in a job that has echoes
+    echoing = {r for r, v in job.ranks.items() if v.echoes}
+    cut = [
+        c
+        for c in job.cut_tracebacks
+        if (c.where.rank is None and not job.echoes)
+        or (c.where.rank is not None and c.where.rank not in echoing)
+    ]
     if not cut:
         return None
-    ranks = sorted({e.rank for e in cut if e.rank is not None})
+    native = all(c.native for c in cut)
+    ranks = sorted({c.where.rank for c in cut if c.where.rank is not None})
     failing = [r for r in ranks if r in job.failing_exits]
-    where = [e.text for e in cut if e.text.startswith('File "')]
+    who = f"the output of {ranks_text(ranks)}" if ranks else "the output"
     support = [
-        (f"the output of {ranks_text(ranks)}" if ranks else "the output")
-        + " ends inside a Python traceback: an exception was raised, and the line naming it "
-        "is not in the logs."
+        f"{who} ends inside a C++ backtrace: torch's native code threw an error, and nothing "
+        "after it says what became of the process."
+        if native
+        else f"{who} ends inside a Python traceback: an exception was raised, and the line "
+        "naming it is not in the logs."
     ]
-    if where:
-        support.append(f"The last frame shown: {where[0]}")
+    support += [f"The trace shows: {t}" for t in _where(cut)[:1]]
     if failing:
         codes = ", ".join(f"rank {r}: {job.failing_exits[r]}" for r in failing)
         support.append(f"The launcher reports it exiting with an error ({codes}).")
     return Assessment(
-        RULE,
+        NATIVE if native else RULE,
         0.55 if failing else 0.45,
         failing or ranks,
         support,
-        evidence=cut[:4],
-        next_steps=["Collect the rest of that output: its last line names the exception."],
+        evidence=[c.where for c in cut[:4]],
+        next_steps=["Collect the rest of that output: the error line names the cause."],
         category=str(Category.UNKNOWN),
         # a writer known by its rank can be the one the others lost; an unnamed one cannot
         explains_echoes=bool(ranks),
     )
+
+
+def _where(cut: list[CutTrace]) -> list[str]:
+    return [c.where.text for c in cut if c.where.text]
