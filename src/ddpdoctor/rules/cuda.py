@@ -173,6 +173,13 @@ CUDA_LIBRARY_MISMATCH = Rule(
             r"object file",
             ": cannot open shared object file",
         ),
+        Signature(
+            # torch 1.13 merged libtorch_cuda_cu/_cpp back into libtorch_cuda: an extension
+            # compiled against an older torch asks for a library this torch does not have
+            r"lib(?:torch_cuda_cu|torch_cuda_cpp|c10_cuda|torch_cuda)\.so: cannot open shared "
+            r"object file",
+            ": cannot open shared object file",
+        ),
         Signature(r"undefined symbol: (?:nccl|cudnn|cublas)\w*", "undefined symbol: "),
         # cudaGetErrorString (libcudart): cudaErrorNoDevice, cudaErrorSystemDriverMismatch,
         # cudaErrorCompatNotSupportedOnDevice
@@ -212,13 +219,22 @@ CUDA_LIBRARY_MISMATCH = Rule(
         "torch.backends.cudnn.version(), torch.cuda.get_arch_list())'` against `nvidia-smi`.",
         "Install a PyTorch wheel whose CUDA version the driver supports and whose arch list "
         "includes the GPU (e.g. sm_80 for A100); clear LD_LIBRARY_PATH of other CUDA/cuDNN copies.",
+        "A compiled extension (apex, mmcv, pytorch3d, torch-scatter...) that asks for a torch "
+        "library this torch lacks (libtorch_cuda_cu.so) or an undefined symbol was built for "
+        "another torch: rebuild it against the installed one (pip install --no-build-isolation "
+        "--no-cache-dir ...), or install the wheel built for this torch and CUDA.",
     ),
     positive=(
         "NVIDIA A100-PCIE-40GB with CUDA capability sm_80 is not compatible with the current "
         "PyTorch installation.",
         "RuntimeError('CUDA error: no kernel image is available for execution on the device')",
+        "ImportError: libtorch_cuda_cu.so: cannot open shared object file: No such file or "
+        "directory",
     ),
-    negative=("NCCL INFO cudaDriverVersion 12020",),
+    negative=(
+        "NCCL INFO cudaDriverVersion 12020",
+        "OSError: libmydata.so: cannot open shared object file: No such file or directory",
+    ),
 )
 
 DEVICE_ASSIGNMENT = Rule(

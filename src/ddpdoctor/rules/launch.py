@@ -285,7 +285,11 @@ LAUNCHER_ENV_MISSING = Rule(
             "expected, but not set",
         ),
         Signature(
-            r"KeyError: '(?P<var>RANK|LOCAL_RANK|WORLD_SIZE|MASTER_ADDR|MASTER_PORT)'",
+            # torchrun's own, and what mpirun, srun and MPI's process managers set instead
+            r"KeyError: '(?P<var>(?:LOCAL_|GROUP_|NODE_)?RANK|(?:LOCAL_)?WORLD_SIZE|MASTER_ADDR"
+            r"|MASTER_PORT|OMPI_COMM_WORLD_(?:LOCAL_)?(?:RANK|SIZE)|SLURM_(?:PROCID|LOCALID"
+            r"|NTASKS|NODEID|NNODES|JOB_NODELIST|STEP_NODELIST)|PMIX?_(?:RANK|SIZE)"
+            r"|MV2_COMM_WORLD_(?:LOCAL_)?(?:RANK|SIZE))'",
             "KeyError: '",
         ),
         Signature(
@@ -306,13 +310,18 @@ LAUNCHER_ENV_MISSING = Rule(
         "MASTER_ADDR, MASTER_PORT).",
         "Under Slurm without torchrun: export RANK=$SLURM_PROCID LOCAL_RANK=$SLURM_LOCALID "
         "WORLD_SIZE=$SLURM_NTASKS and MASTER_ADDR/MASTER_PORT.",
+        "A script that reads another launcher's variables (OMPI_COMM_WORLD_RANK: mpirun; "
+        "SLURM_PROCID: srun) needs that launcher, or a change to read RANK/LOCAL_RANK/"
+        "WORLD_SIZE, which torchrun sets.",
     ),
     positive=(
         "ValueError: Error initializing torch.distributed using env:// rendezvous: environment "
         "variable RANK expected, but not set",
         "KeyError: 'LOCAL_RANK'",
+        "KeyError: 'OMPI_COMM_WORLD_RANK'",
+        "KeyError: 'SLURM_PROCID'",
     ),
-    negative=("KeyError: 'model_state'",),
+    negative=("KeyError: 'model_state'", "KeyError: 'SLURM_CONF_RANKS'"),
 )
 
 ENTRYPOINT_NOT_FOUND = Rule(
