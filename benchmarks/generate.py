@@ -1,6 +1,6 @@
 """Synthetic multi-rank logs for the scanning benchmark, with a fixed seed, plus a few hundred real
-error lines copied at generation time from ../shared/corpus/*/logs (error texts are never
-invented).
+error lines copied at generation time from ../shared/corpus/*/logs, else corpus/cases/*/logs
+(error texts are never invented).
 
 - `single`, `gz`, `ranks`: the sparse case (about 0.01% of lines need a closer look): torchrun
   rank prefixes, glog and NCCL INFO noise, tqdm bars and step lines.
@@ -30,6 +30,8 @@ from typing import BinaryIO
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT.parent / "shared" / "corpus"
+REPO_CORPUS = ROOT / "corpus" / "cases"
+"""The repository's own labelled cases: where ../shared/corpus is absent (a clone elsewhere)."""
 GIB = 1024**3
 POOL_BLOCK_BYTES = 256 * 1024
 POOL_BLOCKS = 48
@@ -42,7 +44,8 @@ ERROR_LINE = re.compile(
 def corpus_error_lines(limit: int = 400) -> list[str]:
     """Real error lines (and traceback frames around them) from the labelled corpus."""
     lines: list[str] = []
-    for log in sorted(CORPUS.glob("*/logs/*")):
+    logs = sorted(CORPUS.glob("*/logs/*")) or sorted(REPO_CORPUS.glob("*/logs/*"))
+    for log in logs:
         if not log.is_file():
             continue
         text = log.read_text(encoding="utf-8", errors="replace")
@@ -51,7 +54,7 @@ def corpus_error_lines(limit: int = 400) -> list[str]:
             if line and ERROR_LINE.search(line) and len(line) < 4000:
                 lines.append(line)
     if not lines:
-        raise SystemExit(f"no corpus logs under {CORPUS}: cannot copy real error lines")
+        raise SystemExit(f"no corpus logs under {CORPUS} or {REPO_CORPUS}: no real error lines")
     out: list[str] = []
     while len(out) < limit:
         out.extend(lines)

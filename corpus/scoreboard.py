@@ -89,6 +89,8 @@ class Score:
     fix_graded: bool
     fix_ok: bool
     false_infra: bool
+    status_graded: bool = False
+    """The label says how the job ended (../shared/corpus labels do not)."""
     status_ok: bool = False
     false_ok: bool = False
     """The label says the job failed, hung or crawled; the verdict says OK."""
@@ -124,8 +126,9 @@ def score(case: Case) -> Score:
         fix_graded=bool(keywords),
         fix_ok=any(k in said for k in keywords),
         false_infra=v.category == "infrastructure" and label.get("category") != "infrastructure",
+        status_graded="status" in label,
         status_ok=v.status == label.get("status"),
-        false_ok=v.status == "ok" and label.get("status") != "ok",
+        false_ok="status" in label and v.status == "ok" and label.get("status") != "ok",
         ranks=list(v.culprit.ranks),
         want_ranks=want_ranks if graded else None,  # type: ignore[arg-type]
     )
@@ -144,6 +147,7 @@ def totals(scores: list[Score]) -> dict[str, object]:
         "fix_graded": len(fixes),
         "fix": sum(s.fix_ok for s in fixes),
         "false_infra": sum(s.false_infra for s in scores),
+        "status_graded": sum(s.status_graded for s in scores),
         "status": sum(s.status_ok for s in scores),
         "false_ok": sum(s.false_ok for s in scores),
     }
@@ -166,7 +170,7 @@ def render(scores: list[Score], show_misses: bool) -> str:
             f"culprit {_pct(t['culprit'], t['culprit_graded'])}  "
             f"culprit+kind {_pct(t['culprit_with_kind'], t['culprit_graded'])}  "
             f"fix {_pct(t['fix'], t['fix_graded'])}  false-infra {t['false_infra']}  "
-            f"status {_pct(t['status'], t['cases'])}  false-OK {t['false_ok']}"
+            f"status {_pct(t['status'], t['status_graded'])}  false-OK {t['false_ok']}"
         )
         by_kind: dict[str, list[Score]] = {}
         for s in part:
@@ -206,7 +210,7 @@ def markdown(scores: list[Score]) -> str:
             f"{_pct(t['category'], t['cases'])} | {_pct(t['culprit'], t['culprit_graded'])} | "
             f"{_pct(t['culprit_with_kind'], t['culprit_graded'])} | "
             f"{_pct(t['fix'], t['fix_graded'])} | {t['false_infra']} | "
-            f"{_pct(t['status'], t['cases'])} | {t['false_ok']} |"
+            f"{_pct(t['status'], t['status_graded'])} | {t['false_ok']} |"
         )
     kinds = sorted({s.want or "(healthy)" for s in scores})
     out += [

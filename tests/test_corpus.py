@@ -8,15 +8,18 @@ from __future__ import annotations
 import pytest
 from corpus.scoreboard import load_cases, render, score, totals
 
-# Measured on 2026-12-01 after the causality redesign (train split). Raise them when the tool
-# improves; never lower them.
+# Measured on 2026-12-01 (training split of the repository's corpus/cases, which every clone
+# has; ../shared/corpus is floored on its own, where it sits beside the checkout). Raise them
+# when the tool improves; never lower them.
 TRAIN_FLOORS = {
-    "kind": 169,
-    "category": 155,
-    "culprit_with_kind": 17,
-    "fix": 111,
+    "kind": 148,
+    "category": 135,
+    "culprit_with_kind": 11,
+    "fix": 117,
 }
 TRAIN_MAX_FALSE_INFRA = 0
+TRAIN_MAX_FALSE_OK = 12
+"""Failed, hung or slow jobs called OK (the worst answer: the user stops looking)."""
 SHARED_KIND_FLOOR = 28
 """Of the 29 cases in ../shared/corpus (all training)."""
 
@@ -28,14 +31,19 @@ def test_corpus_scoreboard(capsys: pytest.CaptureFixture[str]) -> None:
     scores = [score(c) for c in cases]
     with capsys.disabled():
         print("\n" + render(scores, show_misses=False))
-    train = [s for s in scores if s.split == "train"]
+    in_shared = ["shared" in str(c.path.parent) for c in cases]
+    train = [
+        s for s, shared in zip(scores, in_shared, strict=True) if s.split == "train" and not shared
+    ]
     t = totals(train)
     for metric, floor in TRAIN_FLOORS.items():
         assert int(t[metric]) >= floor, (metric, t[metric], floor)  # type: ignore[call-overload]
     assert t["false_infra"] == TRAIN_MAX_FALSE_INFRA
-    shared = [s for s, c in zip(scores, cases, strict=True) if "shared" in str(c.path.parent)]
+    assert int(t["false_ok"]) <= TRAIN_MAX_FALSE_OK  # type: ignore[call-overload]
+    shared = [s for s, here in zip(scores, in_shared, strict=True) if here]
     if shared:
         assert sum(s.kind_ok for s in shared) >= SHARED_KIND_FLOOR
+        assert not any(s.false_infra for s in shared)
 
 
 def test_every_case_is_well_formed() -> None:
