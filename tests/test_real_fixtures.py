@@ -142,6 +142,24 @@ def test_early_stop_announced_twice_on_one_glued_line() -> None:
     assert report.verdict.category == "intended-exit"
 
 
+def test_a_connection_reset_inside_the_dataloader_is_its_worker_dying() -> None:
+    """Real run under load: rank 1's DataLoader worker was SIGKILLed while handing over a
+    batch; rank 1 raised ConnectionResetError under the DataLoader's frames, rank 0 lost its
+    peer. Rank 1's reset is the worker's death, not a lost peer rank."""
+    report = diagnose_paths([str(HEALTHY / "accelerate-worker-killed-reset")])
+    assert report.verdict.kind == "dataloader-worker-killed", report.verdict.summary
+    assert report.verdict.culprit.ranks == [1]
+
+
+def test_early_stop_of_every_rank_when_the_launcher_terminated_one() -> None:
+    """Real run under load: both ranks announced the stop without a rank prefix, rank 0 exited
+    first and torchrun SIGTERMed rank 1. The two announcements are two ranks' words: they are
+    not both given to rank 0 (the only rank that 'failed'), and the stop is intended."""
+    report = diagnose_paths([str(HEALTHY / "early-stop-one-terminated" / "console.log")])
+    assert report.verdict.kind == "early-stop", report.verdict.summary
+    assert report.verdict.category == "intended-exit"
+
+
 def test_monitored_barrier_names_the_rank_that_kept_the_others_waiting() -> None:
     """Real run: rank 1 prints nothing and is terminated by torchrun; rank 0's monitored barrier
     names it. The culprit is rank 1 (busy), not the rank that reported the timeout."""

@@ -87,6 +87,8 @@ def attribute_by_elimination(events: list[Event], evidence: JobEvidence) -> bool
             event.primary or event.rule.exit_path or event.marker == Marker.STOP
         ):
             continue
+        if event.marker == Marker.STOP and _announcements(event) > 1:
+            continue  # several ranks said it (the launcher may have killed one on its way out)
         hosts = {h.record.origin.host for h in event.hits if h.record.origin.host}
         on_host = {r for r in present if evidence.ranks[r].host in hosts}
         candidates = (on_host or present) - waiting

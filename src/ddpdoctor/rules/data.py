@@ -300,11 +300,55 @@ DATALOADER_FD_LIMIT = Rule(
     negative=("DataLoader worker (pid 12) is killed by signal: Killed.",),
 )
 
+DATALOADER_CHANNEL_BROKEN = Rule(
+    code="DL103",
+    kind="dataloader-worker-killed",
+    title="A DataLoader worker died while handing over a batch (its channel broke)",
+    sources="torch/multiprocessing/reductions.py rebuild_storage_fd, multiprocessing "
+    "resource_sharer.py and connection.py, torch/utils/data/dataloader.py",
+    specificity=75,
+    signatures=(
+        Signature(
+            r"(?P<exc>ConnectionResetError|ConnectionRefusedError|BrokenPipeError|EOFError)"
+            r"\b",
+            "Error",
+        ),
+    ),
+    # the error was raised while the main process fetched a batch from its workers: fetching a
+    # shared tensor's descriptor from a worker that is gone (resource_sharer), or its queue
+    context_all=(
+        r"resource_sharer|rebuild_storage_fd|torch/utils/data/dataloader\.py"
+        r"|torch/utils/data/_utils/",
+    ),
+    explanation=Explanation(
+        what="The main process lost the connection to a DataLoader worker while receiving a "
+        "batch: ConnectionResetError, ConnectionRefusedError, BrokenPipeError or EOFError "
+        "under the DataLoader's frames.",
+        why="Workers hand each batch's shared-memory tensors over a socket (the "
+        "'file_descriptor' strategy): when a worker dies mid-way (killed by the OOM killer, a "
+        "crash, /dev/shm full) the reader sees the connection reset instead of the usual "
+        "'DataLoader worker (pid N) is killed by signal' line, depending on which comes first.",
+        fix="Find why the worker died: dmesg for the OOM killer, df -h /dev/shm; lower "
+        "num_workers or the memory each worker holds.",
+        false_positives="A dataset that itself opens network connections in its workers "
+        "(a remote store) raises the same errors from its own frames.",
+    ),
+    fix=(
+        "Check the node for the OOM killer (dmesg -T | grep -iE 'killed process|out of "
+        "memory') and /dev/shm (df -h /dev/shm): a worker died while handing over a batch.",
+        "Lower DataLoader(num_workers=...) or what each worker keeps in memory; or "
+        "torch.multiprocessing.set_sharing_strategy('file_system').",
+    ),
+    positive=("ConnectionResetError: [Errno 104] Connection reset by peer",),
+    negative=("ConnectionResetErrorHandler configured",),
+)
+
 RULES = (
     DATA_ERROR,
     DISK_FULL,
     DATALOADER_WORKER_KILLED,
     DATALOADER_FD_LIMIT,
+    DATALOADER_CHANNEL_BROKEN,
     MISSING_MODULE,
     WEIGHTS_ONLY,
 )
