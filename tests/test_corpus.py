@@ -12,13 +12,13 @@ from corpus.scoreboard import load_cases, render, score, totals
 # has; ../shared/corpus is floored on its own, where it sits beside the checkout). Raise them
 # when the tool improves; never lower them.
 TRAIN_FLOORS = {
-    "kind": 148,
+    "kind": 150,
     "category": 135,
     "culprit_with_kind": 11,
     "fix": 117,
 }
 TRAIN_MAX_FALSE_INFRA = 0
-TRAIN_MAX_FALSE_OK = 12
+TRAIN_MAX_FALSE_OK = 10
 """Failed, hung or slow jobs called OK (the worst answer: the user stops looking)."""
 SHARED_KIND_FLOOR = 28
 """Of the 29 cases in ../shared/corpus (all training)."""

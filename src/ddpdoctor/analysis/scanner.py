@@ -503,7 +503,10 @@ class Scanner:
 def _follow_traceback(summary: StreamSummary, message: str, line_no: int) -> None:
     """Track whether the writer is inside a stack trace that no line after it has ended: a
     Python traceback (its exception line ends it) or a C++ backtrace of frames (any other line
-    ends it). A frame opens one too: pastes often start below the header."""
+    ends it). A frame opens one too: pastes often start below the header. A prefix with
+    nothing after it ('[rank0]: ') changes nothing."""
+    if not message or message.isspace():
+        return
     if message.startswith(TRACEBACK_HEADER) or (
         WHOLE_FRAME.match(message) and not summary.open_traceback_line
     ):

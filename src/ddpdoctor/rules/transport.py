@@ -141,6 +141,11 @@ SOCKET_INTERFACE = Rule(
         Signature(r"neither AF_INET"),
         Signature(r"ifa != nullptr"),
         Signature(r"No usable listening interface found"),
+        # NCCL misc/socket.cc: a socket of the chosen interface's address family cannot be
+        # created (no IP interface at all, or IPv6 picked on a host without it)
+        Signature(
+            r"Socket creation failed : Address family not supported", "Socket creation failed"
+        ),
     ),
     explanation=Explanation(
         what="NCCL or gloo could not find the network interface it was told to use.",
@@ -155,13 +160,21 @@ SOCKET_INTERFACE = Rule(
         "Run `ip -br addr` on every node; set NCCL_SOCKET_IFNAME (and GLOO_SOCKET_IFNAME) to an "
         "interface that exists on all of them, e.g. NCCL_SOCKET_IFNAME=eth0,eno1 or a prefix.",
         "Or unset it and let NCCL choose; `ddpdoctor check` tries each interface for you.",
+        "'Address family not supported': the node has no usable IP interface, or NCCL picked "
+        "an IPv6 one the host cannot use: check `ip -br addr`, set NCCL_SOCKET_IFNAME, or "
+        "NCCL_SOCKET_FAMILY=AF_INET.",
     ),
     positive=(
         "RuntimeError: [enforce fail at ../third_party/gloo/gloo/transport/tcp/device.cc:84] "
         "ifa != nullptr. Unable to find address for: eth7",
         "NCCL WARN Bootstrap : no socket interface found",
+        "include/socket.h:344 WARN Socket creation failed : Address family not supported by "
+        "protocol",
     ),
-    negative=("NCCL INFO NET/Socket : Using [0]eth0:10.0.0.5<0>",),
+    negative=(
+        "NCCL INFO NET/Socket : Using [0]eth0:10.0.0.5<0>",
+        "misc/socket.cc:480 NCCL WARN Socket creation failed : Too many open files",
+    ),
 )
 
 NCCL_SYSTEM_ERROR = Rule(
