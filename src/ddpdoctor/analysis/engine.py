@@ -56,6 +56,10 @@ SEPARATE_MAX = 3
 """Up to this many patterns to locate are scanned for one at a time, more with one database."""
 SUBSET_DATABASES = 64
 """Databases of a few patterns kept per process, the least recently used dropped first."""
+SPARSE_MAX = 256
+"""A chunk is first scanned once with every pattern, keeping where each matched, until this
+many matches: a sparse chunk (most of a real log) is then done in one pass, as before the
+presence pass existed; a dense one goes on to the presence pass and the located few."""
 
 _CONTROL = rb"[\x00-\x08\x0b-\x1f\x7f]"
 """Bytes that cleaning removes or reinterprets (NUL, ESC, CR) or that Python's `\\s` and
@@ -277,7 +281,9 @@ class _Matcher:
         hits = _sampled_hits(chunk, self._sampled)
         locate: list[int] = []
         facts: dict[int, DistinctFact] = {}
-        for pid in sorted(self._present(chunk)):
+        every = self._every_if_sparse(chunk)
+        present = {pid for pid, _ in every} if every is not None else self._present(chunk)
+        for pid in sorted(present):
             if pid in seen.capped:
                 continue
             fact = self._distinct.get(pid)
@@ -285,7 +291,11 @@ class _Matcher:
                 locate.append(pid)
                 if fact is not None:
                     facts[pid] = fact
-        located = self._locate(chunk, locate) if locate else []
+        if every is not None:
+            wanted = set(locate)
+            located = [(pid, offset) for pid, offset in every if pid in wanted]
+        else:
+            located = self._locate(chunk, locate) if locate else []
         if facts:
             offsets: dict[int, list[int]] = {pid: [] for pid in facts}
             rest: list[tuple[int, int]] = []
@@ -306,6 +316,11 @@ class _Matcher:
                 hits.extend(fact.by_line(chunk, offsets[pid], keys))
         hits.extend(located)
         return _group_by_line(chunk, hits)
+
+    def _every_if_sparse(self, chunk: bytes) -> list[tuple[int, int]] | None:
+        """(pattern id, offset) of every candidate of every pattern when the chunk has few,
+        else None (the engine then asks which patterns occur, and locates those)."""
+        return None
 
     def _present(self, chunk: bytes) -> set[int]:
         """The non-sampled patterns that may occur in the chunk."""
@@ -393,6 +408,24 @@ class HyperscanMatcher(_Matcher):
             self._messy_of[n + k] = pid
         self._messy_db = _compiled_database(messy, list(self._messy_of))
         self._messy_scratch = _hs.Scratch(self._messy_db)
+
+    def _every_if_sparse(self, chunk: bytes) -> list[tuple[int, int]] | None:
+        if self._db is None:
+            return []
+        hits: list[tuple[int, int]] = []
+        append = hits.append
+
+        def on_match(pid: int, start: int, end: int, flags: int, ctx: object) -> bool:
+            append((pid, end - 1 if end > 0 else 0))
+            return len(hits) >= SPARSE_MAX  # True stops the scan: a dense chunk
+
+        try:
+            self._db.scan(  # type: ignore[attr-defined]
+                chunk, match_event_handler=on_match, scratch=self._scratch
+            )
+        except _hs.ScanTerminated:  # type: ignore[union-attr]
+            return None
+        return hits
 
     def _present(self, chunk: bytes) -> set[int]:
         found: set[int] = set()
