@@ -66,7 +66,26 @@ def test_a_log_that_stops_mid_training_is_unknown(tmp_path: Path) -> None:
 def test_the_whole_healthy_log_is_ok() -> None:
     proc = run_cli("diagnose", str(HEALTHY), "--format", "json")
     assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout)["verdict"]["status"] == "ok"
+    verdict = json.loads(proc.stdout)["verdict"]
+    assert verdict["status"] == "ok"
+    assert verdict["confidence"] == 0.5
+    assert "Nothing in these logs says how the job went on" not in verdict["summary"]
+
+
+def test_no_error_and_no_sign_of_health_is_ok_with_little_confidence(tmp_path: Path) -> None:
+    """The same real run's launcher banner alone (no step, no end, no exit): nothing failed in
+    what was read, and nothing says the job went anywhere: OK, said with low confidence and
+    what to collect."""
+    lines = HEALTHY.read_text().splitlines(keepends=True)
+    log = tmp_path / "console.log"
+    log.write_text("".join(line for line in lines if "run.py" in line))
+    proc = run_cli("diagnose", str(log), "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    verdict = json.loads(proc.stdout)["verdict"]
+    assert verdict["status"] == "ok"
+    assert verdict["confidence"] == 0.3
+    assert "Nothing in these logs says how the job went on" in verdict["summary"]
+    assert any("--tee 3" in step for step in verdict["next_steps"])
 
 
 def test_every_input_unreadable_but_one_empty_says_both(tmp_path: Path) -> None:

@@ -502,7 +502,22 @@ def _quiet(evidence: JobEvidence) -> Decision:
                 "is kept; check dmesg for killed processes.",
             ],
         )
-    return Decision(status=Status.OK, confidence=0.5)
+    if evidence.ended or evidence.started_training:
+        return Decision(status=Status.OK, confidence=0.5)
+    # no error, but no sign of health either: a paste or a log cut before the job went anywhere
+    return Decision(
+        status=Status.OK,
+        confidence=0.3,
+        notes=[
+            "Nothing in these logs says how the job went on: no training progress, no end of "
+            "training, no exit code. If it failed, its error is not in what was read."
+        ],
+        basis=["- no training progress, end of training or exit code in the logs"],
+        next_steps=[
+            "If the job failed, collect every rank's complete output (torchrun --tee 3 or "
+            "--log-dir DIR) and the launcher's, and diagnose them together.",
+        ],
+    )
 
 
 def assess_stall(
