@@ -254,3 +254,37 @@ def test_comm_lines_repeated_all_along_hold_no_object_per_line(tmp_path: Path) -
     )
     out = json.loads(proc.stdout)
     assert out["grew_kib"] < 48 * 1024, out
+
+
+@pytest.mark.skipif(not hyperscan_available(), reason="hyperscan is not installed")
+def test_one_pass_on_sparse_chunks_presence_pass_on_dense_ones(tmp_path: Path) -> None:
+    """A chunk with few matches is located in one pass with every pattern; one with many goes
+    to the presence pass, and so do the later chunks of its source. Either way the lines
+    handed on are the ones the presence pass alone finds."""
+    from ddpdoctor.analysis import engine
+
+    fast, _ = SCANNERS["auto"]
+    matcher = fast.matcher
+    assert isinstance(matcher, engine.HyperscanMatcher)
+    sparse = _dense(tmp_path, 2, 0.001).read_bytes()[: 1 << 20]
+    dense = _dense(tmp_path, 2, 0.2, seed=6).read_bytes()[: 1 << 20]
+    for chunk, dense_after in ((sparse, False), (dense, True)):
+        seen = engine.Seen()
+        got = matcher.candidate_lines(chunk, seen)
+        assert seen.dense is dense_after
+        presence_only = engine.Seen(dense=True)
+        assert got == matcher.candidate_lines(chunk, presence_only)
+    # the source's next chunk, sparse as it is, skips the one pass
+    calls: list[int] = []
+    one_pass = matcher._every_if_sparse
+
+    def counted(chunk: bytes) -> list[tuple[int, int]] | None:
+        calls.append(len(chunk))
+        return one_pass(chunk)
+
+    seen = engine.Seen()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(matcher, "_every_if_sparse", counted)
+        matcher.candidate_lines(dense, seen)
+        matcher.candidate_lines(sparse, seen)
+    assert calls == [len(dense)] and seen.dense
