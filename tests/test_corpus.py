@@ -6,7 +6,7 @@ case to training, in its label)."""
 from __future__ import annotations
 
 import pytest
-from corpus.scoreboard import load_cases, render, score, totals
+from corpus.scoreboard import SHARED, load_cases, render, score, totals
 
 # Measured on 2026-12-01 (training split of the repository's corpus/cases, which every clone
 # has; ../shared/corpus is floored on its own, where it sits beside the checkout). Raise them
@@ -31,7 +31,7 @@ def test_corpus_scoreboard(capsys: pytest.CaptureFixture[str]) -> None:
     scores = [score(c) for c in cases]
     with capsys.disabled():
         print("\n" + render(scores, show_misses=False))
-    in_shared = ["shared" in str(c.path.parent) for c in cases]
+    in_shared = [c.path.parent.resolve() == SHARED.resolve() for c in cases]
     train = [
         s for s, shared in zip(scores, in_shared, strict=True) if s.split == "train" and not shared
     ]
