@@ -397,3 +397,18 @@ def test_a_random_binary_file_is_skipped_as_binary(tmp_path: Path) -> None:
         src = source(report, f"blob{n}.bin")
         assert (src["status"], src["reason"]) == ("skipped", "binary data, not a log")
     assert report["verdict"]["kind"] == "data-error"
+
+
+def test_a_huge_sequence_id_in_a_flight_recorder_dump(tmp_path: Path) -> None:
+    """Found by `make fuzz`: in a real dump of the two-groups capture, the first entry's
+    collective_seq_id became 10**19; the cross-rank walk met an id no rank had recorded
+    (internal error), and walking every id up to 10**19 would never have ended."""
+    folder = tmp_path / "two-groups"
+    shutil.copytree(REAL / "flight-recorder" / "two-groups", folder)
+    dump = folder / "dumps" / "rank0.json"
+    data = json.loads(dump.read_text())
+    data["entries"][0]["collective_seq_id"] = 10**19
+    dump.write_text(json.dumps(data))
+    (folder / "dumps" / "rank0.pkl").unlink()  # the damaged JSON is rank 0's only dump
+    proc, report = diagnose(str(folder), timeout=60)
+    assert report is not None and report["verdict"]["status"] != "ok"

@@ -234,8 +234,10 @@ class _Analyzer:
         seqs = {r: self.ranks[r].by_group.get(pg, {}) for r in have}
         last = {r: max(s) if s else 0 for r, s in seqs.items()}
         starts = [min(s) for s in seqs.values() if s]
-        lo, hi = max(starts, default=1), max(last.values())
-        for seq in range(lo, hi + 1):
+        lo = max(starts, default=1)
+        # the ids some rank recorded, not every number up to the highest: a dump's id can be
+        # anything (10**19 in a damaged one), and an id nobody recorded shows no divergence
+        for seq in sorted({q for s in seqs.values() for q in s if q >= lo}):
             present = {r: s[seq] for r, s in seqs.items() if seq in s}
             absent = [r for r in have if r not in present and last[r] < seq]
             if len({_signature(e) for e in present.values()}) > 1:
