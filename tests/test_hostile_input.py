@@ -410,5 +410,5 @@ def test_a_huge_sequence_id_in_a_flight_recorder_dump(tmp_path: Path) -> None:
     data["entries"][0]["collective_seq_id"] = 10**19
     dump.write_text(json.dumps(data))
     (folder / "dumps" / "rank0.pkl").unlink()  # the damaged JSON is rank 0's only dump
-    proc, report = diagnose(str(folder), timeout=60)
+    _, report = diagnose(str(folder), timeout=60)
     assert report is not None and report["verdict"]["status"] != "ok"
