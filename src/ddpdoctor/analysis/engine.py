@@ -18,6 +18,7 @@ import hashlib
 import os
 import platform
 import re
+from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field
@@ -265,7 +266,7 @@ class DistinctFact:
         return out
 
 
-class _Matcher:
+class _Matcher(ABC):
     """What both engines share: sampling, caps, distinct facts; the engines say which patterns
     occur in a chunk and where."""
 
@@ -327,18 +328,18 @@ class _Matcher:
         else None (the engine then asks which patterns occur, and locates those)."""
         return None
 
+    @abstractmethod
     def _present(self, chunk: bytes) -> set[int]:
         """The non-sampled patterns that may occur in the chunk."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _messy(self, chunk: bytes) -> set[int]:
         """The distinct patterns to look at line by line in this chunk: a line holding the
         literal is not plain text or holds it twice (or some line is too long to tell)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _locate(self, chunk: bytes, pids: list[int]) -> list[tuple[int, int]]:
         """(pattern id, offset) of every candidate of the given patterns."""
-        raise NotImplementedError
 
 
 class LiteralMatcher(_Matcher):
