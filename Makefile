@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup setup-launchers setup-frameworks slurm-up slurm-down demo test fuzz lint typecheck docs census \
+.PHONY: setup setup-launchers setup-frameworks slurm-up slurm-down demo test test-scenarios fuzz lint typecheck docs census \
 	bench bench-run clean scoreboard browser
 
 $(STAMP): pyproject.toml
@@ -60,6 +60,11 @@ lint: $(STAMP)
 
 test: $(STAMP) $(LAUNCHERS_STAMP) $(FRAMEWORKS_STAMP) lint
 	$(BIN)/python -m pytest -q
+
+# All 45 scenarios for real (about 6 min); `make test` runs the core 13 and diagnoses the
+# recorded output of every one. CI (.ci/run) runs this after `make test`.
+test-scenarios: $(STAMP) $(LAUNCHERS_STAMP) $(FRAMEWORKS_STAMP)
+	$(BIN)/python -m pytest -q --all-scenarios tests/test_scenarios_real.py
 
 # The timeline's browser test (tests/test_timeline_browser.py) needs Debian's chromium and its
 # driver: about 120 MB to download and 500 MB installed, so not part of `make test` (the test

@@ -14,6 +14,14 @@ REPO = Path(__file__).resolve().parents[1]
 CORPUS = REPO.parent / "shared" / "corpus"
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--all-scenarios",
+        action="store_true",
+        help="run all 45 real scenarios (make test-scenarios), not only the core ones",
+    )
+
+
 def corpus_cases() -> list[Path]:
     if not CORPUS.is_dir():
         return []

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import warnings
 from pathlib import Path
 
 import pytest
@@ -29,12 +30,79 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("scenarios")
 
 
+def _went_as_scripted(scenario: catalog.Scenario, result: runner.RunResult) -> bool:
+    """Whether the job itself did what the scenario scripts (a healthy run exits 0, a fault
+    exits non-zero, nothing runs past its timeout): the precondition of judging the diagnosis."""
+    if result.timed_out:
+        return False
+    if scenario.expected_status == "ok":
+        return result.exit_code == 0
+    return result.exit_code not in (0, None)
+
+
+def _console_tail(result: runner.RunResult, lines: int = 40) -> str:
+    console = result.out_dir / runner.CONSOLE_LOG
+    if not console.is_file():
+        return "(no console log)"
+    return "\n".join(console.read_text(errors="replace").splitlines()[-lines:])
+
+
 def _run(scenario: catalog.Scenario, base: Path) -> tuple[runner.RunResult, Report]:
-    """Each scenario runs once per session, whichever aspect asks first."""
+    """Each scenario runs once per session, whichever aspect asks first. A real job is not
+    deterministic (CI once saw the healthy Trainer run exit 1 while shutting down, 0 of 25 runs
+    here): when the job did not do what the scenario scripts, ddpdoctor must still not call a
+    failed job OK, and the scenario runs once more; the first attempt is kept and reported."""
     if scenario.name not in _RUNS:
         result = runner.run(scenario, base / scenario.name)
-        _RUNS[scenario.name] = (result, diagnose_paths(result.log_paths))
+        report = diagnose_paths(result.log_paths)
+        if not _went_as_scripted(scenario, result):
+            if result.exit_code not in (0, None):
+                assert report.verdict.status != "ok", (
+                    f"{scenario.name} exited {result.exit_code}, diagnosed OK:\n"
+                    + _console_tail(result)
+                )
+            warnings.warn(
+                f"{scenario.name}: the job exited {result.exit_code} (timed out: "
+                f"{result.timed_out}), not as scripted; diagnosed "
+                f"{report.verdict.status}/{report.verdict.kind}; running it again. Its output "
+                f"ended:\n{_console_tail(result)}",
+                stacklevel=2,
+            )
+            result = runner.run(scenario, base / f"{scenario.name}-again")
+            report = diagnose_paths(result.log_paths)
+        _RUNS[scenario.name] = (result, report)
     return _RUNS[scenario.name]
+
+
+# `make test` runs these for real (about 90 s): each mechanism of the causality model once (a
+# root and its cascade, a slow rank, an uncoordinated exit, an early stop, a native crash, a
+# launcher failure, a start-up kill) and each framework healthy and failing. Every other
+# scenario's recorded output is diagnosed in tests/test_scenarios_captured.py, and all of them
+# run for real under `make test-scenarios` (pytest --all-scenarios; CI runs it).
+CORE = frozenset(
+    {
+        "data-error",
+        "slow-rank-timeout",
+        "uncoordinated-exit",
+        "early-stop",
+        "native-crash",
+        "rendezvous-port-in-use",
+        "host-oom-startup",
+        "accelerate-healthy",
+        "accelerate-worker-killed",
+        "lightning-early-stop",
+        "lightning-unused-parameters",
+        "hf-trainer-sigkill",
+        "hf-trainer-eval-exception",
+    }
+)
+
+
+def test_core_scenarios_are_in_the_catalog() -> None:
+    assert CORE.issubset(s.name for s in catalog.SCENARIOS)
+    assert {s.framework for s in catalog.SCENARIOS if s.name in CORE} == {
+        s.framework for s in catalog.SCENARIOS
+    }
 
 
 def _cases() -> list[object]:
@@ -51,17 +119,21 @@ def _cases() -> list[object]:
 
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize(("scenario", "aspect"), _cases())
-def test_real_scenario(scenario: catalog.Scenario, aspect: str, run_dir: Path) -> None:
+def test_real_scenario(
+    scenario: catalog.Scenario, aspect: str, run_dir: Path, request: pytest.FixtureRequest
+) -> None:
+    if scenario.name not in CORE and not request.config.getoption("--all-scenarios"):
+        pytest.skip("not a core scenario: make test-scenarios runs it")
     if scenario.missing_needs:
         hint = " (make setup-frameworks)" if scenario.framework else ""
         pytest.skip(f"{scenario.name} needs {', '.join(scenario.missing_needs)}{hint}")
     result, report = _run(scenario, run_dir)
     if aspect == "run":
         assert not result.timed_out, f"{scenario.name} ran past {scenario.timeout_s} s"
-        if scenario.expected_status == "ok":
-            assert result.exit_code == 0
-        else:
-            assert result.exit_code not in (0, None)
+        assert _went_as_scripted(scenario, result), (
+            f"{scenario.name} exited {result.exit_code} twice; its output ended:\n"
+            + _console_tail(result)
+        )
         assert (result.out_dir / runner.META_JSON).is_file()
         return
     problems = catalog.mismatches(scenario, report)
@@ -81,3 +153,29 @@ def test_demo_runs_live(tmp_path: Path) -> None:
     assert data["demo"]["matches_expected"] is True
     assert data["verdict"]["culprit"]["ranks"] == [1]
     assert runner.read_meta(tmp_path)["scenario"] == "data-error"
+
+
+def test_a_run_that_went_otherwise_is_checked_then_run_again(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The retry path with recorded real runs: a healthy scenario whose first job failed (the
+    recorded SIGKILL run stands for it) is diagnosed as failed, warned about, and run again."""
+    captured = Path(catalog.__file__).parent / "captured"
+    healthy = next(s for s in catalog.SCENARIOS if s.name == "hf-trainer-healthy")
+    attempts = [
+        runner.RunResult(captured / "hf-trainer-sigkill", -9, 1.0, False),
+        runner.RunResult(captured / "hf-trainer-healthy", 0, 1.0, False),
+    ]
+    calls: list[Path] = []
+
+    def fake_run(scenario: catalog.Scenario, out_dir: Path) -> runner.RunResult:
+        calls.append(out_dir)
+        return attempts[len(calls) - 1]
+
+    monkeypatch.setattr(runner, "run", fake_run)
+    monkeypatch.delitem(_RUNS, healthy.name, raising=False)
+    with pytest.warns(UserWarning, match="not as scripted"):
+        result, report = _run(healthy, tmp_path)
+    _RUNS.pop(healthy.name)
+    assert len(calls) == 2 and calls[0] != calls[1]
+    assert result.exit_code == 0 and report.verdict.status == "ok"
