@@ -20,6 +20,7 @@ from census.coverage import (
     winners,
 )
 
+from ddpdoctor.analysis.facts import FACT_PATTERNS, FactPattern
 from ddpdoctor.model.taxonomy import KINDS
 from ddpdoctor.rules.registry import all_rules
 from tests.conftest import diagnose_json
@@ -205,3 +206,24 @@ def test_the_lines_c10_appends_to_every_cuda_error_do_not_change_its_kind(
         )
     )
     assert diagnose_json(log)["verdict"]["kind"] == kind
+
+
+NORMAL = [f for f in FACT_PATTERNS if f.name == "normal"]
+# the torch <= 1.13 wording of the barrier note (census: the current one), as a real job
+# printed it (corpus case 375, a public report)
+OLD_BARRIER_NOTE = (
+    "[W ProcessGroupNCCL.cpp:1569] Rank 0 using best-guess GPU 0 to perform barrier as devices "
+    "used by this process are currently unknown. This can potentially cause a hang if this rank "
+    "to GPU mapping is incorrect.Specify device_ids in barrier() to force use of a particular "
+    "device."
+)
+
+
+@pytest.mark.parametrize("fact", NORMAL, ids=[f.literal.strip() for f in NORMAL])
+def test_each_message_of_normal_operation_is_a_benign_census_message(fact: FactPattern) -> None:
+    """A log of these alone is OK (little confidence); each pattern stands for a message the
+    census keeps as benign (its source and versions), not for a line of a labelled case."""
+    benign = [m.example for m in MESSAGES if m.kind == "benign"] + [OLD_BARRIER_NOTE]
+    assert any(fact.compiled.search(example) for example in benign), fact.regex
+    claimed = [m.id for m in MESSAGES if m.kind in KINDS and fact.compiled.search(m.example)]
+    assert claimed == [], f"a failure message reads as normal operation: {claimed}"

@@ -72,10 +72,10 @@ def test_the_whole_healthy_log_is_ok() -> None:
     assert "Nothing in these logs says how the job went on" not in verdict["summary"]
 
 
-def test_no_error_and_no_sign_of_health_is_ok_with_little_confidence(tmp_path: Path) -> None:
-    """The same real run's launcher banner alone (no step, no end, no exit): nothing failed in
-    what was read, and nothing says the job went anywhere: OK, said with low confidence and
-    what to collect."""
+def test_only_messages_of_normal_operation_are_ok_with_little_confidence(tmp_path: Path) -> None:
+    """The same real run's launcher banner alone (torchrun's OMP_NUM_THREADS note; no step, no
+    end, no exit): what was read is healthy, and nothing says the job went anywhere: OK, said
+    with low confidence and what to collect."""
     lines = HEALTHY.read_text().splitlines(keepends=True)
     log = tmp_path / "console.log"
     log.write_text("".join(line for line in lines if "run.py" in line))
@@ -83,8 +83,22 @@ def test_no_error_and_no_sign_of_health_is_ok_with_little_confidence(tmp_path: P
     assert proc.returncode == 0, proc.stderr
     verdict = json.loads(proc.stdout)["verdict"]
     assert verdict["status"] == "ok"
-    assert verdict["confidence"] == 0.3
-    assert "Nothing in these logs says how the job went on" in verdict["summary"]
+    assert verdict["confidence"] == 0.35
+    assert "messages of normal operation" in verdict["summary"]
+    assert any("--tee 3" in step for step in verdict["next_steps"])
+
+
+def test_nothing_recognised_is_unknown_not_ok(tmp_path: Path) -> None:
+    """The banner's frame without its message (lines of the same real run that say nothing):
+    no error, but nothing healthy was read either: unknown, not OK."""
+    lines = HEALTHY.read_text().splitlines(keepends=True)
+    log = tmp_path / "console.log"
+    log.write_text("".join(line for line in lines if "run.py" in line and "OMP" not in line))
+    proc = run_cli("diagnose", str(log), "--format", "json")
+    assert proc.returncode == 1, proc.stderr
+    verdict = json.loads(proc.stdout)["verdict"]
+    assert verdict["status"] == "unknown"
+    assert "Nothing in these logs was recognised" in verdict["summary"]
     assert any("--tee 3" in step for step in verdict["next_steps"])
 
 

@@ -70,6 +70,16 @@ from ddpdoctor.ingest.prefixes import parse_line
         ),
         # a program that names its rank at line start
         ("Rank 4 finished", "Rank 4 finished", 4, None, None),
+        # docker compose / SageMaker local mode: the container is the host (corpus case 428)
+        (
+            "x7kq2m91ab-algo-1-r4t8w |  Process name: [[31907,1],2]",
+            " Process name: [[31907,1],2]",
+            None,
+            None,
+            "x7kq2m91ab-algo-1-r4t8w",
+        ),
+        # Lightning's model summary table is not a container prefix
+        ("0 | model   | ResNet | 11.2 M", "0 | model   | ResNet | 11.2 M", None, None, None),
         # kubectl logs --prefix, then torchrun's prefix
         (
             "[pod/train-worker-1/pytorch] [rank3]:Traceback (most recent call last):",

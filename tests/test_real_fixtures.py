@@ -229,3 +229,20 @@ def test_a_crash_after_every_rank_agreed_to_stop_is_teardown() -> None:
         "intended-exit",
         [1],
     )
+
+
+@pytest.mark.parametrize(
+    ("case", "rank"),
+    [
+        # only mpirun's summary, behind docker compose's container prefix
+        ("428-device-assignment-mmdet-mpirun-local-rank-not-set", 2),
+        # Horovod under mpirun: the summary names rank 0, which exited 1
+        ("410-cuda-oom-horovod-mpirun-shutdown-cascade-root-not-pasted", 0),
+    ],
+)
+def test_mpiruns_first_failed_process_is_a_failed_rank(case: str, rank: int) -> None:
+    """Open MPI's "The first process to do so was: Process name: [[J,1],R] Exit code: N" is
+    a rank's exit, as torchrun's summary is: the job failed, never OK."""
+    report = diagnose_paths([str(REPO / "corpus" / "cases" / case / "logs")])
+    assert report.verdict.status == "failed"
+    assert report.job.per_rank[rank].code == 1

@@ -124,6 +124,7 @@ def build_evidence(job: JobView, events: list[Event]) -> JobEvidence:
     evidence.stopped_by_run = job.stopped
     evidence.ended |= bool(info.per_rank or info.exit_code is not None or job.completed_at)
     evidence.started_training = any(s.progress_lines for s in job.streams)
+    evidence.normal_seen = job.normal_seen
     evidence.last_step = _last_step(job)
     evidence.stalled_at_startup = _stalled_at_startup(job)
     evidence.cut_tracebacks = list(job.cut_tracebacks)

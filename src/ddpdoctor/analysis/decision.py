@@ -488,8 +488,9 @@ def _slow(graph: CausalGraph) -> Decision | None:
 
 
 def _quiet(evidence: JobEvidence) -> Decision:
-    """Nothing failed and nothing is inferred: an exit code nobody explains, or a healthy
-    run."""
+    """Nothing failed and nothing is inferred: an exit code nobody explains, a run that ended
+    or went on well, or logs in which nothing at all was recognised: not "OK", there was
+    nothing healthy to read."""
     if evidence.job_exit_code not in (None, 0):
         return Decision(
             status=Status.UNKNOWN,
@@ -504,19 +505,31 @@ def _quiet(evidence: JobEvidence) -> Decision:
         )
     if evidence.ended or evidence.started_training:
         return Decision(status=Status.OK, confidence=0.5)
-    # no error, but no sign of health either: a paste or a log cut before the job went anywhere
+    collect = (
+        "If the job failed, collect every rank's complete output (torchrun --tee 3 or "
+        "--log-dir DIR) and the launcher's, and diagnose them together."
+    )
+    if evidence.normal_seen:
+        return Decision(
+            status=Status.OK,
+            confidence=0.35,
+            notes=[
+                "What these logs hold are messages of normal operation (start-up, notes that "
+                "stop no job); nothing says how the job went on after them."
+            ],
+            basis=["- messages of normal operation only: no progress, end or exit code"],
+            next_steps=[collect],
+        )
     return Decision(
-        status=Status.OK,
+        status=Status.UNKNOWN,
         confidence=0.3,
         notes=[
-            "Nothing in these logs says how the job went on: no training progress, no end of "
-            "training, no exit code. If it failed, its error is not in what was read."
+            "Nothing in these logs was recognised: no error, no message of normal operation, "
+            "no training progress, no end of training, no exit code. That is not a healthy "
+            "run, only nothing to judge; if the job failed, its error is not in what was read."
         ],
-        basis=["- no training progress, end of training or exit code in the logs"],
-        next_steps=[
-            "If the job failed, collect every rank's complete output (torchrun --tee 3 or "
-            "--log-dir DIR) and the launcher's, and diagnose them together.",
-        ],
+        basis=["- nothing recognised: no error, progress, end of training or exit code"],
+        next_steps=[collect],
     )
 
 

@@ -59,6 +59,10 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
     # torchelastic summary block (torch/distributed/elastic/multiprocessing/errors/__init__.py)
     FactPattern("summary_exit", r"^\s*exitcode\s*: (?P<code>-?\d+)", "exitcode", lines_before=5),
     FactPattern("root_cause", r"Root Cause \(first observed failure\)", "Root Cause"),
+    # Open MPI's mpirun (help-orterun.txt non-zero-exit): the first process that exited
+    # non-zero, "  Process name: [[27014,1],0]" (Open MPI 5 / PRRTE: "[prterun-host-1@1,0]",
+    # the MPI_COMM_WORLD rank last), then "  Exit code:    1"
+    FactPattern("mpi_exit", r"^\s*Exit code:\s+(?P<code>\d+)\b", "Exit code:", lines_before=2),
     # torchelastic api.py: "failed (exitcode: -9) local_rank: 3 (pid: 812917) of binary"
     FactPattern(
         "launcher_exit",
@@ -86,6 +90,27 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
     FactPattern("completed", r"training finished", "training finished"),
     # Megatron-LM's training loop: "[after training is done] datetime: ..."
     FactPattern("completed", r"\[after training is done\]", "after training is done"),
+    # messages of normal operation (census/messages.jsonl, kind benign: torch, DeepSpeed,
+    # Lightning, transformers sources): logs that hold them and nothing worse were read and
+    # are healthy as far as they go; logs in which nothing at all is recognised are not "OK"
+    *(
+        FactPattern("normal", regex, literal, distinct=VALUE)
+        for regex, literal in (
+            (r"did not find any unused parameters", "did not find any unused parameters"),
+            (r"Reducer buckets have been rebuilt", "Reducer buckets have been rebuilt"),
+            (r"using best-guess GPU \d+ to perform barrier", "using best-guess GPU "),
+            (r"barrier\(\): using the device under current context", "using the device under"),
+            (r"Setting OMP_NUM_THREADS environment variable", "Setting OMP_NUM_THREADS"),
+            (r"torch\.distributed\.launch is deprecated", "launch is deprecated"),
+            (r"Rendezvous complete for workers", "Rendezvous complete for workers"),
+            (r"NCCL INFO NCCL version \d", "NCCL INFO NCCL version "),
+            (r"DeepSpeed info: version=", "DeepSpeed info: version="),
+            (r"Initializing TorchBackend in DeepSpeed", "Initializing TorchBackend"),
+            (r"\*{5} Running training \*{5}", " Running training "),
+            (r"All distributed processes registered\. Starting", "All distributed processes"),
+            (r"Initializing distributed: GLOBAL_RANK: ", "Initializing distributed: "),
+        )
+    ),
     # tqdm: " 9%|███▊   | 280000/2969526 [29:55<4:48:08, 155.57 examples/s]"
     FactPattern(
         "progress",
@@ -114,6 +139,21 @@ def signal_name(exit_code: int) -> str | None:
         return signal.Signals(-exit_code).name
     except ValueError:
         return f"signal {-exit_code}"
+
+
+MPI_PROCESS = re.compile(r"\bProcess name:\s*\[(?:\[\d+,\d+\]|[^\],\s]+@\d+),(?P<rank>\d+)\]")
+
+
+def parse_mpi_exit(before: list[str], line: str) -> tuple[int | None, RankExit]:
+    """mpirun's "the first process to do so was" block: the rank its process name ends with
+    and its exit code; no rank when the line above is not mpirun's process name."""
+    m = re.search(r"Exit code:\s+(\d+)", line)
+    code = exit_code_number(m.group(1)) if m else None
+    for text in reversed(before[-2:]):
+        mp = MPI_PROCESS.search(text)
+        if mp:
+            return rank_number(mp.group("rank")), RankExit(code=code)
+    return None, RankExit(code=code)
 
 
 def parse_summary_entry(before: list[str], line: str) -> tuple[int | None, RankExit]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from ddpdoctor.analysis.facts import parse_summary_entry, signal_name
+from ddpdoctor.analysis.facts import parse_mpi_exit, parse_summary_entry, signal_name
 from ddpdoctor.analysis.scanner import FactHit, SourceScan, StreamSummary
 from ddpdoctor.ingest.bounds import count_number, exit_code_number, rank_number
 from ddpdoctor.ingest.run_events import RunEvents, RunHang
@@ -35,6 +35,8 @@ class JobView:
     completed_ranks: set[int] = field(default_factory=set)
     """Ranks whose own lines announced the end of training."""
     rank_map: dict[tuple[str, int], int] = field(default_factory=dict)
+    normal_seen: bool = False
+    """A message of normal operation was read (facts.py "normal"): something healthy to read."""
     cut_tracebacks: list[CutTrace] = field(default_factory=list)
     """Writers whose output ends inside a traceback (its exception line is not there): the
     last frame seen, else the header, with the writer's rank when known."""
@@ -108,6 +110,7 @@ def build_job(
     transports: set[str] = set()
     completed_at: dict[str, int] = {}
     completed_ranks: set[int] = set()
+    normal_seen = False
     for scan in scans:
         expect_root = False
         for fact in scan.facts:
@@ -128,6 +131,11 @@ def build_job(
                         hosts.add(exit_.host)
                     if expect_root:
                         root_cause_rank, expect_root = rank, False
+            elif fact.name == "mpi_exit":
+                rank, exit_ = parse_mpi_exit(fact.before, fact.record.text)
+                if rank is not None and exit_.code is not None and rank not in per_rank:
+                    per_rank[rank] = exit_
+                    ranks.add(rank)
             elif fact.name == "launcher_exit":
                 local = rank_number(fact.captures.get("local_rank"))
                 code = exit_code_number(fact.captures.get("code"))
@@ -144,6 +152,9 @@ def build_job(
                 completed_at[src] = min(completed_at.get(src, fact.record.line), fact.record.line)
             elif fact.name in ("socket_transport", "ib_transport"):
                 transports.add(fact.name.split("_")[0])
+                normal_seen = True
+            elif fact.name in ("normal", "nccl_comm"):
+                normal_seen = True
 
     hangs: list[RunHang] = []
     job_exit: int | None = None
@@ -225,4 +236,5 @@ def build_job(
         completed_at=completed_at,
         completed_ranks=completed_ranks,
         cut_tracebacks=cut_tracebacks,
+        normal_seen=normal_seen,
     )

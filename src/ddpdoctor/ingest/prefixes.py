@@ -1,6 +1,6 @@
 """Line prefixes: recognise and strip what launchers and loggers put in front of a message
-(torchrun, Slurm, pdsh/DeepSpeed, glog, NCCL, Python logging, Kubernetes timestamps) and keep
-what they say about the writer. Pure functions over one line; no I/O."""
+(torchrun, Slurm, pdsh/DeepSpeed, glog, NCCL, Python logging, Kubernetes timestamps, docker
+compose) and keep what they say about the writer. Pure functions over one line; no I/O."""
 
 from __future__ import annotations
 
@@ -45,6 +45,9 @@ NCCL = re.compile(r"(?P<host>[\w.-]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\]
 SLURM = re.compile(r"\s*(?P<task>\d{1,5}): ")
 # pdsh / DeepSpeed multi-node: `worker-1: `; a host-like token with a digit or a dash.
 PDSH = re.compile(r"(?P<host>(?=[a-z0-9._-]*[0-9-])[a-z][a-z0-9._-]{0,62}):\s(?!\s*error:)")
+# `docker compose logs` (and SageMaker local mode): `trainer-worker-1  | `, the container name
+# padded, then a bar; the container is the host. Its name carries the replica number, a digit.
+COMPOSE = re.compile(r"(?P<host>(?=[a-z0-9._-]*[0-9])[a-z][a-z0-9._-]{0,62}) {1,40}\| ")
 # `kubectl logs --prefix`: `[pod/train-worker-1/pytorch] `; the pod is the host.
 KUBECTL = re.compile(r"\[pod/(?P<pod>[^/\]\s]+)/[^\]\s]+\] ")
 # Capture platforms: `[stderr]`, `[stdout]`.
@@ -233,7 +236,11 @@ def parse_line(raw: str, year: int = 1970, with_time: bool = True) -> ParsedLine
             prefix_parts.append(m.group(0).strip())
             pos = m.end()
             continue
-        m = PDSH.match(text, pos) if c.islower() and not prefix_parts else None
+        m = (
+            (PDSH.match(text, pos) or COMPOSE.match(text, pos))
+            if c.islower() and not prefix_parts
+            else None
+        )
         if m:
             origin.host = m.group("host")
             prefix_parts.append(m.group(0).strip())

@@ -176,6 +176,8 @@ class JobEvidence:
     last_step: tuple[int, int] | None = None
     """(n, total) of the last progress counter, when the log stopped inside training."""
     started_training: bool = False
+    normal_seen: bool = False
+    """Messages of normal operation were read (start-up, DDP notes): healthy as far as they go."""
     stalled_at_startup: bool = False
     """The output stops right after distributed start-up: no step, no error, no exit."""
     cut_tracebacks: list[CutTrace] = field(default_factory=list)
