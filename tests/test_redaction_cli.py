@@ -505,3 +505,25 @@ def test_real_reports_are_unchanged_by_redaction() -> None:
         if to_json(shown(report, redact=True)) != to_json(shown(report, redact=False)):
             changed.append(run.name)
     assert changed == []
+
+
+def test_a_shown_copy_is_shown_again_as_it_is_but_never_unmasked(tmp_path: Path) -> None:
+    """The CLI shows the report (to check it), then renders it, which shows it again: the
+    second time returns the same copy instead of copying every rank's data over again. A copy
+    made without redaction is still masked when shown with it."""
+    from ddpdoctor.analysis.diagnose import diagnose_paths
+    from ddpdoctor.report.to_json import to_json
+    from ddpdoctor.report.view import shown
+
+    secret = "ghp_TKtb2TxxDBfz5LJF3hBGZW3M4Fz6Hq2AK7EG"
+    log = tmp_path / "console.log"
+    line = f"OSError: could not clone https://ci-bot:{secret}@github.com/acme/data.git"
+    log.write_text(DATA_ERROR.read_text().replace(DATA_ERROR_LINE, "[rank1]: " + line))
+    report = diagnose_paths([str(log)])
+    raw = shown(report, redact=False)
+    assert secret in to_json(raw)
+    assert shown(raw, redact=False) is raw
+    masked = shown(raw, redact=True)
+    assert masked is not raw and secret not in to_json(masked)
+    assert shown(masked, redact=True) is masked
+    assert shown(masked, redact=False) is masked  # already masked: nothing to give back
