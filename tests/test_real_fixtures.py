@@ -246,3 +246,25 @@ def test_mpiruns_first_failed_process_is_a_failed_rank(case: str, rank: int) -> 
     report = diagnose_paths([str(REPO / "corpus" / "cases" / case / "logs")])
     assert report.verdict.status == "failed"
     assert report.job.per_rank[rank].code == 1
+
+
+def test_a_job_stopped_by_ctrl_c_while_stuck_is_a_hang_not_its_echoes() -> None:
+    """Real run (capture_interrupted.sh): rank 1 stops in a sleep while rank 0 waits in a
+    barrier; Ctrl-C (SIGINT to the process group) 3 s later. Rank 1 dies of the interrupt first
+    and rank 0's barrier reports a closed connection: an echo of the stop, not an
+    uncoordinated exit or a network fault. A person's stop of a stuck job: hang, a guess."""
+    report = diagnose_paths([str(HEALTHY / "interrupted-hang" / "console.log")])
+    v = report.verdict
+    assert (v.status, v.kind, v.rule) == ("hung", "hang", "INF217")
+    assert v.confidence < 0.5
+    assert "run_train.py:35 in main" in v.summary
+    roles = {f.rule: f.role for f in report.findings}
+    assert roles["NET101"] == "cascade"
+
+
+def test_a_person_stopping_a_stuck_job_in_a_public_report() -> None:
+    """Corpus 415: DDP finished its first iteration, then nothing; the reporter pressed Ctrl-C
+    (the agent's "Received 2 death signal"). Not a worker failure (INF208)."""
+    case = REPO / "corpus" / "cases" / "415-hang-after-reducer-buckets-rebuilt-user-ctrl-c"
+    v = diagnose_paths([str(case / "logs")]).verdict
+    assert (v.status, v.kind) == ("hung", "hang")

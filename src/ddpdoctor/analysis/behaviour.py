@@ -8,6 +8,7 @@ from datetime import datetime
 
 from ddpdoctor.analysis.events import Event
 from ddpdoctor.analysis.facts import elapsed_seconds
+from ddpdoctor.analysis.frames import FRAME, LIBRARY_PATH
 from ddpdoctor.analysis.job import JobView
 from ddpdoctor.model.evidence import (
     COLLECTIVE_FUNCTIONS,
@@ -34,9 +35,6 @@ BUSY_PHASE = re.compile(
     r"|running (?:on|the) (?:dataset|eval)"
 )
 """Last words that announce a long phase a rank does on its own."""
-
-FRAME = re.compile(r'File "(?P<path>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)')
-LIBRARY_PATH = re.compile(r"site-packages|dist-packages|/lib/python\d|<frozen|/torch/|/bin/")
 
 
 def _digits(text: str | None, limit: int = 12) -> int | None:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from ddpdoctor.analysis.behaviour import build_evidence
 from ddpdoctor.analysis.causal_graph import CausalGraph
 from ddpdoctor.analysis.events import Event, Node, split
+from ddpdoctor.analysis.frames import user_frame
 from ddpdoctor.analysis.job import JobView
 from ddpdoctor.analysis.relations import RELATIONS, Context, attribute_by_elimination, failing
 from ddpdoctor.model.evidence import Activity, JobEvidence, RankView, Stall
@@ -422,11 +423,22 @@ def _from_echoes(
         decision.category = str(Category.UNKNOWN)
     decision.basis = ["- only secondary errors are visible; their cause is not in these logs"]
     if main.echo == Echo.STOPPED:
-        stopped = ctx.intended.get("stopped")
+        by_hand = _by_hand(echoes)
+        stopped = ctx.intended.get("interrupted" if by_hand else "stopped")
         if rule.default_category != Category.INTENDED_EXIT and stopped is not None:
             decision.rule, decision.status = stopped, stopped.verdict_status
         decision.confidence = 0.6
         decision.basis = ["+ the job was stopped from outside and nothing failed before"]
+        if by_hand and decision.rule is stopped:
+            # why the person stopped it is a guess: the usual reason, not a proof
+            decision.confidence = 0.4
+            decision.basis.append("- stopped by hand (SIGINT): that it was stuck is inferred")
+            where = _interrupted_at(graph.events)
+            if where:
+                decision.notes.append(
+                    f"the interrupt's tracebacks show where it found {where} (a rank waiting "
+                    "somewhere the others are not is the first suspect)."
+                )
         return decision
     missing = evidence.missing
     if missing:
@@ -451,6 +463,29 @@ def _from_echoes(
         )
     )
     return decision
+
+
+def _by_hand(echoes: list[Event]) -> bool:
+    """Every stop seen is SIGINT (Ctrl-C: the launcher's death signal 2, a KeyboardInterrupt),
+    a person's, not a scheduler's SIGTERM or a time limit."""
+    stops = [e for e in echoes if e.echo == Echo.STOPPED]
+    return bool(stops) and all(
+        e.rule.kind == "hang" or all(h.captures.get("exc") == "KeyboardInterrupt" for h in e.hits)
+        for e in stops
+    )
+
+
+def _interrupted_at(echoes: list[Event]) -> str:
+    """Each rank's own code line where its KeyboardInterrupt was raised."""
+    places: dict[int, str] = {}
+    for event in echoes:
+        if event.echo != Echo.STOPPED or event.rank is None or event.rank in places:
+            continue
+        hits = [h for h in event.hits if h.captures.get("exc") == "KeyboardInterrupt"]
+        frame = user_frame(hits) if hits else None
+        if frame:
+            places[event.rank] = frame
+    return "; ".join(f"rank {r} in {places[r]}" for r in sorted(places)[:16])
 
 
 def _list(ranks: set[int]) -> str:

@@ -384,6 +384,43 @@ def relate_run_stop(graph: CausalGraph, ctx: Context) -> None:
             graph.add(node, event, "run stop", "the stop ddpdoctor run sent to the job")
 
 
+def relate_outside_stop(graph: CausalGraph, ctx: Context) -> None:
+    """A stop sent to the whole job (the launcher's death signal: a scheduler's SIGTERM, a
+    person's Ctrl-C) reaches the ranks one by one: the first to go closes its connections, and
+    a peer still in a collective then reports a lost peer or a generic error. Those are its
+    echo when printed after the stop: in the same log by line, across logs by time; across logs
+    without times too, since a launcher still there to receive the signal had seen no worker
+    fail (torchrun ends the group itself when one does). A timeout is kept: it takes minutes,
+    and says the job hung before anybody stopped it."""
+    stops = [e for e in graph.events if e.echo == Echo.STOPPED and e.rank is None and e.hits]
+    if not stops:
+        return
+    first: dict[str, int] = {}
+    times = [h.record.time for e in stops for h in e.hits if h.record.time is not None]
+    stopped_at = min(times) if times else None
+    for stop in stops:
+        for h in stop.hits:
+            src = h.record.source
+            first[src] = min(first.get(src, h.record.line), h.record.line)
+
+    def after_the_stop(event: Event) -> bool:
+        for h in event.hits:
+            src, when = h.record.source, h.record.time
+            if src in first:
+                if h.record.line <= first[src]:
+                    return False
+            elif when is not None and stopped_at is not None and when < stopped_at:
+                return False
+        return bool(event.hits)
+
+    for event in graph.events:
+        if event.echo in (Echo.STOPPED, Echo.WAITING):
+            continue
+        echo_like = event.echo in (Echo.LOST_PEER, Echo.LAUNCHER)
+        if (echo_like or (event.primary and event.generic)) and after_the_stop(event):
+            graph.add(stops[0], event, "outside stop", "the stop sent to the whole job ended it")
+
+
 RELATIONS = (
     relate_same_report,
     relate_exit_path,
@@ -396,5 +433,6 @@ RELATIONS = (
     relate_agreed_stop,
     relate_stall,
     relate_run_stop,
+    relate_outside_stop,
 )
 """Applied in this order; every relation only adds edges."""

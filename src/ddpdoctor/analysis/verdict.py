@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 
 from ddpdoctor.analysis.decision import Decision
+from ddpdoctor.analysis.frames import user_frame
 from ddpdoctor.analysis.grouping import evidence_of
 from ddpdoctor.analysis.job import JobView
 from ddpdoctor.model.findings import Culprit, Evidence, Finding, Hit, Verdict
@@ -116,20 +117,6 @@ def _summary(
             "rank was a victim."
         )
     return " ".join(parts)
-
-
-FRAME = re.compile(r'File "(?P<path>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)')
-LIBRARY_PATH = re.compile(r"site-packages|dist-packages|/lib/python\d|<frozen|/torch/|/bin/")
-
-
-def user_frame(hits: list[Hit]) -> str | None:
-    """The deepest traceback frame outside installed libraries: where the user should look."""
-    for hit in hits:
-        for record in reversed(hit.context):
-            m = FRAME.search(record.text)
-            if m and not LIBRARY_PATH.search(m.group("path")):
-                return f"{m.group('path')}:{m.group('line')} in {m.group('func')}"
-    return None
 
 
 def _named_parameters(hits: list[Hit]) -> str:

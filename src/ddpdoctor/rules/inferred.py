@@ -103,4 +103,32 @@ STOPPED = Rule(
     ),
 )
 
-RULES = (TEARDOWN_CRASH, HANG_DUMP, EARLY_STOP_ALL, STOPPED)
+INTERRUPTED = Rule(
+    code="INF217",
+    kind="hang",
+    title="Stopped by hand (Ctrl-C), with no failure before: most likely stuck",
+    status=Status.HUNG,
+    signatures=(),
+    explanation=Explanation(
+        what="The job was interrupted (SIGINT: Ctrl-C in its terminal, or a KeyboardInterrupt) "
+        "and nothing failed before the interrupt.",
+        why="A scheduler stops a job with SIGTERM or SIGKILL; SIGINT is a person at the "
+        "terminal, and people interrupt a distributed job when it stops making progress: a "
+        "rank waiting in a collective its peers never join, a dead peer the others still "
+        "wait for, a deadlock in data loading. The traceback of the interrupt shows where "
+        "each process was waiting, not what went wrong.",
+        fix="Take the stacks of every rank while it is stuck (`py-spy dump --pid`), or run it "
+        "under `ddpdoctor run`, which catches the stall and groups the stacks; compare where "
+        "the ranks wait.",
+        false_positives="A healthy job stopped on purpose (it was no longer wanted) reads the "
+        "same: then nothing is wrong.",
+    ),
+    fix=(
+        "If it was stuck: re-run under `ddpdoctor run --hang-after 300 -- <launcher> ...`; it "
+        "catches the stall, takes every rank's stack and names the odd one out.",
+        "Or, while it hangs: `py-spy dump --pid <pid>` for every rank's process, and compare "
+        "the collectives they wait in.",
+    ),
+)
+
+RULES = (TEARDOWN_CRASH, HANG_DUMP, EARLY_STOP_ALL, STOPPED, INTERRUPTED)

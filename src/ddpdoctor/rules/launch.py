@@ -516,6 +516,41 @@ SLURM_TERMINATED = Rule(
     negative=("slurmstepd: error: Detected 1 oom_kill event in StepId=1234.0",),
 )
 
+INTERRUPTED = Rule(
+    code="LCH112",
+    kind="hang",
+    title="The launcher was interrupted (SIGINT: Ctrl-C)",
+    sources="torchelastic agent/server/api.py and multiprocessing/api.py, DeepSpeed launch.py",
+    severity="info",
+    echo=Echo.STOPPED,
+    specificity=15,
+    signatures=(
+        # the torchrun agent got SIGINT (2): a person at its terminal (census: benign)
+        Signature(r"Received 2 death signal, shutting down workers", " death signal"),
+        Signature(r"SignalException: Process \d+ got signal: 2\b", "SignalException"),
+        # DeepSpeed launcher/launch.py sigkill_handler
+        Signature(r"Main process received SIGINT, exiting", "Main process received"),
+    ),
+    explanation=Explanation(
+        what="The launcher received SIGINT and passed it on to the workers.",
+        why="SIGINT is Ctrl-C in the terminal that started the job: a person stopped it "
+        "(schedulers send SIGTERM). Not a failure itself: what came before it says why.",
+        fix="If the job was stuck when it was stopped, find where the ranks waited (the "
+        "verdict says what the logs show).",
+        false_positives="A job stopped on purpose although it was fine.",
+    ),
+    fix=("If it was stuck: run it under `ddpdoctor run` to catch the stall and the stacks.",),
+    positive=(
+        "WARNING:torch.distributed.elastic.agent.server.api:Received 2 death signal, shutting "
+        "down workers",
+        "torch.distributed.elastic.multiprocessing.api.SignalException: Process 4242 got signal: 2",
+    ),
+    negative=(
+        "W1130 13:00:00.100000 4242 torch/distributed/elastic/agent/server/api.py:753] Received "
+        "15 death signal, shutting down workers",
+    ),
+)
+
 RENDEZVOUS_RETRY = Rule(
     code="LCH110",
     kind="rendezvous-failure",
@@ -569,6 +604,7 @@ STORE_ERROR = Rule(
 )
 
 RULES = (
+    INTERRUPTED,
     STORE_ERROR,
     RENDEZVOUS_RETRY,
     HOST_OOM_KILL,

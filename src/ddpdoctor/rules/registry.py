@@ -46,9 +46,11 @@ INTENDED_ENDS: dict[str, Rule] = {
     "agreed-stop": inferred.EARLY_STOP_ALL,
     "teardown": inferred.TEARDOWN_CRASH,
     "stopped": inferred.STOPPED,
+    "interrupted": inferred.INTERRUPTED,
 }
 """The verdicts of ends that are not failures of training, by the engine's name for them:
-every rank stopped on purpose; a crash after the work was done; a stop from outside."""
+every rank stopped on purpose; a crash after the work was done; a stop from outside; a stop
+by hand (SIGINT) of a job that most likely hung."""
 
 """Rules a hypothesis may conclude with besides its own (documented like every rule)."""
 

@@ -55,7 +55,16 @@ def assess(job: JobEvidence) -> Assessment | None:
     # a rank that announced the end of training finished; it did not leave early. Nor did
     # one that left after training announced its end, while the others went on to collectives
     # of their own (collective_mismatch: a collective only some ranks called)
-    left = {r for r in quiet if not job.ranks[r].terminated and not job.ranks[r].completed}
+    # a stop sent to the whole job (the launcher's death signal, Ctrl-C to the process group)
+    # reaches some ranks first: a rank whose only words are that stop did not leave on its own
+    whole_job_stopped = "stopped" in job.unranked_echoes
+    left = {
+        r
+        for r in quiet
+        if not job.ranks[r].terminated
+        and not job.ranks[r].completed
+        and not (whole_job_stopped and "stopped" in job.ranks[r].echoes)
+    }
     if waiting and all(job.ranks[r].waited_after_end for r in waiting):
         left = set()
     if left and waiting and len(waiting) >= len(quiet):

@@ -1,0 +1,21 @@
+"""Python traceback frames around a hit: which frames are the user's own code (not installed
+libraries), the place a person should look first."""
+
+from __future__ import annotations
+
+import re
+
+from ddpdoctor.model.findings import Hit
+
+FRAME = re.compile(r'File "(?P<path>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)')
+LIBRARY_PATH = re.compile(r"site-packages|dist-packages|/lib/python\d|<frozen|/torch/|/bin/")
+
+
+def user_frame(hits: list[Hit]) -> str | None:
+    """The deepest traceback frame outside installed libraries: where the user should look."""
+    for hit in hits:
+        for record in reversed(hit.context):
+            m = FRAME.search(record.text)
+            if m and not LIBRARY_PATH.search(m.group("path")):
+                return f"{m.group('path')}:{m.group('line')} in {m.group('func')}"
+    return None
