@@ -90,3 +90,33 @@ def test_hang_then_stopped_by_a_signal(tmp_path: Path, sig: signal.Signals) -> N
             proc.kill()
     assert proc.returncode != 0
     _hang_verdict(run_dir)
+
+
+def test_ctrl_c_of_a_job_run_never_saw_stall_is_not_a_hang(tmp_path: Path) -> None:
+    """Ctrl-C to `ddpdoctor run` while every rank is busy (sleeping, well inside the hang
+    threshold): a stop, said as one; not a worker failure (the ranks exit non-zero because of
+    the stop), nor the "stopped by hand, most likely stuck" guess that a bare log of a Ctrl-C
+    gets, since run watched the job and saw no stall."""
+    run_dir = tmp_path / "r"
+    proc = subprocess.Popen(
+        [*RUN, "--run-dir", str(run_dir), "--hang-after", "600", "--", *torchrun(2, "wait")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    console = run_dir / "console.log"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if console.exists() and console.read_text(errors="replace").count("WAITING rank") >= 2:
+            break
+        time.sleep(0.3)
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    report = json.loads(run_cli("diagnose", str(run_dir), "--format", "json").stdout)
+    verdict = report["verdict"]
+    assert (verdict["status"], verdict["kind"]) == ("unknown", None), verdict
+    assert "stopped by a signal `ddpdoctor run` passed on" in verdict["summary"]

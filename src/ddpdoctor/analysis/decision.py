@@ -526,6 +526,17 @@ def _quiet(evidence: JobEvidence) -> Decision:
     """Nothing failed and nothing is inferred: an exit code nobody explains, a run that ended
     or went on well, or logs in which nothing at all was recognised: not "OK", there was
     nothing healthy to read."""
+    if evidence.job_exit_code not in (None, 0) and evidence.stopped_by_run:
+        return Decision(
+            status=Status.UNKNOWN,
+            confidence=0.5,
+            notes=[
+                "The job was stopped by a signal `ddpdoctor run` passed on (Ctrl-C or a "
+                "SIGTERM to it) before it ended, and nothing failed before the stop; run saw "
+                "no stall either."
+            ],
+            basis=["+ stopped through ddpdoctor run, no error and no stall before"],
+        )
     if evidence.job_exit_code not in (None, 0):
         return Decision(
             status=Status.UNKNOWN,

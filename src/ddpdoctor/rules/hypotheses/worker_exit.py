@@ -24,7 +24,9 @@ RULE = Rule(
 
 def assess(job: JobEvidence) -> Assessment | None:
     failing = job.failing_exits
-    if job.waiting:
+    if job.waiting or "stopped" in job.unranked_echoes:
+        # a stop sent to the whole job (the launcher's death signal) made the workers exit
+        # non-zero: the launcher was there to receive it, so no worker had failed before
         return None
     if not failing:
         if "launcher" not in job.echoes or job.echoes & {"lost-peer", "stopped"}:
