@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from ddpdoctor.analysis.diagnose import diagnose_paths
+from ddpdoctor.rules.hypotheses import cut_site
 from ddpdoctor.rules.registry import HYPOTHESES
 from ddpdoctor.scenarios import catalog, runner
 from tests.conftest import CORPUS, REPO
@@ -87,6 +88,14 @@ POSITIVE = {
     ],
     # c10::Error frames that end the paste: the heartbeat monitor's, the NCCL watchdog's
     "INF216": [(lambda t: case("136"), None), (lambda t: case("153"), [])],
+    # cut tracebacks whose last frame names what the process was doing
+    "INF218": [(lambda t: case("369"), [])],
+    "INF219": [
+        (lambda t: cut_before("missing-module", "ModuleNotFoundError", t), [0]),
+        (lambda t: case("246"), []),
+    ],
+    "INF220": [(lambda t: cut_before("launcher-env-missing", "KeyError", t), None)],
+    "INF221": [(lambda t: case("230"), [])],
     "INF209": [
         (lambda t: scenario("uneven-inputs"), [1]),
         (lambda t: real("abort-after-timeout"), [1]),
@@ -111,13 +120,18 @@ NEAR_MISS = {
         lambda t: cut_before("data-error", "[rank0]: RuntimeError", t),
         lambda t: real("healthy-plain"),
     ],
+    # a cut traceback elsewhere (a dataset's open()), or a whole one that names its error
+    "INF218": [lambda t: cut_before("data-error", "[rank1]: FileNotFoundError", t)],
+    "INF219": [lambda t: scenario("missing-module")],
+    "INF220": [lambda t: scenario("launcher-env-missing")],
+    "INF221": [lambda t: scenario("dataloader-worker-killed")],
     # rank 1's watchdog timeout, then frames no rank owns: the timeout's own trace
     "INF216": [lambda t: case("403"), lambda t: real("rendezvous-no-master")],
 }
 
 
 def test_every_hypothesis_has_examples() -> None:
-    codes = {h.rule.code for h in HYPOTHESES}
+    codes = {h.rule.code for h in HYPOTHESES} | {r.code for r in cut_site.RULES}
     # INF211 (a stall caught live), INF212 (a log that ends) and INF214 (a rank behind in the
     # Flight Recorder dumps) have their own tests: tests/test_run_hang_verdict.py,
     # tests/test_nothing_diagnosable.py and tests/test_flight_verdicts.py

@@ -200,6 +200,7 @@ def build_job(
                 text=stream.open_traceback_text,
             ),
             native=stream.open_trace_native,
+            tail=stream.open_traceback_tail,
         )
         for scan in scans
         for stream in scan.streams.values()

@@ -93,6 +93,8 @@ class StreamSummary:
     (for a C++ backtrace, its 'Exception raised from' line or first frame)."""
     open_traceback_at: int = 0
     """The line of open_traceback_text."""
+    open_traceback_tail: tuple[str, ...] = ()
+    """The open traceback's last few lines (frames and their code): what it was doing."""
     open_trace_native: bool = False
     """The open trace is a C++ backtrace (c10::Error's frames), not a Python traceback: the
     process died in native code, or printed an error whose message came before it."""
@@ -329,6 +331,7 @@ class Scanner:
             if first_tail_line >= head_lines:
                 for summary in result.streams.values():  # the unread middle may have ended it
                     summary.open_traceback_line = summary.open_traceback_at = 0
+                    summary.open_traceback_tail = ()
                 self._sample(
                     result,
                     last_chunk[tail_start:],
@@ -523,13 +526,24 @@ def _follow_traceback(summary: StreamSummary, message: str, line_no: int) -> Non
         if not inside:
             summary.open_traceback_line = summary.open_traceback_at = 0
             summary.open_traceback_text = ""
-        elif not summary.open_trace_native and WHOLE_FRAME.match(message):
+            summary.open_traceback_tail = ()
+            return
+        summary.open_traceback_tail = (
+            *summary.open_traceback_tail[-(TRACE_TAIL - 1) :],
+            message.strip()[:200],
+        )
+        if not summary.open_trace_native and WHOLE_FRAME.match(message):
             summary.open_traceback_at, summary.open_traceback_text = line_no, message.strip()[:300]
+
+
+TRACE_TAIL = 6
+"""Lines of an open traceback kept: the last two frames, their code and its carets."""
 
 
 def _open_trace(summary: StreamSummary, line_no: int, message: str, native: bool) -> None:
     summary.open_traceback_line = summary.open_traceback_at = line_no
     summary.open_traceback_text = message.strip()[:300]
+    summary.open_traceback_tail = (message.strip()[:200],)
     summary.open_trace_native = native
 
 

@@ -132,6 +132,8 @@ class CutTrace:
     """Its last whole Python frame (else its first line), with the writer's rank if known."""
     native: bool = False
     """A C++ backtrace (c10::Error's frames) rather than a Python traceback."""
+    tail: tuple[str, ...] = ()
+    """Its last few lines (frames and their code): what the process was doing."""
 
 
 @dataclass(slots=True)

@@ -9,6 +9,7 @@ from ddpdoctor.rules import collectives, cuda, data, ddp, generic, inferred, lau
 from ddpdoctor.rules.base import Rule, RuleDefinitionError
 from ddpdoctor.rules.hypotheses import (
     collective_mismatch,
+    cut_site,
     cut_traceback,
     lagging_rank,
     log_ends,
@@ -39,7 +40,7 @@ HYPOTHESES: tuple[Hypothesis, ...] = (
 )
 """Inferred causes, each scored from the job's evidence by the same engine (analysis/decide)."""
 
-HYPOTHESIS_ONLY_RULES = (stalled_rank.HANG, cut_traceback.NATIVE)
+HYPOTHESIS_ONLY_RULES = (stalled_rank.HANG, cut_traceback.NATIVE, *cut_site.RULES)
 """Rules a hypothesis may conclude with besides its own (documented like every rule)."""
 
 INTENDED_ENDS: dict[str, Rule] = {

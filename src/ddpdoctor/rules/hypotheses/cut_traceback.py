@@ -10,6 +10,7 @@ from ddpdoctor.model.evidence import CutTrace, JobEvidence
 from ddpdoctor.model.taxonomy import Category
 from ddpdoctor.rules.base import Explanation, Rule
 from ddpdoctor.rules.hypotheses.base import Assessment, ranks_text
+from ddpdoctor.rules.hypotheses.cut_site import site_rule
 
 COLLECT = (
     "Collect the complete output of that rank (torchrun --tee 3 or --log-dir DIR keeps each "
@@ -71,6 +72,9 @@ def assess(job: JobEvidence) -> Assessment | None:
     if not cut:
         return None
     native = all(c.native for c in cut)
+    # where every Python trace stopped, when that place nearly names the cause
+    places = {site_rule(c.tail) for c in cut if not c.native}
+    place = places.pop() if len(places) == 1 else None
     ranks = sorted({c.where.rank for c in cut if c.where.rank is not None})
     failing = [r for r in ranks if r in job.failing_exits]
     who = f"the output of {ranks_text(ranks)}" if ranks else "the output"
@@ -86,13 +90,13 @@ def assess(job: JobEvidence) -> Assessment | None:
         codes = ", ".join(f"rank {r}: {job.failing_exits[r]}" for r in failing)
         support.append(f"The launcher reports it exiting with an error ({codes}).")
     return Assessment(
-        NATIVE if native else RULE,
-        0.55 if failing else 0.45,
+        NATIVE if native else place or RULE,
+        (0.55 if failing else 0.45) + (0.05 if place is not None else 0.0),
         failing or ranks,
         support,
         evidence=[c.where for c in cut[:4]],
         next_steps=["Collect the rest of that output: the error line names the cause."],
-        category=str(Category.UNKNOWN),
+        category=None if place is not None else str(Category.UNKNOWN),
         # a writer known by its rank can be the one the others lost; an unnamed one cannot
         explains_echoes=bool(ranks),
     )

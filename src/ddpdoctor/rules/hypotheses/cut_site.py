@@ -1,0 +1,141 @@
+"""INF218-INF221: where a cut traceback stopped says what the process was doing when it raised,
+and for a few places that is nearly what went wrong: selecting its GPU, importing a module,
+reading a launcher's variable, waiting for a DataLoader worker. Each is a guess from the place
+(the exception's line is missing), worth more than "an exception" and said as one."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from ddpdoctor.rules.base import Explanation, Rule
+
+FRAME = re.compile(r'^File "(?P<path>[^"]+)", line \d+, in (?P<func>\S+)')
+
+SET_DEVICE = Rule(
+    code="INF218",
+    kind="device-assignment",
+    title="The output ends inside torch.cuda.set_device: the rank's GPU could not be selected",
+    signatures=(),
+    explanation=Explanation(
+        what="A cut traceback whose last frame selects the process's GPU (torch.cuda.set_device).",
+        why="set_device fails when the index is not a visible GPU: more processes per node "
+        "than GPUs (--nproc-per-node), CUDA_VISIBLE_DEVICES narrowed after the launch, or a "
+        "global rank used where the local rank belongs.",
+        fix="Give each process its local rank's GPU, with no more processes per node than "
+        "visible GPUs.",
+        false_positives="Another CUDA error raised during set_device (a broken driver): the "
+        "missing exception line would say so.",
+    ),
+    fix=(
+        "torch.cuda.set_device(int(os.environ['LOCAL_RANK'])), with --nproc-per-node at most "
+        "the number of GPUs in CUDA_VISIBLE_DEVICES.",
+    ),
+)
+
+IMPORT = Rule(
+    code="INF219",
+    kind="missing-module",
+    title="The output ends inside an import: a module or its compiled part failed to load",
+    signatures=(),
+    explanation=Explanation(
+        what="A cut traceback whose last frame is an import statement.",
+        why="An exception raised by an import is nearly always an ImportError: a package not "
+        "installed in the environment the ranks run in, or a compiled extension built for "
+        "another torch/CUDA.",
+        fix="Install the module in the environment every node runs (the same interpreter as "
+        "the launcher's), or rebuild the extension against this torch.",
+        false_positives="A module whose own top-level code raised something else while being "
+        "imported.",
+    ),
+    fix=(
+        "Run `python -c 'import <module>'` with the interpreter and environment of the job on "
+        "each node; install or rebuild what fails.",
+    ),
+)
+
+LAUNCHER_VARIABLE = Rule(
+    code="INF220",
+    kind="launcher-env-missing",
+    title="The output ends where a launcher's variable (RANK, LOCAL_RANK, ...) is read",
+    signatures=(),
+    explanation=Explanation(
+        what="A cut traceback whose last frame reads RANK, LOCAL_RANK, WORLD_SIZE, "
+        "MASTER_ADDR or MASTER_PORT from the environment.",
+        why="torchrun and the other launchers set these for each process; a script started "
+        "with plain `python`, or by a launcher that sets other names, raises KeyError there.",
+        fix="Start it with torchrun (or the launcher the script was written for), or map "
+        "your launcher's variables to these names.",
+        false_positives="A value that is set but malformed (ValueError on int()).",
+    ),
+    fix=(
+        "Launch with `torchrun --nproc-per-node N script.py`, which sets RANK, LOCAL_RANK, "
+        "WORLD_SIZE, MASTER_ADDR and MASTER_PORT for every process.",
+    ),
+)
+
+DATALOADER_WAIT = Rule(
+    code="INF221",
+    kind="dataloader-worker-killed",
+    title="The output ends where the DataLoader waits for a worker's batch",
+    signatures=(),
+    explanation=Explanation(
+        what="A cut traceback whose last frame is the DataLoader fetching a batch from its "
+        "worker processes (_try_get_data).",
+        why="That frame raises when a worker died (the OOM killer, a bus error on a full "
+        "/dev/shm, a crash in the dataset code) or did not answer within the DataLoader's "
+        "timeout.",
+        fix="Find what killed the worker: dmesg for the OOM killer, `df -h /dev/shm`; run "
+        "with num_workers=0 once to see the dataset's own error.",
+        false_positives="A worker that raised an ordinary exception re-raises it from another "
+        "frame (_process_data), not this one.",
+    ),
+    fix=(
+        "Check dmesg on the node for killed processes and `df -h /dev/shm`; lower num_workers "
+        "or give the container more shared memory (docker --shm-size).",
+        "Run once with num_workers=0: a dataset error then shows directly.",
+    ),
+)
+
+RULES = (SET_DEVICE, IMPORT, LAUNCHER_VARIABLE, DATALOADER_WAIT)
+
+IMPORT_STATEMENT = re.compile(r"^(?:from\s+[\w.]+\s+)?import\s+[\w.]")
+LAUNCHER_ENV = re.compile(
+    r"environ\s*\[\s*['\"](?:RANK|LOCAL_RANK|WORLD_SIZE|MASTER_ADDR|MASTER_PORT)['\"]\s*\]"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Site:
+    """The last whole frame of a cut traceback and the code line printed under it."""
+
+    path: str
+    func: str
+    code: str
+
+
+def last_site(tail: tuple[str, ...]) -> Site | None:
+    """The last whole frame and its code ('' when the paste ends right after the frame)."""
+    for i in range(len(tail) - 1, -1, -1):
+        m = FRAME.match(tail[i])
+        if m:
+            code = tail[i + 1] if i + 1 < len(tail) and not tail[i + 1].startswith("File ") else ""
+            return Site(m["path"], m["func"], code)
+    return None
+
+
+def site_rule(tail: tuple[str, ...]) -> Rule | None:
+    """The place's rule, if the last frame (or the code that called into it) is one of them."""
+    site = last_site(tail)
+    if site is None:
+        return None
+    if site.func == "set_device" or "_cuda_setDevice" in site.code:
+        return SET_DEVICE
+    if IMPORT_STATEMENT.match(site.code):
+        return IMPORT
+    in_os = site.func == "__getitem__" and re.search(r"(?:^|[</ ])os(?:\.py|>)$", site.path)
+    if LAUNCHER_ENV.search(site.code) or (in_os and any(LAUNCHER_ENV.search(t) for t in tail)):
+        return LAUNCHER_VARIABLE
+    if site.func == "_try_get_data" and "torch/utils/data" in site.path.replace("\\", "/"):
+        return DATALOADER_WAIT
+    return None
