@@ -33,6 +33,7 @@ ANCHORED = frozenset(
         "prefixes.NCCL",
         "prefixes.SLURM",
         "prefixes.PDSH",
+        "prefixes.COMPOSE",
         "prefixes.KUBECTL",
         "prefixes.STREAM_TAG",
         "prefixes.PLATFORM_TAG",

@@ -141,7 +141,9 @@ def signal_name(exit_code: int) -> str | None:
         return f"signal {-exit_code}"
 
 
-MPI_PROCESS = re.compile(r"\bProcess name:\s*\[(?:\[\d+,\d+\]|[^\],\s]+@\d+),(?P<rank>\d+)\]")
+MPI_PROCESS = re.compile(
+    r"\bProcess name: {0,8}\[(?:\[\d{1,10},\d{1,10}\]|[^\],\s]{1,100}@\d{1,10}),(?P<rank>\d{1,7})\]"
+)
 
 
 def parse_mpi_exit(before: list[str], line: str) -> tuple[int | None, RankExit]:

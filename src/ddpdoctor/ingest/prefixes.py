@@ -47,7 +47,7 @@ SLURM = re.compile(r"\s*(?P<task>\d{1,5}): ")
 PDSH = re.compile(r"(?P<host>(?=[a-z0-9._-]*[0-9-])[a-z][a-z0-9._-]{0,62}):\s(?!\s*error:)")
 # `docker compose logs` (and SageMaker local mode): `trainer-worker-1  | `, the container name
 # padded, then a bar; the container is the host. Its name carries the replica number, a digit.
-COMPOSE = re.compile(r"(?P<host>(?=[a-z0-9._-]*[0-9])[a-z][a-z0-9._-]{0,62}) {1,40}\| ")
+COMPOSE = re.compile(r"(?P<host>(?=[a-z0-9._-]{0,62}[0-9])[a-z][a-z0-9._-]{0,62}) {1,40}\| ")
 # `kubectl logs --prefix`: `[pod/train-worker-1/pytorch] `; the pod is the host.
 KUBECTL = re.compile(r"\[pod/(?P<pod>[^/\]\s]+)/[^\]\s]+\] ")
 # Capture platforms: `[stderr]`, `[stdout]`.
