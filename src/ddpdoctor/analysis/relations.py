@@ -20,6 +20,7 @@ job, documented by what it means for every rank; none names a rule or a kind. Wh
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -384,17 +385,24 @@ def relate_run_stop(graph: CausalGraph, ctx: Context) -> None:
             graph.add(node, event, "run stop", "the stop ddpdoctor run sent to the job")
 
 
+AGENT_STOP = re.compile(r"death signal|SignalException|Main process received SIG")
+"""A launcher agent's own words when the stop reached it (torchelastic, DeepSpeed)."""
+
+
 def relate_outside_stop(graph: CausalGraph, ctx: Context) -> None:
     """A stop sent to the whole job (the launcher's death signal: a scheduler's SIGTERM, a
     person's Ctrl-C) reaches the ranks one by one: the first to go closes its connections, and
     a peer still in a collective then reports a lost peer or a generic error. Those are its
     echo when printed after the stop: in the same log by line, across logs by time; across logs
-    without times too, since a launcher still there to receive the signal had seen no worker
-    fail (torchrun ends the group itself when one does). A timeout is kept: it takes minutes,
-    and says the job hung before anybody stopped it."""
+    without times too when the stop reached a launcher agent, which ends the group itself when
+    a worker fails (torchrun, DeepSpeed): still there to receive it, it had seen none fail. A
+    timeout is kept: it takes minutes, and says the job hung before anybody stopped it."""
     stops = [e for e in graph.events if e.echo == Echo.STOPPED and e.rank is None and e.hits]
     if not stops:
         return
+    # an agent that supervises its workers (torchrun's, DeepSpeed's) ends the job itself when
+    # one fails; srun lets the other tasks run on, so a Slurm stop orders nothing by itself
+    by_agent = any(AGENT_STOP.search(h.record.text) for e in stops for h in e.hits)
     first: dict[str, int] = {}
     times = [h.record.time for e in stops for h in e.hits if h.record.time is not None]
     stopped_at = min(times) if times else None
@@ -409,7 +417,10 @@ def relate_outside_stop(graph: CausalGraph, ctx: Context) -> None:
             if src in first:
                 if h.record.line <= first[src]:
                     return False
-            elif when is not None and stopped_at is not None and when < stopped_at:
+            elif when is not None and stopped_at is not None:
+                if when < stopped_at:
+                    return False
+            elif not by_agent:
                 return False
         return bool(event.hits)
 
