@@ -469,9 +469,14 @@ def _by_hand(echoes: list[Event]) -> bool:
     """Every stop seen is SIGINT (Ctrl-C: the launcher's death signal 2, a KeyboardInterrupt),
     a person's, not a scheduler's SIGTERM or a time limit."""
     stops = [e for e in echoes if e.echo == Echo.STOPPED]
-    return bool(stops) and all(
-        e.rule.kind == "hang" or all(h.captures.get("exc") == "KeyboardInterrupt" for h in e.hits)
-        for e in stops
+    return bool(stops) and all(all(_sigint(h.captures) for h in e.hits) for e in stops)
+
+
+def _sigint(captures: dict[str, str]) -> bool:
+    return (
+        captures.get("signum") == "2"
+        or captures.get("sig") == "SIGINT"
+        or captures.get("exc") == "KeyboardInterrupt"
     )
 
 

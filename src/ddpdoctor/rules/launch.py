@@ -526,10 +526,10 @@ INTERRUPTED = Rule(
     specificity=15,
     signatures=(
         # the torchrun agent got SIGINT (2): a person at its terminal (census: benign)
-        Signature(r"Received 2 death signal, shutting down workers", " death signal"),
-        Signature(r"SignalException: Process \d+ got signal: 2\b", "SignalException"),
+        Signature(r"Received (?P<signum>2) death signal, shutting down workers", " death signal"),
+        Signature(r"SignalException: Process \d+ got signal: (?P<signum>2)\b", "SignalException"),
         # DeepSpeed launcher/launch.py sigkill_handler
-        Signature(r"Main process received SIGINT, exiting", "Main process received"),
+        Signature(r"Main process received (?P<sig>SIGINT), exiting", "Main process received"),
     ),
     explanation=Explanation(
         what="The launcher received SIGINT and passed it on to the workers.",
