@@ -86,8 +86,10 @@ POSITIVE = {
         (lambda t: case("235"), []),
         (lambda t: case("259"), []),
     ],
-    # c10::Error frames that end the paste: the heartbeat monitor's, the NCCL watchdog's
-    "INF216": [(lambda t: case("136"), None), (lambda t: case("153"), [])],
+    # c10::Error frames that end the paste: the heartbeat monitor's
+    "INF216": [(lambda t: case("136"), None)],
+    # the NCCL watchdog's (the timeout's message above them cut away)
+    "INF222": [(lambda t: case("153"), [])],
     # cut tracebacks whose last frame names what the process was doing
     "INF218": [(lambda t: case("369"), [])],
     "INF219": [
@@ -125,6 +127,8 @@ NEAR_MISS = {
     "INF219": [lambda t: scenario("missing-module")],
     "INF220": [lambda t: scenario("launcher-env-missing")],
     "INF221": [lambda t: scenario("dataloader-worker-killed")],
+    # frames of another native thread (the heartbeat monitor): not the watchdog
+    "INF222": [lambda t: case("136")],
     # rank 1's watchdog timeout, then frames no rank owns: the timeout's own trace
     "INF216": [lambda t: case("403"), lambda t: real("rendezvous-no-master")],
 }

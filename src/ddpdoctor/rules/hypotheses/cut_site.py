@@ -97,7 +97,38 @@ DATALOADER_WAIT = Rule(
     ),
 )
 
-RULES = (SET_DEVICE, IMPORT, LAUNCHER_VARIABLE, DATALOADER_WAIT)
+WATCHDOG = Rule(
+    code="INF222",
+    kind="nccl-timeout",
+    title="The output ends in the NCCL watchdog's backtrace: a collective timed out or failed",
+    signatures=(),
+    explanation=Explanation(
+        what="A cut C++ backtrace raised from ProcessGroupNCCL's watchdog thread "
+        "(ncclCommWatchdog), the error line before it missing.",
+        why="The watchdog raises when a collective ran past the process group's timeout or "
+        "failed asynchronously; the exception ends the process (SIGABRT). A rank that is "
+        "busy elsewhere (saving, evaluating alone) or gone makes the others wait that long.",
+        fix="Find what the slowest rank was doing at that time; if it was legitimately busy "
+        "(saving a full checkpoint), raise the timeout or make that work collective.",
+        false_positives="An NCCL error (a network fault) caught by the watchdog ends the "
+        "same way: the missing line above the frames says which.",
+    ),
+    fix=(
+        "Read the other ranks' last lines at that time: a rank still saving or evaluating "
+        "alone is the cause; init_process_group(timeout=timedelta(minutes=...)) if that work "
+        "is legitimately long.",
+    ),
+)
+
+RULES = (SET_DEVICE, IMPORT, LAUNCHER_VARIABLE, DATALOADER_WAIT, WATCHDOG)
+
+WATCHDOG_FRAME = re.compile(r"ncclCommWatchdog|watchdogHandler")
+
+
+def native_site_rule(where: str, tail: tuple[str, ...]) -> Rule | None:
+    """A C++ backtrace raised from the NCCL watchdog: its header names the function."""
+    return WATCHDOG if any(WATCHDOG_FRAME.search(t) for t in (where, *tail)) else None
+
 
 IMPORT_STATEMENT = re.compile(r"^(?:from\s+[\w.]+\s+)?import\s+[\w.]")
 LAUNCHER_ENV = re.compile(

@@ -10,7 +10,7 @@ from ddpdoctor.model.evidence import CutTrace, JobEvidence
 from ddpdoctor.model.taxonomy import Category
 from ddpdoctor.rules.base import Explanation, Rule
 from ddpdoctor.rules.hypotheses.base import Assessment, ranks_text
-from ddpdoctor.rules.hypotheses.cut_site import site_rule
+from ddpdoctor.rules.hypotheses.cut_site import native_site_rule, site_rule
 
 COLLECT = (
     "Collect the complete output of that rank (torchrun --tee 3 or --log-dir DIR keeps each "
@@ -73,7 +73,9 @@ def assess(job: JobEvidence) -> Assessment | None:
         return None
     native = all(c.native for c in cut)
     # where every Python trace stopped, when that place nearly names the cause
-    places = {site_rule(c.tail) for c in cut if not c.native}
+    places = {
+        native_site_rule(c.where.text, c.tail) if c.native else site_rule(c.tail) for c in cut
+    }
     place = places.pop() if len(places) == 1 else None
     ranks = sorted({c.where.rank for c in cut if c.where.rank is not None})
     failing = [r for r in ranks if r in job.failing_exits]
@@ -90,7 +92,7 @@ def assess(job: JobEvidence) -> Assessment | None:
         codes = ", ".join(f"rank {r}: {job.failing_exits[r]}" for r in failing)
         support.append(f"The launcher reports it exiting with an error ({codes}).")
     return Assessment(
-        NATIVE if native else place or RULE,
+        place or (NATIVE if native else RULE),
         (0.55 if failing else 0.45) + (0.05 if place is not None else 0.0),
         failing or ranks,
         support,
