@@ -1,7 +1,8 @@
-"""INF218-INF221: where a cut traceback stopped says what the process was doing when it raised,
+"""INF218-INF222: where a cut traceback stopped says what the process was doing when it raised,
 and for a few places that is nearly what went wrong: selecting its GPU, importing a module,
-reading a launcher's variable, waiting for a DataLoader worker. Each is a guess from the place
-(the exception's line is missing), worth more than "an exception" and said as one."""
+reading a launcher's variable, waiting for a DataLoader worker, the NCCL watchdog (a C++
+backtrace). Each is a guess from the place (the exception's line is missing), worth more than
+"an exception" and said as one."""
 
 from __future__ import annotations
 
