@@ -274,7 +274,14 @@ def _wait_for(run_dir: Path, pattern: bytes, count: int, timeout: float) -> list
         if len(found) >= count:
             return found
         time.sleep(0.1)
-    raise AssertionError(f"{pattern!r} x{count} not seen in {timeout} s")
+    path = run_dir / "console.log"
+    tail = path.read_bytes()[-3000:] if path.exists() else b"(no console.log)"
+    events_log = run_dir / "events.jsonl"
+    seen = events_log.read_bytes()[-2000:] if events_log.exists() else b"(no events.jsonl)"
+    raise AssertionError(
+        f"{pattern!r} x{count} not seen in {timeout} s; console ends:\n{tail!r}\n"
+        f"events end:\n{seen!r}"
+    )
 
 
 def test_process_ignoring_sigterm_is_killed_after_grace(tmp_path: Path) -> None:
