@@ -305,7 +305,9 @@ def test_rank_ignoring_sigterm_is_killed_after_grace_not_torchruns_30_s(tmp_path
     run_dir = tmp_path / "r"
     cmd = [str(TORCHRUN), "--standalone", "--nproc-per-node=2", str(WRITER), "ignore-term", "1"]
     proc = start(run_dir, "--grace", "2", cmd=cmd)
-    found = _wait_for(run_dir, rb"IGNORING rank (\d) pid (\d+) ignores=(\w+)", 2, 60)
+    # the two ranks write to one pipe: a line may end right where the other rank's begins
+    # ("...ignores=FalseIGNORING rank 1 ..."), so the pattern ends on the word it expects
+    found = _wait_for(run_dir, rb"IGNORING rank (\d) pid (\d+) ignores=(True|False)", 2, 60)
     pids = {int(m.group(1)): int(m.group(2)) for m in found}
     agent = [c.pid for c in psutil.Process(proc.pid).children()]
     t0 = time.monotonic()
