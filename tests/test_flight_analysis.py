@@ -5,12 +5,16 @@ dumps. The code lines are looked up in the program that made the captures, never
 from __future__ import annotations
 
 import copy
+import json
 import pickle
 import random
+import shutil
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from ddpdoctor.analysis.diagnose import diagnose_paths
 from ddpdoctor.analysis.flight import analyze
 from ddpdoctor.ingest.flight_dumps import read_dump
 from ddpdoctor.model.flight import FlightAnalysis, FlightDump
@@ -242,3 +246,24 @@ def test_torch_analyzer_on_the_same_dumps(caplog: pytest.LogCaptureFixture) -> N
 
 
 FIXTURE_CASES = ("skip", "op", "shape", "sleep", "die", "two-groups")
+
+
+def test_a_dump_naming_a_huge_rank_costs_no_more_than_a_bounded_world(tmp_path: Path) -> None:
+    """make fuzz: a damaged dump whose pg_config named rank 16,000,000 made the comparison
+    build per-rank structures of that size (14 GB, killed by the OOM killer). The world it
+    follows is bounded and says so; the table keeps the ranks with a dump and a few others."""
+    from ddpdoctor.analysis import flight
+
+    run = tmp_path / "run"
+    shutil.copytree(REPO / "tests" / "fixtures" / "real" / "flight-recorder" / "op", run)
+    (run / "dumps" / "rank0.pkl").unlink()  # the JSON form of the same dump is the one changed
+    dump = run / "dumps" / "rank0.json"
+    data = json.loads(dump.read_text())
+    data["pg_config"][""]["ranks"] = "[0, 16000000]"
+    dump.write_text(json.dumps(data))
+    report = diagnose_paths([str(run)])
+    analysis = report.job.flight
+    assert analysis is not None
+    assert analysis.world_size == flight.MAX_WORLD
+    assert any("16,000,001 ranks" in note for note in analysis.notes)
+    assert all(len(row.cells) <= 2 + flight.TABLE_GAPS for row in analysis.table)

@@ -20,6 +20,11 @@ from ddpdoctor.model.flight import (
 )
 
 TABLE_ROWS = 6
+TABLE_GAPS = 64
+"""Columns kept for members without a dump: enough to show who is missing, never a million."""
+MAX_WORLD = 1 << 16
+"""The most ranks the comparison follows: a dump that names rank 16,000,000 would otherwise
+make every per-rank structure that large (make fuzz: 14 GB)."""
 """Sequence ids per group in the cross-rank table: enough to see the pattern before the fault."""
 SIZED_OPS = frozenset(
     {
@@ -210,6 +215,12 @@ class _Analyzer:
         for known in (recorded.get(DEFAULT_GROUP), self.unnamed):
             if known:
                 size = max(size, max(known) + 1)
+        if size > MAX_WORLD:  # a damaged dump's rank, not a job: every rank costs memory below
+            self.notes.append(
+                f"the dumps name a world of {size:,} ranks; ranks from {MAX_WORLD:,} on are not "
+                "followed (a damaged dump, or more ranks than ddpdoctor compares)"
+            )
+            size = MAX_WORLD
         return list(range(size))
 
     def members(self, pg: str, recorded: dict[str, list[int]], world: list[int]) -> list[int]:
@@ -450,13 +461,15 @@ class _Analyzer:
 
     def table(self, pg: str, members: list[int], at: int | None) -> None:
         have = [r for r in members if r in self.ranks]
+        # a column per rank with a dump, and the first of those without one (the table is read)
+        shown = sorted(set(have) | set([r for r in members if r not in self.ranks][:TABLE_GAPS]))
         seqs = {r: self.ranks[r].by_group.get(pg, {}) for r in have}
         hi = max((max(s) for s in seqs.values() if s), default=0)
         if not hi:
             return
         end = hi if at is None else max(at, min(hi, at + 1))
         for seq in range(max(1, end - TABLE_ROWS + 1), end + 1):
-            cells: dict[int, FlightCall | None] = {r: None for r in members}
+            cells: dict[int, FlightCall | None] = {r: None for r in shown}
             for r in have:
                 if seq in seqs[r]:
                     cells[r] = self.call(r, seqs[r][seq])
