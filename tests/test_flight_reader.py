@@ -233,3 +233,15 @@ def test_a_pipe_is_not_sniffed(tmp_path: Path) -> None:
     finally:
         os.close(fd)
     assert flight_dumps.sniff_path(str(tmp_path / "missing")) is None
+
+
+def test_a_damaged_memo_slot_is_refused_before_it_costs_memory() -> None:
+    """make fuzz: a pickle whose PUT names memo slot 2**31 made the unpickler grow and zero a
+    memo table of gigabytes (14 GB, the OOM killer). Refused at once, nothing allocated."""
+    import struct
+
+    from ddpdoctor.ingest.flight_dumps import Rejected, parse_dump
+
+    damaged = b"\x80\x02]r" + struct.pack("<I", 0x7FFFFFF0) + b"."  # [] then LONG_BINPUT
+    result = parse_dump(damaged, "rank0.pkl", 0, "pickle")
+    assert isinstance(result, Rejected) and "memo slot" in result.reason

@@ -12,6 +12,7 @@ import io
 import json
 import os
 import pickle
+import pickletools
 import re
 import stat
 from dataclasses import dataclass
@@ -105,9 +106,21 @@ class _PlainUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError("it refers to external objects (persistent ids)")
 
 
+MAX_MEMO_INDEX = 1 << 22
+"""The highest memo slot a dump's pickle may name. The unpickler grows its memo table to twice
+the slot a PUT names and zeroes it: one damaged 4-byte index asked for gigabytes (make fuzz:
+14 GB, the OOM killer)."""
+_MEMO_PUTS = frozenset({"PUT", "BINPUT", "LONG_BINPUT"})
+
+
 def load_plain_pickle(data: bytes) -> Any:
     """The value of a pickle made only of dicts, lists, tuples, sets, str, bytes, numbers, bool
     and None. Raises pickle.UnpicklingError (or another _READ_ERRORS) otherwise."""
+    for op, arg, _ in pickletools.genops(data):
+        if op.name in _MEMO_PUTS and isinstance(arg, int) and arg > MAX_MEMO_INDEX:
+            raise pickle.UnpicklingError(f"a memo slot of {arg:,}, more than a dump uses")
+        if op.name == "STOP":
+            break
     return _PlainUnpickler(io.BytesIO(data)).load()
 
 
