@@ -480,10 +480,10 @@ def _sigint(captures: dict[str, str]) -> bool:
     )
 
 
-def _interrupted_at(echoes: list[Event]) -> str:
+def _interrupted_at(events: list[Event]) -> str:
     """Each rank's own code line where its KeyboardInterrupt was raised."""
     places: dict[int, str] = {}
-    for event in echoes:
+    for event in events:
         if event.echo != Echo.STOPPED or event.rank is None or event.rank in places:
             continue
         hits = [h for h in event.hits if h.captures.get("exc") == "KeyboardInterrupt"]

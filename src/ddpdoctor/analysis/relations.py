@@ -20,7 +20,6 @@ job, documented by what it means for every rank; none names a rule or a kind. Wh
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -385,10 +384,6 @@ def relate_run_stop(graph: CausalGraph, ctx: Context) -> None:
             graph.add(node, event, "run stop", "the stop ddpdoctor run sent to the job")
 
 
-AGENT_STOP = re.compile(r"death signal|SignalException|Main process received SIG")
-"""A launcher agent's own words when the stop reached it (torchelastic, DeepSpeed)."""
-
-
 def relate_outside_stop(graph: CausalGraph, ctx: Context) -> None:
     """A stop sent to the whole job (the launcher's death signal: a scheduler's SIGTERM, a
     person's Ctrl-C) reaches the ranks one by one: the first to go closes its connections, and
@@ -402,7 +397,9 @@ def relate_outside_stop(graph: CausalGraph, ctx: Context) -> None:
         return
     # an agent that supervises its workers (torchrun's, DeepSpeed's) ends the job itself when
     # one fails; srun lets the other tasks run on, so a Slurm stop orders nothing by itself
-    by_agent = any(AGENT_STOP.search(h.record.text) for e in stops for h in e.hits)
+    # (the stop lines that name the signal they received are the agents': torchrun's death
+    # signal and SignalException, DeepSpeed's "Main process received"; slurmstepd names none)
+    by_agent = any("signum" in h.captures or "sig" in h.captures for e in stops for h in e.hits)
     first: dict[str, int] = {}
     times = [h.record.time for e in stops for h in e.hits if h.record.time is not None]
     stopped_at = min(times) if times else None
