@@ -80,10 +80,9 @@ POSITIVE = {
     # torchrun saw rank 0 exit 1 first and SIGTERMed rank 1 (the real culprit) while it was
     # going down: from the launcher alone the culprit cannot be told, so it is not checked
     "INF208": [(lambda t: launcher_only("data-error", t), None)],
-    # rank 1's traceback without its FileNotFoundError line; two pastes cut inside one
+    # rank 1's traceback without its FileNotFoundError line; a paste cut inside one
     "INF215": [
         (lambda t: cut_before("data-error", "[rank1]: FileNotFoundError", t), [1]),
-        (lambda t: case("235"), []),
         (lambda t: case("259"), []),
     ],
     # c10::Error frames that end the paste: the heartbeat monitor's
@@ -98,6 +97,8 @@ POSITIVE = {
     ],
     "INF220": [(lambda t: cut_before("launcher-env-missing", "KeyError", t), None)],
     "INF221": [(lambda t: case("230"), [])],
+    # a DeepSpeed ZeRO checkpoint save, the paste cut inside torch.save
+    "INF223": [(lambda t: case("235"), [])],
     "INF209": [
         (lambda t: scenario("uneven-inputs"), [1]),
         (lambda t: real("abort-after-timeout"), [1]),
@@ -129,6 +130,8 @@ NEAR_MISS = {
     "INF221": [lambda t: scenario("dataloader-worker-killed")],
     # frames of another native thread (the heartbeat monitor): not the watchdog
     "INF222": [lambda t: case("136")],
+    # a whole traceback through torch.save names its error (an I/O error: DATA103)
+    "INF223": [lambda t: case("232")],
     # rank 1's watchdog timeout, then frames no rank owns: the timeout's own trace
     "INF216": [lambda t: case("403"), lambda t: real("rendezvous-no-master")],
 }

@@ -141,6 +141,69 @@ DISK_FULL = Rule(
     ),
 )
 
+CHECKPOINT_WRITE_FAILED = Rule(
+    code="DATA103",
+    kind="disk-full",
+    confirm="that the checkpoint folder exists, is writable and its filesystem is neither full "
+    "nor over quota: `ls -ld <dir>`, `df -h <dir>`, `quota -s` on the node of the culprit",
+    title="A checkpoint could not be written (I/O error, or the file could not be created)",
+    sources="torch/serialization.py save: caffe2/serialize/inline_container.cc "
+    "(PyTorchFileWriter), the legacy writer's write() check (torch < 1.6)",
+    specificity=70,
+    signatures=(
+        # the legacy writer's failed write(2): EIO is what a full network filesystem or a
+        # failing disk returns (ENOSPC itself says "No space left on device", DATA102)
+        Signature(
+            r"write\(\): fd \d+ failed with Input/output error",
+            "failed with Input/output error",
+            suggests=True,
+        ),
+        # the zip writer could not create the file (torch before 2.x gives no reason; 2.x says
+        # "open file failed with strerror: ...", and a missing folder "Parent directory ...
+        # does not exist.")
+        Signature(r"File \S.* cannot be opened\.", " cannot be opened.", suggests=True),
+        Signature(
+            r"open file failed with strerror: Input/output error",
+            "open file failed with strerror: Input/output error",
+            suggests=True,
+        ),
+    ),
+    # raised while saving: torch.save's own frames, or a framework's checkpoint writer
+    context_all=(
+        r"serialization\.py\S*, line \d+, in (?:save|_save|_open_zipfile_writer|_with_file_like)"
+        r"|PyTorchFileWriter|save_checkpoint|checkpoint_engine|torch\.save\(",
+    ),
+    explanation=Explanation(
+        what="torch.save (or a framework's checkpoint writer) failed to create or write the "
+        "checkpoint file, with an I/O error or no reason given.",
+        why="Writing a checkpoint is the largest write most jobs make, so it is where a full "
+        "disk, a quota or a failing network filesystem shows first; the error then names the "
+        "write, not the space. A folder that does not exist or cannot be written gives the "
+        "same 'cannot be opened' on torch before 2.x.",
+        fix="Check the space and permissions of the checkpoint folder on the node that failed; "
+        "free space or save elsewhere, keep fewer checkpoints.",
+        false_positives="A missing or read-only checkpoint folder (older torch names neither); "
+        "a network filesystem that failed the write for another reason.",
+    ),
+    fix=(
+        "Check `df -h <checkpoint dir>` and `ls -ld <checkpoint dir>` on the node: free space, "
+        "create the folder, or point checkpoints to a filesystem with room.",
+        "Keep fewer checkpoints (e.g. save_total_limit=2).",
+    ),
+    positive=(
+        # torch 1.0's legacy writer (serialization.py _save -> _write_file)
+        "RuntimeError: write(): fd 31 failed with Input/output error",
+        # torch 1.x's zip writer (inline_container.cc)
+        "RuntimeError: File run_out/checkpoints/checkpoint_0.pt cannot be opened.",
+    ),
+    negative=(
+        # reading, not writing: a file that cannot be read is a data problem (DATA101)
+        "RuntimeError: PytorchStreamReader failed reading zip archive: failed finding central "
+        "directory",
+        "OSError: [Errno 5] Input/output error: '/data/train/000123.jpg'",
+    ),
+)
+
 DATALOADER_WORKER_KILLED = Rule(
     code="DL101",
     kind="dataloader-worker-killed",
@@ -346,6 +409,7 @@ DATALOADER_CHANNEL_BROKEN = Rule(
 RULES = (
     DATA_ERROR,
     DISK_FULL,
+    CHECKPOINT_WRITE_FAILED,
     DATALOADER_WORKER_KILLED,
     DATALOADER_FD_LIMIT,
     DATALOADER_CHANNEL_BROKEN,

@@ -1,7 +1,7 @@
-"""INF218-INF222: where a cut traceback stopped says what the process was doing when it raised,
+"""INF218-INF223: where a cut traceback stopped says what the process was doing when it raised,
 and for a few places that is nearly what went wrong: selecting its GPU, importing a module,
 reading a launcher's variable, waiting for a DataLoader worker, the NCCL watchdog (a C++
-backtrace). Each is a guess from the place (the exception's line is missing), worth more than
+backtrace), writing a checkpoint. Each is a guess from the place (the exception's line is missing), worth more than
 "an exception" and said as one."""
 
 from __future__ import annotations
@@ -121,7 +121,28 @@ WATCHDOG = Rule(
     ),
 )
 
-RULES = (SET_DEVICE, IMPORT, LAUNCHER_VARIABLE, DATALOADER_WAIT, WATCHDOG)
+CHECKPOINT_SAVE = Rule(
+    code="INF223",
+    kind="disk-full",
+    title="The output ends inside a checkpoint save: writing the checkpoint failed",
+    signatures=(),
+    explanation=Explanation(
+        what="A cut traceback whose last frame writes a checkpoint (torch.save, a framework's "
+        "save_checkpoint or checkpoint engine).",
+        why="A checkpoint is the largest write most jobs make: a full disk, a quota or a "
+        "failing network filesystem fails there first, long after the job started fine.",
+        fix="Check the space, quota and permissions of the checkpoint folder on that node; "
+        "free space or save elsewhere, keep fewer checkpoints.",
+        false_positives="An object that cannot be pickled, or a rank that ran out of memory "
+        "gathering a full state dict: the missing exception line would say so.",
+    ),
+    fix=(
+        "Run `df -h <checkpoint dir>` and `quota -s` on the node; free space or point "
+        "checkpoints to a filesystem with room (save_total_limit to keep fewer).",
+    ),
+)
+
+RULES = (SET_DEVICE, IMPORT, LAUNCHER_VARIABLE, DATALOADER_WAIT, WATCHDOG, CHECKPOINT_SAVE)
 
 WATCHDOG_FRAME = re.compile(r"ncclCommWatchdog|watchdogHandler")
 
@@ -132,6 +153,8 @@ def native_site_rule(where: str, tail: tuple[str, ...]) -> Rule | None:
 
 
 IMPORT_STATEMENT = re.compile(r"^(?:from\s+[\w.]+\s+)?import\s+[\w.]")
+SAVE_CALL = re.compile(r"\btorch\.save\(|\bsave_checkpoint\(|\bcheckpoint_engine\.save\(")
+SAVE_FUNCS = frozenset(("save", "_save", "_open_zipfile_writer", "_with_file_like"))
 LAUNCHER_ENV = re.compile(
     r"environ\s*\[\s*['\"](?:RANK|LOCAL_RANK|WORLD_SIZE|MASTER_ADDR|MASTER_PORT)['\"]\s*\]"
 )
@@ -170,4 +193,7 @@ def site_rule(tail: tuple[str, ...]) -> Rule | None:
         return LAUNCHER_VARIABLE
     if site.func == "_try_get_data" and "torch/utils/data" in site.path.replace("\\", "/"):
         return DATALOADER_WAIT
+    in_torch_save = site.func in SAVE_FUNCS and site.path.endswith("serialization.py")
+    if in_torch_save or SAVE_CALL.search(site.code):
+        return CHECKPOINT_SAVE
     return None
