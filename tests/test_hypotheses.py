@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 
 from ddpdoctor.analysis.diagnose import diagnose_paths
-from ddpdoctor.rules.hypotheses import cut_site
-from ddpdoctor.rules.registry import HYPOTHESES
+from ddpdoctor.rules.registry import HYPOTHESES, HYPOTHESIS_ONLY_RULES
 from ddpdoctor.scenarios import catalog, runner
 from tests.conftest import CORPUS, REPO
 
@@ -99,6 +98,12 @@ POSITIVE = {
     "INF221": [(lambda t: case("230"), [])],
     # a DeepSpeed ZeRO checkpoint save, the paste cut inside torch.save
     "INF223": [(lambda t: case("235"), [])],
+    # the paste ends in c10d's retries to reach the store: no rank is blamed, the address is
+    "INF225": [(lambda t: case("462"), [])],
+    # Lightning's ranks announce they join a world of 8, and the paste stops there
+    "INF226": [(lambda t: case("474"), [])],
+    # two nodes whose output stops after NCCL set up its channels: a hang, not peer-to-peer
+    "INF206": [(lambda t: case("449"), [])],
     "INF209": [
         (lambda t: scenario("uneven-inputs"), [1]),
         (lambda t: real("abort-after-timeout"), [1]),
@@ -132,13 +137,19 @@ NEAR_MISS = {
     "INF222": [lambda t: case("136")],
     # a whole traceback through torch.save names its error (an I/O error: DATA103)
     "INF223": [lambda t: case("232")],
+    # retries of the IPv6 address family only (EINVAL): c10d moves on to IPv4, a healthy start
+    "INF225": [lambda t: case("465")],
+    # start-up that got as far as NCCL connecting the GPUs: past the rendezvous (INF205)
+    "INF226": [lambda t: case("070")],
+    # the same stop on one node: GPU peer-to-peer is the classic cause there (INF205)
+    "INF206": [lambda t: case("070")],
     # rank 1's watchdog timeout, then frames no rank owns: the timeout's own trace
     "INF216": [lambda t: case("403"), lambda t: real("rendezvous-no-master")],
 }
 
 
 def test_every_hypothesis_has_examples() -> None:
-    codes = {h.rule.code for h in HYPOTHESES} | {r.code for r in cut_site.RULES}
+    codes = {h.rule.code for h in HYPOTHESES} | {r.code for r in HYPOTHESIS_ONLY_RULES}
     # INF211 (a stall caught live), INF212 (a log that ends) and INF214 (a rank behind in the
     # Flight Recorder dumps) have their own tests: tests/test_run_hang_verdict.py,
     # tests/test_nothing_diagnosable.py and tests/test_flight_verdicts.py

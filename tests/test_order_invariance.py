@@ -51,10 +51,12 @@ def _verdict(report: Report) -> dict[str, object]:
 
 def _copy_as(files: list[Path], out: Path, names: list[str]) -> list[str]:
     """Each file copied under a new name; a file inside a node folder keeps its folder (the
-    folder names the host, as a user's layout does), only the file name changes."""
+    folder names the host, as a user's layout does), only the file name changes. A file named
+    for its node (node1.log) goes into a folder of that name: the host it names is kept."""
     copied = []
     for src, name in zip(files, names, strict=True):
-        parent = out / src.parent.name if src.parent.name.startswith("node") else out
+        host = next((n for n in (src.parent.name, src.stem) if n.startswith("node")), None)
+        parent = out / host if host else out
         parent.mkdir(parents=True, exist_ok=True)
         target = parent / (name + "".join(src.suffixes))
         shutil.copyfile(src, target)

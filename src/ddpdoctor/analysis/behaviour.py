@@ -126,7 +126,25 @@ def build_evidence(job: JobView, events: list[Event]) -> JobEvidence:
     evidence.last_step = _last_step(job)
     evidence.stalled_at_startup = _stalled_at_startup(job)
     evidence.cut_tracebacks = list(job.cut_tracebacks)
+    evidence.last_words = _last_words(job)
     return evidence
+
+
+def _last_words(job: JobView) -> list[Evidence]:
+    """Each writer's last line, in source and line order (the input's order does not count)."""
+    words = [
+        Evidence(
+            s.source,
+            s.last_line,
+            job.resolve(s.origin),
+            s.origin.host,
+            None,
+            s.last_text,
+        )
+        for s in job.streams
+        if s.last_line > 0 and s.last_text
+    ]
+    return sorted(words, key=lambda e: (e.source, e.line, e.text))
 
 
 def _add_event(evidence: JobEvidence, event: Event) -> None:

@@ -70,6 +70,8 @@ class StreamSummary:
 
     key: str
     origin: Origin
+    source: str = ""
+    """The source (as displayed) this writer's lines were read from."""
     lines_seen: int = 0
     first_line: int = 0
     last_line: int = 0
@@ -476,7 +478,7 @@ class Scanner:
             summary = streams.get(key)
             if summary is None:
                 origin = said.merged_with(file_origin)
-                summary = StreamSummary(key=key, origin=origin, first_line=line_no)
+                summary = StreamSummary(key, origin, display, first_line=line_no)
                 streams[key] = summary
             elif summary.origin.rank is None and said.rank is not None:
                 summary.origin = said.merged_with(file_origin)

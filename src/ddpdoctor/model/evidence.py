@@ -184,6 +184,9 @@ class JobEvidence:
     """The output stops right after distributed start-up: no step, no error, no exit."""
     cut_tracebacks: list[CutTrace] = field(default_factory=list)
     """Writers whose output ends inside a stack trace whose error line is not in the logs."""
+    last_words: list[Evidence] = field(default_factory=list)
+    """Every writer's last line (with its rank when known), in source and line order: what
+    each was doing when its output ends."""
     stopped_by_run: bool = False
     """`ddpdoctor run` ended the job: its kill after a hang, or a stop signal it forwarded."""
     flight: FlightAnalysis | None = None

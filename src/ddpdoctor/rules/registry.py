@@ -17,6 +17,7 @@ from ddpdoctor.rules.hypotheses import (
     slow_rank,
     stalled_rank,
     startup_hang,
+    store_connect,
     uncoordinated_exit,
     uneven_inputs,
     worker_exit,
@@ -36,11 +37,17 @@ HYPOTHESES: tuple[Hypothesis, ...] = (
     Hypothesis(worker_exit.RULE, worker_exit.assess, precedence=6),
     Hypothesis(cut_traceback.RULE, cut_traceback.assess, precedence=6),
     Hypothesis(startup_hang.RULE, startup_hang.assess, precedence=7),
+    Hypothesis(store_connect.RULE, store_connect.assess, precedence=7),
     Hypothesis(log_ends.RULE, log_ends.assess, precedence=8),
 )
 """Inferred causes, each scored from the job's evidence by the same engine (analysis/decide)."""
 
-HYPOTHESIS_ONLY_RULES = (stalled_rank.HANG, cut_traceback.NATIVE, *cut_site.RULES)
+HYPOTHESIS_ONLY_RULES = (
+    stalled_rank.HANG,
+    cut_traceback.NATIVE,
+    *cut_site.RULES,
+    startup_hang.RENDEZVOUS,
+)
 """Rules a hypothesis may conclude with besides its own (documented like every rule)."""
 
 INTENDED_ENDS: dict[str, Rule] = {
@@ -52,8 +59,6 @@ INTENDED_ENDS: dict[str, Rule] = {
 """The verdicts of ends that are not failures of training, by the engine's name for them:
 every rank stopped on purpose; a crash after the work was done; a stop from outside; a stop
 by hand (SIGINT) of a job that most likely hung."""
-
-"""Rules a hypothesis may conclude with besides its own (documented like every rule)."""
 
 
 @lru_cache(maxsize=1)

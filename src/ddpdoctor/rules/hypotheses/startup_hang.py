@@ -1,10 +1,16 @@
-"""INF205: the output stops during distributed start-up: no error, no training step, no exit.
-On one node the classic cause is broken GPU peer-to-peer; across nodes, the network transport
-(reported as a hang, since nothing in the logs proves the fabric)."""
+"""INF205 / INF226: the output stops during distributed start-up: no error, no training step, no
+exit. Where it stops says which part of start-up never finished: after the process group formed
+(NCCL connecting the GPUs), on one node the classic cause is broken GPU peer-to-peer, across
+nodes the network transport (a hang, since nothing in the logs proves the fabric); while every
+writer's last words still announce joining the group (INF226), the rendezvous never completed:
+some members never arrived."""
 
 from __future__ import annotations
 
+import re
+
 from ddpdoctor.model.evidence import JobEvidence
+from ddpdoctor.model.findings import Evidence
 from ddpdoctor.model.taxonomy import Category, Status
 from ddpdoctor.rules.base import Explanation, Rule
 from ddpdoctor.rules.hypotheses.base import Assessment
@@ -31,12 +37,50 @@ RULE = Rule(
     ),
 )
 
+RENDEZVOUS = Rule(
+    code="INF226",
+    kind="rendezvous-failure",
+    title="Output stopped while the ranks were joining the process group",
+    signatures=(),
+    explanation=Explanation(
+        what="The log ends with the ranks announcing that they join the process group "
+        "(Lightning's 'Initializing distributed: GLOBAL_RANK', DeepSpeed's 'Initializing "
+        "TorchBackend'), and no line says the group formed: no error, no step, no exit.",
+        why="init_process_group waits until every member of the world has reached the "
+        "rendezvous. Members that never arrive (a node that did not start, started with "
+        "another --nnodes or MASTER_ADDR, or scheduled with the wrong task count) leave the "
+        "others waiting there until the timeout.",
+        fix="Check that every node started with the same world size, MASTER_ADDR and "
+        "MASTER_PORT, and that the scheduler gave the job the number of tasks it expects "
+        "(Slurm: --ntasks-per-node equal to the GPUs per node).",
+        false_positives="A log copied while the other nodes were still starting.",
+    ),
+    fix=(
+        "Compare the world size the ranks announce with the processes that really started "
+        "(`squeue`/`sacct`, the other nodes' logs); under Slurm set --ntasks-per-node to the "
+        "GPUs per node.",
+        "Check MASTER_ADDR/MASTER_PORT are the same on every node and reachable from each.",
+    ),
+)
+
+JOINING = re.compile(
+    r"Initializing distributed: GLOBAL_RANK|initializing ddp: GLOBAL_RANK"
+    r"|Initializing TorchBackend in DeepSpeed|Rendezvous'ing worker group"
+    r"|Waiting in store based barrier"
+)
+"""What a rank (or launcher) says just before it waits for the other members: Lightning
+(strategies/ddp.py), DeepSpeed (comm.py init_distributed), torchelastic's agent, c10d's store
+barrier (census)."""
+
 
 def assess(job: JobEvidence) -> Assessment | None:
     if not job.stalled_at_startup or job.echoes or job.failing_exits:
         return None
     if job.job_exit_code not in (None, 0):
         return None
+    joining = [w for w in job.last_words if JOINING.search(w.text)]
+    if joining and len(joining) == len(job.last_words):
+        return _joining(job, joining)
     return Assessment(
         RULE if job.single_node else HANG,
         0.3,
@@ -51,5 +95,26 @@ def assess(job: JobEvidence) -> Assessment | None:
         ],
         status=Status.HUNG,
         category=str(Category.UNKNOWN),
+        explains_echoes=False,
+    )
+
+
+def _joining(job: JobEvidence, joining: list[Evidence]) -> Assessment:
+    world = f" (a world of {job.world_size})" if job.world_size else ""
+    return Assessment(
+        RENDEZVOUS,
+        0.4,
+        [],
+        [
+            f"the output stops while the ranks announce that they join the process group{world}, "
+            "and no line says the group formed (no step, no error, no exit). The "
+            "rendezvous was waiting for members that never arrived."
+        ],
+        evidence=joining[:4],
+        next_steps=[
+            "Check that every node started and with the same world size and MASTER_ADDR; "
+            "read the other nodes' logs."
+        ],
+        status=Status.HUNG,
         explains_echoes=False,
     )
