@@ -4,6 +4,7 @@ or a dead peer is decided in analysis, not here."""
 
 from __future__ import annotations
 
+from ddpdoctor.model.taxonomy import Category
 from ddpdoctor.rules.base import Echo, Explanation, Rule, Signature
 
 BISECTION_FIX = (
@@ -191,12 +192,6 @@ NCCL_SYSTEM_ERROR = Rule(
         ),
         Signature(r"unhandled system error"),
         Signature(r"ncclSystemError"),
-        # NCCL misc/shmutils.cc: the SHM transport could not create its /dev/shm segment
-        # (a container's small /dev/shm); "unhandled system error" follows
-        Signature(
-            r"Error while (?:creating|attaching to) shared memory segment",
-            "shared memory segment",
-        ),
     ),
     explanation=Explanation(
         what="An NCCL call failed because a system call failed; most often while NCCL "
@@ -220,4 +215,58 @@ NCCL_SYSTEM_ERROR = Rule(
     negative=("NCCL error in: ProcessGroupNCCL.cpp:1691, invalid usage",),
 )
 
-RULES = (PEER_CLOSED, IB_ERROR, P2P_ERROR, SOCKET_INTERFACE, NCCL_SYSTEM_ERROR)
+NCCL_SHM_SEGMENT = Rule(
+    code="NET106",
+    kind="nccl-p2p",
+    title="NCCL's shared-memory transport could not create its /dev/shm segment",
+    sources="NCCL src/misc/shmutils.cc, src/include/shm.h (NCCL WARN, then ncclSystemError)",
+    # the node's transport failed, but for the container's /dev/shm size: its environment
+    category=Category.ENVIRONMENT,
+    specificity=45,
+    signatures=(
+        Signature(
+            r"Error while (?:creating|attaching to) shared memory segment",
+            "shared memory segment",
+        ),
+        # older NCCL (include/shm.h): the segment's file could not be given its size
+        Signature(r"NCCL WARN Call to posix_fallocate failed", "Call to posix_fallocate failed"),
+    ),
+    explanation=Explanation(
+        what="NCCL's intra-node transport (SHM, used between GPUs of one node without direct "
+        "peer-to-peer) failed to create its buffers in /dev/shm; the collective then fails "
+        "with 'unhandled system error'.",
+        why="Containers start with a small /dev/shm (Docker's default is 64 MB; some CI "
+        "runners give 16 MB): NCCL's segments for 8 GPUs do not fit.",
+        fix="Give the container shared memory: docker run --shm-size=16g or --ipc=host "
+        "(Kubernetes: an emptyDir volume with medium: Memory mounted on /dev/shm).",
+        false_positives="A /dev/shm filled by something else (DataLoader workers, leftover "
+        "segments of killed jobs): `df -h /dev/shm` says which.",
+    ),
+    fix=(
+        "Run the container with --shm-size=16g (or --ipc=host); on Kubernetes mount an "
+        "emptyDir {medium: Memory} volume at /dev/shm.",
+        "Check `df -h /dev/shm` inside the container and remove stale nccl-* segments of "
+        "killed jobs.",
+        "If /dev/shm cannot be enlarged: NCCL_SHM_DISABLE=1 (NCCL then uses P2P or the "
+        "network between the node's GPUs, slower).",
+    ),
+    positive=(
+        "node07:2291:2384 [3] misc/shmutils.cc:113 NCCL WARN Error while creating shared "
+        "memory segment /dev/shm/nccl-VEqvSO (size 9637888)",
+        "4e9a7654171e:8639:8745 [0] include/shm.h:28 NCCL WARN Call to posix_fallocate failed "
+        ": No space left on device",
+    ),
+    negative=(
+        "RuntimeError: unable to allocate shared memory(shm) for file </torch_1_2>: No space "
+        "left on device (28)",
+    ),
+)
+
+RULES = (
+    PEER_CLOSED,
+    IB_ERROR,
+    P2P_ERROR,
+    SOCKET_INTERFACE,
+    NCCL_SYSTEM_ERROR,
+    NCCL_SHM_SEGMENT,
+)
