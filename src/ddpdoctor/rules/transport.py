@@ -45,6 +45,12 @@ PEER_CLOSED = Rule(
         Signature(r"\] Socket closed \[", "Socket closed ["),
         Signature(r"\] Connect timeout \[", "Connect timeout ["),
         Signature(r"Gloo connectFullMesh failed"),
+        # NCCL misc/socket.cc: a connect() of the bootstrap or socket transport aborted
+        # (ECONNABORTED: the connection was torn down on the way, by the peer or the network)
+        Signature(
+            r"Connect to \S+ failed : Software caused connection abort",
+            "Software caused connection abort",
+        ),
         # NCCL transport/net_socket.cc: the socket transport failed mid-collective
         Signature(r"NET/Socket : socket progress error"),
     ),
