@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from ddpdoctor.analysis.behaviour import build_evidence
 from ddpdoctor.analysis.causal_graph import CausalGraph
 from ddpdoctor.analysis.events import Event, Node, split
-from ddpdoctor.analysis.frames import user_frame
+from ddpdoctor.analysis.frames import in_backward, user_frame
 from ddpdoctor.analysis.job import JobView
 from ddpdoctor.analysis.relations import RELATIONS, Context, attribute_by_elimination, failing
 from ddpdoctor.model.evidence import Activity, JobEvidence, RankView, Stall
@@ -231,11 +231,29 @@ def _culprits(roots: list[Event], evidence: JobEvidence, graph: CausalGraph) -> 
         leaders = {r for r, c in counts.items() if c == top}
         return leaders if len(leaders) == 1 and top > 1 else set(counts)
     ranks = {e.rank for e in roots if e.rank is not None}
+    if len(ranks) > 1:
+        return _off_the_common_path(roots) or ranks
     if ranks:
         return ranks
     if len(evidence.failing_exits) == 1:
         return set(evidence.failing_exits)
     return _only_rank_not_waiting(roots, evidence)
+
+
+def _off_the_common_path(roots: list[Event]) -> set[int]:
+    """Several ranks raised the same error from both sides of one collective (a mismatch each
+    of them reports): those raising inside the backward pass, which every rank runs each step,
+    were following the program; the ranks raising elsewhere (a broadcast in a main-only
+    save) left it. Nothing when all (or none) were in the backward pass, or for roots of
+    different rules (independent failures, each its own culprit)."""
+    if len({e.rule.code for e in roots}) != 1:
+        return set()
+    where: dict[int, bool] = {}
+    for e in roots:
+        if e.rank is not None:
+            where[e.rank] = where.get(e.rank, False) or any(in_backward(h) for h in e.hits)
+    off = {r for r, inside in where.items() if not inside}
+    return off if off and len(off) < len(where) else set()
 
 
 def _only_rank_not_waiting(roots: list[Event], evidence: JobEvidence) -> set[int]:

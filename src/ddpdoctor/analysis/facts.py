@@ -69,6 +69,14 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
         r"failed \(exitcode: (?P<code>-?\d+)\) local_rank: (?P<local_rank>\d+)",
         "failed (exitcode: ",
     ),
+    # DeepSpeed's launcher (launcher/launch.py sigkill_handler): the worker's command line,
+    # which carries its --local_rank, "exits with return code = -11"
+    FactPattern(
+        "launcher_exit",
+        r"'--local_rank=(?P<local_rank>\d{1,5})'[^\]]{0,4000}\] exits with return code = "
+        r"(?P<code>-?\d+)",
+        "exits with return code = ",
+    ),
     # NCCL net.cc: which transport NCCL uses between nodes
     FactPattern("socket_transport", r"NET/Socket : Using", "NET/Socket : Using", distinct=VALUE),
     FactPattern("ib_transport", r"NET/IB : Using", "NET/IB : Using", distinct=VALUE),

@@ -19,3 +19,13 @@ def user_frame(hits: list[Hit]) -> str | None:
             if m and not LIBRARY_PATH.search(m.group("path")):
                 return f"{m.group('path')}:{m.group('line')} in {m.group('func')}"
     return None
+
+
+# The backward pass: every rank of a data-parallel job runs it each step (DDP's gradient
+# all-reduce is issued from inside it), so a rank that raised there was following the program.
+IN_BACKWARD = re.compile(r"run_backward|_execution_engine|in backward$|\.backward\(")
+
+
+def in_backward(hit: Hit) -> bool:
+    """The hit's traceback passes through the autograd backward pass."""
+    return any(IN_BACKWARD.search(r.text) for r in hit.context)
