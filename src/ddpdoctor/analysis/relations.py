@@ -225,10 +225,21 @@ def relate_launcher(graph: CausalGraph, ctx: Context) -> None:
                 graph.add(cause, notice, "launcher", "the launcher's reaction to a failure")
 
 
+def _went_down(graph: CausalGraph, event: Event) -> bool:
+    """The event is how its rank went down after losing a peer or waiting for one (an abort
+    on the way out): that rank was a victim, its crash explains no other rank's error."""
+    return any(
+        edge.relation == "exit path"
+        and isinstance(edge.cause, Event)
+        and edge.cause.echo in (Echo.WAITING, Echo.LOST_PEER)
+        for edge in graph.causes_of(event)
+    )
+
+
 def relate_consequences(graph: CausalGraph, ctx: Context) -> None:
     """A generic exception on another rank, not logged clearly before a specific failure, is
     most likely that failure's echo (a rank raising on a broken collective)."""
-    specific = [e for e in graph.events if e.primary and not e.generic]
+    specific = [e for e in graph.events if e.primary and not e.generic and not _went_down(graph, e)]
     for event in graph.events:
         if not (event.primary and event.generic):
             continue

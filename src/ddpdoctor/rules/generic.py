@@ -56,7 +56,7 @@ EARLY_STOP = Rule(
         # event; "early_stopping: true" is not.
         Signature(
             r"(?i:\bearly[ -]stop(?:ping|ped)?)\b"
-            r"(?![_=(]|:\s*(?i:true|false|yes|no|null|none|\d|\{|\[|$)| agreed by all"
+            r"(?![_=(]|:\s*(?i:true|false|yes|no|null|none|\d|\{|\[|$)| agreed by all \d"
             r"| required| is disabled)",
             "arly",
         ),
@@ -84,6 +84,8 @@ EARLY_STOP = Rule(
         "Early stopping at epoch 3: val_loss did not improve",
         "Early stopping: val_loss did not improve for 5 epochs",
         "ddpdoctor: early stopping agreed by all 2 ranks at step 3 (asked by ranks 1)",
+        # a program's own agreed stop (tests/fixtures/real/third-early-stop-all)
+        "[R1/3] early stop agreed by all ranks at epoch 1 (best 0.6723)",
     ),
     negative=(
         "Epoch 3: val_loss improved to 0.21",
