@@ -161,7 +161,7 @@ CHECKPOINT_WRITE_FAILED = Rule(
         # the zip writer could not create the file (torch before 2.x gives no reason; 2.x says
         # "open file failed with strerror: ...", and a missing folder "Parent directory ...
         # does not exist.")
-        Signature(r"File \S.* cannot be opened\.", " cannot be opened.", suggests=True),
+        Signature(r"File \S{1,1024} cannot be opened\.", " cannot be opened.", suggests=True),
         Signature(
             r"open file failed with strerror: Input/output error",
             "open file failed with strerror: Input/output error",
@@ -170,7 +170,7 @@ CHECKPOINT_WRITE_FAILED = Rule(
     ),
     # raised while saving: torch.save's own frames, or a framework's checkpoint writer
     context_all=(
-        r"serialization\.py\S*, line \d+, in (?:save|_save|_open_zipfile_writer|_with_file_like)"
+        r"serialization\.py\"?, line \d{1,7}, in (?:save|_save|_open_zipfile_writer|_with_file_like)"
         r"|PyTorchFileWriter|save_checkpoint|checkpoint_engine|torch\.save\(",
     ),
     explanation=Explanation(

@@ -55,8 +55,8 @@ EARLY_STOP = Rule(
         # disabled" (trainer_callback.py). "Early stopping: val_loss did not improve" is an
         # event; "early_stopping: true" is not.
         Signature(
-            r"(?i:\bearly[ -]stop(?:ping|ped)?)\b"
-            r"(?![_=(]|:\s*(?i:true|false|yes|no|null|none|\d|\{|\[|$)| agreed by all \d"
+            r"(?<![=/-])(?i:\bearly[ -]stop(?:ping|ped)?)\b"
+            r"(?![_=(-]|:\s*(?i:true|false|yes|no|null|none|\d|\{|\[|$)| agreed by all \d"
             r"| required| is disabled)",
             "arly",
         ),
@@ -91,6 +91,9 @@ EARLY_STOP = Rule(
         "Epoch 3: val_loss improved to 0.21",
         "early_stopping_patience=3,",
         "early stopping: true",
+        # a setting's value or a flag, not an event
+        "[R0/3] up: mode=early-stop-main pid=4242",
+        "train.py --early-stop --patience 3",
         "early stopping required metric_for_best_model, but did not find eval_accuracy so early "
         "stopping is disabled",
     ),
