@@ -5,7 +5,8 @@ job, documented by what it means for every rank; none names a rule or a kind. Wh
 - exit path: what a rank prints after its own first failure is how it went down.
 - echo: a rank that waited, lost its peer or was stopped did so because another rank failed
   first (time precedence; timeout arithmetic proves it).
-- launcher: the launcher's notices follow whatever failed.
+- launcher: the launcher's notices follow whatever failed; once it reported a failed worker,
+  its own store or rendezvous errors are its shutdown.
 - consequence: a generic exception on another rank, after a specific failure, is its echo.
 - refinement: a finding that declares it explains a kind (named parameters without gradient
   explain the collective mismatch they cause).
@@ -223,6 +224,34 @@ def relate_launcher(graph: CausalGraph, ctx: Context) -> None:
         if notice.echo == Echo.LAUNCHER:
             for cause in causes:
                 graph.add(cause, notice, "launcher", "the launcher's reaction to a failure")
+
+
+def relate_launcher_shutdown(graph: CausalGraph, ctx: Context) -> None:
+    """Once the launcher has reported a failed worker, errors printed after that notice by
+    no worker (the agent's store or rendezvous failing while it shuts down: the agent that
+    hosted the store is gone too) are part of its shutdown, explained by what the workers
+    did."""
+    notices = [e for e in graph.events if e.echo == Echo.LAUNCHER]
+    workers = [e for e in graph.events if failing(e) and _by_worker(e)]
+    if not notices or not workers:
+        return
+    for event in graph.events:
+        if not event.primary or event.rank is not None or _by_worker(event):
+            continue
+        if not any(precedes(n, event) is True for n in notices):
+            continue
+        for cause in workers:
+            graph.add(
+                cause,
+                event,
+                "launcher",
+                "the launcher's own error while it shut down after a worker failed",
+            )
+
+
+def _by_worker(event: Event) -> bool:
+    """Some line of the event carries a worker's rank (its prefix or the file it came from)."""
+    return any(h.record.origin.rank is not None for h in event.hits)
 
 
 def _went_down(graph: CausalGraph, event: Event) -> bool:
@@ -445,6 +474,7 @@ RELATIONS = (
     relate_exit_path,
     relate_echoes,
     relate_launcher,
+    relate_launcher_shutdown,
     relate_consequences,
     relate_refinements,
     relate_completion,
