@@ -43,12 +43,13 @@ def origin_from_path(path: str) -> Origin:
         return origin
     if len(parts) >= 3 and STREAM_FILE.match(parts[-1]) and ATTEMPT_DIR.match(parts[-3]):
         origin.local_rank = rank_number(parts[-2])
-    stem = parts[-1].split(".", 1)[0]
-    m = LOCAL_RANK_NAME.search(stem)
+    name = parts[-1]  # the rank may follow a dot too: train.rank2.log
+    stem = name.split(".", 1)[0]
+    m = LOCAL_RANK_NAME.search(name)
     if m and origin.local_rank is None:
         origin.local_rank = int(m.group(1))
     elif not m:
-        m = RANK_NAME.search(stem)
+        m = RANK_NAME.search(name)
         if m:
             origin.rank = int(m.group(1))
     m = HOST_NAME.match(stem)

@@ -1,0 +1,40 @@
+"""What a file's path says about its writer (ingest/filenames.py): the layouts people and
+launchers give per-rank logs, and names that only look like them."""
+
+from __future__ import annotations
+
+import pytest
+
+from ddpdoctor.ingest.filenames import origin_from_path
+
+
+@pytest.mark.parametrize(
+    ("path", "rank", "local_rank", "host"),
+    [
+        ("logs/rank3.log", 3, None, None),
+        ("logs/rank_3.txt", 3, None, None),
+        ("train_rank3.log", 3, None, None),
+        ("train.rank2.log", 2, None, None),  # the rank after a dot
+        ("x/rank3.log.gz", 3, None, None),
+        ("output-node01-rank07.log", 7, None, None),  # a host only where the name starts
+        ("run.local_rank1.err", None, 1, None),
+        # torchrun --log-dir: <run_id>/attempt_<k>/<local_rank>/stdout.log
+        ("logs/none_abc/attempt_0/3/stderr.log", None, 3, None),
+        ("node-2/rank1.log", 1, None, "node-2"),
+        ("worker-3.log", None, None, "worker-3"),
+    ],
+)
+def test_the_path_names_the_writer(
+    path: str, rank: int | None, local_rank: int | None, host: str | None
+) -> None:
+    origin = origin_from_path(path)
+    assert (origin.rank, origin.local_rank, origin.host) == (rank, local_rank, host)
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["ranking.log", "franky.rank.log", "debug-rank0-runs/train.log", "logs/3.log"],
+)
+def test_names_that_only_look_like_a_rank(path: str) -> None:
+    origin = origin_from_path(path)
+    assert origin.rank is None and origin.local_rank is None
