@@ -203,3 +203,19 @@ def test_parsing_without_time_changes_nothing_else(pieces: list[str], message: s
         full.prefix,
         full.rank_from_text,
     )
+
+
+@pytest.mark.parametrize(
+    ("line", "rank"),
+    [
+        ('{"rank": 2, "t": 1.73, "epoch": 0, "it": 3, "loss": 0.6856}', 2),
+        ('{"step": 5, "global_rank": 3, "loss": 0.1}', 3),
+        ('{"ranking": 3, "score": 0.5}', None),  # another field
+        ('{"rank": "best", "score": 0.5}', None),  # not a number
+        ('loss {"rank": 1}', None),  # a JSON line starts with its brace
+    ],
+)
+def test_a_json_line_names_its_rank(line: str, rank: int | None) -> None:
+    parsed = parse_line(line)
+    assert parsed.origin.rank == rank
+    assert parsed.rank_from_text == (rank is not None)

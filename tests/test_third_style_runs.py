@@ -73,10 +73,6 @@ EXPECTED: dict[str, tuple[str, str | None, list[int]]] = {
 MISSES: dict[str, str] = {
     "uneven": "failed/collective-mismatch [2] (COL101 on gloo's 'Is there a distributed collective "
     "mismatch' enforce): rank 2 announced 7 batches per epoch, the others 10",
-    "early-stop-main": "unknown/None [] ('exited with code 1, but its output names no cause'; "
-    "before the launcher-shutdown relation: rendezvous-failure on node1's store error after "
-    "its worker had failed): the [R0/4] lines are not attributed, so rank 0's early stop and "
-    "clean exit are not seen",
 }
 
 

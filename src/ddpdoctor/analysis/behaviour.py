@@ -92,6 +92,8 @@ def build_evidence(job: JobView, events: list[Event]) -> JobEvidence:
             continue
         view = ranks[writer]
         view.host = view.host or stream.origin.host
+        if stream.source:
+            view.sources.add(stream.source)
         if stream.error_lines:
             view.warned = True
         if stream.progress_total is not None:

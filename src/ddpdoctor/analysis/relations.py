@@ -77,8 +77,9 @@ def failing(event: Event) -> bool:
 def attribute_by_elimination(events: list[Event], evidence: JobEvidence) -> bool:
     """A failure (or an early-stop announcement) printed without a rank belongs to the one rank
     it can be: the only rank (on its host, when the line has one) that neither waited nor lost
-    its peer, narrowed to the ranks whose exit code says they failed. Changes the events'
-    ranks, never the records; True when any event got a rank."""
+    its peer, narrowed to the ranks whose exit code says they failed, else to the ranks that
+    wrote into the same file. Changes the events' ranks, never the records; True when any
+    event got a rank."""
     present = {r for r, v in evidence.ranks.items() if v.present}
     waiting = evidence.waiting
     failing = set(evidence.failing_exits)
@@ -92,9 +93,15 @@ def attribute_by_elimination(events: list[Event], evidence: JobEvidence) -> bool
             continue  # several ranks said it (the launcher may have killed one on its way out)
         hosts = {h.record.origin.host for h in event.hits if h.record.origin.host}
         on_host = {r for r in present if evidence.ranks[r].host in hosts}
+        # where ranks wrote into the event's own file, only they can have printed it (a node's
+        # console holds its own ranks; host names from different sources may not agree)
+        sources = {h.record.source for h in event.hits}
+        in_source = {r for r in present if evidence.ranks[r].sources & sources}
         candidates = (on_host or present) - waiting
         if candidates & failing:
             candidates &= failing
+        elif in_source:
+            candidates &= in_source
         if len(candidates) != 1:
             candidates = failing if len(failing) == 1 else set()
         if len(candidates) == 1 and (waiting or failing):

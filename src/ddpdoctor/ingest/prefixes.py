@@ -66,6 +66,8 @@ LEADING_RANK = re.compile(
     r"(?:\s*[-:|]\s*|\s+)(?:\[?[\w.]{1,40}\]?\s*[-:|]\s*)?)?"
     r"\[?[Rr]ank[ =:]?(?P<rank>\d{1,5})\]?[:,]?\s"
 )
+# Structured (JSON) log lines that carry the writer's rank as a field: {"rank": 2, "step": 10}.
+JSON_RANK = re.compile(r'\{[^{}]{0,200}?"(?:global_)?rank"\s?:\s?(?P<rank>\d{1,5})[,}\s]')
 
 LEVEL_NAMES = {"I": "info", "W": "warning", "E": "error", "F": "fatal"}
 GLOG_LEVELS = frozenset(LEVEL_NAMES)
@@ -256,7 +258,11 @@ def parse_line(raw: str, year: int = 1970, with_time: bool = True) -> ParsedLine
         if m:
             out.level = m.group("level").lower()
     if origin.rank is None and "ank" in message:
-        m = C10D_RANK.search(message) or LEADING_RANK.match(message)
+        m = (
+            C10D_RANK.search(message)
+            or LEADING_RANK.match(message)
+            or (JSON_RANK.match(message) if message[:1] == "{" else None)
+        )
         if m and (rank := rank_number(m.group("rank"))) is not None:
             origin.rank = rank
             out.rank_from_text = True

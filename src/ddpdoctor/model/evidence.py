@@ -106,6 +106,8 @@ class RankView:
     activity: Activity | None = None
     evidence: list[Evidence] = field(default_factory=list)
     """Lines that show what this rank did last (quoted when it is blamed)."""
+    sources: set[str] = field(default_factory=set)
+    """The sources (files, stdin) holding lines this rank wrote."""
 
     @property
     def waiting(self) -> bool:
