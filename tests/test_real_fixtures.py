@@ -268,3 +268,22 @@ def test_a_person_stopping_a_stuck_job_in_a_public_report() -> None:
     case = REPO / "corpus" / "cases" / "415-hang-after-reducer-buckets-rebuilt-user-ctrl-c"
     v = diagnose_paths([str(case / "logs")]).verdict
     assert (v.status, v.kind) == ("hung", "hang")
+
+
+def test_the_agents_word_that_every_worker_finished_is_an_end() -> None:
+    """torchrun's agent at INFO level ends a healthy run with "worker group successfully
+    finished" (agent/server/api.py): every worker exited 0, the job has an end."""
+    from ddpdoctor.analysis.job import build_job
+    from ddpdoctor.analysis.parallel import scan_inputs
+    from ddpdoctor.ingest.sources import Input
+
+    path = str(HEALTHY / "healthy-agent-info" / "console.log")
+    scans = scan_inputs([Input(path, path)])
+    ends = [f.record.text for s in scans for f in s.facts if f.name == "completed"]
+    assert any("worker group successfully finished" in t for t in ends), ends
+    assert path in build_job(scans, []).completed_at
+    # the two ranks' prints were glued on one line in this run ("...(5%)rank 0 step 1/20"):
+    # rank 0 is not seen, and the run is still healthy
+    report = diagnose_paths([path])
+    assert (report.verdict.status, report.verdict.kind) == ("ok", None), report.verdict.summary
+    assert not [f for f in report.findings if f.role == "root"]

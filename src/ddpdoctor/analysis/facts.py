@@ -98,6 +98,12 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
     FactPattern("completed", r"training finished", "training finished"),
     # Megatron-LM's training loop: "[after training is done] datetime: ..."
     FactPattern("completed", r"\[after training is done\]", "after training is done"),
+    # torchelastic's agent when every worker of the group exited 0 (agent/server/api.py)
+    FactPattern(
+        "completed",
+        r"\] worker group successfully finished",
+        "worker group successfully finished",
+    ),
     # messages of normal operation (census/messages.jsonl, kind benign: torch, DeepSpeed,
     # Lightning, transformers sources): logs that hold them and nothing worse were read and
     # are healthy as far as they go; logs in which nothing at all is recognised are not "OK"
@@ -117,6 +123,7 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
             (r"\*{5} Running training \*{5}", " Running training "),
             (r"All distributed processes registered\. Starting", "All distributed processes"),
             (r"Initializing distributed: GLOBAL_RANK: ", "Initializing distributed: "),
+            (r"GPU available: True", "GPU available: True"),
         )
     ),
     # tqdm: " 9%|███▊   | 280000/2969526 [29:55<4:48:08, 155.57 examples/s]"
