@@ -219,3 +219,13 @@ def test_a_json_line_names_its_rank(line: str, rank: int | None) -> None:
     parsed = parse_line(line)
     assert parsed.origin.rank == rank
     assert parsed.rank_from_text == (rank is not None)
+
+
+def test_the_rank_waiting_for_the_nccl_id_is_the_one_named_in_brackets() -> None:
+    line = (
+        "torch.distributed.DistBackendError: [1] is setting up NCCL communicator and retrieving "
+        "ncclUniqueId from [0] via c10d key-value store by key '0', but store->get('0') got "
+        "error: Socket Timeout"
+    )
+    parsed = parse_line(line)
+    assert (parsed.origin.rank, parsed.rank_from_text) == (1, True)

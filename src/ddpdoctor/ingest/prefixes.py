@@ -66,6 +66,10 @@ LEADING_RANK = re.compile(
     r"(?:\s*[-:|]\s*|\s+)(?:\[?[\w.]{1,40}\]?\s*[-:|]\s*)?)?"
     r"\[?[Rr]ank[ =:]?(?P<rank>\d{1,5})\]?[:,]?\s"
 )
+# ProcessGroupNCCL names the rank that waits for the NCCL id in brackets (census
+# pgnccl-unique-id-store): "[1] is setting up NCCL communicator and retrieving ncclUniqueId ..."
+NCCL_ID_WAIT = re.compile(r"\[(?P<rank>\d{1,7})\] is setting up NCCL communicator")
+
 # Structured (JSON) log lines that carry the writer's rank as a field: {"rank": 2, "step": 10}.
 JSON_RANK = re.compile(r'\{[^{}]{0,200}?"(?:global_)?rank"\s?:\s?(?P<rank>\d{1,5})[,}\s]')
 
@@ -257,6 +261,11 @@ def parse_line(raw: str, year: int = 1970, with_time: bool = True) -> ParsedLine
         m = PY_LEVEL.match(message)
         if m:
             out.level = m.group("level").lower()
+    if origin.rank is None and "is setting up NCCL" in message:
+        m = NCCL_ID_WAIT.search(message)
+        if m and (rank := rank_number(m.group("rank"))) is not None:
+            origin.rank = rank
+            out.rank_from_text = True
     if origin.rank is None and "ank" in message:
         m = (
             C10D_RANK.search(message)

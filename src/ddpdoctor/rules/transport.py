@@ -26,7 +26,7 @@ PEER_CLOSED = Rule(
     signatures=(
         # a rank waiting for rank 0 to publish the NCCL id in the store: rank 0 is gone or late
         Signature(
-            r"retrieving ncclUniqueId from \[\d+\] via c10d key-value store",
+            r"retrieving ncclUniqueId from \[(?P<missing>\d{1,7})\] via c10d key-value store",
             "retrieving ncclUniqueId",
         ),
         Signature(r"Connection closed by remote peer"),
