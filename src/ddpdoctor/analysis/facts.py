@@ -69,6 +69,12 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
         r"failed \(exitcode: (?P<code>-?\d+)\) local_rank: (?P<local_rank>\d+)",
         "failed (exitcode: ",
     ),
+    # torch.multiprocessing.spawn (spawn.py ProcessExitedException): the child's index and code
+    FactPattern(
+        "launcher_exit",
+        r"process (?P<local_rank>\d{1,5}) terminated with exit code (?P<code>\d+)",
+        "terminated with exit code",
+    ),
     # DeepSpeed's launcher (launcher/launch.py sigkill_handler): the worker's command line,
     # which carries its --local_rank, "exits with return code = -11"
     FactPattern(

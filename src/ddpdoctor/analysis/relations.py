@@ -317,8 +317,9 @@ def relate_completion(graph: CausalGraph, ctx: Context) -> None:
             view = ctx.evidence.ranks.get(event.rank)
             if view is not None and view.waited_after_end:
                 return False
-        # in a console shared by ranks, another rank's end says nothing about this one
-        return event.rank is None or not finished or event.rank in finished
+        # in a console shared by ranks, another rank's end says nothing about this one, nor
+        # does an end no rank can be tied to (one rank may have finished early, alone)
+        return event.rank is None or event.rank in finished
 
     crashes = [
         e

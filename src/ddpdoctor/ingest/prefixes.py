@@ -70,6 +70,11 @@ LEADING_RANK = re.compile(
 # pgnccl-unique-id-store): "[1] is setting up NCCL communicator and retrieving ncclUniqueId ..."
 NCCL_ID_WAIT = re.compile(r"\[(?P<rank>\d{1,7})\] is setting up NCCL communicator")
 
+# torch.multiprocessing.spawn re-raises a child's error in the parent under this header; the
+# traceback that follows is that process's (spawn.py ProcessRaisedException). mp.spawn's index
+# is the rank in nearly every program (fn(rank, ...) on one node).
+SPAWN_PROCESS = re.compile(r"-- Process (?P<rank>\d{1,7}) terminated with the following error:")
+
 # Structured (JSON) log lines that carry the writer's rank as a field: {"rank": 2, "step": 10}.
 JSON_RANK = re.compile(r'\{[^{}]{0,200}?"(?:global_)?rank"\s?:\s?(?P<rank>\d{1,5})[,}\s]')
 
@@ -261,6 +266,11 @@ def parse_line(raw: str, year: int = 1970, with_time: bool = True) -> ParsedLine
         m = PY_LEVEL.match(message)
         if m:
             out.level = m.group("level").lower()
+    if origin.rank is None and message.startswith("-- Process "):
+        m = SPAWN_PROCESS.match(message)
+        if m and (rank := rank_number(m.group("rank"))) is not None:
+            origin.rank = rank
+            out.rank_from_text = True
     if origin.rank is None and "is setting up NCCL" in message:
         m = NCCL_ID_WAIT.search(message)
         if m and (rank := rank_number(m.group("rank"))) is not None:

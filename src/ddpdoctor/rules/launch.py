@@ -141,8 +141,9 @@ LAUNCHER_SIGTERM = Rule(
 CHILD_FAILED = Rule(
     code="LCH103",
     kind="python-exception",
-    title="torchrun reports that a worker failed (ChildFailedError)",
-    sources="torchelastic multiprocessing/errors/__init__.py ChildFailedError",
+    title="The launcher reports that a worker failed (ChildFailedError, mp.spawn)",
+    sources="torchelastic multiprocessing/errors/__init__.py ChildFailedError, "
+    "torch/multiprocessing/spawn.py ProcessRaisedException / ProcessExitedException",
     severity="info",
     echo=Echo.LAUNCHER,
     specificity=5,
@@ -151,6 +152,12 @@ CHILD_FAILED = Rule(
         Signature(
             r"failed \(exitcode: (?P<code>-?\d+)\) local_rank: (?P<local_rank>\d+)",
             "failed (exitcode: ",
+        ),
+        # mp.spawn's parent re-raising the first failed child's error (its traceback follows)
+        Signature(r"ProcessRaisedException"),
+        Signature(
+            r"process (?P<local_rank>\d{1,7}) terminated with exit code (?P<code>\d+)",
+            "terminated with exit code",
         ),
     ),
     explanation=Explanation(
@@ -161,7 +168,11 @@ CHILD_FAILED = Rule(
         false_positives="None.",
     ),
     fix=("Read the output of the worker that failed first, not the launcher's summary.",),
-    positive=("torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",),
+    positive=(
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
+        "torch.multiprocessing.spawn.ProcessRaisedException: ",
+        "torch.multiprocessing.spawn.ProcessExitedException: process 0 terminated with exit code 1",
+    ),
     negative=("Sending process 1 closing signal SIGTERM",),
 )
 
