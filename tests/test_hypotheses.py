@@ -102,6 +102,8 @@ POSITIVE = {
     "INF225": [(lambda t: case("462"), [])],
     # Lightning's ranks announce they join a world of 8, and the paste stops there
     "INF226": [(lambda t: case("474"), [])],
+    # one exception line pasted alone, naming init_process_group (not a start-up stall)
+    "INF227": [(lambda t: case("500"), [])],
     # two nodes whose output stops after NCCL set up its channels: a hang, not peer-to-peer
     "INF206": [(lambda t: case("449"), [])],
     "INF209": [
@@ -141,6 +143,8 @@ NEAR_MISS = {
     "INF225": [lambda t: case("465")],
     # start-up that got as far as NCCL connecting the GPUs: past the rendezvous (INF205)
     "INF226": [lambda t: case("070")],
+    # the exception under its whole traceback: read by the rule for its line
+    "INF227": [lambda t: case("232"), lambda t: real("healthy-plain")],
     # the same stop on one node: GPU peer-to-peer is the classic cause there (INF205)
     "INF206": [lambda t: case("070")],
     # rank 1's watchdog timeout, then frames no rank owns: the timeout's own trace

@@ -10,6 +10,7 @@ from ddpdoctor.analysis.events import Event
 from ddpdoctor.analysis.facts import elapsed_seconds
 from ddpdoctor.analysis.frames import FRAME, LIBRARY_PATH
 from ddpdoctor.analysis.job import JobView
+from ddpdoctor.ingest.tracebacks import EXCEPTION_LINE
 from ddpdoctor.model.evidence import (
     COLLECTIVE_FUNCTIONS,
     Activity,
@@ -286,6 +287,8 @@ def _stalled_at_startup(job: JobView) -> bool:
     streams = [s for s in job.streams if s.lines_seen]
     if not streams:
         return False
+    if any(EXCEPTION_LINE.match(s.last_text) for s in streams):
+        return False  # a writer ended on an error (init_process_group() named in its message)
     last = max(s.last_line for s in streams)
     init = max(s.last_init_line for s in streams)  # a cut last line may belong to no writer
     # no training step since the (last) start-up, and the output ends right after it

@@ -8,6 +8,7 @@ from functools import lru_cache
 from ddpdoctor.rules import collectives, cuda, data, ddp, generic, inferred, launch, transport
 from ddpdoctor.rules.base import Rule, RuleDefinitionError
 from ddpdoctor.rules.hypotheses import (
+    bare_exception,
     collective_mismatch,
     cut_site,
     cut_traceback,
@@ -36,6 +37,7 @@ HYPOTHESES: tuple[Hypothesis, ...] = (
     Hypothesis(missing_ranks.RULE, missing_ranks.assess, precedence=5),
     Hypothesis(worker_exit.RULE, worker_exit.assess, precedence=6),
     Hypothesis(cut_traceback.RULE, cut_traceback.assess, precedence=6),
+    Hypothesis(bare_exception.RULE, bare_exception.assess, precedence=6),
     Hypothesis(startup_hang.RULE, startup_hang.assess, precedence=7),
     Hypothesis(store_connect.RULE, store_connect.assess, precedence=7),
     Hypothesis(log_ends.RULE, log_ends.assess, precedence=8),
