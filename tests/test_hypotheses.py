@@ -104,6 +104,8 @@ POSITIVE = {
     "INF226": [(lambda t: case("474"), [])],
     # one exception line pasted alone, naming init_process_group (not a start-up stall)
     "INF227": [(lambda t: case("500"), [])],
+    # the ranks' barrier in main_process_first while the main process tokenised, cut
+    "INF228": [(lambda t: case("426"), [])],
     # two nodes whose output stops after NCCL set up its channels: a hang, not peer-to-peer
     "INF206": [(lambda t: case("449"), [])],
     "INF209": [
@@ -145,6 +147,8 @@ NEAR_MISS = {
     "INF226": [lambda t: case("070")],
     # the exception under its whole traceback: read by the rule for its line
     "INF227": [lambda t: case("232"), lambda t: real("healthy-plain")],
+    # a cut traceback in another place (torch.save inside a checkpoint engine)
+    "INF228": [lambda t: case("235")],
     # the same stop on one node: GPU peer-to-peer is the classic cause there (INF205)
     "INF206": [lambda t: case("070")],
     # rank 1's watchdog timeout, then frames no rank owns: the timeout's own trace

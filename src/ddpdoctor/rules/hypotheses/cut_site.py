@@ -1,8 +1,9 @@
-"""INF218-INF223: where a cut traceback stopped says what the process was doing when it raised,
-and for a few places that is nearly what went wrong: selecting its GPU, importing a module,
-reading a launcher's variable, waiting for a DataLoader worker, the NCCL watchdog (a C++
-backtrace), writing a checkpoint. Each is a guess from the place (the exception's line is missing), worth more than
-"an exception" and said as one."""
+"""INF218-INF223, INF228: where a cut traceback stopped says what the process was doing when it
+raised, and for a few places that is nearly what went wrong: selecting its GPU, importing a
+module, reading a launcher's variable, waiting for a DataLoader worker, the NCCL watchdog (a
+C++ backtrace), writing a checkpoint, waiting in main_process_first for the main process. Each
+is a guess from the place (the exception's line is missing), worth more than "an exception"
+and said as one."""
 
 from __future__ import annotations
 
@@ -142,7 +143,38 @@ CHECKPOINT_SAVE = Rule(
     ),
 )
 
-RULES = (SET_DEVICE, IMPORT, LAUNCHER_VARIABLE, DATALOADER_WAIT, WATCHDOG, CHECKPOINT_SAVE)
+MAIN_PROCESS_FIRST = Rule(
+    code="INF228",
+    kind="slow-rank-timeout",
+    title="The output ends inside main_process_first: the ranks waited for the main process",
+    signatures=(),
+    explanation=Explanation(
+        what="A cut traceback that passes through transformers' or accelerate's "
+        "main_process_first (the barrier that lets the main process tokenise or download "
+        "first while the other ranks wait).",
+        why="The other ranks wait in that barrier until the main process finishes its work; "
+        "work longer than the process group timeout (30 minutes by default) makes their "
+        "barrier time out while the main process is still busy.",
+        fix="Prepare the dataset once before the distributed run (or cache it), or raise the "
+        "timeout (TrainingArguments(ddp_timeout=...), init_process_group(timeout=...)).",
+        false_positives="Another error raised inside the block (the main process's own "
+        "failure while tokenising): its missing line would say so.",
+    ),
+    fix=(
+        "Tokenise and cache the dataset in a separate single-process step, then train from "
+        "the cache; or raise the timeout (HF: --ddp_timeout 7200).",
+    ),
+)
+
+RULES = (
+    SET_DEVICE,
+    IMPORT,
+    LAUNCHER_VARIABLE,
+    DATALOADER_WAIT,
+    WATCHDOG,
+    CHECKPOINT_SAVE,
+    MAIN_PROCESS_FIRST,
+)
 
 WATCHDOG_FRAME = re.compile(r"ncclCommWatchdog|watchdogHandler")
 
@@ -193,6 +225,8 @@ def site_rule(tail: tuple[str, ...]) -> Rule | None:
         return LAUNCHER_VARIABLE
     if site.func == "_try_get_data" and "torch/utils/data" in site.path.replace("\\", "/"):
         return DATALOADER_WAIT
+    if any("main_process_first" in t for t in tail):
+        return MAIN_PROCESS_FIRST
     in_torch_save = site.func in SAVE_FUNCS and site.path.endswith("serialization.py")
     if in_torch_save or SAVE_CALL.search(site.code):
         return CHECKPOINT_SAVE
