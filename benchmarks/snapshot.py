@@ -121,6 +121,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     changed = 0
     total = 0
+    new = 0
     t0 = time.perf_counter()
     for name, paths in _cases(args.only):
         total += 1
@@ -134,6 +135,10 @@ def main() -> None:
         if args.action == "save":
             file.write_text(json.dumps(reports[0], indent=1, sort_keys=True))
             continue
+        if not file.exists():  # an input added since the snapshot: nothing to compare with
+            new += 1
+            print(f"{name}: new since the snapshot, not compared")
+            continue
         before = json.loads(file.read_text())
         diffs = list(_differences(before, reports[0]))
         if diffs:
@@ -142,7 +147,8 @@ def main() -> None:
             for d in diffs[:40]:
                 print(f"    {d}")
     verb = "saved" if args.action == "save" else "compared"
-    print(f"{verb} {total} cases in {time.perf_counter() - t0:.0f} s; {changed} differ")
+    added = f", {new} new" if new else ""
+    print(f"{verb} {total} cases in {time.perf_counter() - t0:.0f} s; {changed} differ{added}")
     sys.exit(1 if changed and args.action == "compare" else 0)
 
 

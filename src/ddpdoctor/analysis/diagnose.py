@@ -10,7 +10,7 @@ from ddpdoctor.analysis.decision import decide
 from ddpdoctor.analysis.flight import analyze as analyze_flight
 from ddpdoctor.analysis.grouping import dedupe, evidence_of, group
 from ddpdoctor.analysis.job import build_job
-from ddpdoctor.analysis.parallel import scan_inputs
+from ddpdoctor.analysis.parallel import scan_inputs, thaw
 from ddpdoctor.analysis.verdict import build_verdict
 from ddpdoctor.ingest.attribution import attribute
 from ddpdoctor.ingest.flight_dumps import take_dumps
@@ -77,9 +77,14 @@ def diagnose_inputs(
 
 
 def diagnose_paths(paths: list[str], engine: str = "auto", jobs: int | None = None) -> Report:
-    """Diagnose files, folders, globs, .gz files and '-' (stdin)."""
+    """Diagnose files, folders, globs, .gz files and '-' (stdin). The library's entry: what a
+    big scan froze for the analysis is given back to the collector before returning (the CLI,
+    which exits after rendering, keeps it frozen through the report)."""
     inputs, problems = expand_paths(paths)
-    return diagnose_inputs(inputs, problems, engine=engine, jobs=jobs, named=paths)
+    try:
+        return diagnose_inputs(inputs, problems, engine=engine, jobs=jobs, named=paths)
+    finally:
+        thaw()
 
 
 def not_ok_without_what_was_named(

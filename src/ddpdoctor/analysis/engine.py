@@ -125,17 +125,20 @@ class Matcher(Protocol):
 
 def _group_by_line(chunk: bytes, hits: list[tuple[int, int]]) -> Candidates:
     """Turn (pattern id, offset inside the line) pairs into one entry per line."""
-    hits.sort(key=lambda h: (h[1], h[0]))
     out: Candidates = []
     line_end = -1
-    for pid, offset in hits:
+    rfind, find = chunk.rfind, chunk.find
+    pids: list[int] = []
+    # by offset, then id: tuples compare without a key function
+    for offset, pid in sorted([(offset, pid) for pid, offset in hits]):
         if offset > line_end:
-            start = chunk.rfind(b"\n", 0, offset) + 1
-            end = chunk.find(b"\n", offset)
+            start = rfind(b"\n", 0, offset) + 1
+            end = find(b"\n", offset)
             line_end = len(chunk) if end < 0 else end
-            out.append((start, line_end, [pid]))
-        elif pid not in out[-1][2]:
-            out[-1][2].append(pid)
+            pids = [pid]
+            out.append((start, line_end, pids))
+        elif pid not in pids:
+            pids.append(pid)
     return out
 
 
@@ -152,6 +155,8 @@ def _sampled_hits(chunk: bytes, sampled: list[tuple[bytes, list[int]]]) -> list[
     hits: list[tuple[int, int]] = []
     rfind = chunk.rfind
     for literal, pids in sampled:
+        if rfind(literal[:1]) < 0:
+            continue  # one byte is searched with memrchr: 0.4 us per 27 KB instead of 11
         end = len(chunk)
         for _ in range(SAMPLE_LINES):
             pos = rfind(literal, 0, end)
@@ -299,7 +304,11 @@ class _Matcher(ABC):
                     facts[pid] = fact
         if every is not None:
             wanted = set(locate)
-            located = [(pid, offset) for pid, offset in every if pid in wanted]
+            located = (
+                every
+                if len(wanted) == len(present)
+                else [(pid, offset) for pid, offset in every if pid in wanted]
+            )
         else:
             located = self._locate(chunk, locate) if locate else []
         if facts:

@@ -56,6 +56,12 @@ mostly dropped as they come (see FactPattern.distinct): bounds a hostile log's t
 different values."""
 
 
+MAX_SHARED_KEYS = 256
+"""Values of one fact read by value that a scan passes on to the next scans of its process
+(see Scanner.scan); a hostile log's thousands are not copied into every later scan (fewer
+values passed on only leave more lines to confirm, and merging drops their facts)."""
+
+
 @dataclass(slots=True)
 class FactHit:
     name: str
@@ -107,10 +113,13 @@ class StreamSummary:
 # then skips other positions in C (3.6 -> 2.3 us a line on the benchmark's tails). Runs are
 # bounded (a percentage has at most 3 digits): `\d+%` from every digit of a long number, or
 # `\s*...\s*` over a long run of blanks, was quadratic.
-PROGRESS_LINE = re.compile(
-    r"(?i)(?=[seilb\d])(?:\b(?:step|iter(?:ation)?|epoch|loss|batch)\b\s{0,8}[:=\[]?\s{0,8}\d"
-    r"|\d{1,3}%\|)"
-)
+_PROGRESS_WORD = r"\b(?:step|iter(?:ation)?|epoch|loss|batch)\b\s{0,8}[:=\[]?\s{0,8}\d"
+_PROGRESS_BAR = r"\d{1,3}%\|"
+PROGRESS_LINE = re.compile(rf"(?i)(?=[seilb\d])(?:{_PROGRESS_WORD}|{_PROGRESS_BAR})")
+PROGRESS_WORDS = ("step", "iter", "epoch", "loss", "batch")
+"""What _PROGRESS_WORD's match begins with (iteration with iter), in lower case."""
+PROGRESS_WORD_AT = re.compile(_PROGRESS_WORD)
+PROGRESS_BAR = re.compile(_PROGRESS_BAR)
 PROGRESS_COUNTER = re.compile(
     r"(?i)(?=[sib])\b(?:step|iter(?:ation)?|batch|it)\b\D{0,3}?(?P<n>\d+)\s*/\s*(?P<total>\d+)"
 )
@@ -260,11 +269,11 @@ class Scanner:
             MAX_HITS_PER_PATTERN if t.rule is not None else MAX_FACTS_PER_PATTERN
             for t in self._targets
         ]
-        self._value_pids = [
+        self._value_pids = frozenset(
             pid
             for pid, t in enumerate(self._targets)
             if t.fact is not None and t.fact.distinct == Distinct.VALUE
-        ]
+        )
         self.rule_index = {code: n for n, code in enumerate(self.rules)}
         self.matcher: Matcher = build_matcher(patterns, prefer=engine)
 
@@ -286,20 +295,23 @@ class Scanner:
         over all files, in input order, and this process saw the earlier ones first."""
         stream: ChunkStream | ErrorFileChunks = (
             ErrorFileChunks(item.path, item.display)
-            if is_error_file(item.path)
+            if "error.json" in item.path and is_error_file(item.path)  # pathlib costs 20 us
             else ChunkStream(item)
         )
         result = SourceScan(info=stream.info)
         file_origin = origin_from_path(item.path) if item.path != "-" else Origin()
         year = datetime.now(UTC).year
         src = _Source(result, item.display, file_origin, _parser(year), [0] * self.n_rules, budget)
+        if shared_keys is not None:
+            self._take_keys(src.seen, shared_keys)
+        capped = src.seen.capped
         line_base = 0
         order = 0
         # no head for a later part of a split file, or when sampling tails only
         head_left = sample_bytes if item.start == 0 and sample_head else 0
         last_chunk = b""
         for chunk in stream:
-            if line_base == 0 and order == 0 and is_own_output(chunk[:4096]):
+            if line_base == 0 and order == 0 and is_own_output(chunk[:600]):
                 result.info.status = "skipped"
                 result.info.reason = "a ddpdoctor report, not a log"
                 result.info.lines = 0
@@ -315,9 +327,11 @@ class Scanner:
             before = 0  # newlines before `prev` in this chunk: one pass numbers hits and lines
             prev = 0
             for start, end, pids in self.matcher.candidate_lines(chunk, src.seen):
+                order += 1
+                if capped and capped.issuperset(pids):
+                    continue  # located before its patterns reached their caps in this chunk
                 before += count_newlines(chunk, prev, start)
                 prev = start
-                order += 1
                 self._confirm(src, chunk, start, end, pids, line_base + before + 1, order)
             last_chunk = chunk
             line_base += before + count_newlines(chunk, prev, len(chunk))
@@ -325,6 +339,8 @@ class Scanner:
             self._tell_budget(src)
         if src.progress.fact is not None:
             result.facts.append(src.progress.fact)
+        if shared_keys is not None:
+            self._give_keys(src.seen, shared_keys)
         if last_chunk and line_base > 0 and item.end is None:
             tail_start = max(0, len(last_chunk) - sample_bytes)
             tail_start = last_chunk.find(b"\n", tail_start - 1) + 1 if tail_start else 0
@@ -351,6 +367,22 @@ class Scanner:
                     result, last_chunk[pos:], head_lines, file_origin, item.display, src.parse
                 )
         return result
+
+    def _take_keys(self, seen: Seen, shared: dict[int, set[object]]) -> None:
+        """Start from the values this process handed on in earlier scans (see `scan`): the
+        engine then drops their lines before any parsing, as merging would drop their facts
+        (a world size and a transport on each of 10,000 rank files)."""
+        for pid, known in shared.items():  # only patterns read by value (see _give_keys)
+            seen.keys[pid] = set(known)
+
+    def _give_keys(self, seen: Seen, shared: dict[int, set[object]]) -> None:
+        """Hand this scan's values on to the next scans. The engine notes a value as it hands
+        its line on; only a pattern that reached its cap here may have values noted whose
+        lines were never confirmed, so its values are not passed on."""
+        by_value = self._value_pids
+        for pid, keys in seen.keys.items():
+            if pid in by_value and keys and pid not in seen.capped and len(keys) <= MAX_SHARED_KEYS:
+                shared[pid] = keys
 
     def _tell_budget(self, src: _Source) -> None:
         """After a chunk: publish this range's counts, forget the earlier ranges' (they grow)."""
@@ -390,8 +422,6 @@ class Scanner:
         order: int,
     ) -> None:
         capped = src.seen.capped
-        if capped and all(pid in capped for pid in pids):
-            return  # located before its patterns reached their caps in this chunk
         raw = chunk[start:end].decode("utf-8", errors="replace")
         parsed: ParsedLine | None = None
         context: list[tuple[int, ParsedLine]] | None = None
@@ -488,7 +518,7 @@ class Scanner:
             summary.last_text = message
             if parsed.level in ERROR_LEVELS:
                 summary.error_lines += 1
-            if PROGRESS_LINE.search(message):
+            if _progress_line(message):
                 summary.progress_lines += 1
                 summary.last_progress_line = line_no
                 summary.last_progress_text = message
@@ -498,11 +528,32 @@ class Scanner:
             _follow_traceback(summary, message, line_no)
         for key, messages in progress.items():  # the last counter counts: search from the end
             for message in reversed(messages):
-                counter = PROGRESS_COUNTER.search(message)
+                counter = "/" in message and PROGRESS_COUNTER.search(message)
                 if counter:
                     streams[key].progress_total = count_number(counter.group("total"))
                     streams[key].progress_done = count_number(counter.group("n"))
                     break
+
+
+def _progress_line(message: str) -> bool:
+    """Whether PROGRESS_LINE.search(message) finds a match, at half its cost on the benchmark's
+    tails: on ASCII text, where case folding only maps letters, its word alternative can only
+    match where the lower-cased text holds one of its words, and only there is it tried (a
+    long warning that says 'step' once was searched at each of its hundreds of letters s, e,
+    i, l and b). Other text is searched as it is: (?i) also folds letters such as U+017F (long
+    s) and U+0130 into 's' and 'i'."""
+    if not message.isascii():
+        return PROGRESS_LINE.search(message) is not None
+    if "%|" in message and PROGRESS_BAR.search(message):
+        return True
+    lower = message.lower()
+    for word in PROGRESS_WORDS:
+        at = lower.find(word)
+        while at >= 0:
+            if PROGRESS_WORD_AT.match(lower, at):
+                return True
+            at = lower.find(word, at + 1)
+    return False
 
 
 def _follow_traceback(summary: StreamSummary, message: str, line_no: int) -> None:
@@ -510,6 +561,10 @@ def _follow_traceback(summary: StreamSummary, message: str, line_no: int) -> Non
     Python traceback (its exception line ends it) or a C++ backtrace of frames (any other line
     ends it). A frame opens one too: pastes often start below the header. A prefix with
     nothing after it ('[rank0]: ') changes nothing."""
+    if not summary.open_traceback_line and not (
+        message[:1] in TRACE_OPENERS or message[:1].isspace()
+    ):
+        return  # nothing open, and no line that opens one (the cheap test for most lines)
     if not message or message.isspace():
         return
     if message.startswith(TRACEBACK_HEADER) or (
@@ -538,6 +593,9 @@ def _follow_traceback(summary: StreamSummary, message: str, line_no: int) -> Non
             summary.open_traceback_at, summary.open_traceback_text = line_no, message.strip()[:300]
 
 
+TRACE_OPENERS = frozenset((TRACEBACK_HEADER[0], NATIVE_HEADER[0], "f"))
+"""First characters of the lines that open a trace, but for WHOLE_FRAME's blank: the
+headers, and NATIVE_FRAME's 'frame #'."""
 TRACE_TAIL = 6
 """Lines of an open traceback kept: the last two frames, their code and its carets."""
 
@@ -563,7 +621,9 @@ OWN_OUTPUT = re.compile(
 def is_own_output(head: bytes) -> bool:
     """Reports ddpdoctor wrote (JSON, text) quote log lines; reading them again as logs would
     count every error twice, e.g. when diagnosing a `ddpdoctor run` folder."""
-    return bool(OWN_OUTPUT.search(head[:600]))
+    head = head[:600]
+    # every form names the schema or the verdict: the regex, slow to fail, only where it might
+    return b"ddpdoctor" in head and OWN_OUTPUT.search(head) is not None
 
 
 def _unanchored(regex: str) -> str:

@@ -162,6 +162,12 @@ class ChunkStream:
         return raw
 
     def __iter__(self) -> Iterator[bytes]:
+        if self.item.path != "-" and not self.item.start and self.item.end is None:
+            whole = self._small_file()
+            if whole is not None:
+                if whole:
+                    yield whole
+                return
         stream = self._open()
         if stream is None:
             return
@@ -183,6 +189,41 @@ class ChunkStream:
         finally:
             if stream is not sys.stdin.buffer:
                 stream.close()
+
+    def _small_file(self) -> bytes | None:
+        """A plain regular file that fits in one chunk, read with one open and one read: what
+        the general path would yield (b"" when it yields nothing: binary data, an empty read),
+        or None to leave it to the general path (anything else, and every error, which that
+        path reports as it always has). Each of 10,000 rank files paid ~40 us for a buffered
+        reader, its 8 KB peek and two more fstat calls."""
+        try:
+            st = os.stat(self.item.path)
+        except OSError:
+            return None
+        size = st.st_size
+        if not stat.S_ISREG(st.st_mode) or not 0 < size <= self.chunk_bytes:
+            return None  # a folder, a pipe, a /proc file (size 0), or more than one chunk
+        try:
+            fd = os.open(self.item.path, os.O_RDONLY)
+        except OSError:
+            return None
+        try:
+            data = os.pread(fd, size, 0)
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+        if len(data) != size:  # changed under us: the general path reads what is there now
+            return None
+        head = data[:UTF16_SNIFF_BYTES]
+        if head[:2] == GZIP_MAGIC or looks_utf16(head):
+            return None  # decoded as a stream
+        self.mtime = st.st_mtime
+        if looks_binary(data[:SNIFF_BYTES]):
+            self._skip("binary data, not a log")
+            return b""
+        self.info.bytes = size
+        return data if data.endswith(b"\n") else data + b"\n"
 
     def _read(self, stream: BinaryIO, size: int) -> bytes:
         """Up to `size` bytes. A gzip stream is read in pieces and a pipe or device as data
