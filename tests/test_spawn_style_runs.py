@@ -13,21 +13,14 @@ a mode ddpdoctor gets wrong today is a strict xfail whose reason says what it sa
 
 from __future__ import annotations
 
-import functools
-from pathlib import Path
-
 import pytest
 
-from ddpdoctor.analysis.diagnose import diagnose_paths
-from ddpdoctor.model.findings import Report
-from tests.conftest import REPO
-
-REAL = REPO / "tests" / "fixtures" / "real"
+from tests.program_runs import Expected, RunSet
 
 # mode -> (status, kind, culprit ranks); launch in brackets (see capture_spawn.sh). 3 ranks each.
 # Under mp.spawn the parent raises for the first process it sees exit non-zero, SIGTERMs the
 # others at once, and prints only that one process's traceback or signal.
-EXPECTED: dict[str, tuple[str, str | None, list[int]]] = {
+EXPECTED: dict[str, Expected] = {
     # [spawn] every process finishes and exits 0, the parent logs that all finished; the warnings
     # (no checkpoint to resume, a UserWarning, find_unused_parameters=True with none unused)
     # are harmless
@@ -95,58 +88,14 @@ MISSES: dict[str, str] = {
 }
 
 
-def _folder(mode: str) -> Path:
-    return REAL / f"spawn-{mode}"
+RUNS = RunSet("spawn-", EXPECTED, MISSES)
 
 
-def _files(mode: str) -> list[str]:
-    return sorted(str(p) for p in _folder(mode).rglob("*") if p.is_file())
-
-
-@functools.cache
-def _report(mode: str) -> Report:
-    return diagnose_paths([str(_folder(mode))])
-
-
-def _case(mode: str) -> object:
-    if mode in MISSES:
-        return pytest.param(mode, marks=pytest.mark.xfail(strict=True, reason=MISSES[mode]))
-    return mode
-
-
-@pytest.mark.parametrize("mode", [_case(m) for m in EXPECTED])
+@pytest.mark.parametrize("mode", RUNS.params())
 def test_spawn_style_run(mode: str) -> None:
-    verdict = _report(mode).verdict
-    got = (verdict.status, verdict.kind, verdict.culprit.ranks)
-    assert got == EXPECTED[mode], (verdict.rule, verdict.summary)
+    RUNS.check_verdict(mode)
 
 
 @pytest.mark.parametrize("mode", list(EXPECTED))
-def test_spawn_style_verdict_ignores_file_order(mode: str) -> None:
-    """The folder's files named one by one in reversed order give the same verdict."""
-    files = _files(mode)
-    assert files
-    forward = _report(mode).verdict
-    backward = diagnose_paths(list(reversed(files))).verdict
-    pick = ("status", "kind", "rule")
-    assert [getattr(backward, k) for k in pick] == [getattr(forward, k) for k in pick]
-    assert backward.culprit.ranks == forward.culprit.ranks
-
-
-@pytest.mark.parametrize("mode", list(EXPECTED))
-def test_spawn_style_fixture_is_small_and_rewritten(mode: str) -> None:
-    files = _files(mode)
-    assert sum(Path(f).stat().st_size for f in files) < 200_000
-    for f in files:
-        text = Path(f).read_text(errors="replace")
-        assert "/work/" not in text, f
-
-
-@pytest.mark.parametrize("mode", list(EXPECTED))
-def test_spawn_style_output_does_not_name_the_mode(mode: str) -> None:
-    """The program never prints its --mode: the diagnosis must read the failure, not a label.
-    (Torch's own texts may use the words, e.g. DDP's "unused parameters" message.)"""
-    label = mode.removeprefix("legacy-")
-    for f in _files(mode):
-        text = Path(f).read_text(errors="replace")
-        assert f"--mode {label}" not in text and f"mode={label}" not in text, f
+def test_spawn_style_fixture_is_small_rewritten_and_unlabelled(mode: str) -> None:
+    RUNS.check_fixture(mode)

@@ -11,19 +11,12 @@ a mode ddpdoctor gets wrong today is a strict xfail whose reason says what it sa
 
 from __future__ import annotations
 
-import functools
-from pathlib import Path
-
 import pytest
 
-from ddpdoctor.analysis.diagnose import diagnose_paths
-from ddpdoctor.model.findings import Report
-from tests.conftest import REPO
-
-REAL = REPO / "tests" / "fixtures" / "real"
+from tests.program_runs import Expected, RunSet
 
 # mode -> (status, kind, culprit ranks); launch in brackets (see capture_third.sh)
-EXPECTED: dict[str, tuple[str, str | None, list[int]]] = {
+EXPECTED: dict[str, Expected] = {
     # [logdir] every rank finishes and exits 0; the warnings (find_unused_parameters=True with
     # none unused, a UserWarning, a missing resume checkpoint that is handled) are harmless
     "healthy": ("ok", None, []),
@@ -76,58 +69,24 @@ MISSES: dict[str, str] = {
 }
 
 
-def _folder(mode: str) -> Path:
-    return REAL / f"third-{mode}"
+RUNS = RunSet("third-", EXPECTED, MISSES)
 
 
-def _files(mode: str) -> list[str]:
-    return sorted(str(p) for p in _folder(mode).rglob("*") if p.is_file())
-
-
-@functools.cache
-def _report(mode: str) -> Report:
-    return diagnose_paths([str(_folder(mode))])
-
-
-def _case(mode: str) -> object:
-    if mode in MISSES:
-        return pytest.param(mode, marks=pytest.mark.xfail(strict=True, reason=MISSES[mode]))
-    return mode
-
-
-@pytest.mark.parametrize("mode", [_case(m) for m in EXPECTED])
+@pytest.mark.parametrize("mode", RUNS.params())
 def test_third_style_run(mode: str) -> None:
-    verdict = _report(mode).verdict
-    got = (verdict.status, verdict.kind, verdict.culprit.ranks)
-    assert got == EXPECTED[mode], (verdict.rule, verdict.summary)
+    RUNS.check_verdict(mode)
 
 
 @pytest.mark.parametrize("mode", list(EXPECTED))
-def test_third_style_verdict_ignores_file_order(mode: str) -> None:
-    """The folder's files named one by one in reversed order give the same verdict."""
-    files = _files(mode)
-    assert files
-    forward = _report(mode).verdict
-    backward = diagnose_paths(list(reversed(files))).verdict
-    pick = ("status", "kind", "rule")
-    assert [getattr(backward, k) for k in pick] == [getattr(forward, k) for k in pick]
-    assert backward.culprit.ranks == forward.culprit.ranks
-
-
-@pytest.mark.parametrize("mode", list(EXPECTED))
-def test_third_style_fixture_is_small_and_rewritten(mode: str) -> None:
-    files = _files(mode)
-    assert sum(Path(f).stat().st_size for f in files) < 200_000
-    for f in files:
-        text = Path(f).read_text(errors="replace")
-        assert "/work/" not in text, f
+def test_third_style_fixture_is_small_rewritten_and_unlabelled(mode: str) -> None:
+    RUNS.check_fixture(mode)
 
 
 def test_a_launchers_store_errors_while_it_shuts_down_are_not_the_root() -> None:
     """node1's agent reports its failed worker, then its c10d store connection and rendezvous
     shutdown fail (the agent that hosted the store had exited): those errors are the
     shutdown, explained by the workers, never a rendezvous failure to fix."""
-    report = _report("early-stop-main")
+    report = RUNS.report("early-stop-main")
     assert report.verdict.kind != "rendezvous-failure"
     roles = {f.role for f in report.findings if f.rule == "LCH108"}
     assert roles and "root" not in roles, roles

@@ -1,0 +1,69 @@
+"""Shared scaffolding of the real-run sets of programs the rules were not built from
+(tests/test_third_style_runs.py, tests/test_spawn_style_runs.py): each mode's fixture folder,
+its cached diagnosis, the strict xfails of known misses, and the checks every set makes of its
+fixtures. File order is checked for every real fixture by tests/test_order_invariance.py."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from ddpdoctor.analysis.diagnose import diagnose_paths
+from ddpdoctor.model.findings import Report
+from tests.conftest import REPO
+
+REAL = REPO / "tests" / "fixtures" / "real"
+
+Expected = tuple[str, str | None, list[int]]
+"""(status, kind, culprit ranks) a mode's run must be diagnosed with."""
+
+
+@dataclass(frozen=True)
+class RunSet:
+    prefix: str
+    """Fixture folders are tests/fixtures/real/<prefix><mode>."""
+    expected: dict[str, Expected]
+    misses: dict[str, str] = field(default_factory=dict)
+    """mode -> what ddpdoctor says instead today (a strict xfail: fixing it fails the test)."""
+
+    def folder(self, mode: str) -> Path:
+        return REAL / f"{self.prefix}{mode}"
+
+    def files(self, mode: str) -> list[Path]:
+        return sorted(p for p in self.folder(mode).rglob("*") if p.is_file())
+
+    def report(self, mode: str) -> Report:
+        return _diagnosed(str(self.folder(mode)))
+
+    def params(self) -> list[object]:
+        return [
+            pytest.param(m, marks=pytest.mark.xfail(strict=True, reason=self.misses[m]))
+            if m in self.misses
+            else m
+            for m in self.expected
+        ]
+
+    def check_verdict(self, mode: str) -> None:
+        verdict = self.report(mode).verdict
+        got = (verdict.status, verdict.kind, verdict.culprit.ranks)
+        assert got == self.expected[mode], (verdict.rule, verdict.summary)
+
+    def check_fixture(self, mode: str) -> None:
+        """Small, paths rewritten, and the program's --mode never in its output: the diagnosis
+        must read the failure, not the test's label (torch's own texts may use the words)."""
+        files = self.files(mode)
+        assert files
+        assert sum(f.stat().st_size for f in files) < 200_000
+        label = mode.removeprefix("legacy-")
+        for f in files:
+            text = f.read_text(errors="replace")
+            assert "/work/" not in text, f
+            assert f"--mode {label}" not in text and f"mode={label}" not in text, f
+
+
+@functools.cache
+def _diagnosed(folder: str) -> Report:
+    return diagnose_paths([folder])
