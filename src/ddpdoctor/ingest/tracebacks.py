@@ -6,15 +6,13 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from ddpdoctor.ingest.prefixes import ParsedLine, parse_line
+from ddpdoctor.ingest.prefixes import SPAWN_PROCESS, ParsedLine, parse_line
 
 TRACEBACK_HEAD = "Traceback (most recent call last):"
 CHAINED = re.compile(
     r"^(During handling of the above exception|The above exception was the direct)"
 )
 EXCEPTION_LINE = re.compile(r"^\**[A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit|Warning)\b")
-SPAWN_HEADER = re.compile(r"-- Process \d{1,7} terminated with the following error:")
-"""torch.multiprocessing.spawn's line above the traceback of the child that failed."""
 MAX_WALK_LINES = 400
 MAX_TRACEBACK_LINES = 120
 MAX_WALK_BYTES = 1024 * 1024
@@ -87,7 +85,7 @@ def walk_back(
         if after_head and not CHAINED.match(parsed.text):
             dated = parse(raw)
             # logger.exception's header line dates the traceback; mp.spawn's names its process
-            if dated.time is not None or SPAWN_HEADER.match(parsed.text):
+            if dated.time is not None or SPAWN_PROCESS.match(parsed.text):
                 found.append((walked, dated))
             break
         if not is_traceback_line(parsed.text):
