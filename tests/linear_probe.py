@@ -39,6 +39,7 @@ ANCHORED = frozenset(
         "prefixes.PLATFORM_TAG",
         "prefixes.PY_LEVEL",
         "prefixes.LEADING_RANK",
+        "prefixes.LEADING_LOCAL_RANK",
         "prefixes.JSON_RANK",
         "tracebacks.CHAINED",
         "tracebacks.EXCEPTION_LINE",

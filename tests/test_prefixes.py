@@ -229,3 +229,35 @@ def test_the_rank_waiting_for_the_nccl_id_is_the_one_named_in_brackets() -> None
     )
     parsed = parse_line(line)
     assert (parsed.origin.rank, parsed.rank_from_text) == (1, True)
+
+
+@pytest.mark.parametrize(
+    ("line", "rank", "local"),
+    [
+        ("Rank 1/4: epoch 2 done", 1, None),
+        ("[rank1/4] step 10 loss 0.5", 1, None),
+        ("rank#3 saving", 3, None),
+        ("INFO [proc 12070] rank 2 | step 5", 2, None),
+        # the device index in the rank's place is its local rank (mp.spawn's `gpu` argument)
+        ("gpu 1 | evaluating on the held-out set", None, 1),
+        ("INFO [proc 12070] gpu 2 | epoch 0 step 4 loss 0.69", None, 2),
+        ("[GPU 3] step 7", None, 3),
+        ("LOCAL_RANK: 1 - CUDA_VISIBLE_DEVICES: [0,1]", None, 1),
+        # near misses: a device listing, a rank named inside a sentence, a launcher prefix first
+        ("GPU 0: NVIDIA A100-SXM4-80GB (UUID: GPU-1234)", None, None),
+        ("Waiting for rank 3 to join", None, None),
+        ("INFO: waiting for gpu 1 | retrying", None, None),
+        ("worker 2: step 5", None, None),
+    ],
+)
+def test_a_program_names_its_rank_or_device_first(
+    line: str, rank: int | None, local: int | None
+) -> None:
+    parsed = parse_line(line)
+    assert (parsed.origin.rank, parsed.origin.local_rank) == (rank, local)
+    assert parsed.rank_from_text == (rank is not None or local is not None)
+
+
+def test_a_launcher_prefix_outranks_the_device_in_the_text() -> None:
+    parsed = parse_line("[default0]:gpu 1 | step 3")
+    assert (parsed.origin.local_rank, parsed.rank_from_text) == (0, False)

@@ -444,7 +444,7 @@ class Scanner:
             if m is None:
                 continue
             record = _record(parsed, display, line_no, file_origin)
-            if parsed.rank_from_text and m.string is parsed.text:
+            if parsed.rank_from_text and parsed.origin.rank is not None and m.string is parsed.text:
                 near = rank_before(parsed.text, m.start())
                 if near is not None:
                     record.origin.rank = near
@@ -503,7 +503,10 @@ class Scanner:
             key = parsed.prefix
             if parsed.rank_from_text or not key:  # the program names its rank in the text
                 rank = said.rank if said.rank is not None else file_origin.rank
-                key += f" rank {rank}" if rank is not None else ""
+                if rank is not None:
+                    key += f" rank {rank}"
+                elif said.local_rank is not None:  # the program names its device
+                    key += f" local {said.local_rank}"
             line_no = line_base + offset + 1
             summary = streams.get(key)
             if summary is None:

@@ -59,12 +59,23 @@ PY_LEVEL = re.compile(r"(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL)[:\s]")
 # Inside c10d messages the global rank appears as `[Rank 3]` or `[PG 0 (default_pg) Rank 3]`.
 # The group name is bounded: `[^)]*` from every "[PG 1 (" of a long line was quadratic.
 C10D_RANK = re.compile(r"\[(?:PG \d+ (?:\([^)]{0,200}\) )?)?Rank (?P<rank>\d+)\]")
-# Programs that name their rank at the start of a line: "Rank 3 finished", "[rank 1] step 10".
-# Python logging puts its header first: "INFO - trainer - [rank 1] ...", "[INFO] mmcv: rank 2 ...".
-LEADING_RANK = re.compile(
+# Programs that name their rank at the start of a line: "Rank 3 finished", "[rank 1/4] step 10".
+# Python logging puts its header first: "INFO - trainer - [rank 1] ...", "[INFO] mmcv: rank 2 ...",
+# "INFO [proc 4211] rank 1 | ..." (up to two bracketed fields after the level).
+_LOG_HEADER = (
     r"(?:(?:\[?[\w.]{1,40}\]?\s*[-:|]\s*)?\[?(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\]?"
-    r"(?:\s*[-:|]\s*|\s+)(?:\[?[\w.]{1,40}\]?\s*[-:|]\s*)?)?"
-    r"\[?[Rr]ank[ =:]?(?P<rank>\d{1,5})\]?[:,]?\s"
+    r"(?:\s*[-:|]\s*|\s+)(?:\[?[\w.]{1,40}\]?\s*[-:|]\s*)?(?:\[[^\[\]]{1,40}\]\s*){0,2})?"
+)
+LEADING_RANK = re.compile(
+    _LOG_HEADER + r"\[?[Rr]ank[ =:#]?(?P<rank>\d{1,5})(?:/\d{1,5})?\]?[:,|]?\s"
+)
+# The same place often holds the device index instead, which is the local rank (mp.spawn's
+# `gpu` argument, Lightning's "LOCAL_RANK: 1 - CUDA_VISIBLE_DEVICES"): "gpu 1 | loss ...",
+# "[gpu 1] ...", "(cuda:1) ...". A separator must follow ("|", "-", a closing bracket), so a
+# listing such as "GPU 0: NVIDIA A100" is not read as a writer.
+LEADING_LOCAL_RANK = re.compile(
+    _LOG_HEADER + r"[\[(]?(?:[Gg][Pp][Uu]|cuda|local_rank|LOCAL_RANK|local rank)[ =:#]{0,2}"
+    r"(?P<local>\d{1,3})(?:/\d{1,5})?(?:[\])]\s?|\s?[|-]\s)"
 )
 # ProcessGroupNCCL names the rank that waits for the NCCL id in brackets (census
 # pgnccl-unique-id-store): "[1] is setting up NCCL communicator and retrieving ncclUniqueId ..."
@@ -138,6 +149,14 @@ OPENMPI = re.compile(r"\[\d+,(?P<rank>\d{1,7})\]<(?:stdout|stderr|stddiag)>: ?")
 
 # A log pasted into a Markdown quote: "> [rank0]: Traceback ...", "> > nested".
 QUOTE = re.compile(r">+ ?")
+
+_DEVICE_WORDS = re.compile(r"gpu|cuda|local.rank", re.IGNORECASE)
+
+
+def _may_name_device(message: str) -> bool:
+    """A cheap test before LEADING_LOCAL_RANK: the words it needs are near the start."""
+    return _DEVICE_WORDS.search(message, 0, 160) is not None
+
 
 TEXT_RANK = re.compile(r"(?<![A-Za-z])[Rr]ank[ =:]?(?P<rank>\d{1,5})\b")
 
@@ -284,6 +303,11 @@ def parse_line(raw: str, year: int = 1970, with_time: bool = True) -> ParsedLine
         )
         if m and (rank := rank_number(m.group("rank"))) is not None:
             origin.rank = rank
+            out.rank_from_text = True
+    if origin.rank is None and origin.local_rank is None and _may_name_device(message):
+        m = LEADING_LOCAL_RANK.match(message)
+        if m and (local := rank_number(m.group("local"))) is not None:
+            origin.local_rank = local
             out.rank_from_text = True
     out.text = message
     out.prefix = " ".join(prefix_parts)
