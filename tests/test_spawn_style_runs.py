@@ -71,20 +71,9 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "leave": "failed/nccl-network [] (NET101, only the others' 'Connection closed by peer'; "
-    "before, INF210 read rank 1's unowned 'gpu 1 | training finished' as the job's end): rank "
-    "1's stop ('gpu 1 | ... stopping') and clean exit are not given a rank",
-    "rank0-collective": "failed/nccl-timeout [0] (INF204: process 1 timed out in dist.barrier and "
-    "rank 0 left no line the tool can attribute): 'gpu 0 | new best, sending the save flag ...' "
-    "is not read as rank 0 entering another collective",
-    "slow-rank": "failed/nccl-timeout [] (TMO102 on process 0's gloo timeout in dist.barrier): "
-    "'gpu 1 | evaluating on the full held-out set' 21 s before the timeout is not given a rank",
     "uneven": "failed/collective-mismatch [] (COL101 on gloo's 'Is there a distributed "
     "collective mismatch' enforce): 'gpu 1 | 56 samples, 7 batches' against the others' 10 is "
     "not read",
-    "legacy-leave": "failed/nccl-network [] (NET101 on ranks 0 and 2; before, INF210 read rank "
-    "1's unowned 'training finished' as the job's end): rank 1's unprefixed 'gpu 1 | ... "
-    "stopping' and 'training finished' lines are not given a rank",
 }
 
 

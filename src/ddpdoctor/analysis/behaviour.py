@@ -8,7 +8,7 @@ from datetime import datetime
 
 from ddpdoctor.analysis.events import Event
 from ddpdoctor.analysis.facts import elapsed_seconds
-from ddpdoctor.analysis.frames import FRAME, LIBRARY_PATH
+from ddpdoctor.analysis.frames import FRAME, LIBRARY_PATH, in_backward
 from ddpdoctor.analysis.job import JobView
 from ddpdoctor.ingest.tracebacks import EXCEPTION_LINE
 from ddpdoctor.model.evidence import (
@@ -20,6 +20,7 @@ from ddpdoctor.model.evidence import (
     WaitSite,
 )
 from ddpdoctor.model.findings import Evidence, Hit
+from ddpdoctor.model.records import Record
 from ddpdoctor.rules.base import Echo, Marker
 
 STARTUP_SEQ = 5
@@ -109,13 +110,23 @@ def build_evidence(job: JobView, events: list[Event]) -> JobEvidence:
         evidence.flight = flight
         for rank in flight.ranks_with_dump:  # a rank that left a dump was there
             ranks.setdefault(rank, RankView(rank=rank)).present = True
+    early = left_early(job, events)
     for rank in job.completed_ranks:
-        ranks.setdefault(rank, RankView(rank=rank, present=True)).completed = True
+        view = ranks.setdefault(rank, RankView(rank=rank, present=True))
+        view.completed = rank not in early
+        view.announced_stop |= rank in early
+    evidence.completed_at = dict(job.completed_at)
+    if early:  # their announcements do not mark the end of training
+        evidence.completed_at = {}
+        for announcer, record in job.completions:
+            if announcer is None or announcer not in early:
+                line = evidence.completed_at.get(record.source, record.line)
+                evidence.completed_at[record.source] = min(line, record.line)
     for event in events:
         _add_event(evidence, event)
         if event.marker in (Marker.TEARDOWN, Marker.STOP):
             evidence.ended = True  # the program reached its end, or stopped on purpose
-        if event.rank is not None and _waited_after_end(event, job.completed_at):
+        if event.rank is not None and _waited_after_end(event, evidence.completed_at):
             ranks[event.rank].waited_after_end = True
 
     evidence.timeout_ms = _timeout_ms(events)
@@ -173,6 +184,43 @@ def _add_event(evidence: JobEvidence, event: Event) -> None:
                 if absent is not None:
                     evidence.ranks.setdefault(absent, RankView(rank=absent)).named_absent = True
     view.evidence.extend(Evidence.of(h.record) for h in event.hits[:2])
+
+
+def left_early(job: JobView, events: list[Event]) -> set[int]:
+    """Ranks that announced the end of training while another rank, which never announced
+    it, was still in a training step: that rank lost its peer or timed out inside the backward
+    pass. Every rank's backward joins every other's, so a rank that really finished all its
+    steps cannot leave a peer waiting in one: the announcers did not finish the job, they left
+    it (an early stop or a `break` taken on one rank). A wait shown before the announcement
+    (same output, or earlier by the clock) does not count; nor does a wait outside the
+    backward pass (a barrier, a save, an evaluation after the end), where ranks also wait
+    after a real end."""
+    done: dict[int, Record] = {}
+    for rank, record in job.completions:
+        if rank is None:
+            continue
+        if rank not in done or record.line < done[rank].line:
+            done[rank] = record
+    if not done:
+        return set()
+    early: set[int] = set()
+    for event in events:
+        if event.rank is None or event.rank in done:
+            continue
+        if event.echo not in (Echo.WAITING, Echo.LOST_PEER):
+            continue
+        for hit in event.hits:
+            if not in_backward(hit):
+                continue
+            early |= {r for r, end in done.items() if _later(hit.record, end)}
+    return early
+
+
+def _later(record: Record, end: Record) -> bool:
+    """Not shown before `end` (files without times have no common order)."""
+    if record.source == end.source:
+        return record.line > end.line
+    return record.time is None or end.time is None or record.time > end.time
 
 
 def _waited_after_end(event: Event, completed_at: dict[str, int]) -> bool:

@@ -64,7 +64,7 @@ def decide(
         evidence = build_evidence(job, events)
     events = [e for e in events if e.rule.applies is None or e.rule.applies(evidence)]
     graph = CausalGraph(events)
-    ctx = Context(evidence=evidence, completed_at=job.completed_at, intended=intended)
+    ctx = Context(evidence=evidence, completed_at=evidence.completed_at, intended=intended)
     for relation in RELATIONS:
         relation(graph, ctx)
     _relate_symptoms(graph, evidence, hypotheses)

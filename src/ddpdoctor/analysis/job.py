@@ -11,7 +11,7 @@ from ddpdoctor.ingest.bounds import count_number, exit_code_number, rank_number
 from ddpdoctor.ingest.run_events import RunEvents, RunHang
 from ddpdoctor.model.evidence import CutTrace
 from ddpdoctor.model.findings import Evidence, JobInfo, RankExit
-from ddpdoctor.model.records import Origin
+from ddpdoctor.model.records import Origin, Record
 
 MAX_WORLD_SIZE = 1_000_000
 """A world size hint above this is not believed (and ranks missing are listed up to 100,000)."""
@@ -34,6 +34,8 @@ class JobView:
     """First line per source where training announced its end."""
     completed_ranks: set[int] = field(default_factory=set)
     """Ranks whose own lines announced the end of training."""
+    completions: list[tuple[int | None, Record]] = field(default_factory=list)
+    """Every announcement of the end of training, with its rank when known."""
     rank_map: dict[tuple[str, int], int] = field(default_factory=dict)
     normal_seen: bool = False
     """A message of normal operation was read (facts.py "normal"): something healthy to read."""
@@ -110,6 +112,7 @@ def build_job(
     transports: set[str] = set()
     completed_at: dict[str, int] = {}
     completed_ranks: set[int] = set()
+    completions: list[tuple[int | None, Record]] = []
     normal_seen = False
     for scan in scans:
         expect_root = False
@@ -148,6 +151,7 @@ def build_job(
                 done = resolve_rank(fact.record.origin, single_node, rank_map)
                 if done is not None:
                     completed_ranks.add(done)
+                completions.append((done, fact.record))
                 src = fact.record.source
                 completed_at[src] = min(completed_at.get(src, fact.record.line), fact.record.line)
             elif fact.name in ("socket_transport", "ib_transport"):
@@ -236,6 +240,7 @@ def build_job(
         rank_map=rank_map,
         completed_at=completed_at,
         completed_ranks=completed_ranks,
+        completions=completions,
         cut_tracebacks=cut_tracebacks,
         normal_seen=normal_seen,
     )

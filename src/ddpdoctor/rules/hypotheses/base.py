@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -46,6 +47,15 @@ class Hypothesis:
     assess: Callable[[JobEvidence], Assessment | None]
     precedence: int
     """Breaks ties between equal scores: lower wins (the more specific explanation)."""
+
+
+_NUMBERS = re.compile(r"\d+(?:\.\d+)?(?:e[-+]?\d+)?")
+
+
+def words_shape(text: str) -> str:
+    """A line with its numbers (ranks, steps, losses, times) blanked: two ranks printing the
+    same line at the same point of the program give the same shape."""
+    return _NUMBERS.sub("#", text.strip().lower())[:200]
 
 
 def ranks_text(ranks: set[int] | list[int]) -> str:

@@ -10,7 +10,7 @@ from ddpdoctor.model.evidence import JobEvidence
 from ddpdoctor.model.taxonomy import Status
 from ddpdoctor.rules.base import Explanation, Rule
 from ddpdoctor.rules.frameworks import COLLECTIVE_IN_BRANCH_FIX
-from ddpdoctor.rules.hypotheses.base import Assessment, ranks_text, stall_evidence
+from ddpdoctor.rules.hypotheses.base import Assessment, ranks_text, stall_evidence, words_shape
 
 RULE = Rule(
     code="INF203",
@@ -186,6 +186,25 @@ def _from_minority(job: JobEvidence) -> Assessment | None:
                 "under `if is_main_process`)."
             ],
         )
+    stood = _stood_with(job, waiting, quiet)
+    odd = quiet - stood
+    if stood and odd and len(waiting | stood) > len(odd):
+        return Assessment(
+            RULE,
+            0.5,
+            sorted(odd),
+            [
+                f"{ranks_text(waiting)} timed out, and {ranks_text(stood)} stopped at the same "
+                f"point (their last words are alike), while {ranks_text(odd)} had gone on to "
+                "something else: "
+                + "; ".join(f"rank {r}: {job.ranks[r].last_text[:120]!r}" for r in sorted(odd))
+                + f". The others were in a collective {ranks_text(odd)} did not join."
+            ],
+            against=[
+                "the ranks that stood still printed no timeout of their own (they were "
+                "stopped once the first rank failed)"
+            ],
+        )
     if len(waiting) >= len(quiet):
         return None
     return Assessment(
@@ -197,3 +216,19 @@ def _from_minority(job: JobEvidence) -> Assessment | None:
             "so the waiting ranks were in a collective nobody else joined."
         ],
     )
+
+
+def _stood_with(job: JobEvidence, waiting: set[int], quiet: set[int]) -> set[int]:
+    """Quiet ranks whose last words are those of a waiting rank, numbers aside: they stopped
+    where the waiting ranks stopped, and were ended (a launcher stops all after the first
+    failure) before their own timeout could print. The quiet ranks left over went elsewhere.
+    A rank may have several writers (its own prints, a launcher's header naming it): any
+    shared last line counts."""
+    shapes: dict[int, set[str]] = {}
+    for words in job.last_words:
+        if words.rank is not None and (shape := words_shape(words.text)):
+            shapes.setdefault(words.rank, set()).add(shape)
+    waited = set().union(*(shapes.get(r, set()) for r in waiting))
+    if not waited:
+        return set()
+    return {r for r in quiet if shapes.get(r, set()) & waited}
