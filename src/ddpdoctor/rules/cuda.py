@@ -320,8 +320,17 @@ DATALOADER_CUDA_FORK = Rule(
     signatures=(
         Signature(r"Cannot re-initialize CUDA in forked subprocess"),
         Signature(r"CUDA error: initialization error"),
+        # torch < 1.0 printed the CUDA runtime's code: 3 is cudaErrorInitializationError
+        Signature(r"cuda runtime error \(3\) : initialization error", "cuda runtime error (3)"),
+        # accelerate's notebook_launcher forks its workers and checks CUDA first
+        Signature(
+            r"CUDA has been initialized before (?:the )?`?notebook_launcher(?:\(\))?`? could "
+            r"create a forked subprocess",
+            "could create a forked subprocess",
+        ),
     ),
-    context_all=(r"worker|dataloader|DataLoader|forked|collate",),
+    # a forked child: a DataLoader worker, or a multiprocessing.Process (its _bootstrap frame)
+    context_all=(r"worker|dataloader|DataLoader|forked|collate|multiprocessing",),
     explanation=Explanation(
         what="A DataLoader worker (a forked process) touched CUDA.",
         why="CUDA cannot be used in a child forked after the parent initialised CUDA: CUDA "
@@ -338,8 +347,15 @@ DATALOADER_CUDA_FORK = Rule(
     ),
     positive=(
         "RuntimeError: Cannot re-initialize CUDA in forked subprocess. To use CUDA with multiprocessing, you must use the 'spawn' start method",
+        "RuntimeError: CUDA has been initialized before the `notebook_launcher` could create a "
+        "forked subprocess. This likely stems from an outside import causing issues once the "
+        "`notebook_launcher()` is called.",
     ),
-    negative=("RuntimeError: CUDA error: out of memory",),
+    negative=(
+        "RuntimeError: CUDA error: out of memory",
+        # the main process's initialization error: a driver or installation problem
+        "RuntimeError: cuda runtime error (3) : initialization error at /pytorch/aten/src/THC/THCGeneral.cpp:51",
+    ),
 )
 
 SHARED_GPU_OOM = Rule(

@@ -37,6 +37,13 @@ DATA_ERROR = Rule(
         Signature(r"Can't find a valid checkpoint at"),
         Signature(r"No valid checkpoint found in output directory"),
         Signature(r"BadZipFile"),
+        # a dataset's own loader giving up on a sample it cannot decode (video and image
+        # pipelines retry other samples, then raise)
+        Signature(
+            r"[Ff]ailed to (?:decode|fetch|load|read) (?:the )?(?:video|image|audio|frame|clip)s?\b"
+            r"(?! Python extension)",  # torchvision's warning about its own C++ extension
+            "ailed to ",
+        ),
     ),
     context_none=(r"No space left on device", r"can't open file"),
     explanation=Explanation(
@@ -76,8 +83,12 @@ DATA_ERROR = Rule(
     positive=(
         "FileNotFoundError: [Errno 2] No such file or directory: "
         "'E:/visionlab/data/imnet_val/val5k/val_file_list.pickle'",
+        "RuntimeError: Failed to fetch video after 10 retries.",
     ),
-    negative=("python3: can't open file '/work/train.py': [Errno 2] No such file or directory",),
+    negative=(
+        "python3: can't open file '/work/train.py': [Errno 2] No such file or directory",
+        "Failed to load image Python extension: 'libc10_cuda.so: cannot open shared object file'",
+    ),
 )
 
 DISK_FULL = Rule(

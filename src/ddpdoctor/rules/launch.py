@@ -504,6 +504,13 @@ SLURM_TERMINATED = Rule(
             "CANCELLED AT",
             echo=Echo.STOPPED,
         ),
+        # slurmstepd's cancel line cut right after the host (a paste, a log copied while it was
+        # written): "*** JOB|STEP <id> ON" starts only its CANCELLED AT messages (req.c)
+        Signature(
+            r"error: \*\*\* (?:JOB|STEP) \d+(?:\.\w+)? ON(?: \S+)?\s*$",
+            "*** ",
+            echo=Echo.STOPPED,
+        ),
         # Kubernetes scheduler (DisruptionTarget condition of a preempted pod)
         Signature(r": preempting to accommodate a higher priority", "preempting to accommodate"),
     ),
@@ -523,8 +530,13 @@ SLURM_TERMINATED = Rule(
         "Handling auto-requeue signal: 10",
         "submitit WARNING (2026-11-30 10:00:00,000) - Caught signal SIGUSR2 on node042: this job "
         "is preempted.",
+        "[2026-05-07T14:10:47.011] error: *** STEP 2210587.1 ON",
     ),
-    negative=("slurmstepd: error: Detected 1 oom_kill event in StepId=1234.0",),
+    negative=(
+        "slurmstepd: error: Detected 1 oom_kill event in StepId=1234.0",
+        "slurmstepd: error: *** JOB 1234 STEPD TERMINATED ON node01 AT 2024-01-01T00:00:00 DUE "
+        "TO JOB NOT ENDING WITH SIGNALS ***",
+    ),
 )
 
 INTERRUPTED = Rule(
