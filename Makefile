@@ -17,12 +17,14 @@ setup: $(STAMP)
 
 # accelerate and deepspeed for tests/test_run_launchers.py, torch kept at 2.13.0 by the
 # constraints; DeepSpeed's CPU backend compiles its shm op on first use (about 1-2 min here):
-# done once now, into torch's extension cache, instead of inside a test.
+# done once now, into this venv's own extension cache (tests/conftest.py points the tests
+# there), instead of inside a test.
 LAUNCHERS_STAMP := $(VENV)/.launchers
 $(LAUNCHERS_STAMP): $(STAMP) constraints.txt
 	@# a failure here leaves those tests skipped (they say why), not the whole suite failed
 	$(BIN)/pip install -q -c constraints.txt -e '.[torch,dev,stacks,launchers]' \
-		&& $(BIN)/python -c "$$DS_WARM_OP" && touch $(LAUNCHERS_STAMP) \
+		&& TORCH_EXTENSIONS_DIR=$(abspath $(VENV))/torch_extensions $(BIN)/python -c "$$DS_WARM_OP" \
+		&& touch $(LAUNCHERS_STAMP) \
 		|| echo "setup-launchers failed: the accelerate/deepspeed tests will be skipped" >&2
 
 export DS_WARM_OP := from deepspeed.accelerator import get_accelerator as a; b = a().create_op_builder("ShareMemCommBuilder"); b is None or b.load()

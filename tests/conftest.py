@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,12 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 CORPUS = REPO.parent / "shared" / "corpus"
+
+# DeepSpeed's CPU backend JIT-compiles its shm op into torch's extension cache. Shared by every
+# environment of the user (~/.cache), it is rebuilt whenever another venv's paths differ, and a
+# build killed midway leaves a lock that makes every later rank wait forever: each venv keeps
+# its own (`make setup-launchers` warms this one).
+os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
