@@ -52,6 +52,7 @@ class Faults:
     kill_rank: int | None = None
     abort_rank: int | None = None
     device_ids: bool = False  # DDP(device_ids=[local_rank]) on a CPU module
+    static_graph: bool = False  # DDP(static_graph=True) with no_sync() accumulation
 
 
 MODES: dict[str, Faults] = {
@@ -70,6 +71,7 @@ MODES: dict[str, Faults] = {
     "self-kill": Faults(kill_rank=1),
     "self-abort": Faults(abort_rank=3),
     "cpu-device-ids": Faults(device_ids=True),
+    "static-accum": Faults(static_graph=True),
     "no-launcher": Faults(),  # started with plain python
     "apex-one-node": Faults(),  # TRAIN_OPTIM=fused on one node, where apex is not installed
 }
@@ -172,7 +174,7 @@ class Trainer:
             self.model = nn.parallel.DistributedDataParallel(net, device_ids=[self.local_rank])
         else:
             self.model = nn.parallel.DistributedDataParallel(
-                net, bucket_cap_mb=1, gradient_as_bucket_view=True
+                net, bucket_cap_mb=1, gradient_as_bucket_view=True, static_graph=faults.static_graph
             )
         self.net = net
         if cfg.optimizer == "fused":
@@ -183,7 +185,7 @@ class Trainer:
             self.opt = torch.optim.SGD(self.model.parameters(), lr=cfg.lr, momentum=0.9)
         self.gen = torch.Generator().manual_seed(1000 + self.rank)
         self.stop = False
-        self.start_step = 1
+        self.start_step = self.step = 1
         self.writer = MetricsWriter(  # per-layer tracing writes 7x more: flush more often
             os.path.join(cfg.ckpt_dir, f"metrics-{self.rank}.txt"),
             flush_every=50 if faults.trace_rank == self.rank else 1000,
@@ -195,7 +197,7 @@ class Trainer:
         if self.faults.padded_batch_rank == self.rank and step == 23:
             y = torch.full_like(y, -100)  # the shard's tail: padding only
         if self.faults.spike_rank == self.rank and step == 17 and micro == self.cfg.accum - 1:
-            x = x * 300.0  # an unnormalised record
+            x = x * 1e4  # an unnormalised record
         return x, y
 
     def sync_context(self, last: bool) -> object:
@@ -247,6 +249,7 @@ class Trainer:
     def fit(self) -> None:
         t0 = time.monotonic()
         for step in range(self.start_step, self.cfg.steps + 1):
+            self.step = step
             if self.faults.cache_miss_rank == self.rank and step == 30:
                 rebuild_token_index(self.rank)
             if self.faults.kill_rank == self.rank and step == 25:
@@ -384,7 +387,7 @@ class Summary(Hook):
     def on_fit_end(self, trainer: Trainer) -> None:
         trainer.writer.flush()
         if trainer.is_main:
-            log.info("training finished after %d steps", trainer.cfg.steps)
+            log.info("training finished after %d steps", trainer.step)
 
 
 def parse() -> tuple[TrainConfig, Faults]:
