@@ -97,7 +97,10 @@ def build_job(
     for o in origins:
         if o.host:
             hosts.add(o.host)
-    single_node = len(hosts) <= 1
+    # one host named, but NCCL connected some ranks over the network: the others' nodes are
+    # simply not in these logs
+    crosses_nodes = any(f.name == "net_channel" for scan in scans for f in scan.facts)
+    single_node = len(hosts) <= 1 and not crosses_nodes
     rank_map = learn_rank_map(scans)
     ranks: set[int] = set()
     for o in origins:
