@@ -89,9 +89,7 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
     # NCCL transport.cc: a ring or channel connected over the network ("Ring 00 : 0 -> 8
     # [receive] via NET/Socket/0", "Channel 00/0 : 7[7] -> 8[0] [send] via NET/IB/0/GDRDMA").
     # Ranks on one node connect by P2P or SHM: this connection crosses nodes.
-    FactPattern(
-        "net_channel", r"\[(?:send|receive)\] via NET/", "] via NET/", distinct=VALUE
-    ),
+    FactPattern("net_channel", r"\[(?:send|receive)\] via NET/", "] via NET/", distinct=VALUE),
     # the end of training as frameworks announce it (Lightning, HF Trainer, scripts)
     FactPattern(
         "completed",
