@@ -16,11 +16,19 @@ from types import ModuleType
 
 from ddpdoctor.analysis import facts, scanner
 from ddpdoctor.analysis.facts import FACT_PATTERNS
-from ddpdoctor.ingest import bounds, filenames, prefixes, tracebacks
+from ddpdoctor.ingest import attribution, bounds, filenames, prefixes, tracebacks
 from ddpdoctor.rules.registry import all_rules
 from tests.adversary import adversarial_lines
 
-MODULES: tuple[ModuleType, ...] = (prefixes, tracebacks, filenames, bounds, scanner, facts)
+MODULES: tuple[ModuleType, ...] = (
+    prefixes,
+    tracebacks,
+    filenames,
+    bounds,
+    scanner,
+    facts,
+    attribution,
+)
 """Modules whose module-level regexes run over log text or paths."""
 ANCHORED = frozenset(
     {
@@ -40,6 +48,9 @@ ANCHORED = frozenset(
         "prefixes.PY_LEVEL",
         "prefixes.LEADING_RANK",
         "prefixes.LEADING_LOCAL_RANK",
+        "prefixes.TAGGED_RANK",
+        "prefixes.HOST_TAGGED_RANK",
+        "attribution.SUMMARY_ENTRY_RANK",
         "prefixes.JSON_RANK",
         "tracebacks.CHAINED",
         "tracebacks.EXCEPTION_LINE",

@@ -79,15 +79,8 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "noisy-ok": "failed/nccl-network [] (NET101 at 0.3 on rank 1's handled warning 'shard fetch "
-    "failed (ConnectionResetError: [Errno 104] Connection reset by peer), retrying in 0.5s', read "
-    "without a rank): progress went on to 'training finished after 60 steps' and no worker failed",
     "relock": "failed/slow-rank-timeout [2] (INF201, fix 'raise the timeout'): rank 2 right, "
     "but deadlocked, not busy; it printed nothing after start-up, announced no long task",
-    "throttled-upload": "failed/python-exception [1, 2] (INF208 'a worker exited with an error "
-    "and its own output is not in the logs'): the agent's summary quotes ranks 1 and 2's "
-    "@record tracebacks, gloo timeouts in dist.barrier (TMO102 there is given no rank), while "
-    "rank 0, silent after 'eval step 20', was SIGTERMed (-15) in its checkpoint",
 }
 
 

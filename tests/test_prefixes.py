@@ -261,3 +261,26 @@ def test_a_program_names_its_rank_or_device_first(
 def test_a_launcher_prefix_outranks_the_device_in_the_text() -> None:
     parsed = parse_line("[default0]:gpu 1 | step 3")
     assert (parsed.origin.local_rank, parsed.rank_from_text) == (0, False)
+
+
+@pytest.mark.parametrize(
+    ("line", "rank", "level"),
+    [
+        (
+            "2026-12-02T03:56:14.587Z vm [worker 1] WARNING fourth.trainer | fetch failed",
+            1,
+            "warning",
+        ),
+        ("node3 [rank 5] INFO step 10", 5, "info"),
+        ("[Worker 2/4] step 7", 2, None),
+        # near misses: a tag inside prose, a DataLoader worker, a host without a level after
+        ("Waiting [rank 3] to join", None, None),
+        ("DataLoader worker (pid 123) is killed by signal: Killed.", None, None),
+        ("node3 [rank 5] step 10", None, None),
+    ],
+)
+def test_a_bracketed_rank_tag_names_the_writer(
+    line: str, rank: int | None, level: str | None
+) -> None:
+    parsed = parse_line(line)
+    assert (parsed.origin.rank, parsed.level) == (rank, level)

@@ -10,6 +10,7 @@ from ddpdoctor.analysis.events import Event
 from ddpdoctor.analysis.facts import elapsed_seconds
 from ddpdoctor.analysis.frames import FRAME, LIBRARY_PATH, in_backward
 from ddpdoctor.analysis.job import JobView
+from ddpdoctor.analysis.relations import survived
 from ddpdoctor.ingest.tracebacks import EXCEPTION_LINE
 from ddpdoctor.model.evidence import (
     COLLECTIVE_FUNCTIONS,
@@ -123,6 +124,9 @@ def build_evidence(job: JobView, events: list[Event]) -> JobEvidence:
                 line = evidence.completed_at.get(record.source, record.line)
                 evidence.completed_at[record.source] = min(line, record.line)
     for event in events:
+        if survived(event, evidence.completed_at):
+            evidence.survived += 1  # the job went on to its end: not how any rank was left
+            continue
         _add_event(evidence, event)
         if event.marker in (Marker.TEARDOWN, Marker.STOP):
             evidence.ended = True  # the program reached its end, or stopped on purpose

@@ -573,7 +573,14 @@ def _quiet(evidence: JobEvidence) -> Decision:
             ],
         )
     if evidence.ended or evidence.started_training:
-        return Decision(status=Status.OK, confidence=0.5)
+        decision = Decision(status=Status.OK, confidence=0.5)
+        if evidence.survived:
+            decision.notes.append(
+                f"{evidence.survived} lost-peer or timeout line(s) came before training "
+                "announced its end: the job went on from them (a retried connection, a peer "
+                "that came back), so they ended nothing."
+            )
+        return decision
     collect = (
         "If the job failed, collect every rank's complete output (torchrun --tee 3 or "
         "--log-dir DIR) and the launcher's, and diagnose them together."

@@ -74,6 +74,18 @@ def failing(event: Event) -> bool:
     return event.primary or event.echo in (Echo.WAITING, Echo.LOST_PEER, Echo.STOPPED)
 
 
+def survived(event: Event, completed_at: dict[str, int]) -> bool:
+    """A lost peer or a timeout printed before training announced its end, later in the same
+    output: every step needs every rank, so the job went on from it (a connection retried, a
+    peer that came back). It is not how a rank was left waiting."""
+    if event.echo not in (Echo.WAITING, Echo.LOST_PEER) or not event.hits:
+        return False
+    return all(
+        h.record.source in completed_at and h.record.line < completed_at[h.record.source]
+        for h in event.hits
+    )
+
+
 def attribute_by_elimination(events: list[Event], evidence: JobEvidence) -> bool:
     """A failure (or an early-stop announcement) printed without a rank belongs to the one rank
     it can be: the only rank (on its host, when the line has one) that neither waited nor lost
@@ -340,6 +352,17 @@ def relate_completion(graph: CausalGraph, ctx: Context) -> None:
         )
 
 
+def relate_survived(graph: CausalGraph, ctx: Context) -> None:
+    """A lost peer or a timeout that training went on from (its end announced later in the
+    same output) explains nothing and accuses nobody: the job outlived it."""
+    gone = [e for e in graph.events if survived(e, ctx.completed_at)]
+    if not gone:
+        return
+    node = graph.add_node(Node("went on", None))
+    for event in gone:
+        graph.add(node, event, "survived", "training went on and announced its end after this.")
+
+
 def relate_teardown_marker(graph: CausalGraph, ctx: Context) -> None:
     """Once a program reached its end with the process group alive, a native crash is how it
     was torn down."""
@@ -486,6 +509,7 @@ RELATIONS = (
     relate_consequences,
     relate_refinements,
     relate_completion,
+    relate_survived,
     relate_teardown_marker,
     relate_agreed_stop,
     relate_stall,

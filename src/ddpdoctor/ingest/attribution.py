@@ -5,6 +5,7 @@ are not changed again."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -24,11 +25,20 @@ def _number(text: str | None) -> int | None:
     return value if value <= MAX_RANK else None
 
 
+# torchelastic's failure summary (ChildFailedError): each entry names its rank, then quotes
+# that rank's traceback from its error file (@record): "  rank      : 2 (local_rank: 2)"
+SUMMARY_ENTRY_RANK = re.compile(r"^\s*rank\s*: (?P<rank>\d{1,7}) \(local_rank: \d{1,7}\)")
+
+
 def rank_of(hit: Hit, resolve: Resolver, single_node: bool, sole_host: str | None) -> int | None:
     """The global rank a hit is about, or None when nothing says it."""
     rank = resolve(hit.record.origin)
     if rank is not None:
         return rank
+    for record in reversed(hit.context):  # a traceback the launcher's summary quotes
+        m = SUMMARY_ENTRY_RANK.match(record.text)
+        if m:
+            return _number(m.group("rank"))
     captures = hit.captures
     local = _number(captures.get("local_rank"))
     if local is not None and single_node:

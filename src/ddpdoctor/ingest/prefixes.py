@@ -69,6 +69,14 @@ _LOG_HEADER = (
 LEADING_RANK = re.compile(
     _LOG_HEADER + r"\[?[Rr]ank[ =:#]?(?P<rank>\d{1,5})(?:/\d{1,5})?\]?[:,|]?\s"
 )
+# A bracketed rank tag at the start: "[worker 1] ...", "[Worker 2/4] ...", or after a host name
+# when a logging level follows: "vm [worker 1] WARNING ...". Only in brackets is "worker" a
+# rank (a DataLoader names its workers by pid, in prose).
+_RANK_TAG = r"\[(?:[Rr]ank|RANK|[Ww]orker|WORKER)[ :=#]?(?P<rank>\d{1,5})(?:/\d{1,5})?\]\s"
+TAGGED_RANK = re.compile(_RANK_TAG)
+HOST_TAGGED_RANK = re.compile(
+    r"[\w.-]{1,63} " + _RANK_TAG + r"(?=(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\b)"
+)
 # The same place often holds the device index instead, which is the local rank (mp.spawn's
 # `gpu` argument, Lightning's "LOCAL_RANK: 1 - CUDA_VISIBLE_DEVICES"): "gpu 1 | loss ...",
 # "[gpu 1] ...", "(cuda:1) ...". A separator must follow ("|", "-", a closing bracket), so a
@@ -295,6 +303,14 @@ def parse_line(raw: str, year: int = 1970, with_time: bool = True) -> ParsedLine
         if m and (rank := rank_number(m.group("rank"))) is not None:
             origin.rank = rank
             out.rank_from_text = True
+    if origin.rank is None and "[" in message[:80]:
+        m = TAGGED_RANK.match(message) or HOST_TAGGED_RANK.match(message)
+        if m and (rank := rank_number(m.group("rank"))) is not None:
+            origin.rank = rank
+            out.rank_from_text = True
+            level = PY_LEVEL.match(message, m.end())
+            if level and out.level is None:
+                out.level = level.group("level").lower()
     if origin.rank is None and "ank" in message:
         m = (
             C10D_RANK.search(message)

@@ -193,6 +193,9 @@ class JobEvidence:
     """`ddpdoctor run` ended the job: its kill after a hang, or a stop signal it forwarded."""
     flight: FlightAnalysis | None = None
     """The ranks' Flight Recorder dumps read side by side, when they were given."""
+    survived: int = 0
+    """Lost-peer or timeout events printed before training announced its end in the same
+    output: the job went on from them."""
     completed_at: dict[str, int] = field(default_factory=dict)
     """Per source, the first line announcing the end of training (of a rank that did not
     leave early, or of no known rank): what is after it happened after training."""

@@ -74,11 +74,16 @@ def assess(job: JobEvidence) -> Assessment | None:
                 0.7 if busy & named else 0.6,
                 sorted(culprit),
                 [
-                    f"{ranks_text(culprit)} printed no error and were still running (the "
-                    f"launcher had to terminate them) while {ranks_text(waiting)} timed out "
-                    "waiting for them"
+                    f"{ranks_text(culprit)} printed no error and "
+                    + ("was" if len(culprit) == 1 else "were")
+                    + " still running (the launcher had to terminate "
+                    + ("it" if len(culprit) == 1 else "them")
+                    + f") while {ranks_text(waiting)} timed out waiting for "
+                    + ("it" if len(culprit) == 1 else "them")
                     + (
-                        ", and the monitored barrier names them as the ranks that never arrived."
+                        ", and the monitored barrier names "
+                        + ("it as the rank" if len(culprit) == 1 else "them as the ranks")
+                        + " that never arrived."
                         if busy & named
                         else "."
                     )

@@ -1,0 +1,25 @@
+"""Rank attribution of lines whose writer is not their subject (tests/fixtures/real, real runs)."""
+
+from __future__ import annotations
+
+from ddpdoctor.analysis.diagnose import diagnose_paths
+from tests.conftest import REPO
+
+REAL = REPO / "tests" / "fixtures" / "real"
+
+
+def test_a_traceback_in_the_launchers_failure_summary_is_its_entrys_rank() -> None:
+    """torchrun's ChildFailedError summary quotes each failed rank's @record traceback under
+    that rank's entry; the console shows rank 0 only (--local-ranks-filter 0): the gloo
+    timeouts there belong to ranks 1 and 2, not to nobody."""
+    report = diagnose_paths([str(REAL / "fourth-throttled-upload")])
+    timeouts = [f for f in report.findings if f.rule == "TMO102"]
+    assert timeouts and sorted({r for f in timeouts for r in f.ranks}) == [1, 2]
+    assert report.verdict.culprit.ranks == [0]
+
+
+def test_a_summary_entry_without_a_traceback_names_no_other_line() -> None:
+    """The same summary's SIGTERM entry (rank 0) quotes no traceback: rank 0's own lines keep
+    rank 0, and no error is moved onto it."""
+    report = diagnose_paths([str(REAL / "fourth-throttled-upload")])
+    assert all(0 not in f.ranks for f in report.findings if f.rule == "TMO102")
