@@ -55,6 +55,7 @@ ANCHORED = frozenset(
         "tracebacks.CHAINED",
         "tracebacks.EXCEPTION_LINE",
         "scanner.TRACEBACK_BODY",
+        "scanner.RAISED",
         "scanner.WHOLE_FRAME",
         "scanner.NATIVE_FRAME",
         "scanner.NATIVE_WRAPPED",

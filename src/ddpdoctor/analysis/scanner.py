@@ -46,6 +46,10 @@ def sample_bytes_for(n_inputs: int) -> int:
 
 
 ERROR_LEVELS = frozenset(("error", "fatal", "critical"))
+# A Python exception line, as a traceback ends ("RuntimeError: ...", "tensorflow.errors_impl.
+# UnknownError: ..."): a writer that printed one is not quiet, even when no rule knows it.
+# Warnings ("UserWarning: ...") are not exceptions raised.
+RAISED = re.compile(r"[A-Za-z_][\w.]{0,200}(?:Error|Exception)(?::\s|:?$)")
 MAX_HITS_PER_PATTERN = 2000
 """After this many confirmed hits of one signature in one source, further lines of it are not
 looked at (the engine stops reporting the pattern for the source): memory stays bounded and a
@@ -519,8 +523,8 @@ class Scanner:
             summary.last_line = line_no
             message = parsed.text
             summary.last_text = message
-            if parsed.level in ERROR_LEVELS:
-                summary.error_lines += 1
+            if parsed.level in ERROR_LEVELS or RAISED.match(message):
+                summary.error_lines += 1  # an error logged, or an exception it printed
             if _progress_line(message):
                 summary.progress_lines += 1
                 summary.last_progress_line = line_no

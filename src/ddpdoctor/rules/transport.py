@@ -53,6 +53,8 @@ PEER_CLOSED = Rule(
         ),
         # NCCL transport/net_socket.cc: the socket transport failed mid-collective
         Signature(r"NET/Socket : socket progress error"),
+        # Horovod (horovod.torch as well): a collective after a peer raised or finished
+        Signature(r"Horovod has been shut down\. This was caused by", "Horovod has been shut down"),
     ),
     explanation=Explanation(
         what="A rank lost its TCP/NCCL connection to a peer.",

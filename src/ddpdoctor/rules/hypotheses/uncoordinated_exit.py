@@ -62,6 +62,7 @@ def assess(job: JobEvidence) -> Assessment | None:
         r
         for r in quiet
         if not job.ranks[r].terminated
+        and r not in job.failing_exits  # its exit code says it failed: it did not just leave
         and not job.ranks[r].completed
         and not (whole_job_stopped and "stopped" in job.ranks[r].echoes)
     }

@@ -23,10 +23,14 @@ RULE = Rule(
 
 
 def assess(job: JobEvidence) -> Assessment | None:
-    failing = job.failing_exits
-    if job.waiting or "stopped" in job.unranked_echoes:
+    if "stopped" in job.unranked_echoes:
         # a stop sent to the whole job (the launcher's death signal) made the workers exit
         # non-zero: the launcher was there to receive it, so no worker had failed before
+        return None
+    # ranks left waiting (a timeout, a lost peer) exit with an error too: the one that failed
+    # is among the others
+    failing = {r: c for r, c in job.failing_exits.items() if r not in job.waiting}
+    if job.waiting and not failing:
         return None
     if not failing:
         if "launcher" not in job.echoes or job.echoes & {"lost-peer", "stopped"}:
