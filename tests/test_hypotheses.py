@@ -141,6 +141,10 @@ NEAR_MISS = {
         lambda t: scenario("early-stop"),
         # rank 1 left after training announced its end: it finished, it did not leave early
         lambda t: scenario("hf-trainer-evaluate-main-only"),
+        # ranks 1 and 2's NCCL proxies report their own connections closed ("[2] ...
+        # Connection closed by localRank 2") as their communicators are aborted after the last
+        # save: no rank lost a peer, so ranks 0 and 3 did not leave anyone waiting
+        lambda t: case("501"),
     ],
     "INF203": [lambda t: scenario("uneven-inputs"), lambda t: scenario("data-error")],
     "INF204": [lambda t: real("multinode-silent-rank")],

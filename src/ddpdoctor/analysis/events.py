@@ -75,7 +75,19 @@ def split(findings: list[Finding], rules: dict[str, Rule]) -> list[Event]:
         rule = rules[finding.rule]
         by_key: dict[tuple[int | None, str | None], list[Hit]] = {}
         for hit in finding.hits:
+            if _own_connection(hit):
+                continue
             by_key.setdefault((hit.record.origin.rank, hit.echo), []).append(hit)
         for (rank, echo), hits in by_key.items():
             events.append(Event(finding, rule, rank, hits, Echo(echo) if echo else None))
     return events
+
+
+def _own_connection(hit: Hit) -> bool:
+    """NCCL's proxy service thread names the local rank whose connection closed: its own
+    ("[2] ... Connection closed by localRank 2") when this rank's communicator is being torn
+    down or aborted (the exit path of a rank, healthy or not), a peer's when that peer went
+    away. Only the peer's is an echo of anything."""
+    peer = hit.captures.get("peer_local_rank")
+    own = hit.record.origin.local_rank
+    return peer is not None and own is not None and peer.isdigit() and int(peer) == own

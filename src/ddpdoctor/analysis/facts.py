@@ -48,7 +48,10 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
     FactPattern("world_size", r"\bnranks (?P<n>\d+)", "nranks ", distinct=VALUE),
     FactPattern(
         "nccl_comm",
-        r"comm 0x[0-9a-f]+ rank (?P<rank>\d+) nranks (?P<n>\d+) cudaDev (?P<dev>\d+)",
+        # (not the "- Abort COMPLETE" / "Destroy COMPLETE" of a communicator's end: no sign
+        # of a healthy job)
+        r"comm 0x[0-9a-f]+ rank (?P<rank>\d+) nranks (?P<n>\d+) cudaDev (?P<dev>\d+)"
+        r"(?![^\n]{0,300}(?:Abort|Destroy) COMPLETE)",
         " cudaDev ",
         distinct=WRITER,
     ),

@@ -140,7 +140,8 @@ NATIVE_WRAPPED = re.compile(r"[^\n]{0,4096}?\(0x[0-9a-fA-F]{1,16} in ")
 INIT_LINE = re.compile(
     # torch.distributed's own loggers, except the launcher's process handling (stops, exits)
     r"Initializing distributed|init_process_group|torch\.dis(?!tributed\.elastic\.multiproc)"
-    r"|NCCL INFO (?:Bootstrap|NET/|comm )"
+    # (a communicator's "comm 0x... - Abort COMPLETE" / "Destroy COMPLETE" is its end)
+    r"|NCCL INFO (?:Bootstrap|NET/|comm (?![^\n]{0,300}(?:Abort|Destroy) COMPLETE))"
     r"|Global seed set|GLOBAL_RANK|MASTER_ADDR|distributed_backend|Added key: store_based_barrier"
     r"|NCCL INFO (?:Channel|Connected all|Trees|Ring)|via P2P|P2P/IPC|P2P/CUMEM|Init COMPLETE"
 )
