@@ -12,10 +12,10 @@ from corpus.scoreboard import SHARED, load_cases, render, score, totals
 # has; ../shared/corpus is floored on its own, where it sits beside the checkout). Raise them
 # when the tool improves; never lower them.
 TRAIN_FLOORS = {
-    "kind": 188,
-    "category": 166,
-    "culprit_with_kind": 19,
-    "fix": 146,
+    "kind": 204,
+    "category": 180,
+    "culprit_with_kind": 21,
+    "fix": 154,
 }
 TRAIN_MAX_FALSE_INFRA = 0
 TRAIN_MAX_FALSE_OK = 2
