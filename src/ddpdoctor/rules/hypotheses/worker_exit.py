@@ -27,10 +27,13 @@ def assess(job: JobEvidence) -> Assessment | None:
         # a stop sent to the whole job (the launcher's death signal) made the workers exit
         # non-zero: the launcher was there to receive it, so no worker had failed before
         return None
-    # ranks left waiting (a timeout, a lost peer) exit with an error too: the one that failed
-    # is among the others
+    # ranks left waiting exit with an error too. Ranks that lost their peer (a connection
+    # closed, Horovod shut down) were left by one that went away: a rank that exited with an
+    # error is that one. Ranks that timed out waited for one that was alive but elsewhere: a
+    # rank that exited with an error and printed nothing here is as likely another of them.
     failing = {r: c for r, c in job.failing_exits.items() if r not in job.waiting}
-    if job.waiting and not failing:
+    timed_out = any("waiting" in job.ranks[r].echoes for r in job.waiting)
+    if job.waiting and (not failing or timed_out):
         return None
     if not failing:
         if "launcher" not in job.echoes or job.echoes & {"lost-peer", "stopped"}:
