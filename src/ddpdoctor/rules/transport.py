@@ -76,6 +76,11 @@ PEER_CLOSED = Rule(
     negative=("NCCL INFO Connected all rings",),
 )
 
+_NOT_RETRY_EXCEEDED = (
+    r"(?! ?: ?Got completion (?:from peer \S+ )?with (?:error |status=)(?:12|13\b|IBV_WC_\w*RETRY))"
+)
+"""Completion status 12/13 (retries exceeded) is NET107's: a path that may be configuration."""
+
 IB_ERROR = Rule(
     code="NET102",
     kind="nccl-network",
@@ -86,12 +91,15 @@ IB_ERROR = Rule(
     signatures=(
         Signature(r"ibv_poll_cq.{0,80}(?:failed|error)", "ibv_poll_cq"),
         Signature(r"local catastrophic error"),
-        Signature(r"NET/IB ?: Got completion from peer", "Got completion from peer"),
-        Signature(r"IBV_WC_RETRY_EXC_ERR"),
+        Signature(
+            r"NET/IB" + _NOT_RETRY_EXCEEDED + r" ?: Got completion from peer",
+            "Got completion from peer",
+        ),
         # aws-ofi-nccl (EFA and other libfabric providers): a completion with an error
         Signature(r"NET/OFI Request \S+ completed with error", "completed with error"),
-        Signature(r"transport retry counter exceeded"),
-        Signature(r"NET/IB.{0,40}(?:ibv_\w+ failed|Unable to|error)", "NET/IB"),
+        Signature(
+            r"NET/IB" + _NOT_RETRY_EXCEEDED + r".{0,40}(?:ibv_\w+ failed|Unable to|error)", "NET/IB"
+        ),
         Signature(r"ibv_reg_mr.{0,80}failed|ibv_create_qp.{0,80}failed", "ibv_"),
         # NCCL misc/ibvwrap.cc: a QP could not be moved to RTR/RTS (RoCE GID index, cabling)
         Signature(r"Call to ibv_modify_qp failed"),
@@ -106,10 +114,63 @@ IB_ERROR = Rule(
     ),
     fix=BISECTION_FIX,
     positive=(
+        "NCCL WARN NET/IB : Got completion from peer 10.0.0.5<42115> with error 5, opcode 0, "
+        "len 0, vendor err 249",
+        "node07:2291:2384 [3] transport/net_ib/common.cc:120 NCCL WARN NET/IB : mlx5_0:1 async "
+        "fatal event: local catastrophic error",
+    ),
+    negative=("NCCL INFO NET/IB : Using [0]mlx5_0:1/IB ; OOB ib0:10.0.0.5<0>",),
+)
+
+IB_RETRY_EXCEEDED = Rule(
+    code="NET107",
+    kind="nccl-network",
+    title="InfiniBand / RoCE sends were never acknowledged (retry counter exceeded)",
+    sources="NCCL net_ib.cc / net_ib/p2p.cc (ibv_poll_cq completion status 12, 13)",
+    specificity=65,  # a port event or a catastrophic error beside it (NET102) says more
+    signatures=(
+        # status 12 is IBV_WC_RETRY_EXC_ERR, 13 IBV_WC_RNR_RETRY_EXC_ERR, in every NCCL wording:
+        # "with error 12, opcode", "from peer X with error 12", "with status=12 opcode=0",
+        # "with status=IBV_WC_RETRY_EXC_ERR(12)"
+        Signature(
+            r"NET/IB ?: ?Got completion (?:from peer \S+ )?with (?:error |status=)(?:12|13)\b",
+            "Got completion ",
+        ),
+        Signature(r"IBV_WC_(?:RNR_)?RETRY_EXC_ERR", "RETRY_EXC_ERR"),
+        Signature(r"transport retry counter exceeded"),
+    ),
+    explanation=Explanation(
+        what="NCCL's InfiniBand/RoCE transport gave up on a send that the peer's NIC never "
+        "acknowledged (completion status 12: transport retries exceeded; 13: receiver not "
+        "ready).",
+        why="The two NICs cannot reach each other over RDMA although the TCP bootstrap worked. "
+        "On RoCE this is most often configuration: NCCL picked a GID index (RoCE v1 vs v2, "
+        "IPv4 vs IPv6) or traffic class the switches do not route, or PFC/ECN is missing; on "
+        "InfiniBand a link, cable or port is down or flapping. When it happens at the first "
+        "collective it is the path, not load.",
+        fix="Test RDMA between the two hosts (ib_write_bw from perftest) with the GID index "
+        "NCCL uses; on RoCE set NCCL_IB_GID_INDEX (show_gids lists the RoCE v2 entry, often 3) "
+        "and the same NCCL_IB_TC on every node; check ibstat and the port error counters.",
+        false_positives="A peer process that died mid-transfer can leave its partner with "
+        "status 12 too: check that every rank was alive.",
+    ),
+    fix=(
+        "On RoCE: set NCCL_IB_GID_INDEX to the RoCE v2 GID (show_gids, often 3) and the same "
+        "NCCL_IB_TC on every node; check PFC/ECN on the switches.",
+        "Test RDMA between the two hosts with ib_write_bw (perftest) using that GID index; "
+        "check `ibstat` and the port error counters; NCCL_IB_DISABLE=1 confirms it is the RDMA "
+        "path.",
+    ),
+    positive=(
+        "trn-worker-1:2317:2359 [0] transport/net_ib.cc:839 NCCL WARN NET/IB : Got completion "
+        "with error 12, opcode 1, len 0, vendor err 129",
         "NCCL WARN NET/IB : Got completion from peer 10.0.0.5<42115> with error 12, opcode 0, "
         "len 0, vendor err 129",
     ),
-    negative=("NCCL INFO NET/IB : Using [0]mlx5_0:1/IB ; OOB ib0:10.0.0.5<0>",),
+    negative=(
+        "NCCL WARN NET/IB : Got completion from peer 10.0.0.5<42115> with error 5, opcode 0, "
+        "len 0, vendor err 249",
+    ),
 )
 
 P2P_ERROR = Rule(
@@ -273,6 +334,7 @@ NCCL_SHM_SEGMENT = Rule(
 RULES = (
     PEER_CLOSED,
     IB_ERROR,
+    IB_RETRY_EXCEEDED,
     P2P_ERROR,
     SOCKET_INTERFACE,
     NCCL_SYSTEM_ERROR,
