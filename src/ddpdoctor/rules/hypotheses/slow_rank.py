@@ -91,6 +91,25 @@ def assess(job: JobEvidence) -> Assessment | None:
                 evidence=[e for r in sorted(culprit) for e in job.ranks[r].evidence[:1]],
             )
         )
+    # the waiting ranks' own messages name who never came (the rank whose NCCL id they
+    # waited for, the ranks a monitored barrier missed), and those printed no error: alive
+    # elsewhere, or gone without a word
+    silent = {r for r in named if not job.ranks[r].failed and not job.ranks[r].waiting}
+    if waiting and silent and not busy and silent != set(job.ranks):
+        found.append(
+            Assessment(
+                RULE,
+                0.45,
+                sorted(silent),
+                [
+                    f"the waiting ranks' own messages name {ranks_text(silent)} as the one "
+                    "they waited for, and it printed no error: it had not reached that "
+                    "collective, most likely busy with work of its own (data preparation, "
+                    "loading, saving) for longer than the timeout."
+                ],
+                against=[f"{ranks_text(silent)} may also have died without printing anything"],
+            )
+        )
     phases = [v for r, v in sorted(job.ranks.items()) if r in quiet | missing and v.busy_phase]
     if waiting and phases:
         view = phases[0]
