@@ -184,8 +184,10 @@ def upload(path: str, retries: int) -> None:
             urllib.request.urlopen("http://127.0.0.1:9/artifacts", data=path.encode(), timeout=5)
             return
         except OSError as e:
-            logger.warning(f"upload of {path} failed ({e}); attempt {attempt}/{retries}, "
-                           f"retrying in {delay:.0f}s")
+            logger.warning(
+                f"upload of {path} failed ({e}); attempt {attempt}/{retries}, "
+                f"retrying in {delay:.0f}s"
+            )
             time.sleep(delay)
             delay *= 2
     logger.error(f"giving up on uploading {path}")
@@ -323,7 +325,9 @@ def main() -> None:
                 broadcast(torch.zeros(2))
             if plan.flagged_rank == rank and step == 3:
                 flagged = [int(i) for i in batch["input_ids"][:, 0].tolist() if i % 7 == 0]
-                logger.warning(f"{len(flagged)} flagged samples in this shard", main_process_only=False)
+                logger.warning(
+                    f"{len(flagged)} flagged samples in this shard", main_process_only=False
+                )
                 broadcast_object_list([flagged], from_process=rank)  # so every rank drops them
             if plan.stale_index_rank == rank and step == 4:
                 rebuild_index(rank, 45.0)
@@ -355,7 +359,11 @@ def main() -> None:
                     stop = True
             else:
                 accelerator.set_trigger()
-        if plan.stop_target is not None and not plan.main_stops_alone and accelerator.check_trigger():
+        if (
+            plan.stop_target is not None
+            and not plan.main_stops_alone
+            and accelerator.check_trigger()
+        ):
             logger.info(f"early stopping at epoch {epoch + 1}/{args.epochs}, step {step}")
             stop = True
         if args.output_dir:
