@@ -35,6 +35,7 @@ ANCHORED = frozenset(
         # applied with .match/.fullmatch at one position of a line, never searched through it
         "prefixes.RFC3339",
         "prefixes.ISO_TIME",
+        "prefixes.US_TIME",
         "prefixes.TORCHRUN",
         "prefixes.GLOG",
         "prefixes.GLOG_BRACKET",

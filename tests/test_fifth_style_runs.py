@@ -97,9 +97,6 @@ MISSES: dict[str, str] = {
     "abba": "failed/slow-rank-timeout [1] (INF201, fix 'raise the timeout'): rank 1 right, but "
     "deadlocked, not busy; it announced no long task and stopped before the periodic status "
     "line ranks 0 and 2 printed at step 3",
-    "torn-optimizer": "failed/python-exception [0, 1] (PY101): OSError [Errno 22] from "
-    "torch.load's PyTorchFileReader on optimizer.bin inside accelerate's load_state, right "
-    "after 'Resuming from checkpoint': a checkpoint file that cannot be read",
     "gpu-pin": "failed/python-exception [0, 1] (PY101): AttributeError 'torch._C' has no "
     "'_cuda_setDevice' raised in torch.cuda.set_device on a CPU-only build (the ranks' state "
     "says MULTI_CPU, gloo, cpu:0)",

@@ -284,3 +284,14 @@ def test_a_bracketed_rank_tag_names_the_writer(
 ) -> None:
     parsed = parse_line(line)
     assert (parsed.origin.rank, parsed.level) == (rank, level)
+
+
+def test_the_transformers_examples_logging_format_is_read() -> None:
+    """datefmt '%m/%d/%Y %H:%M:%S', then ' - LEVEL - name - ', and an upper-case rank tag."""
+    parsed = parse_line(
+        "12/02/2026 04:17:54 - WARNING - tokcls.train - [RANK 0] could not push metrics"
+    )
+    assert (parsed.time is not None, parsed.level, parsed.origin.rank) == (True, "warning", 0)
+    assert parsed.time is not None and (parsed.time.month, parsed.time.day) == (12, 2)
+    day_first = parse_line("31/12/2026 04:17:54 - INFO - x - y")  # a month cannot be 31
+    assert day_first.time is not None and (day_first.time.month, day_first.time.day) == (12, 31)

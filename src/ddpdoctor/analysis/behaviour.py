@@ -117,6 +117,12 @@ def build_evidence(job: JobView, events: list[Event]) -> JobEvidence:
         view.completed = rank not in early
         view.announced_stop |= rank in early
     evidence.completed_at = dict(job.completed_at)
+    evidence.end_marks = [r for rank, r in job.completions if rank is None or rank not in early]
+    for stream in job.streams:
+        writer = job.resolve(stream.origin)
+        if writer is not None and stream.last_progress_time is not None and stream.source:
+            mark = (stream.source, stream.last_progress_line, stream.last_progress_time)
+            evidence.lived_on.setdefault(writer, []).append(mark)
     if early:  # their announcements do not mark the end of training
         evidence.completed_at = {}
         for announcer, record in job.completions:
@@ -124,7 +130,7 @@ def build_evidence(job: JobView, events: list[Event]) -> JobEvidence:
                 line = evidence.completed_at.get(record.source, record.line)
                 evidence.completed_at[record.source] = min(line, record.line)
     for event in events:
-        if survived(event, evidence.completed_at):
+        if survived(event, evidence.end_marks, evidence.lived_on):
             evidence.survived += 1  # the job went on to its end: not how any rank was left
             continue
         _add_event(evidence, event)
@@ -145,6 +151,9 @@ def build_evidence(job: JobView, events: list[Event]) -> JobEvidence:
     evidence.stalled_at_startup = _stalled_at_startup(job)
     evidence.cut_tracebacks = list(job.cut_tracebacks)
     evidence.last_words = _last_words(job)
+    evidence.traced_endings = {
+        (s.source, s.last_line) for s in job.streams if s.last_line == s.closed_traceback_line
+    }
     return evidence
 
 

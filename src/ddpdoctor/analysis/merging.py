@@ -133,6 +133,7 @@ def merge(acc: SourceScan, part: SourceScan) -> SourceScan:
         s.last_progress_line += shift if s.last_progress_line else 0
         s.open_traceback_line += shift if s.open_traceback_line else 0
         s.open_traceback_at += shift if s.open_traceback_at else 0
+        s.closed_traceback_line += shift if s.closed_traceback_line else 0
         a = acc.streams.get(key)
         if a is None:
             acc.streams[key] = s
@@ -142,9 +143,11 @@ def merge(acc: SourceScan, part: SourceScan) -> SourceScan:
         a.open_traceback_line, a.open_traceback_at = s.open_traceback_line, s.open_traceback_at
         a.open_traceback_text, a.open_trace_native = s.open_traceback_text, s.open_trace_native
         a.open_traceback_tail = s.open_traceback_tail
+        a.closed_traceback_line = s.closed_traceback_line or a.closed_traceback_line
         a.progress_lines += s.progress_lines
         a.last_init_line = s.last_init_line or a.last_init_line
-        a.last_progress_line = s.last_progress_line or a.last_progress_line
+        if s.last_progress_line:
+            a.last_progress_line, a.last_progress_time = s.last_progress_line, s.last_progress_time
         a.error_lines += s.error_lines
         a.progress_total = s.progress_total or a.progress_total
         if a.origin.rank is None and s.origin.rank is not None:

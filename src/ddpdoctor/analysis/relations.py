@@ -27,6 +27,7 @@ from datetime import datetime, timedelta
 from ddpdoctor.analysis.causal_graph import CausalGraph
 from ddpdoctor.analysis.events import Event, Node
 from ddpdoctor.model.evidence import JobEvidence
+from ddpdoctor.model.records import Record
 from ddpdoctor.rules.base import Echo, Marker, Rule
 
 ECHO_SLACK_S = 5.0
@@ -74,14 +75,37 @@ def failing(event: Event) -> bool:
     return event.primary or event.echo in (Echo.WAITING, Echo.LOST_PEER, Echo.STOPPED)
 
 
-def survived(event: Event, completed_at: dict[str, int]) -> bool:
-    """A lost peer or a timeout printed before training announced its end, later in the same
-    output: every step needs every rank, so the job went on from it (a connection retried, a
-    peer that came back). It is not how a rank was left waiting."""
-    if event.echo not in (Echo.WAITING, Echo.LOST_PEER) or not event.hits:
+def survived(
+    event: Event, ends: list[Record], lived_on: dict[int, list[tuple[str, int, datetime]]]
+) -> bool:
+    """An error the job went on from. A lost peer or a timeout printed before training
+    announced its end (every step needs every rank: a connection retried, a peer that came
+    back); or any error of a rank that went on training after it (a traceback the program
+    caught and logged, a retry that worked). Later in the same output and later by the clock: lines
+    without times prove no order (a process's buffered stdout reaches the console after the
+    traceback it wrote to stderr)."""
+    if not event.hits:
+        return False
+    if event.rank is not None and all(
+        h.record.time is not None
+        and any(
+            src == h.record.source and line > h.record.line and at >= h.record.time
+            for src, line, at in lived_on.get(event.rank, [])
+        )
+        for h in event.hits
+    ):
+        return True
+    if event.echo not in (Echo.WAITING, Echo.LOST_PEER):
         return False
     return all(
-        h.record.source in completed_at and h.record.line < completed_at[h.record.source]
+        any(
+            end.source == h.record.source
+            and end.line > h.record.line
+            and end.time is not None
+            and h.record.time is not None
+            and end.time > h.record.time
+            for end in ends
+        )
         for h in event.hits
     )
 
@@ -355,7 +379,7 @@ def relate_completion(graph: CausalGraph, ctx: Context) -> None:
 def relate_survived(graph: CausalGraph, ctx: Context) -> None:
     """A lost peer or a timeout that training went on from (its end announced later in the
     same output) explains nothing and accuses nobody: the job outlived it."""
-    gone = [e for e in graph.events if survived(e, ctx.completed_at)]
+    gone = [e for e in graph.events if survived(e, ctx.evidence.end_marks, ctx.evidence.lived_on)]
     if not gone:
         return
     node = graph.add_node(Node("went on", None))
@@ -392,6 +416,10 @@ def agreed_stop(graph: CausalGraph, ctx: Context) -> list[Event]:
     if not announcers and sum(_announcements(e) for e in stops) >= max(1, len(ranks)):
         return stops
     if agreed and max(agreed) >= len(ranks):
+        return stops
+    if not any(failing(e) for e in graph.events) and not ctx.evidence.failing_exits:
+        # announced by the main process alone, and nothing failed after it: had the others
+        # not stopped with it, they would have waited for it and timed out
         return stops
     return []
 

@@ -95,6 +95,9 @@ class StreamSummary:
     """The M of the last "step n/M" counter: ranks with different M have uneven inputs."""
     progress_done: int | None = None
     """The n of that counter: where the writer was when its output ends."""
+    last_progress_time: datetime | None = None
+    """The time its last progress line carries, if any: a writer that went on training after
+    an error lived on from it."""
     last_progress_text: str = ""
     """The writer's last progress line (for the report's timeline)."""
     open_traceback_line: int = 0
@@ -107,6 +110,9 @@ class StreamSummary:
     """The line of open_traceback_text."""
     open_traceback_tail: tuple[str, ...] = ()
     """The open traceback's last few lines (frames and their code): what it was doing."""
+    closed_traceback_line: int = 0
+    """The line that last ended an open trace (a Python traceback's exception line): an
+    exception line there has its traceback above it."""
     open_trace_native: bool = False
     """The open trace is a C++ backtrace (c10::Error's frames), not a Python traceback: the
     process died in native code, or printed an error whose message came before it."""
@@ -500,6 +506,7 @@ class Scanner:
         text = data.decode("utf-8", errors="replace")
         streams = result.streams
         progress: dict[str, list[str]] = {}
+        last_raw: dict[str, str] = {}
         for offset, raw in enumerate(text.split("\n")):
             if not raw or raw.isspace():
                 continue
@@ -530,10 +537,13 @@ class Scanner:
                 summary.progress_lines += 1
                 summary.last_progress_line = line_no
                 summary.last_progress_text = message
+                last_raw[key] = raw
                 progress.setdefault(key, []).append(message)
             if INIT_LINE.search(message):
                 summary.last_init_line = line_no
             _follow_traceback(summary, message, line_no)
+        for key, raw in last_raw.items():  # the time of each writer's last progress line only
+            streams[key].last_progress_time = parse(raw).time
         for key, messages in progress.items():  # the last counter counts: search from the end
             for message in reversed(messages):
                 counter = "/" in message and PROGRESS_COUNTER.search(message)
@@ -589,6 +599,7 @@ def _follow_traceback(summary: StreamSummary, message: str, line_no: int) -> Non
         else:
             inside = TRACEBACK_BODY.match(message)
         if not inside:
+            summary.closed_traceback_line = line_no
             summary.open_traceback_line = summary.open_traceback_at = 0
             summary.open_traceback_text = ""
             summary.open_traceback_tail = ()

@@ -26,6 +26,11 @@ ISO_TIME = re.compile(
     r"\[?(?P<ts>\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[,.]\d{1,9})?)(?:Z|[+-]\d\d:?\d\d)?\]?"
     r"(?: ?[:|-])? "
 )
+# The transformers examples' logging format (datefmt "%m/%d/%Y %H:%M:%S"), copied by many
+# training scripts: "12/02/2026 04:17:54 - WARNING - name - message".
+US_TIME = re.compile(
+    r"(?P<mo>\d\d)/(?P<d>\d\d)/(?P<y>\d{4}) (?P<hms>\d\d:\d\d:\d\d)(?:[,.]\d{1,6})?(?: ?[:|-])? "
+)
 # torchrun: `[rank3]:`, `[default0]:`, custom role `[trainer1]:`; TORCHELASTIC prefixes.
 TORCHRUN = re.compile(r"\[(?P<role>[A-Za-z_][A-Za-z_-]*?)(?P<num>\d+)\]:\s?")
 # glog as torch prints it: `E1130 12:00:00.123456 1234 ProcessGroupNCCL.cpp:616] `
@@ -67,7 +72,7 @@ _LOG_HEADER = (
     r"(?:\s*[-:|]\s*|\s+)(?:\[?[\w.]{1,40}\]?\s*[-:|]\s*)?(?:\[[^\[\]]{1,40}\]\s*){0,2})?"
 )
 LEADING_RANK = re.compile(
-    _LOG_HEADER + r"\[?[Rr]ank[ =:#]?(?P<rank>\d{1,5})(?:/\d{1,5})?\]?[:,|]?\s"
+    _LOG_HEADER + r"\[?(?:[Rr]ank|RANK)[ =:#]?(?P<rank>\d{1,5})(?:/\d{1,5})?\]?[:,|]?\s"
 )
 # A bracketed rank tag at the start: "[worker 1] ...", "[Worker 2/4] ...", or after a host name
 # when a logging level follows: "vm [worker 1] WARNING ...". Only in brackets is "worker" a
@@ -120,6 +125,19 @@ def _parse_iso(ts: str) -> datetime | None:
         ts = ts.replace(" ", "T", 1)
     try:
         value = datetime.fromisoformat(ts)
+    except ValueError:
+        return None
+    return plausible_time(value)
+
+
+def _us_time(m: re.Match[str]) -> datetime | None:
+    """Month first, as the examples' format writes it; day first when the month cannot be."""
+    month, day = int(m.group("mo")), int(m.group("d"))
+    if month > 12:
+        month, day = day, month
+    hms = m.group("hms")
+    try:
+        value = datetime(int(m.group("y")), month, day, int(hms[0:2]), int(hms[3:5]), int(hms[6:8]))
     except ValueError:
         return None
     return plausible_time(value)
@@ -203,6 +221,12 @@ def parse_line(raw: str, year: int = 1970, with_time: bool = True) -> ParsedLine
         m = None
         if digit:
             m = RFC3339.match(text, pos) or ISO_TIME.match(text, pos)
+            if m is None and (us := US_TIME.match(text, pos)):
+                if with_time:
+                    out.time = out.time or _us_time(us)
+                platform_ok = True
+                pos = us.end()
+                continue
         elif bracket and nxt.isdigit():
             mpi = OPENMPI.match(text, pos)
             if mpi:
@@ -311,7 +335,7 @@ def parse_line(raw: str, year: int = 1970, with_time: bool = True) -> ParsedLine
             level = PY_LEVEL.match(message, m.end())
             if level and out.level is None:
                 out.level = level.group("level").lower()
-    if origin.rank is None and "ank" in message:
+    if origin.rank is None and ("ank" in message or "ANK" in message):
         m = (
             C10D_RANK.search(message)
             or LEADING_RANK.match(message)

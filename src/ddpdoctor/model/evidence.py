@@ -9,6 +9,7 @@ from datetime import datetime
 
 from ddpdoctor.model.findings import Evidence
 from ddpdoctor.model.flight import FlightAnalysis
+from ddpdoctor.model.records import Record
 
 COLLECTIVE_FUNCTIONS = frozenset(
     [
@@ -189,10 +190,17 @@ class JobEvidence:
     last_words: list[Evidence] = field(default_factory=list)
     """Every writer's last line (with its rank when known), in source and line order: what
     each was doing when its output ends."""
+    traced_endings: set[tuple[str, int]] = field(default_factory=set)
+    """(source, line) of last words that ended a traceback shown above them."""
     stopped_by_run: bool = False
     """`ddpdoctor run` ended the job: its kill after a hang, or a stop signal it forwarded."""
     flight: FlightAnalysis | None = None
     """The ranks' Flight Recorder dumps read side by side, when they were given."""
+    lived_on: dict[int, list[tuple[str, int, datetime]]] = field(default_factory=dict)
+    """Per rank, (source, line, time) of each of its writers' last progress lines that carry a
+    time: an error it printed before such a line did not end its training."""
+    end_marks: list[Record] = field(default_factory=list)
+    """The announcements of the end of training (not of ranks that left early)."""
     survived: int = 0
     """Lost-peer or timeout events printed before training announced its end in the same
     output: the job went on from them."""

@@ -196,6 +196,9 @@ CUDA_LIBRARY_MISMATCH = Rule(
             "Distributed package doesn't have",
         ),
         Signature(r"Torch not compiled with CUDA enabled"),
+        # the same on a CPU-only build's torch.cuda.set_device (torch 2.13: the CUDA bindings
+        # are simply absent from torch._C)
+        Signature(r"module 'torch\._C' has no attribute '_cuda_\w+'", "has no attribute '_cuda_"),
         Signature(r"No CUDA GPUs are available"),
         Signature(r"ProcessGroupNCCL is only supported with GPUs, no GPUs found"),
         # DeepSpeed launcher/runner.py and op_builder/builder.py (JIT-compiled ops)

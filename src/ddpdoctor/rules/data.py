@@ -152,6 +152,40 @@ DISK_FULL = Rule(
     ),
 )
 
+CHECKPOINT_UNREADABLE = Rule(
+    code="DATA104",
+    kind="data-error",
+    title="torch.load could not open a checkpoint file (truncated, corrupt or not a checkpoint)",
+    sources="torch/serialization.py load: _open_zipfile_reader -> torch._C.PyTorchFileReader "
+    "(caffe2/serialize/inline_container.cc)",
+    specificity=60,
+    signatures=(
+        # whatever the reader raises on a file it cannot parse: an OSError ("[Errno 22]
+        # Invalid argument" on a file cut in half, torch 2.13), a RuntimeError, an EOFError
+        Signature(r"^\**(?:OSError|RuntimeError|EOFError|ValueError)(?::|$)", "Error"),
+    ),
+    # raised by the reader's constructor itself: its frame is the innermost one
+    context_all=(r"PyTorchFileReader\(",),
+    explanation=Explanation(
+        what="torch.load failed while opening the checkpoint's archive: the file exists but "
+        "is not a readable checkpoint.",
+        why="A checkpoint cut short (a save killed midway, a copy that did not finish, a full "
+        "disk at save time), a file another rank was still writing, or another file under "
+        "the checkpoint's name.",
+        fix="Check the file's size against a good checkpoint; resume from the previous one; "
+        "write checkpoints to a temporary name and rename them when complete.",
+        false_positives="A checkpoint written by a much newer torch than the one loading it.",
+    ),
+    fix=(
+        "Compare the checkpoint file's size with a good one (`ls -l`); resume from the "
+        "previous checkpoint, or save it again.",
+        "Save to a temporary name and rename when the write is complete, so a killed save "
+        "never leaves a truncated checkpoint under the real name.",
+    ),
+    positive=("OSError: [Errno 22] Invalid argument",),
+    negative=("OSError: [Errno 5] Input/output error: '/data/train/000123.jpg'",),
+)
+
 CHECKPOINT_WRITE_FAILED = Rule(
     code="DATA103",
     kind="disk-full",
@@ -419,6 +453,7 @@ DATALOADER_CHANNEL_BROKEN = Rule(
 
 RULES = (
     DATA_ERROR,
+    CHECKPOINT_UNREADABLE,
     DISK_FULL,
     CHECKPOINT_WRITE_FAILED,
     DATALOADER_WORKER_KILLED,

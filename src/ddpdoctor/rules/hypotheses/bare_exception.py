@@ -43,7 +43,11 @@ def assess(job: JobEvidence) -> Assessment | None:
         return None
     if any(v.failed for v in job.ranks.values()):
         return None
-    ending = [w for w in job.last_words if EXCEPTION.match(w.text.strip())]
+    ending = [
+        w
+        for w in job.last_words
+        if EXCEPTION.match(w.text.strip()) and (w.source, w.line) not in job.traced_endings
+    ]
     if not ending:
         return None
     ranks = sorted({w.rank for w in ending if w.rank is not None})
