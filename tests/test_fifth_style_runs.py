@@ -91,9 +91,6 @@ MISSES: dict[str, str] = {
     "noisy-ok": "failed/python-exception [] (PY101 at the dashboard push): the traceback was "
     "logged by a handler (a WARNING line opens it), training went on to 'done: 30 steps' and "
     "the agent reported no failed worker",
-    "main-only-stop": "failed/collective-mismatch [0] (INF203): rank 0 right, but it had "
-    "announced 'stopping early' and waited in the wait_for_everyone() after its loop while the "
-    "others went on training",
     "abba": "failed/slow-rank-timeout [1] (INF201, fix 'raise the timeout'): rank 1 right, but "
     "deadlocked, not busy; it announced no long task and stopped before the periodic status "
     "line ranks 0 and 2 printed at step 3",

@@ -60,6 +60,8 @@ EARLY_STOP = Rule(
             r"| required| is disabled)",
             "arly",
         ),
+        # the same event in the other word order: "val loss below target: stopping early"
+        Signature(r"(?i:\bstop(?:ping|ped) early)\b(?![_=(-])", "early"),
         # Lightning EarlyStopping: "... did not improve ... Signaling Trainer to stop."
         Signature(r"Signaling Trainer to stop"),
         # ddpdoctor.instrument.agree_to_stop (probe/stop.py): one line for every rank
@@ -86,6 +88,7 @@ EARLY_STOP = Rule(
         "ddpdoctor: early stopping agreed by all 2 ranks at step 3 (asked by ranks 1)",
         # a program's own agreed stop (tests/fixtures/real/third-early-stop-all)
         "[R1/3] early stop agreed by all ranks at epoch 1 (best 0.6723)",
+        "validation loss 1.4621 below target: stopping early",
     ),
     negative=(
         "Epoch 3: val_loss improved to 0.21",
