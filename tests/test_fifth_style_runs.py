@@ -88,18 +88,19 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "noisy-ok": "failed/python-exception [] (PY101 at the dashboard push): the traceback was "
-    "logged by a handler (a WARNING line opens it), training went on to 'done: 30 steps' and "
-    "the agent reported no failed worker",
+    "noisy-ok": "failed/python-exception [0] (PY101 at the third dashboard push; the first two "
+    "are survived, rank 0 trained on after them): after the third, only the unranked, untimed "
+    "'train: 100%' and 'done: 30 steps' follow, and the agent reported no failed worker",
     "abba": "failed/slow-rank-timeout [1] (INF201, fix 'raise the timeout'): rank 1 right, but "
     "deadlocked, not busy; it announced no long task and stopped before the periodic status "
     "line ranks 0 and 2 printed at step 3",
-    "gpu-pin": "failed/python-exception [0, 1] (PY101): AttributeError 'torch._C' has no "
-    "'_cuda_setDevice' raised in torch.cuda.set_device on a CPU-only build (the ranks' state "
-    "says MULTI_CPU, gloo, cpu:0)",
-    "short-shard": "failed/collective-mismatch [0] (INF203): rank 2's timeout is in "
-    "evaluate's gather_for_metrics after its loop ended, ranks 0 and 1 were still in the "
-    "training forward: rank 2 ran out of batches first",
+    "gpu-pin": "failed/cuda-library-mismatch [0, 1] (CUDA105, as 'Torch not compiled with CUDA "
+    "enabled'): AttributeError 'torch._C' has no '_cuda_setDevice' raised in "
+    "torch.cuda.set_device on a CPU-only build (the ranks' state says MULTI_CPU, gloo, cpu:0)",
+    "short-shard": "failed/collective-mismatch [2] (INF203; rank right since gloo's send/recv "
+    "halves no longer split one all-reduce into two groups): rank 2's timeout is in evaluate's "
+    "gather_for_metrics after its loop ended, ranks 0 and 1 were still in the training forward: "
+    "rank 2 ran out of batches first",
 }
 
 

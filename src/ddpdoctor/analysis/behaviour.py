@@ -49,21 +49,25 @@ def _digits(text: str | None, limit: int = 12) -> int | None:
 def wait_site(hit: Hit) -> WaitSite:
     """Where a timed-out rank waited: the watchdog's own fields, else its traceback."""
     op = hit.captures.get("op")
+    # gloo names the transport's half ("Timed out waiting ... for recv operation"): one
+    # all-reduce is a send on one rank and a recv on another, so only a collective named by
+    # the traceback says which operation it was
+    transport_half = op in ("recv", "send")
     site: str | None = None
     for record in reversed(hit.context):
         m = FRAME.search(record.text)
         if m is None:
             continue
         if (
-            (op is None or op in ("recv", "send"))
+            (op is None or transport_half)
             and "distributed" in m["path"]
             and m["func"] in COLLECTIVE_FUNCTIONS
         ):
-            op = m["func"]
+            op, transport_half = m["func"], False
         if site is None and not LIBRARY_PATH.search(m["path"]):
             site = f"{m['path'].rsplit('/', 1)[-1]}:{m['line']}"
     return WaitSite(
-        op=op,
+        op=None if transport_half else op,
         site=site,
         seq=_digits(hit.captures.get("seq")),
         numel=_digits(hit.captures.get("numel")),
