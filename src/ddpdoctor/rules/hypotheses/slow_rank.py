@@ -89,6 +89,17 @@ def assess(job: JobEvidence) -> Assessment | None:
                     )
                 ],
                 evidence=[e for r in sorted(culprit) for e in job.ranks[r].evidence[:1]],
+                # nothing says what it was doing: busy, or blocked (a lock, I/O, a queue),
+                # where no timeout helps
+                fix=[]
+                if any(job.ranks[r].busy_phase for r in culprit)
+                else [
+                    f"First find where {ranks_text(culprit)} was: run the job under `ddpdoctor "
+                    "run` (it dumps every rank's stack when progress stops) or `py-spy dump "
+                    "--pid <pid>` on it. If it was busy with work of its own, move that work "
+                    "before init_process_group or raise the timeout for it; if it was blocked "
+                    "(a lock, I/O, a queue), fix that: a longer timeout will not help."
+                ],
             )
         )
     # the waiting ranks' own messages name who never came (the rank whose NCCL id they
