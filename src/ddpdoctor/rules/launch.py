@@ -423,6 +423,9 @@ RENDEZVOUS_FAILURE = Rule(
             "but another process is utilizing it",
         ),
         Signature(r"Timed out after \d+ seconds waiting for clients", "waiting for clients"),
+        # NCCL init.cc: a process asked for a rank outside the communicator ("2/2"): the ranks
+        # disagree about the world size (--nnodes, WORLD_SIZE, a framework's own count)
+        Signature(r"Invalid rank requested : \d+/\d+", "Invalid rank requested"),
     ),
     explanation=Explanation(
         what="The ranks could not reach the rendezvous store (MASTER_ADDR:MASTER_PORT or "
