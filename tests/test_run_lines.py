@@ -163,8 +163,8 @@ def test_terminal_leaves_the_shared_description_blocking() -> None:
         term = TerminalOut(w, "stdout")
         assert term.mode == NONBLOCKING
         assert not fcntl.fcntl(w, fcntl.F_GETFL) & os.O_NONBLOCK
-        big = b"x" * (1 << 20)
-        term.offer(big)  # the pipe holds 64 KiB: the rest waits, the call does not
+        big = b"x" * (4 << 20)
+        term.offer(big)  # the pipe holds 1 MiB (enlarged from 64 KiB): the rest waits
         assert term.backlog == len(big) - term.written > 0
         got = b""
         while len(got) < len(big):

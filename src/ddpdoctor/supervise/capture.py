@@ -172,14 +172,16 @@ class Capture:
             for fd, term in term_of.items():
                 if term.pending:
                     wanted[fd] = select.POLLOUT
-            if throttled:
+            # the time since the last turn was spent in the state decided then: one long
+            # wait for a reader ends with a flush that may clear the backlog at once
+            if held:
                 self.throttled_s += now - last
+            elif child_done:
+                drain_left -= now - last
             if throttled != held:
                 held = throttled
                 self.progress.hold(held, now)
             if child_done:
-                if not throttled:
-                    drain_left -= now - last
                 if open_pipes and drain_left <= 0:
                     self.drained = False
                     for out, rfd in list(open_pipes.items()):
@@ -231,7 +233,10 @@ class Capture:
             # exactly what the pipe holds: a 1 MiB read that returns less costs ~0.1 ms more
             # in allocating and shrinking its buffer than the read itself
             fcntl.ioctl(rfd, termios.FIONREAD, self._avail, True)
-            data = os.read(rfd, min(READ_SIZE, self._avail[0]) or READ_SIZE)
+            want = min(READ_SIZE, self._avail[0])
+            term = self.terminals.get(out)
+            teed = term.tee_from(rfd, want) if term is not None else 0
+            data = os.read(rfd, want or READ_SIZE)
         except (BlockingIOError, InterruptedError):
             return 0
         except OSError:
@@ -242,9 +247,8 @@ class Capture:
         self.read_bytes[out] += len(data)
         self.reads += 1
         self.log.put(out, data)  # the logs first: they never wait for the terminal
-        term = self.terminals.get(out)
         if term is not None:
-            term.offer(data)
+            term.offer(memoryview(data)[teed:] if teed else data)
         return len(data)
 
     def _close_stream(

@@ -24,10 +24,12 @@ IOV_MAX = 1024
 BATCH = 256
 """Chunks taken per turn: the writer catches up in a few large writes."""
 PACE_S = 0.05
-PACE_BELOW = 1 << 20
+PACE_BELOW = 1 << 18
 """After a batch smaller than PACE_BELOW the writer rests PACE_S before the next (the loop
 does not ring meanwhile): a job printing slowly costs one wake-up per 50 ms, not one per
-read. console.log and progress lag by at most that much."""
+read. console.log and progress lag by at most that much. Well below the capture's 1 MiB
+reads: at 1 MiB the writer of a fast job rested after most reads and fell 50-68 MB behind,
+its copies then came from memory gone cold, and the loop stopped reading the job at 64 MB."""
 _OPEN_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
 _STOP = -1
 

@@ -1,5 +1,7 @@
 """One of ddpdoctor's own outputs (stdout or stderr) as the job's output goes out through it:
-writes that never block the capture loop, and the bytes not yet taken by a slow reader.
+writes that never block the capture loop, and the bytes not yet taken by a slow reader. Into a
+pipe, what the job's pipe holds is first duplicated in the kernel (tee(2): the same pages, no
+copy through ddpdoctor) while nothing is pending; what tee could not pass is written as before.
 
 Pipes, FIFOs and terminals are opened a second time through /proc/self/fd with O_NONBLOCK, so
 the shell's own file description keeps its flags (a shell left with a non-blocking terminal
@@ -11,11 +13,15 @@ be held back: the capture loop reads `backlog` and stops reading the job.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
+import fcntl
 import os
 import socket
 import stat
 from collections import deque
+from collections.abc import Callable
+from typing import cast
 
 IOV_MAX = 1024
 BLOCKING, NONBLOCKING, SOCKET = "blocking", "nonblocking", "socket"
@@ -35,7 +41,10 @@ class TerminalOut:
         """Bytes the job wrote after our reader went away (EPIPE): in the logs only."""
         self._pending: deque[memoryview] = deque()
         self._sock: socket.socket | None = None
+        self.fifo = False
         self.mode, self.poll_fd = self._open(fd)
+        self.teed = 0
+        self._tee = _libc_tee() if self.fifo and self.mode == NONBLOCKING else None
 
     def _open(self, fd: int) -> tuple[str, int]:
         try:
@@ -53,9 +62,13 @@ class TerminalOut:
                 return BLOCKING, fd
         flags = os.O_WRONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
         try:
-            return NONBLOCKING, os.open(f"/proc/self/fd/{fd}", flags)
+            out = os.open(f"/proc/self/fd/{fd}", flags)
         except OSError:
             return BLOCKING, fd
+        self.fifo = stat.S_ISFIFO(mode)
+        if self.fifo:
+            _enlarge(out)
+        return NONBLOCKING, out
 
     @property
     def pending(self) -> bool:
@@ -80,6 +93,25 @@ class TerminalOut:
         self._pending.append(view)
         self.backlog += len(view)
         self.max_backlog = max(self.max_backlog, self.backlog)
+
+    def tee_from(self, rfd: int, n: int) -> int:
+        """Duplicate up to `n` bytes at the head of pipe `rfd` into this terminal (a pipe) in
+        the kernel, without consuming them: page references, no copy. 0 when not possible."""
+        if self._tee is None or self._pending or self.error is not None or n <= 0:
+            return 0
+        done = self._tee(rfd, self.poll_fd, n, SPLICE_F_NONBLOCK)
+        if done < 0:
+            err = ctypes.get_errno()
+            if err in (errno.EAGAIN, errno.EINTR):
+                return 0
+            if err in (errno.EINVAL, errno.ENOSYS):
+                self._tee = None  # not a pipe after all, or no tee here: copy instead
+                return 0
+            self._fail(OSError(err, os.strerror(err)))
+            return 0
+        self.written += done
+        self.teed += done
+        return int(done)
 
     def flush(self) -> None:
         """Write pending bytes until the reader stops taking them."""
@@ -137,10 +169,35 @@ class TerminalOut:
         return {
             "mode": self.mode,
             "written": self.written,
+            "teed": self.teed,
             "max_backlog": self.max_backlog,
             "unsent": self.unsent,
             "error": self.error,
         }
+
+
+PIPE_SIZE = 1 << 20
+"""A pipe we write into (`| tee`, `| cat`, a container runtime) is given the capacity of the
+job's own pipes when it has less (64 KiB by default): one tee then passes a whole read on.
+Refused above /proc/sys/fs/pipe-max-size or the user's pipe quota; it then stays as it is."""
+SPLICE_F_NONBLOCK = 2  # linux/splice.h
+
+
+def _enlarge(fd: int) -> None:
+    with contextlib.suppress(OSError):
+        if fcntl.fcntl(fd, fcntl.F_GETPIPE_SZ) < PIPE_SIZE:
+            fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
+
+
+def _libc_tee() -> Callable[[int, int, int, int], int] | None:
+    """tee(2) through libc (the os module has splice but no tee); None where there is none."""
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).tee
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_size_t, ctypes.c_uint]
+    fn.restype = ctypes.c_ssize_t
+    return cast("Callable[[int, int, int, int], int]", fn)
 
 
 def _write_all(fd: int, views: list[memoryview]) -> int:
