@@ -251,11 +251,18 @@ def test_torchrun_ranks_interleaving_split_in_order(tmp_path: Path) -> None:
     stdout, stderr = proc.communicate(timeout=180)
     assert proc.returncode == 0, stderr[-3000:]
     console = (run_dir / "console.log").read_bytes()
+    # torchrun's tee threads tail each rank's file: on a loaded machine one of them can print a
+    # line of its rank in the middle of another rank's line (seen: "...line 3869[rank0]:rank 0
+    # line 3870"). What torchrun printed is then not the ranks' own lines, and only what
+    # ddpdoctor does with it can be checked exactly.
+    torn = re.search(rb".\[rank\d\]:", console) is not None  # a prefix inside a line
     for r in (0, 1):
         want = b"".join(b"[rank%d]:" % r + line for line in output_writer.rank_lines(r, n))
-        assert (run_dir / "ranks" / f"rank{r}.log").read_bytes() == want
-        assert b"".join(re.findall(rb"(?m)^\[rank%d\]:.*\n" % r, console)) == want
-        assert b"".join(re.findall(rb"(?m)^\[rank%d\]:.*\n" % r, stdout)) == want
+        in_console = b"".join(re.findall(rb"(?m)^\[rank%d\]:.*\n" % r, console))
+        assert (run_dir / "ranks" / f"rank{r}.log").read_bytes() == in_console
+        assert b"".join(re.findall(rb"(?m)^\[rank%d\]:.*\n" % r, stdout)) == in_console
+        if not torn:
+            assert in_console == want
 
 
 def _pids_alive(pids: list[int]) -> list[int]:
