@@ -12,10 +12,10 @@ from corpus.scoreboard import SHARED, load_cases, render, score, totals
 # has; ../shared/corpus is floored on its own, where it sits beside the checkout). Raise them
 # when the tool improves; never lower them.
 TRAIN_FLOORS = {
-    "kind": 204,
-    "category": 180,
-    "culprit_with_kind": 21,
-    "fix": 154,
+    "kind": 228,
+    "category": 200,
+    "culprit_with_kind": 25,
+    "fix": 171,
 }
 TRAIN_MAX_FALSE_INFRA = 0
 TRAIN_MAX_FALSE_OK = 2
