@@ -295,3 +295,12 @@ def test_the_transformers_examples_logging_format_is_read() -> None:
     assert parsed.time is not None and (parsed.time.month, parsed.time.day) == (12, 2)
     day_first = parse_line("31/12/2026 04:17:54 - INFO - x - y")  # a month cannot be 31
     assert day_first.time is not None and (day_first.time.month, day_first.time.day) == (12, 31)
+
+
+def test_the_store_barrier_names_the_rank_that_waits() -> None:
+    line = (
+        "INFO:root:Waiting in store based barrier to initialize process group for rank: 5, key: "
+        "store_based_barrier_key:1 (world_size=8, worker_count=7, timeout=0:30:00)"
+    )
+    parsed = parse_line(line)
+    assert (parsed.origin.rank, parsed.rank_from_text) == (5, True)

@@ -148,7 +148,7 @@ INIT_LINE = re.compile(
     r"Initializing distributed|init_process_group|torch\.dis(?!tributed\.elastic\.multiproc)"
     # (a communicator's "comm 0x... - Abort COMPLETE" / "Destroy COMPLETE" is its end)
     r"|NCCL INFO (?:Bootstrap|NET/|comm (?![^\n]{0,300}(?:Abort|Destroy) COMPLETE))"
-    r"|Global seed set|GLOBAL_RANK|MASTER_ADDR|distributed_backend|Added key: store_based_barrier"
+    r"|Global seed set|GLOBAL_RANK|MASTER_ADDR|distributed_backend|store.based.barrier"
     r"|NCCL INFO (?:Channel|Connected all|Trees|Ring)|via P2P|P2P/IPC|P2P/CUMEM|Init COMPLETE"
 )
 

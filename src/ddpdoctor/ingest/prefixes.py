@@ -94,6 +94,12 @@ LEADING_LOCAL_RANK = re.compile(
 # pgnccl-unique-id-store): "[1] is setting up NCCL communicator and retrieving ncclUniqueId ..."
 NCCL_ID_WAIT = re.compile(r"\[(?P<rank>\d{1,7})\] is setting up NCCL communicator")
 
+# c10d's store-based barrier at init names the rank that waits (distributed_c10d.py
+# _store_based_barrier): "Waiting in store based barrier to initialize process group for rank: 3"
+STORE_BARRIER_RANK = re.compile(
+    r"Waiting in store based barrier to initialize process group for rank: (?P<rank>\d{1,7})"
+)
+
 # torch.multiprocessing.spawn re-raises a child's error in the parent under this header; the
 # traceback that follows is that process's (spawn.py ProcessRaisedException). mp.spawn's index
 # is the rank in nearly every program (fn(rank, ...) on one node).
@@ -319,6 +325,11 @@ def parse_line(raw: str, year: int = 1970, with_time: bool = True) -> ParsedLine
             out.level = m.group("level").lower()
     if origin.rank is None and message.startswith("-- Process "):
         m = SPAWN_PROCESS.match(message)
+        if m and (rank := rank_number(m.group("rank"))) is not None:
+            origin.rank = rank
+            out.rank_from_text = True
+    if origin.rank is None and "store based barrier" in message:
+        m = STORE_BARRIER_RANK.search(message)
         if m and (rank := rank_number(m.group("rank"))) is not None:
             origin.rank = rank
             out.rank_from_text = True

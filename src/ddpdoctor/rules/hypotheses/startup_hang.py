@@ -13,7 +13,7 @@ from ddpdoctor.model.evidence import JobEvidence
 from ddpdoctor.model.findings import Evidence
 from ddpdoctor.model.taxonomy import Category, Status
 from ddpdoctor.rules.base import Explanation, Rule
-from ddpdoctor.rules.hypotheses.base import Assessment
+from ddpdoctor.rules.hypotheses.base import Assessment, ranks_text
 from ddpdoctor.rules.hypotheses.stalled_rank import HANG
 
 RULE = Rule(
@@ -101,14 +101,25 @@ def assess(job: JobEvidence) -> Assessment | None:
 
 def _joining(job: JobEvidence, joining: list[Evidence]) -> Assessment:
     world = f" (a world of {job.world_size})" if job.world_size else ""
+    # the ranks of that world that never said a word: the members that did not arrive
+    # (a few, among many that came: when most are absent, the count itself is wrong)
+    present = {r for r, v in job.ranks.items() if v.present}
+    absent = sorted(job.missing) if job.world_size and len(job.missing) < len(present) else []
+    named = (
+        f" {ranks_text(absent)} of that world never announced itself: "
+        + ("it is" if len(absent) == 1 else "they are")
+        + " the member the others waited for."
+        if absent
+        else ""
+    )
     return Assessment(
         RENDEZVOUS,
         0.4,
-        [],
+        absent,
         [
             f"the output stops while the ranks announce that they join the process group{world}, "
             "and no line says the group formed (no step, no error, no exit). The "
-            "rendezvous was waiting for members that never arrived."
+            "rendezvous was waiting for members that never arrived." + named
         ],
         evidence=joining[:4],
         next_steps=[
