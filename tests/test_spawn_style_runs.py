@@ -70,11 +70,7 @@ EXPECTED: dict[str, Expected] = {
 }
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
-MISSES: dict[str, str] = {
-    "uneven": "failed/collective-mismatch [] (COL101 on gloo's 'Is there a distributed "
-    "collective mismatch' enforce): 'gpu 1 | 56 samples, 7 batches' against the others' 10 is "
-    "not read",
-}
+MISSES: dict[str, str] = {}
 
 
 RUNS = RunSet("spawn-", EXPECTED, MISSES)

@@ -63,10 +63,7 @@ EXPECTED: dict[str, Expected] = {
 }
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
-MISSES: dict[str, str] = {
-    "uneven": "failed/collective-mismatch [2] (COL101 on gloo's 'Is there a distributed collective "
-    "mismatch' enforce): rank 2 announced 7 batches per epoch, the others 10",
-}
+MISSES: dict[str, str] = {}
 
 
 RUNS = RunSet("third-", EXPECTED, MISSES)

@@ -78,6 +78,12 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
         r"process (?P<local_rank>\d{1,5}) terminated with exit code (?P<code>\d+)",
         "terminated with exit code",
     ),
+    # ... and one that a signal ended: "process 1 terminated with signal SIGABRT"
+    FactPattern(
+        "launcher_exit",
+        r"process (?P<local_rank>\d{1,5}) terminated with signal (?P<signal>SIG[A-Z]{2,6})",
+        "terminated with signal SIG",
+    ),
     # DeepSpeed's launcher (launcher/launch.py sigkill_handler): the worker's command line,
     # which carries its --local_rank, "exits with return code = -11"
     FactPattern(
@@ -86,6 +92,10 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
         r"(?P<code>-?\d+)",
         "exits with return code = ",
     ),
+    # how much data a rank says it has ("80 samples, 10 batches of 8 per epoch"): ranks that
+    # announce different counts in the same words have uneven inputs
+    FactPattern("data_size", r"\b(?P<n>\d{1,9}) (?P<unit>batches)\b", " batches", distinct=WRITER),
+    FactPattern("data_size", r"\b(?P<n>\d{1,9}) (?P<unit>samples)\b", " samples", distinct=WRITER),
     # NCCL net.cc: which transport NCCL uses between nodes
     FactPattern("socket_transport", r"NET/Socket : Using", "NET/Socket : Using", distinct=VALUE),
     FactPattern("ib_transport", r"NET/IB : Using", "NET/IB : Using", distinct=VALUE),

@@ -3,6 +3,7 @@ launcher's summary, and each writer's last words. Built from all scans after sca
 
 from __future__ import annotations
 
+import signal
 from dataclasses import dataclass, field, replace
 
 from ddpdoctor.analysis.facts import parse_mpi_exit, parse_summary_entry, signal_name
@@ -36,6 +37,8 @@ class JobView:
     """Ranks whose own lines announced the end of training."""
     completions: list[tuple[int | None, Record]] = field(default_factory=list)
     """Every announcement of the end of training, with its rank when known."""
+    data_sizes: dict[str, dict[int, int]] = field(default_factory=dict)
+    """Per unit ('batches', 'samples'), how many each rank said it has, once."""
     rank_map: dict[tuple[str, int], int] = field(default_factory=dict)
     normal_seen: bool = False
     """A message of normal operation was read (facts.py "normal"): something healthy to read."""
@@ -116,6 +119,7 @@ def build_job(
     completed_at: dict[str, int] = {}
     completed_ranks: set[int] = set()
     completions: list[tuple[int | None, Record]] = []
+    sizes: dict[str, dict[int, set[int]]] = {}
     normal_seen = False
     for scan in scans:
         expect_root = False
@@ -144,12 +148,20 @@ def build_job(
                     ranks.add(rank)
             elif fact.name == "launcher_exit":
                 local = rank_number(fact.captures.get("local_rank"))
-                code = exit_code_number(fact.captures.get("code"))
+                code = exit_code_number(fact.captures.get("code")) or signal_code(
+                    fact.captures.get("signal")
+                )
                 rank = local if single_node else None
                 if rank is not None and code is not None and rank not in per_rank:
                     per_rank[rank] = RankExit(code=code, signal=signal_name(code), local_rank=local)
             elif fact.name == "progress":
                 progress.append(fact)
+            elif fact.name == "data_size":
+                sized = resolve_rank(fact.record.origin, single_node, rank_map)
+                n = count_number(fact.captures.get("n"), 10**9)
+                if sized is not None and n is not None:
+                    unit = fact.captures.get("unit", "")
+                    sizes.setdefault(unit, {}).setdefault(sized, set()).add(n)
             elif fact.name == "completed":
                 done = resolve_rank(fact.record.origin, single_node, rank_map)
                 if done is not None:
@@ -244,6 +256,22 @@ def build_job(
         completed_at=completed_at,
         completed_ranks=completed_ranks,
         completions=completions,
+        data_sizes={
+            unit: {r: next(iter(ns)) for r, ns in by_rank.items()}
+            for unit, by_rank in sizes.items()
+            # a rank that says several numbers counts something as it goes: not a size
+            if all(len(ns) == 1 for ns in by_rank.values())
+        },
         cut_tracebacks=cut_tracebacks,
         normal_seen=normal_seen,
     )
+
+
+def signal_code(name: str | None) -> int | None:
+    """A launcher's signal name as the negative exit code torchelastic would print (-6)."""
+    if not name:
+        return None
+    try:
+        return -int(signal.Signals[name])
+    except KeyError:
+        return None

@@ -199,6 +199,8 @@ class JobEvidence:
     lived_on: dict[int, list[tuple[str, int, datetime]]] = field(default_factory=dict)
     """Per rank, (source, line, time) of each of its writers' last progress lines that carry a
     time: an error it printed before such a line did not end its training."""
+    data_sizes: dict[str, dict[int, int]] = field(default_factory=dict)
+    """Per unit ('batches', 'samples'), how much data each rank said it has."""
     end_marks: list[Record] = field(default_factory=list)
     """The announcements of the end of training (not of ranks that left early)."""
     survived: int = 0

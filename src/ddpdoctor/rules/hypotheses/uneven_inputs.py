@@ -34,7 +34,7 @@ def assess(job: JobEvidence) -> Assessment | None:
         return None
     totals = {r: v.progress_total for r, v in job.ranks.items() if v.progress_total is not None}
     if len(set(totals.values())) < 2:
-        return None
+        return _from_announced_sizes(job)
     fewest = min(t for t in totals.values() if t is not None)
     short = {r for r, t in totals.items() if t == fewest}
     detail = ", ".join(f"rank {r}: {t}" for r, t in sorted(totals.items()))
@@ -48,3 +48,28 @@ def assess(job: JobEvidence) -> Assessment | None:
             "waited."
         ],
     )
+
+
+def _from_announced_sizes(job: JobEvidence) -> Assessment | None:
+    """The ranks said how much data they have ('56 samples, 7 batches'), and a few said less
+    than the others: they run out first."""
+    for unit in sorted(job.data_sizes):
+        sizes = job.data_sizes[unit]
+        if len(sizes) < 2 or len(set(sizes.values())) < 2:
+            continue
+        fewest = min(sizes.values())
+        short = {r for r, n in sizes.items() if n == fewest}
+        if len(short) * 2 > len(sizes):
+            continue  # most ranks have the least: no odd one out
+        detail = ", ".join(f"rank {r}: {n}" for r, n in sorted(sizes.items()))
+        return Assessment(
+            RULE,
+            0.55,
+            sorted(short),
+            [
+                f"the ranks announced different amounts of data ({unit}: {detail}): "
+                f"{ranks_text(short)} ran out first and left the loop while the others waited "
+                "for it."
+            ],
+        )
+    return None
