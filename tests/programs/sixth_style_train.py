@@ -48,7 +48,7 @@ class Plan:
     noisy: bool = False  # a deprecation, an optional tracker missing, metrics not synced
     stop_below: float | None = None  # EarlyStopping's stopping_threshold on val_loss
     report_rank0: bool = False  # rank 0 writes a per-class report after validation
-    inf_sample_rank: int | None = None  # a sample of 1e38s in this rank's shard, a NaN guard
+    inf_sample_rank: int | None = None  # rows of NaNs in this rank's shard, a NaN guard
     swapped_rank: int | None = None  # broadcasts the lr before reducing throughput
     hard_examples_rank: int | None = None  # shares its hard examples with all_gather_object
     skip_bad_rank: int | None = None  # manual optimisation: skips backward on a bad batch
@@ -120,7 +120,7 @@ class TableData(L.LightningDataModule):
         self.val = Table(68, 1)
         rank = self.trainer.global_rank if self.trainer else 0
         if self.plan.inf_sample_rank is not None and rank == self.plan.inf_sample_rank:
-            self.train.x[60:80] = 1e38  # corrupt rows in this rank's copy of the table
+            self.train.x[60:80] = float("nan")  # rows with missing values in this copy
         if self.plan.file_shards:
             world = self.trainer.world_size if self.trainer else 1
             # shard files: train.0, train.1, ...; the last validation file is the remainder
