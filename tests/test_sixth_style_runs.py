@@ -100,16 +100,10 @@ MISSES: dict[str, str] = {
     "skipped-backward": "failed/nccl-timeout [] (TMO102): both ranks timed out in the same "
     "line (manual_backward), so no rank stands out; rank 1 had said 'skipping degenerate batch 5' "
     "just before, the step whose gradient all_reduce it never issued",
-    "lock-twice": "failed/collective-mismatch [1] (INF203): rank 1 right, but its only traceback "
-    "comes from Lightning's SIGTERM handler (signal_connector's broadcast, run when the capture "
-    "ended the leftover process) stacked on 'with self.lock:' inside a locked refresh_stats: it "
-    "was blocked on a lock, not in another collective",
-    "busy-prep": "failed/collective-mismatch [3] (INF203): rank 3 right, but its collective is "
-    "the broadcast of Lightning's SIGTERM handler, run inside its busy loop when the agent "
-    "terminated it; it had announced the cache rebuild and never its end",
-    "slow-ckpt": "failed/collective-mismatch [0] (INF203): rank 0 right, but its collective is "
-    "the broadcast of Lightning's SIGTERM handler, run during the export's time.sleep when the "
-    "agent terminated it; it had announced the export and never 'export done'",
+    "lock-twice": "failed/slow-rank-timeout [1] (INF201: the SIGTERM handler's traceback, run "
+    "when the capture ended the leftover process, is read as a stop that found rank 1 outside "
+    "any collective, stacked on 'with self.lock:' inside a locked refresh_stats): rank right, "
+    "but it was blocked on a lock, a hang",
     "cuda-pin": "failed/cuda-library-mismatch [0, 1] (CUDA105): AttributeError 'torch._C' has no "
     "'_cuda_setDevice' raised in torch.cuda.set_device called from a callback's setup, on a "
     "CPU-only build whose Lightning lines say 'GPU available: False, used: False'",

@@ -8,7 +8,7 @@ from datetime import datetime
 
 from ddpdoctor.analysis.events import Event
 from ddpdoctor.analysis.facts import elapsed_seconds
-from ddpdoctor.analysis.frames import FRAME, LIBRARY_PATH, in_backward
+from ddpdoctor.analysis.frames import FRAME, LIBRARY_PATH, handler_start, in_backward
 from ddpdoctor.analysis.job import JobView
 from ddpdoctor.analysis.relations import survived
 from ddpdoctor.ingest.tracebacks import EXCEPTION_LINE
@@ -54,7 +54,10 @@ def wait_site(hit: Hit) -> WaitSite:
     # the traceback says which operation it was
     transport_half = op in ("recv", "send")
     site: str | None = None
-    for record in reversed(hit.context):
+    cut = handler_start(hit)
+    if cut is not None:  # a signal handler's own collective: not where the rank was waiting
+        op, transport_half = None, False
+    for record in reversed(hit.context[:cut]):
         m = FRAME.search(record.text)
         if m is None:
             continue
@@ -186,6 +189,15 @@ def _add_event(evidence: JobEvidence, event: Event) -> None:
             evidence.unranked_echoes.add(str(event.echo))
         return
     view = evidence.ranks.setdefault(rank, RankView(rank=rank, present=True))
+    if event.echo in (Echo.WAITING, Echo.LOST_PEER) and any(
+        handler_start(h) is not None for h in event.hits
+    ):
+        # a stop signal found it elsewhere (alive, not in a collective) and the handler's own
+        # collective failed: the rank was busy or stuck where the handler interrupted it
+        view.interrupted = True
+        view.interrupted_at = next((w.site for h in event.hits if (w := wait_site(h)).site), None)
+        view.evidence.extend(Evidence.of(h.record) for h in event.hits[:1])
+        return
     if event.echo is not None:
         view.echoes.add(str(event.echo))
     elif event.primary:

@@ -29,3 +29,22 @@ IN_BACKWARD = re.compile(r"run_backward|_execution_engine|in backward$|\.backwar
 def in_backward(hit: Hit) -> bool:
     """The hit's traceback passes through the autograd backward pass."""
     return any(IN_BACKWARD.search(r.text) for r in hit.context)
+
+
+# A Python signal handler entered on top of the frame it interrupted: Lightning's SIGTERM
+# notifier (signal_connector.py _sigterm_notifier_fn, which even broadcasts), a program's own
+# `def handle_sigterm(signum, frame)`. What follows it in a traceback is the handler's work.
+SIGNAL_HANDLER = re.compile(
+    r"in (?:_?\w*sig(?:nal|term|int|usr\d?)\w*(?:handler|notifier|_fn)\w*|_?handle_sig\w*)$",
+    re.IGNORECASE,
+)
+
+
+def handler_start(hit: Hit) -> int | None:
+    """Index in the hit's context of the first frame of a signal handler, if one interrupted
+    the program there (the frames before it are where the rank was when the signal came)."""
+    for index, record in enumerate(hit.context):
+        m = FRAME.search(record.text)
+        if m and SIGNAL_HANDLER.search(record.text[: m.end()]):
+            return index
+    return None

@@ -115,10 +115,16 @@ class RankView:
         """It timed out in a collective or lost a peer: alive, and left waiting."""
         return bool(self.echoes & {"waiting", "lost-peer"})
 
+    interrupted: bool = False
+    """A stop signal's handler ran on top of what it was doing (its traceback shows the
+    handler): it was alive and outside any collective when the stop came."""
+    interrupted_at: str | None = None
+    """The user's line the handler interrupted (file:line), when the traceback shows one."""
+
     @property
     def terminated(self) -> bool:
         """The launcher had to SIGTERM it: it was alive (and busy) when the others failed."""
-        return self.exit_signal == "SIGTERM"
+        return self.exit_signal == "SIGTERM" or self.interrupted
 
     @property
     def quiet(self) -> bool:

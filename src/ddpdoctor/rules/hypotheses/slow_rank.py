@@ -65,6 +65,7 @@ def assess(job: JobEvidence) -> Assessment | None:
             )
         )
     busy = {r for r in quiet if job.ranks[r].terminated}
+    busy |= {r for r, v in job.ranks.items() if v.interrupted and not v.failed and r not in waiting}
     named = {r for r, v in job.ranks.items() if v.named_absent}
     if busy and waiting:
         culprit = (busy & named) or busy
@@ -74,7 +75,13 @@ def assess(job: JobEvidence) -> Assessment | None:
                 0.7 if busy & named else 0.6,
                 sorted(culprit),
                 [
-                    f"{ranks_text(culprit)} printed no error and "
+                    "".join(
+                        f"rank {r} was outside any collective when the stop signal came: its "
+                        f"traceback shows the signal handler on top of {job.ranks[r].interrupted_at}. "
+                        for r in sorted(culprit)
+                        if job.ranks[r].interrupted and job.ranks[r].interrupted_at
+                    )
+                    + f"{ranks_text(culprit)} printed no error and "
                     + ("was" if len(culprit) == 1 else "were")
                     + " still running (the launcher had to terminate "
                     + ("it" if len(culprit) == 1 else "them")
