@@ -23,3 +23,10 @@ def test_a_summary_entry_without_a_traceback_names_no_other_line() -> None:
     rank 0, and no error is moved onto it."""
     report = diagnose_paths([str(REAL / "fourth-throttled-upload")])
     assert all(0 not in f.ranks for f in report.findings if f.rule == "TMO102")
+
+
+def test_an_unprefixed_abort_belongs_to_the_one_rank_that_wrote_nothing() -> None:
+    """Three ranks; 0 and 1 printed tracebacks (their peer reset the connection), rank 2 no
+    line of its own: gloo's size-check abort, printed without a prefix, is rank 2's."""
+    report = diagnose_paths([str(REAL / "sixth-gather-shape")])
+    assert (report.verdict.kind, report.verdict.culprit.ranks) == ("collective-mismatch", [2])

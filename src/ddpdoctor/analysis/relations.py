@@ -140,6 +140,10 @@ def attribute_by_elimination(events: list[Event], evidence: JobEvidence) -> bool
             candidates &= in_source
         if len(candidates) != 1:
             candidates = failing if len(failing) == 1 else set()
+        if not candidates and waiting >= present and not failing and len(evidence.missing) == 1:
+            # every rank that wrote was left waiting: the error is the silent one's, the one
+            # rank of the world with no line of its own (its abort printed no prefix)
+            candidates = set(evidence.missing)
         if len(candidates) == 1 and (waiting or failing):
             event.rank = candidates.pop()
             changed = True
