@@ -126,6 +126,8 @@ IB_RETRY_EXCEEDED = Rule(
     code="NET107",
     kind="nccl-network",
     title="InfiniBand / RoCE sends were never acknowledged (retry counter exceeded)",
+    # the path between two NICs: a RoCE setting as often as a fault; the logs cannot tell
+    category=Category.UNKNOWN,
     sources="NCCL net_ib.cc / net_ib/p2p.cc (ibv_poll_cq completion status 12, 13)",
     specificity=65,  # a port event or a catastrophic error beside it (NET102) says more
     signatures=(
