@@ -97,9 +97,6 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "skipped-backward": "failed/nccl-timeout [] (TMO102): both ranks timed out in the same "
-    "line (manual_backward), so no rank stands out; rank 1 had said 'skipping degenerate batch 5' "
-    "just before, the step whose gradient all_reduce it never issued",
     "lock-twice": "failed/slow-rank-timeout [1] (INF201: the SIGTERM handler's traceback, run "
     "when the capture ended the leftover process, is read as a stop that found rank 1 outside "
     "any collective, stacked on 'with self.lock:' inside a locked refresh_stats): rank right, "

@@ -125,6 +125,7 @@ def build_evidence(job: JobView, events: list[Event]) -> JobEvidence:
         view.announced_stop |= rank in early
     evidence.completed_at = dict(job.completed_at)
     evidence.data_sizes = {u: dict(by_rank) for u, by_rank in job.data_sizes.items()}
+    evidence.skipped_ranks = set(job.skipped_ranks)
     evidence.end_marks = [r for rank, r in job.completions if rank is None or rank not in early]
     for stream in job.streams:
         writer = job.resolve(stream.origin)

@@ -96,6 +96,15 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
     # announce different counts in the same words have uneven inputs
     FactPattern("data_size", r"\b(?P<n>\d{1,9}) (?P<unit>batches)\b", " batches", distinct=WRITER),
     FactPattern("data_size", r"\b(?P<n>\d{1,9}) (?P<unit>samples)\b", " samples", distinct=WRITER),
+    # a rank saying it skips a step or a batch ("skipping degenerate batch 5", "step 5: batch
+    # has no labelled tokens, skipping"): if only it did, it issued fewer collectives
+    FactPattern(
+        "skipped_step",
+        r"(?i:\bskip(?:ping|ped)\b[^\n]{0,60}\b(?:batch|step|iteration)\b"
+        r"|\b(?:batch|step|iteration)\b[^\n]{0,60}\bskipping\b)",
+        "kip",
+        distinct=WRITER,
+    ),
     # NCCL net.cc: which transport NCCL uses between nodes
     FactPattern("socket_transport", r"NET/Socket : Using", "NET/Socket : Using", distinct=VALUE),
     FactPattern("ib_transport", r"NET/IB : Using", "NET/IB : Using", distinct=VALUE),

@@ -39,6 +39,8 @@ class JobView:
     """Every announcement of the end of training, with its rank when known."""
     data_sizes: dict[str, dict[int, int]] = field(default_factory=dict)
     """Per unit ('batches', 'samples'), how many each rank said it has, once."""
+    skipped_ranks: set[int] = field(default_factory=set)
+    """Ranks that said they skip a step or a batch."""
     rank_map: dict[tuple[str, int], int] = field(default_factory=dict)
     normal_seen: bool = False
     """A message of normal operation was read (facts.py "normal"): something healthy to read."""
@@ -120,6 +122,7 @@ def build_job(
     completed_ranks: set[int] = set()
     completions: list[tuple[int | None, Record]] = []
     sizes: dict[str, dict[int, set[int]]] = {}
+    skipped: set[int] = set()
     normal_seen = False
     for scan in scans:
         expect_root = False
@@ -156,6 +159,10 @@ def build_job(
                     per_rank[rank] = RankExit(code=code, signal=signal_name(code), local_rank=local)
             elif fact.name == "progress":
                 progress.append(fact)
+            elif fact.name == "skipped_step":
+                skipper = resolve_rank(fact.record.origin, single_node, rank_map)
+                if skipper is not None:
+                    skipped.add(skipper)
             elif fact.name == "data_size":
                 sized = resolve_rank(fact.record.origin, single_node, rank_map)
                 n = count_number(fact.captures.get("n"), 10**9)
@@ -256,6 +263,7 @@ def build_job(
         completed_at=completed_at,
         completed_ranks=completed_ranks,
         completions=completions,
+        skipped_ranks=skipped,
         data_sizes={
             unit: {r: next(iter(ns)) for r, ns in by_rank.items()}
             for unit, by_rank in sizes.items()

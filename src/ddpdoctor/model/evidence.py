@@ -207,6 +207,8 @@ class JobEvidence:
     time: an error it printed before such a line did not end its training."""
     data_sizes: dict[str, dict[int, int]] = field(default_factory=dict)
     """Per unit ('batches', 'samples'), how much data each rank said it has."""
+    skipped_ranks: set[int] = field(default_factory=set)
+    """Ranks that said they skip a step or a batch."""
     end_marks: list[Record] = field(default_factory=list)
     """The announcements of the end of training (not of ranks that left early)."""
     survived: int = 0

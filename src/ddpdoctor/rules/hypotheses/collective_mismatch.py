@@ -49,7 +49,13 @@ DIVERGING = ("mismatch", "only-some", "group-order", "group-config")
 def assess(job: JobEvidence) -> Assessment | None:
     found = [
         a
-        for a in (_from_flight(job), _from_stall(job), _from_wait_sites(job), _from_minority(job))
+        for a in (
+            _from_flight(job),
+            _from_stall(job),
+            _from_wait_sites(job),
+            _from_minority(job),
+            _from_skipped_step(job),
+        )
         if a
     ]
     return max(found, key=lambda a: a.score) if found else None
@@ -232,3 +238,28 @@ def _stood_with(job: JobEvidence, waiting: set[int], quiet: set[int]) -> set[int
     if not waited:
         return set()
     return {r for r in quiet if shapes.get(r, set()) & waited}
+
+
+def _from_skipped_step(job: JobEvidence) -> Assessment | None:
+    """A few ranks said they skip a step (a bad batch, no labels) and then ranks timed out: a
+    rank that skips a step skips its collectives, so from then on the ranks' collectives no
+    longer pair up. When every rank said it, they skipped together."""
+    present = {r for r, v in job.ranks.items() if v.present}
+    skipped = job.skipped_ranks & present
+    if not skipped or not job.waiting or len(skipped) * 2 > len(present):
+        return None
+    return Assessment(
+        RULE,
+        0.5,
+        sorted(skipped),
+        [
+            f"{ranks_text(skipped)} said it skipped a step or a batch that "
+            f"{ranks_text(present - skipped)} did not skip, and then ranks timed out: a skipped "
+            "step skips its collectives (the gradient all-reduce of its backward), so the "
+            "ranks' collectives no longer paired up."
+        ],
+        fix=[
+            "Never skip a step on one rank: compute the skip decision on every rank (all_reduce "
+            "a flag) or replace the bad batch's loss by 0 * loss so every rank runs backward."
+        ],
+    )
