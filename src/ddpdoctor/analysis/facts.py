@@ -175,6 +175,17 @@ SHELL_SIGNALS = frozenset({1, 2, 6, 7, 9, 11, 15})
 death by that signal: 137 is SIGKILL, 143 SIGTERM."""
 
 
+def signal_code(name: str | None) -> int | None:
+    """signal_name's inverse for a launcher's signal name: the exit code torchelastic would
+    print (SIGABRT -> -6)."""
+    if not name:
+        return None
+    try:
+        return -int(signal.Signals[name])
+    except KeyError:
+        return None
+
+
 def signal_name(exit_code: int) -> str | None:
     """The signal an exit code stands for: negative as launchers report it (-9 -> SIGKILL),
     or 128+N as shells and handlers do (143 -> SIGTERM)."""

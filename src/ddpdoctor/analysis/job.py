@@ -3,10 +3,9 @@ launcher's summary, and each writer's last words. Built from all scans after sca
 
 from __future__ import annotations
 
-import signal
 from dataclasses import dataclass, field, replace
 
-from ddpdoctor.analysis.facts import parse_mpi_exit, parse_summary_entry, signal_name
+from ddpdoctor.analysis.facts import parse_mpi_exit, parse_summary_entry, signal_code, signal_name
 from ddpdoctor.analysis.scanner import FactHit, SourceScan, StreamSummary
 from ddpdoctor.ingest.bounds import count_number, exit_code_number, rank_number
 from ddpdoctor.ingest.run_events import RunEvents, RunHang
@@ -273,13 +272,3 @@ def build_job(
         cut_tracebacks=cut_tracebacks,
         normal_seen=normal_seen,
     )
-
-
-def signal_code(name: str | None) -> int | None:
-    """A launcher's signal name as the negative exit code torchelastic would print (-6)."""
-    if not name:
-        return None
-    try:
-        return -int(signal.Signals[name])
-    except KeyError:
-        return None

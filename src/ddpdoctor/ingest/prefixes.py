@@ -5,6 +5,7 @@ compose) and keep what they say about the writer. Pure functions over one line; 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -186,6 +187,28 @@ OPENMPI = re.compile(r"\[\d+,(?P<rank>\d{1,7})\]<(?:stdout|stderr|stddiag)>: ?")
 # A log pasted into a Markdown quote: "> [rank0]: Traceback ...", "> > nested".
 QUOTE = re.compile(r">+ ?")
 
+RANK_MARKS: tuple[
+    tuple[Callable[[str], bool], Callable[[str], re.Match[str] | None], bool], ...
+] = (
+    # (a cheap test that the mark can be there, the mark, whether a logging level follows it)
+    (lambda t: t.startswith("-- Process "), SPAWN_PROCESS.match, False),
+    (lambda t: "store based barrier" in t, STORE_BARRIER_RANK.search, False),
+    (lambda t: "is setting up NCCL" in t, NCCL_ID_WAIT.search, False),
+    (lambda t: "[" in t[:80], lambda t: TAGGED_RANK.match(t) or HOST_TAGGED_RANK.match(t), True),
+    (
+        lambda t: "ank" in t or "ANK" in t,
+        lambda t: (
+            C10D_RANK.search(t)
+            or LEADING_RANK.match(t)
+            or (JSON_RANK.match(t) if t[:1] == "{" else None)
+        ),
+        False,
+    ),
+)
+"""Where a line's text names the rank that wrote it, in the order they are tried: mp.spawn's
+process header, c10d's store barrier and NCCL-id wait, a bracketed tag, the words a program
+prints first, a JSON field. A launcher prefix, when there is one, has said it already."""
+
 _DEVICE_WORDS = re.compile(r"gpu|cuda|local.rank", re.IGNORECASE)
 
 
@@ -327,38 +350,18 @@ def parse_line(raw: str, year: int = 1970, with_time: bool = True) -> ParsedLine
         m = PY_LEVEL.match(message)
         if m:
             out.level = m.group("level").lower()
-    if origin.rank is None and message.startswith("-- Process "):
-        m = SPAWN_PROCESS.match(message)
-        if m and (rank := rank_number(m.group("rank"))) is not None:
+    if origin.rank is None:
+        for may_name, find, level_follows in RANK_MARKS:
+            if not may_name(message):
+                continue
+            m = find(message)
+            if m is None or (rank := rank_number(m.group("rank"))) is None:
+                continue
             origin.rank = rank
             out.rank_from_text = True
-    if origin.rank is None and "store based barrier" in message:
-        m = STORE_BARRIER_RANK.search(message)
-        if m and (rank := rank_number(m.group("rank"))) is not None:
-            origin.rank = rank
-            out.rank_from_text = True
-    if origin.rank is None and "is setting up NCCL" in message:
-        m = NCCL_ID_WAIT.search(message)
-        if m and (rank := rank_number(m.group("rank"))) is not None:
-            origin.rank = rank
-            out.rank_from_text = True
-    if origin.rank is None and "[" in message[:80]:
-        m = TAGGED_RANK.match(message) or HOST_TAGGED_RANK.match(message)
-        if m and (rank := rank_number(m.group("rank"))) is not None:
-            origin.rank = rank
-            out.rank_from_text = True
-            level = PY_LEVEL.match(message, m.end())
-            if level and out.level is None:
-                out.level = level.group("level").lower()
-    if origin.rank is None and ("ank" in message or "ANK" in message):
-        m = (
-            C10D_RANK.search(message)
-            or LEADING_RANK.match(message)
-            or (JSON_RANK.match(message) if message[:1] == "{" else None)
-        )
-        if m and (rank := rank_number(m.group("rank"))) is not None:
-            origin.rank = rank
-            out.rank_from_text = True
+            if level_follows and out.level is None and (lv := PY_LEVEL.match(message, m.end())):
+                out.level = lv.group("level").lower()
+            break
     if origin.rank is None and origin.local_rank is None and _may_name_device(message):
         m = LEADING_LOCAL_RANK.match(message)
         if m and (local := rank_number(m.group("local"))) is not None:

@@ -33,43 +33,33 @@ def assess(job: JobEvidence) -> Assessment | None:
     if not (job.waiting or any(v.failed for v in job.ranks.values())):
         return None
     totals = {r: v.progress_total for r, v in job.ranks.items() if v.progress_total is not None}
-    if len(set(totals.values())) < 2:
-        return _from_announced_sizes(job)
-    fewest = min(t for t in totals.values() if t is not None)
-    short = {r for r, t in totals.items() if t == fewest}
-    detail = ", ".join(f"rank {r}: {t}" for r, t in sorted(totals.items()))
+    found = _fewest(totals, 0.6, "iterate over different numbers of batches", "")
+    for unit in sorted(job.data_sizes):  # else what they said they have ('7 batches')
+        # an announcement is weaker than a counter: only a few odd ones out count
+        found = found or _fewest(
+            job.data_sizes[unit], 0.55, "announced different amounts of data", f"{unit}: ", True
+        )
+    return found
+
+
+def _fewest(
+    counts: dict[int, int], score: float, what: str, unit: str, odd_only: bool = False
+) -> Assessment | None:
+    """The ranks with the fewest batches (or samples): they run out first and leave the loop
+    while the others wait."""
+    if len(set(counts.values())) < 2:
+        return None
+    fewest = min(counts.values())
+    short = {r for r, n in counts.items() if n == fewest}
+    if odd_only and len(short) * 2 > len(counts):
+        return None  # most ranks have the least: no odd one out
+    detail = ", ".join(f"rank {r}: {n}" for r, n in sorted(counts.items()))
     return Assessment(
         RULE,
-        0.6,
+        score,
         sorted(short),
         [
-            f"the ranks iterate over different numbers of batches ({detail}): "
-            f"{ranks_text(short)} ran out of data first and left the loop while the others "
-            "waited."
+            f"the ranks {what} ({unit}{detail}): {ranks_text(short)} ran out of data first and "
+            "left the loop while the others waited."
         ],
     )
-
-
-def _from_announced_sizes(job: JobEvidence) -> Assessment | None:
-    """The ranks said how much data they have ('56 samples, 7 batches'), and a few said less
-    than the others: they run out first."""
-    for unit in sorted(job.data_sizes):
-        sizes = job.data_sizes[unit]
-        if len(sizes) < 2 or len(set(sizes.values())) < 2:
-            continue
-        fewest = min(sizes.values())
-        short = {r for r, n in sizes.items() if n == fewest}
-        if len(short) * 2 > len(sizes):
-            continue  # most ranks have the least: no odd one out
-        detail = ", ".join(f"rank {r}: {n}" for r, n in sorted(sizes.items()))
-        return Assessment(
-            RULE,
-            0.55,
-            sorted(short),
-            [
-                f"the ranks announced different amounts of data ({unit}: {detail}): "
-                f"{ranks_text(short)} ran out first and left the loop while the others waited "
-                "for it."
-            ],
-        )
-    return None
