@@ -1,11 +1,12 @@
 """Shared scaffolding of the real-run sets of programs the rules were not built from
-(tests/test_third_style_runs.py, tests/test_spawn_style_runs.py): each mode's fixture folder,
+(tests/test_{third,spawn,fourth,fifth,sixth}_style_runs.py): each mode's fixture folder,
 its cached diagnosis, the strict xfails of known misses, and the checks every set makes of its
 fixtures. File order is checked for every real fixture by tests/test_order_invariance.py."""
 
 from __future__ import annotations
 
 import functools
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,6 +29,9 @@ class RunSet:
     expected: dict[str, Expected]
     misses: dict[str, str] = field(default_factory=dict)
     """mode -> what ddpdoctor says instead today (a strict xfail: fixing it fails the test)."""
+    label_nowhere: bool = False
+    """The mode's name appears in no fixture file in any form (sets whose mode names are no
+    words torch itself prints)."""
 
     def folder(self, mode: str) -> Path:
         return REAL / f"{self.prefix}{mode}"
@@ -62,6 +66,22 @@ class RunSet:
             text = f.read_text(errors="replace")
             assert "/work/" not in text, f
             assert f"--mode {label}" not in text and f"mode={label}" not in text, f
+            assert not self.label_nowhere or mode not in text, f
+
+    def console(self, mode: str) -> str:
+        return (self.folder(mode) / "console.log").read_text(errors="replace")
+
+    def agent_exits(self, mode: str) -> list[tuple[str, str]]:
+        """(exit code, local rank) of each failed worker the torchrun agent reported."""
+        return re.findall(r"\] failed \(exitcode: (-?\d+)\) local_rank: (\d+)", self.console(mode))
+
+    def check_two_agents(self, mode: str) -> None:
+        """Two agents as two nodes: each node's console is its own file, and node 1's
+        processes are ranks 2 and 3."""
+        names = sorted(f.name for f in self.files(mode))
+        assert names == ["node0.log", "node1.log"], names
+        node1 = (self.folder(mode) / "node1.log").read_text(errors="replace")
+        assert re.search(r"rank\s*: [23] \(local_rank: [01]\)", node1), node1[-2000:]
 
 
 @functools.cache

@@ -85,7 +85,7 @@ MISSES: dict[str, str] = {
 }
 
 
-RUNS = RunSet("fourth-", EXPECTED, MISSES)
+RUNS = RunSet("fourth-", EXPECTED, MISSES, label_nowhere=True)
 
 
 @pytest.mark.parametrize("mode", RUNS.params())
@@ -96,25 +96,19 @@ def test_fourth_style_run(mode: str) -> None:
 @pytest.mark.parametrize("mode", list(EXPECTED))
 def test_fourth_style_fixture_is_small_rewritten_and_unlabelled(mode: str) -> None:
     RUNS.check_fixture(mode)
-    for f in RUNS.files(mode):  # stricter than the scaffold: the label nowhere, in any form
-        assert mode not in f.read_text(errors="replace"), f
-
-
-def _console(mode: str) -> str:
-    return (RUNS.folder(mode) / "console.log").read_text(errors="replace")
 
 
 @pytest.mark.parametrize("mode", ["patience-stop", "throttled-upload", "self-abort"])
 def test_a_filtered_console_holds_only_rank_0s_lines(mode: str) -> None:
     """--local-ranks-filter 0: the program's lines of other ranks never reach the console."""
-    workers = set(re.findall(r"\[worker (\d+)\]", _console(mode)))
+    workers = set(re.findall(r"\[worker (\d+)\]", RUNS.console(mode)))
     assert workers == {"0"}, workers
 
 
 @pytest.mark.parametrize("mode", ["eval-zero-div", "cache-rebuild", "truncated-resume"])
 def test_a_redirected_console_holds_only_the_agents_lines(mode: str) -> None:
     """--redirects 3 without --tee: the workers' lines are only in the per-rank files."""
-    assert "[worker" not in _console(mode)
+    assert "[worker" not in RUNS.console(mode)
     ranks = [f for f in RUNS.files(mode) if f.name in ("stdout.log", "stderr.log")]
     assert len(ranks) == 6
     assert "[worker" in "".join(f.read_text() for f in ranks)
@@ -127,6 +121,6 @@ def test_a_restarted_run_shows_both_attempts(mode: str, first: tuple[str, str]) 
     """--max-restarts 1: the agent reports a failed worker once per attempt, the fault's rank
     first. (Attempt 1 need not fail by the fault again: torch 2.13's restarted gloo workers
     often cannot form their group here; see capture_fourth.sh.)"""
-    exits = re.findall(r"\] failed \(exitcode: (-?\d+)\) local_rank: (\d+)", _console(mode))
+    exits = RUNS.agent_exits(mode)
     assert len(exits) == 2, exits
     assert exits[0] == first
