@@ -187,27 +187,24 @@ OPENMPI = re.compile(r"\[\d+,(?P<rank>\d{1,7})\]<(?:stdout|stderr|stddiag)>: ?")
 # A log pasted into a Markdown quote: "> [rank0]: Traceback ...", "> > nested".
 QUOTE = re.compile(r">+ ?")
 
-RANK_MARKS: tuple[
-    tuple[Callable[[str], bool], Callable[[str], re.Match[str] | None], bool], ...
-] = (
-    # (a cheap test that the mark can be there, the mark, whether a logging level follows it)
-    (lambda t: t.startswith("-- Process "), SPAWN_PROCESS.match, False),
-    (lambda t: "store based barrier" in t, STORE_BARRIER_RANK.search, False),
-    (lambda t: "is setting up NCCL" in t, NCCL_ID_WAIT.search, False),
-    (lambda t: "[" in t[:80], lambda t: TAGGED_RANK.match(t) or HOST_TAGGED_RANK.match(t), True),
-    (
-        lambda t: "ank" in t or "ANK" in t,
-        lambda t: (
-            C10D_RANK.search(t)
-            or LEADING_RANK.match(t)
-            or (JSON_RANK.match(t) if t[:1] == "{" else None)
-        ),
-        False,
-    ),
+RANK_MARKS: tuple[tuple[str, int, Callable[[str], re.Match[str] | None], bool], ...] = (
+    # (text the mark needs within the line's first N characters (0: anywhere), the mark,
+    # whether a logging level follows it); a plain `in` test first keeps the hot path cheap
+    ("-- Process ", 11, SPAWN_PROCESS.match, False),
+    ("store based barrier", 0, STORE_BARRIER_RANK.search, False),
+    ("is setting up NCCL", 0, NCCL_ID_WAIT.search, False),
+    ("[", 80, lambda t: TAGGED_RANK.match(t) or HOST_TAGGED_RANK.match(t), True),
+    ("ank", 0, lambda t: C10D_RANK.search(t) or LEADING_RANK.match(t) or _json_rank(t), False),
+    ("ANK", 0, LEADING_RANK.match, False),  # "[RANK 0]"
 )
 """Where a line's text names the rank that wrote it, in the order they are tried: mp.spawn's
 process header, c10d's store barrier and NCCL-id wait, a bracketed tag, the words a program
 prints first, a JSON field. A launcher prefix, when there is one, has said it already."""
+
+
+def _json_rank(text: str) -> re.Match[str] | None:
+    return JSON_RANK.match(text) if text[:1] == "{" else None
+
 
 _DEVICE_WORDS = re.compile(r"gpu|cuda|local.rank", re.IGNORECASE)
 
@@ -351,8 +348,8 @@ def parse_line(raw: str, year: int = 1970, with_time: bool = True) -> ParsedLine
         if m:
             out.level = m.group("level").lower()
     if origin.rank is None:
-        for may_name, find, level_follows in RANK_MARKS:
-            if not may_name(message):
+        for needle, within, find, level_follows in RANK_MARKS:
+            if needle not in (message[:within] if within else message):
                 continue
             m = find(message)
             if m is None or (rank := rank_number(m.group("rank"))) is None:
