@@ -32,9 +32,16 @@ def _open(scan: SourceScan) -> dict[str, tuple[int, str]]:
     }
 
 
+CUT_FOR_REAL = REAL / "run-stop-cuts-trace"
+"""The one real capture whose rank 1 did die mid-traceback (a second SIGINT while it printed
+the first's): its console and rank log are cut, not whole."""
+
+
 def _consoles() -> list[Path]:
     scenarios = [Path(p) for s in catalog.SCENARIOS for p in runner.log_paths(s.captured_dir)]
-    fixtures = sorted(p for p in REAL.rglob("*.log") if p.is_file())
+    fixtures = sorted(
+        p for p in REAL.rglob("*.log") if p.is_file() and CUT_FOR_REAL not in p.parents
+    )
     return [p for p in scenarios + fixtures if any(map(_is_header, _text(p).splitlines()))]
 
 
@@ -72,6 +79,15 @@ def test_cut_after_a_frame_the_writer_is_inside_a_traceback(console: Path, tmp_p
     assert len(found) == 1, found
     ((at, text),) = found.values()
     assert at == frame + 1 and text.startswith('File "')
+
+
+def test_a_trace_a_signal_cut_for_real_is_open() -> None:
+    """The real cut: rank 1's output (its own file, and the console it shares) ends at the
+    frame 'main()' of a traceback whose exception line was never printed."""
+    for log in (CUT_FOR_REAL / "ranks" / "rank1.log", CUT_FOR_REAL / "console.log"):
+        found = _open(_scan(log))
+        assert list(found) == ["[rank1]:"], found
+        assert found["[rank1]:"][1].startswith('File "') and "run_train.py" in found["[rank1]:"][1]
 
 
 def test_a_traceback_cut_in_the_unread_middle_of_a_big_log_is_not_guessed(tmp_path: Path) -> None:

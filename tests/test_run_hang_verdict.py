@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_cli
+from tests.program_runs import REAL
 from tests.test_run_supervise import RUN, events, torchrun
 
 pytestmark = pytest.mark.real
@@ -120,3 +121,17 @@ def test_ctrl_c_of_a_job_run_never_saw_stall_is_not_a_hang(tmp_path: Path) -> No
     verdict = report["verdict"]
     assert (verdict["status"], verdict["kind"]) == ("unknown", None), verdict
     assert "stopped by a signal `ddpdoctor run` passed on" in verdict["summary"]
+
+
+def test_a_trace_the_stop_cut_short_is_the_stops() -> None:
+    """The same Ctrl-C, captured in the run where it lands badly (1 run in 8 here): torchrun
+    passes the SIGINT on to ranks that already got it, and the second one kills rank 1 while it
+    prints the first one's traceback. A trace cut by the stop's own signal (rank 1 exits -2) is
+    the stop's, not an exception of unknown cause on rank 1."""
+    report = json.loads(
+        run_cli("diagnose", str(REAL / "run-stop-cuts-trace"), "--format", "json").stdout
+    )
+    verdict = report["verdict"]
+    assert (verdict["status"], verdict["kind"]) == ("unknown", None), verdict
+    assert "stopped by a signal `ddpdoctor run` passed on" in verdict["summary"]
+    assert not [f for f in report["findings"] if f["rule"] == "INF215"]

@@ -108,6 +108,22 @@ def test_a_file_reached_twice_is_read_once(tmp_path: Path) -> None:
     assert problems == []
 
 
+def test_the_current_folder_is_read_with_its_subfolders(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`diagnose .` inside a `run` folder: the files of ranks/ keep their folder's name (its
+    first two letters were once cut as if they were "./", and the rank logs went unread)."""
+    (tmp_path / "ranks").mkdir()
+    (tmp_path / "ranks" / "rank0.log").write_text(REAL_ERROR)
+    (tmp_path / "console.log").write_text("x\n")
+    monkeypatch.chdir(tmp_path)
+    inputs, problems = expand_paths(["."])
+    assert [i.path for i in inputs] == ["console.log", os.path.join("ranks", "rank0.log")]
+    assert problems == []
+    report = diagnose_paths(["."])
+    assert all(s.status != "skipped" for s in report.sources), report.sources
+
+
 def test_a_pipe_is_read_to_its_end(tmp_path: Path) -> None:
     """`ddpdoctor diagnose <(kubectl logs ...)` hands over a pipe: its size says 0, its content
     must still be read (it was silently reported as an empty, readable log)."""

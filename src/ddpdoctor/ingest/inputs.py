@@ -132,7 +132,9 @@ class _Expansion:
             self.skip(folder, reason_for(exc, "cannot read folder"))
             return
         for entry in entries:
-            path = entry.path[2:] if top == "." else entry.path  # as glob names them
+            path = entry.path
+            if top == "." and path.startswith("./"):  # as glob names them (subfolders' too)
+                path = path[2:]
             wanted = keep is None or keep(os.path.relpath(path, top))
             if entry.name.startswith(".") and not hidden_too:
                 if keep is None:

@@ -54,8 +54,9 @@ MAX_GROUPS = 64
 
 
 def is_events_file(path: str) -> bool:
-    """A regular file named events.jsonl whose first record is a `ddpdoctor run` start event."""
-    if Path(path).name != EVENTS_NAME:
+    """A regular JSON-lines file (events.jsonl, or renamed keeping its .jsonl) whose first
+    record is a `ddpdoctor run` start event: the content decides, not the name."""
+    if Path(path).suffix != Path(EVENTS_NAME).suffix:
         return False
     try:
         if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO of that name would block open

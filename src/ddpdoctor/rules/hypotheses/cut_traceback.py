@@ -6,11 +6,16 @@ truncated by a full disk or a killed `tee`, a process that died mid-print."""
 
 from __future__ import annotations
 
+import signal
+
 from ddpdoctor.model.evidence import CutTrace, JobEvidence
 from ddpdoctor.model.taxonomy import Category
 from ddpdoctor.rules.base import Explanation, Rule
 from ddpdoctor.rules.hypotheses.base import Assessment, ranks_text
 from ddpdoctor.rules.hypotheses.cut_site import native_site_rule, site_rule
+
+STOP_SIGNALS = {int(signal.SIGINT), int(signal.SIGTERM), int(signal.SIGHUP), int(signal.SIGKILL)}
+"""What stops a job from outside (SIGKILL: the escalation after a grace period)."""
 
 COLLECT = (
     "Collect the complete output of that rank (torchrun --tee 3 or --log-dir DIR keeps each "
@@ -62,7 +67,7 @@ NATIVE = Rule(
 def assess(job: JobEvidence) -> Assessment | None:
     # a rank whose own errors are echoes (a timeout, a closed connection, a stop) printed that
     # trace for them: it is not a cause; nor is a trace no rank owns in a job that has echoes
-    echoing = {r for r, v in job.ranks.items() if v.echoes}
+    echoing = {r for r, v in job.ranks.items() if v.echoes} | _killed_by_the_stop(job)
     cut = [
         c
         for c in job.cut_tracebacks
@@ -102,6 +107,16 @@ def assess(job: JobEvidence) -> Assessment | None:
         # a writer known by its rank can be the one the others lost; an unnamed one cannot
         explains_echoes=bool(ranks),
     )
+
+
+def _killed_by_the_stop(job: JobEvidence) -> set[int]:
+    """Ranks that died of a stop signal in a job stopped from outside (Ctrl-C, a scheduler's
+    SIGTERM, `ddpdoctor run` passing one on): a second signal (the launcher forwards the one
+    the whole group already got) kills a rank while it prints the first one's traceback, so
+    that trace ends early because of the stop, not because of an error of its own."""
+    if not (job.stopped_by_run or "stopped" in job.unranked_echoes):
+        return set()
+    return {r for r, code in job.failing_exits.items() if -code in STOP_SIGNALS}
 
 
 def _where(cut: list[CutTrace]) -> list[str]:
