@@ -95,10 +95,6 @@ MISSES: dict[str, str] = {
     "gpu-pin": "failed/cuda-library-mismatch [0, 1] (CUDA105, as 'Torch not compiled with CUDA "
     "enabled'): AttributeError 'torch._C' has no '_cuda_setDevice' raised in "
     "torch.cuda.set_device on a CPU-only build (the ranks' state says MULTI_CPU, gloo, cpu:0)",
-    "short-shard": "failed/collective-mismatch [2] (INF203; rank right since gloo's send/recv "
-    "halves no longer split one all-reduce into two groups): rank 2's timeout is in evaluate's "
-    "gather_for_metrics after its loop ended, ranks 0 and 1 were still in the training forward: "
-    "rank 2 ran out of batches first",
 }
 
 

@@ -8,7 +8,7 @@ from datetime import datetime
 
 from ddpdoctor.analysis.events import Event
 from ddpdoctor.analysis.facts import elapsed_seconds
-from ddpdoctor.analysis.frames import FRAME, LIBRARY_PATH, handler_start, in_backward
+from ddpdoctor.analysis.frames import FRAME, LIBRARY_PATH, handler_start, in_backward, phase
 from ddpdoctor.analysis.job import JobView
 from ddpdoctor.analysis.relations import survived
 from ddpdoctor.ingest.tracebacks import EXCEPTION_LINE
@@ -74,6 +74,7 @@ def wait_site(hit: Hit) -> WaitSite:
         site=site,
         seq=_digits(hit.captures.get("seq")),
         numel=_digits(hit.captures.get("numel")),
+        phase=phase(hit) if cut is None else None,
     )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 
+from ddpdoctor.model.evidence import EVALUATION, TRAINING
 from ddpdoctor.model.findings import Hit
 
 FRAME = re.compile(r'File "(?P<path>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)')
@@ -29,6 +30,33 @@ IN_BACKWARD = re.compile(r"run_backward|_execution_engine|in backward$|\.backwar
 def in_backward(hit: Hit) -> bool:
     """The hit's traceback passes through the autograd backward pass."""
     return any(IN_BACKWARD.search(r.text) for r in hit.context)
+
+
+# Which part of a training program a frame belongs to: the evaluation loop (a validation
+# step, an evaluate() function, a framework's evaluation loop) or a training step (the
+# backward pass, DDP's forward hooks, a train step). Names in torch itself say neither.
+EVALUATION_NAME = re.compile(r"(?i)valid|evaluat|(?:^|_)eval(?:$|_)|(?:^|_)test_step|predict")
+TRAINING_NAME = re.compile(r"(?i)(?:^|_)train")
+DDP_FORWARD = re.compile(r"torch/nn/parallel/distributed\.py$")
+
+
+def phase(hit: Hit) -> str | None:
+    """The phase of the program the hit's traceback was in, by the innermost frame that names
+    one: a collective reached from an evaluation loop, or from a training step."""
+    for record in reversed(hit.context):
+        m = FRAME.search(record.text)
+        if m is None:
+            continue
+        path, func = m["path"], m["func"]
+        if IN_BACKWARD.search(record.text) or DDP_FORWARD.search(path):
+            return TRAINING
+        if "/torch/" in path:
+            continue
+        if EVALUATION_NAME.search(func):
+            return EVALUATION
+        if TRAINING_NAME.search(func):
+            return TRAINING
+    return None
 
 
 # A Python signal handler entered on top of the frame it interrupted: Lightning's SIGTERM

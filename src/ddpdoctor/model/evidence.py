@@ -58,6 +58,10 @@ class Activity:
         return self.category == "collective"
 
 
+EVALUATION, TRAINING = "evaluation", "training"
+"""The phases of a training program a waiting rank's traceback can name (WaitSite.phase)."""
+
+
 @dataclass(frozen=True, slots=True)
 class WaitSite:
     """Where a waiting rank waited: the collective its timeout names (watchdog fields) or the
@@ -67,6 +71,8 @@ class WaitSite:
     site: str | None = None
     seq: int | None = None
     numel: int | None = None
+    phase: str | None = None
+    """EVALUATION or TRAINING: the loop its traceback was in, when a frame names one."""
 
     @property
     def key(self) -> tuple[str | None, str | None, int | None]:

@@ -1,10 +1,12 @@
 """INF209: the ranks iterated over different numbers of batches, so the one with the fewest
 left the loop while the others entered the next collective. Evidence: per-rank progress
-counters that run to different totals ("step 5/8" vs "step 5/6"), with ranks left waiting."""
+counters that run to different totals ("step 5/8" vs "step 5/6"), the amounts of data the ranks
+announced, or ranks that waited in the evaluation after the loop while the others still waited
+inside a training step."""
 
 from __future__ import annotations
 
-from ddpdoctor.model.evidence import JobEvidence
+from ddpdoctor.model.evidence import EVALUATION, TRAINING, JobEvidence
 from ddpdoctor.rules.base import Explanation, Rule
 from ddpdoctor.rules.hypotheses.base import Assessment, ranks_text
 
@@ -39,7 +41,41 @@ def assess(job: JobEvidence) -> Assessment | None:
         found = found or _fewest(
             job.data_sizes[unit], 0.55, "announced different amounts of data", f"{unit}: ", True
         )
-    return found
+    return found or _from_phases(job)
+
+
+MAIN_PROCESS = 0
+
+
+def _from_phases(job: JobEvidence) -> Assessment | None:
+    """Some ranks timed out in a collective of the evaluation that follows the training loop
+    while the others timed out inside a training step (its backward, DDP's forward): those
+    left the loop first, as ranks with fewer batches do. A rank-dependent evaluation singles
+    out the main process instead, so ranks including rank 0 are left to INF203."""
+    phases: dict[int, str] = {}
+    for rank, view in job.ranks.items():
+        known = [s.phase for s in view.wait_sites if s.phase]
+        if known:
+            phases[rank] = known[-1]
+    ahead = {r for r, p in phases.items() if p == EVALUATION}
+    behind = {r for r, p in phases.items() if p == TRAINING}
+    if not ahead or not behind or MAIN_PROCESS in ahead or len(ahead) > len(behind):
+        return None
+    return Assessment(
+        RULE,
+        0.65,
+        sorted(ahead),
+        [
+            f"{ranks_text(ahead)} timed out in the evaluation's collective while "
+            f"{ranks_text(behind)} still waited inside a training step: "
+            f"{ranks_text(ahead)} had left the training loop first, as a rank with fewer "
+            "batches does."
+        ],
+        against=[
+            "an evaluation called on some ranks only (a rank-dependent branch) gives the same "
+            "picture"
+        ],
+    )
 
 
 def _fewest(
