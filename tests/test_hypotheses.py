@@ -70,6 +70,9 @@ POSITIVE = {
         # the stop found it outside any collective while the others waited at the barrier
         (lambda t: real("sixth-slow-ckpt"), [0]),
     ],
+    # without `run`: Lightning's SIGTERM handler stood on rank 1's `with self.lock:` (a lock
+    # it already held) while ranks 0 and 2 timed out: stuck, not busy
+    "INF211": [(lambda t: real("sixth-lock-twice"), [1])],
     "INF202": [
         (lambda t: scenario("uncoordinated-exit"), [1]),
         # mp.spawn: "gpu 1 | training finished" while ranks 0 and 2 were still in their
@@ -157,6 +160,9 @@ POSITIVE = {
 }
 NEAR_MISS = {
     "INF201": [lambda t: scenario("uncoordinated-exit"), lambda t: real("healthy-plain")],
+    # the handler stood on a sleep (sixth-slow-ckpt) or a busy loop's line (sixth-busy-prep):
+    # the rank was slow, not blocked on a lock
+    "INF211": [lambda t: real("sixth-slow-ckpt"), lambda t: real("sixth-busy-prep")],
     "INF202": [
         lambda t: scenario("slow-rank-timeout"),
         lambda t: scenario("early-stop"),

@@ -95,10 +95,6 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "lock-twice": "failed/slow-rank-timeout [1] (INF201: the SIGTERM handler's traceback, run "
-    "when the capture ended the leftover process, is read as a stop that found rank 1 outside "
-    "any collective, stacked on 'with self.lock:' inside a locked refresh_stats): rank right, "
-    "but it was blocked on a lock, a hang",
     "cuda-pin": "failed/cuda-library-mismatch [0, 1] (CUDA105): AttributeError 'torch._C' has no "
     "'_cuda_setDevice' raised in torch.cuda.set_device called from a callback's setup, on a "
     "CPU-only build whose Lightning lines say 'GPU available: False, used: False'",

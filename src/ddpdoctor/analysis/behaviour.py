@@ -8,7 +8,16 @@ from datetime import datetime
 
 from ddpdoctor.analysis.events import Event
 from ddpdoctor.analysis.facts import elapsed_seconds
-from ddpdoctor.analysis.frames import FRAME, LIBRARY_PATH, handler_start, in_backward, phase
+from ddpdoctor.analysis.frames import (
+    FRAME,
+    LIBRARY_PATH,
+    LOCK_CALL,
+    SLEEP_CALL,
+    handler_start,
+    in_backward,
+    interrupted_line,
+    phase,
+)
 from ddpdoctor.analysis.job import JobView
 from ddpdoctor.analysis.relations import survived
 from ddpdoctor.ingest.tracebacks import EXCEPTION_LINE
@@ -76,6 +85,16 @@ def wait_site(hit: Hit) -> WaitSite:
         numel=_digits(hit.captures.get("numel")),
         phase=phase(hit) if cut is None else None,
     )
+
+
+def _interrupted_activity(site: str, code: str) -> Activity:
+    """What a rank was doing where a stop signal's handler found it, read from that code line
+    as `ddpdoctor run` reads a stack: blocked on a lock, asleep, or at work."""
+    if LOCK_CALL.search(code):
+        return Activity("lock", "acquire", site, code)
+    if SLEEP_CALL.search(code):
+        return Activity("sleep", "sleep", site, code)
+    return Activity("compute", "", site, code)
 
 
 def build_evidence(job: JobView, events: list[Event]) -> JobEvidence:
@@ -198,6 +217,9 @@ def _add_event(evidence: JobEvidence, event: Event) -> None:
         # collective failed: the rank was busy or stuck where the handler interrupted it
         view.interrupted = True
         view.interrupted_at = next((w.site for h in event.hits if (w := wait_site(h)).site), None)
+        view.activity = next(
+            (_interrupted_activity(*at) for h in event.hits if (at := interrupted_line(h))), None
+        )
         view.evidence.extend(Evidence.of(h.record) for h in event.hits[:1])
         return
     if event.echo is not None:

@@ -59,6 +59,28 @@ def phase(hit: Hit) -> str | None:
     return None
 
 
+# A code line that blocks without working: a sleep, or waiting on a lock (a deadlock when the
+# holder cannot finish). `ddpdoctor run`'s stacks and a signal handler's traceback read alike.
+SLEEP_CALL = re.compile(r"\bsleep\(")
+LOCK_CALL = re.compile(r"\.acquire\(|\block\b|\bLock\(", re.IGNORECASE)
+
+
+def interrupted_line(hit: Hit) -> tuple[str, str] | None:
+    """(file:line, code) of the program's own frame a signal handler interrupted, when the
+    hit's traceback shows a handler on top of one (a framework's wrapper of the handler is
+    not the program; the code is the line printed under the frame)."""
+    cut = handler_start(hit)
+    if cut is None:
+        return None
+    for index in range(cut - 1, -1, -1):
+        m = FRAME.search(hit.context[index].text)
+        if m is None or LIBRARY_PATH.search(m["path"]):
+            continue
+        code = hit.context[index + 1].text.strip() if index + 1 < cut else ""
+        return f"{m['path'].rsplit('/', 1)[-1]}:{m['line']}", code
+    return None
+
+
 # A Python signal handler entered on top of the frame it interrupted: Lightning's SIGTERM
 # notifier (signal_connector.py _sigterm_notifier_fn, which even broadcasts), a program's own
 # `def handle_sigterm(signum, frame)`. What follows it in a traceback is the handler's work.

@@ -111,6 +111,8 @@ class RankView:
     announced its end: still distributed work (an evaluation, a save, a barrier), not
     teardown."""
     activity: Activity | None = None
+    """Where a stop signal's handler found it (its traceback's interrupted line), read as a
+    stack: a lock, a sleep, or work."""
     evidence: list[Evidence] = field(default_factory=list)
     """Lines that show what this rank did last (quoted when it is blamed)."""
     sources: set[str] = field(default_factory=set)

@@ -21,6 +21,7 @@ from pathlib import Path
 import psutil
 
 from ddpdoctor.analysis.decision import assess_stall
+from ddpdoctor.analysis.frames import LOCK_CALL, SLEEP_CALL
 from ddpdoctor.model.evidence import COLLECTIVE_FUNCTIONS
 from ddpdoctor.model.evidence import Activity as StallActivity
 from ddpdoctor.redaction import clean_text
@@ -205,9 +206,9 @@ def classify(stack: RankStack) -> Activity:
             return Activity("lock", f"{Path(f.file).stem}.{f.func}", site, source)
         if f.is_user:
             break
-    if re.search(r"\bsleep\(", source):
+    if SLEEP_CALL.search(source):
         return Activity("sleep", "sleep", site, source)
-    if re.search(r"\.acquire\(|\block\b|\bLock\(", source, re.I) and not busy:
+    if LOCK_CALL.search(source) and not busy:
         return Activity("lock", "acquire", site, source)
     if busy:
         return Activity("compute", main.frames[0].func, site, source)

@@ -1,7 +1,9 @@
 """INF211 and INF206: `ddpdoctor run` caught the job making no progress and took every rank's
 stack. A rank outside the collective the others wait in (sleeping, waiting on a lock, stuck in
 the DataLoader, busy in its own code) is the one to look at, at the line its stack names; when
-every rank waits in the same collective, the logs cannot say more than "hang"."""
+every rank waits in the same collective, the logs cannot say more than "hang". Without `run`, a
+stop signal's handler can show the same: its traceback stands on the line the rank was blocked
+in (a lock) while the others timed out."""
 
 from __future__ import annotations
 
@@ -84,10 +86,48 @@ def _fix(rank: int, activity: Activity, others: str) -> str:
     return f"Rank {rank} is not in any collective ({activity.category} at {at}) while {others}."
 
 
+def blocked_ranks(job: JobEvidence) -> set[int]:
+    """Ranks a stop signal's handler found waiting on a lock, outside any collective."""
+    return {
+        r
+        for r, v in job.ranks.items()
+        if v.interrupted and not v.failed and not v.waiting and v.activity is not None
+        if v.activity.category == "lock"
+    }
+
+
+def _from_interrupted(job: JobEvidence) -> Assessment | None:
+    """Ranks timed out waiting while a rank the stop found blocked on a lock never came: it
+    was deadlocked, not busy (no timeout would have helped)."""
+    blocked, waiting = blocked_ranks(job), job.waiting
+    if not blocked or not waiting:
+        return None
+    others = f"{ranks_text(waiting)} timed out waiting for it"
+    return Assessment(
+        STUCK,
+        0.7,
+        sorted(blocked),
+        [
+            f"rank {r} printed no error; the stop signal's handler found it at "
+            f"{v.activity.site} (`{v.activity.source}`), outside any collective, while "
+            f"{ranks_text(waiting)} timed out in theirs."
+            for r, v in sorted(job.ranks.items())
+            if r in blocked and v.activity is not None
+        ],
+        fix=[
+            _fix(r, v.activity, others)
+            for r, v in sorted(job.ranks.items())
+            if r in blocked and v.activity is not None
+        ],
+        evidence=[e for r in sorted(blocked) for e in job.ranks[r].evidence[:1]],
+        status=Status.HUNG,
+    )
+
+
 def assess(job: JobEvidence) -> Assessment | None:
     stall = job.stall
     if stall is None or not stall.activities:
-        return None
+        return _from_interrupted(job)
     acts = stall.activities
     inside = {r for r, a in acts.items() if a.in_collective}
     outside = {r for r, a in acts.items() if a.category in ELSEWHERE}
