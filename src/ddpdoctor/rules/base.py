@@ -97,6 +97,8 @@ CAPTURES: dict[str, str] = {
     "exc": "a Python exception type",
     "what": "what a library reported",
     "global": "a global name in a pickle",
+    "command": "a command the shell could not find",
+    "option": "a command-line option the shell ran as a command",
 }
 """The capture groups rules may use, with their meaning: a contract between the rules and the
 engine (tests check that every named group of every rule is listed here)."""

@@ -375,6 +375,96 @@ ENTRYPOINT_NOT_FOUND = Rule(
     negative=("FileNotFoundError: [Errno 2] No such file or directory: 'data/train.json'",),
 )
 
+LAUNCHERS = (
+    r"(?P<command>torchrun|deepspeed|accelerate|horovodrun|mpirun|mpiexec|srun|python[\d.]{0,8})"
+)
+"""The commands a distributed job is started with (a shell that cannot find one never started
+the job)."""
+NOT_FOUND = r"(?:command not found|not found)"
+"""How bash and dash (/bin/sh) say a command is not on PATH (bash in a Chinese locale: 未找到命令)."""
+
+LAUNCHER_NOT_FOUND = Rule(
+    code="LCH113",
+    kind="entrypoint-not-found",
+    title="The shell could not find the launcher (command not found)",
+    sources="bash and dash command lookup (execute_cmd.c / exec.c), zsh",
+    specificity=85,
+    signatures=(
+        Signature(rf"(?<![\w./-]){LAUNCHERS}: {NOT_FOUND}\s*$", "not found"),
+        Signature(rf"(?<![\w./-]){LAUNCHERS}: 未找到命令", "未找到命令"),
+        Signature(rf"command not found: {LAUNCHERS}\b", "command not found: "),
+    ),
+    explanation=Explanation(
+        what="The shell that ran the launch command (a script, a framework's CLI shelling out "
+        "to torchrun) did not find the launcher on its PATH; no rank started.",
+        why="The environment the launcher is installed in was not active in that shell (a "
+        "script run by another shell, a conda environment not activated, sudo resetting PATH), "
+        "or the launcher was never installed there.",
+        fix="Activate the environment in the shell that launches (conda activate ENV / source "
+        "venv/bin/activate), or install the launcher there; call it by its full path or as "
+        "`python -m torch.distributed.run` / `python -m deepspeed.launcher.runner`.",
+        false_positives="A launcher missing on a machine that was not meant to run the job.",
+    ),
+    fix=(
+        "Make the launcher visible on PATH in the launching shell: activate its environment "
+        "(conda activate ENV), install it there (pip install deepspeed / torch), or call it "
+        "by its full path; sudo resets PATH, so run without sudo or with the full path.",
+        "Or start it through the interpreter you trust: `python -m torch.distributed.run ...` "
+        "(torchrun) or `python -m deepspeed.launcher.runner ...`.",
+    ),
+    positive=(
+        "run_1.3b.sh: line 18: deepspeed: command not found",
+        "/bin/sh: 1: torchrun: not found",
+        "zsh: command not found: accelerate",
+    ),
+    negative=(
+        "train.sh: line 4: nvidia-smi: command not found",
+        "/bin/sh: 1: mytorchrun: not found",
+    ),
+)
+
+LAUNCH_LINE_CUT = Rule(
+    code="LCH114",
+    kind="entrypoint-not-found",
+    title="The launch command ended early: the shell ran one of its options as a command",
+    sources="bash and dash command lookup, on a multi-line launch command",
+    specificity=85,
+    signatures=(
+        Signature(
+            rf"(?<![\w-])(?P<option>--?[A-Za-z][\w-]{{0,63}}(?:=[^\s:]{{0,64}})?): {NOT_FOUND}\s*$",
+            "not found",
+        ),
+        Signature(
+            r"(?<![\w-])(?P<option>--?[A-Za-z][\w-]{0,63}(?:=[^\s:]{0,64})?): 未找到命令",
+            "未找到命令",
+        ),
+        Signature(
+            r"command not found: (?P<option>--?[A-Za-z][\w-]{0,63}(?:=[^\s:]{0,64})?)",
+            "command not found: ",
+        ),
+    ),
+    explanation=Explanation(
+        what="The shell tried to run an option (--something) as a command: the launch command "
+        "written over several lines ended on the line before it.",
+        why="A line continuation that does not continue: a backslash followed by a space (or a "
+        "comment), or a missing backslash. The launcher ran without the rest of its arguments "
+        "(often without the training script), then the shell ran the rest as a new command.",
+        fix="End every line of the launch command with a backslash and nothing after it; "
+        "remove trailing spaces after the backslash.",
+        false_positives="None known.",
+    ),
+    fix=(
+        "Look at the line before that option in the launch script: it must end with a "
+        "backslash and nothing after it (no trailing space, no comment), or the line "
+        "continuation stops there.",
+    ),
+    positive=(
+        "train.sh: line 7: --deepspeed_multinode_launcher: command not found",
+        "--nproc_per_node=8: 未找到命令",
+    ),
+    negative=("error: unrecognized arguments: --local_rank=0",),
+)
+
 RENDEZVOUS_FAILURE = Rule(
     code="LCH108",
     kind="rendezvous-failure",
@@ -414,8 +504,14 @@ RENDEZVOUS_FAILURE = Rule(
         Signature(r"waiting for processes to connect has timed out"),
         # TCPStoreBackend.cpp: the store server's thread died; every rank loses the store
         Signature(r"TCPStoreMasterDaemon::run\(\) failed", "TCPStoreMasterDaemon::run() failed"),
-        # DeepSpeed launcher/runner.py: the hostfile's first node does not answer ssh
+        # DeepSpeed launcher/runner.py: the hostfile's first node does not answer ssh; its
+        # check is `ssh -o PasswordAuthentication=no HOST hostname` (a list since 0.14)
         Signature(r"was not reachable via ssh"),
+        Signature(
+            r"Command '\[?'?ssh'?,? '?-o'?,? '?PasswordAuthentication=no\b.{0,200}?' returned "
+            r"non-zero exit status (?P<code>\d+)",
+            "PasswordAuthentication=no",
+        ),
         # accelerate utils/launch.py checks MASTER_PORT before starting torchrun
         Signature(
             r"Tried to launch distributed communication on port `(?P<port>\d+)`, but another "
@@ -640,6 +736,8 @@ RULES = (
     LOCAL_RANK_ARGUMENT,
     LAUNCHER_ENV_MISSING,
     ENTRYPOINT_NOT_FOUND,
+    LAUNCHER_NOT_FOUND,
+    LAUNCH_LINE_CUT,
     RENDEZVOUS_FAILURE,
     SLURM_TERMINATED,
 )
