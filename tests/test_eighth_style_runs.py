@@ -82,28 +82,7 @@ EXPECTED: dict[str, Expected] = {
 }
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
-# The healthy runs' end is the master's last line, after the last iter, eval and checkpoint
-# lines (torchrun prints nothing when every worker exits 0).
-_UNENDED = (
-    "unknown/None [] (no rule): 'The log ends after its training progress without an end'; the "
-    "master's last line '{}' is not read as the end of training"
-)
-MISSES: dict[str, str] = {
-    "loud-but-fine": _UNENDED.format("finished 61 iters in 5.0s"),
-    "iters-done": _UNENDED.format("[default0]:finished 61 iters in 9.0s"),
-    "uneven-accum": _UNENDED.format("finished 61 iters in 7.3s"),
-    "clip-on-master": _UNENDED.format("[default0]:finished 61 iters in 6.6s"),
-    "legacy-env-ok": _UNENDED.format("finished 61 iters in 4.8s"),
-    "solo-run": _UNENDED.format("finished 31 iters in 3.7s"),
-    "ask-overwrite": "failed/slow-rank-timeout [0] (INF201; its first fix step says to look at "
-    "rank 0's stack): rank right, but rank 0 was blocked reading stdin, not busy: its last output "
-    "is input()'s prompt '/tmp/ask/ckpt.pt exists and will be overwritten. Continue? [y/N] ' with "
-    "no newline, and it printed nothing more in the 20 s the others waited",
-    "legacy-argv": "failed/python-exception [] (PY101): two unprefixed 'ValueError: Unknown config "
-    "key: local-rank' raised by the program's own --key=value parser, under the legacy launcher "
-    "whose FutureWarning says it passes --local-rank; no rank (the agent's summary names ranks 0 "
-    "and 1, exit 1 each)",
-}
+MISSES: dict[str, str] = {}
 
 
 RUNS = RunSet("eighth-", EXPECTED, MISSES, label_nowhere=True)

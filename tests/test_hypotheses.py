@@ -72,7 +72,12 @@ POSITIVE = {
     ],
     # without `run`: Lightning's SIGTERM handler stood on rank 1's `with self.lock:` (a lock
     # it already held) while ranks 0 and 2 timed out: stuck, not busy
-    "INF211": [(lambda t: real("sixth-lock-twice"), [1])],
+    "INF211": [
+        (lambda t: real("sixth-lock-twice"), [1]),
+        # "... will be overwritten. Continue? [y/N] " and rank 0, still running when the agent
+        # stopped the job, never reached DDP's first collective: waiting for an answer
+        (lambda t: real("eighth-ask-overwrite"), [0]),
+    ],
     "INF202": [
         (lambda t: scenario("uncoordinated-exit"), [1]),
         # mp.spawn: "gpu 1 | training finished" while ranks 0 and 2 were still in their

@@ -4,6 +4,7 @@ plain evidence (model.evidence) that hypotheses are scored from. Reads; decides 
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from datetime import datetime
 
 from ddpdoctor.analysis.events import Event
@@ -146,6 +147,7 @@ def build_evidence(job: JobView, events: list[Event]) -> JobEvidence:
     evidence.completed_at = dict(job.completed_at)
     evidence.data_sizes = {u: dict(by_rank) for u, by_rank in job.data_sizes.items()}
     evidence.skipped_ranks = set(job.skipped_ranks)
+    evidence.prompts = [replace(Evidence.of(record), rank=rank) for rank, record in job.prompts]
     evidence.end_marks = [r for rank, r in job.completions if rank is None or rank not in early]
     for stream in job.streams:
         writer = job.resolve(stream.origin)

@@ -237,7 +237,25 @@ def _culprits(roots: list[Event], evidence: JobEvidence, graph: CausalGraph) -> 
         return ranks
     if len(evidence.failing_exits) == 1:
         return set(evidence.failing_exits)
-    return _only_rank_not_waiting(roots, evidence)
+    return _each_failed_worker(roots, evidence) or _only_rank_not_waiting(roots, evidence)
+
+
+def _each_failed_worker(roots: list[Event], evidence: JobEvidence) -> set[int]:
+    """A root printed without a rank once by each worker the launcher saw fail (two workers
+    exit 1, two identical tracebacks before any process group): every one of them failed on
+    its own, none waited for another, so all are named."""
+    lines = {(h.record.source, h.record.line) for e in roots for h in e.hits}
+    hosts = {h.record.origin.host for e in roots for h in e.hits}
+    failed = {
+        r
+        for r in evidence.failing_exits
+        if (view := evidence.ranks.get(r)) is not None
+        and not view.echoes - {"stopped", "launcher"}  # its own failure, not a lost peer's
+        and (None in hosts or view.host in hosts)
+    }
+    if len(failed) < 2 or len(lines) != len(failed):
+        return set()
+    return failed
 
 
 def _off_the_common_path(roots: list[Event]) -> set[int]:

@@ -105,6 +105,13 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
         "kip",
         distinct=WRITER,
     ),
+    # a question asked on the terminal ("... will be overwritten. Continue? [y/N] ", wandb's
+    # "Enter your choice:", datasets' trust_remote_code prompt): a distributed worker's stdin
+    # is no terminal, nobody answers, and the process waits there for ever
+    *(
+        FactPattern("prompt", re.escape(literal), literal, distinct=WRITER)
+        for literal in ("[y/N]", "[Y/n]", "[y/n]", "(y/n)", "[yes/no]", "Enter your choice")
+    ),
     # NCCL net.cc: which transport NCCL uses between nodes
     FactPattern("socket_transport", r"NET/Socket : Using", "NET/Socket : Using", distinct=VALUE),
     FactPattern("ib_transport", r"NET/IB : Using", "NET/IB : Using", distinct=VALUE),
@@ -128,6 +135,20 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
     FactPattern("completed", r"Training finished", "Training finished"),
     FactPattern("completed", r"Finished training", "Finished training"),
     FactPattern("completed", r"training finished", "training finished"),
+    # a script's own last words: a finishing verb first (the message's first word, after the
+    # line's prefix), then how much it did ("finished 61 iters in 5.0s", "done: 30 steps",
+    # "completed 3 epochs"); not one epoch's end ("epoch 3 done", "epoch 3 finished: 120
+    # steps")
+    *(
+        FactPattern(
+            "completed",
+            r"^(?:[Ff]inished|[Cc]ompleted|[Dd]one)\b:?\s{1,3}"
+            r"(?:training\s{1,3})?"
+            rf"\d{{1,9}}\s{{1,3}}{unit}\b",
+            f" {unit}",
+        )
+        for unit in ("iters", "iterations", "steps", "epochs")
+    ),
     # Megatron-LM's training loop: "[after training is done] datetime: ..."
     FactPattern("completed", r"\[after training is done\]", "after training is done"),
     # torchelastic's agent when every worker of the group exited 0 (agent/server/api.py)

@@ -39,6 +39,8 @@ class JobView:
     data_sizes: dict[str, dict[int, int]] = field(default_factory=dict)
     """Per unit ('batches', 'samples'), how many each rank said it has, once."""
     skipped_ranks: set[int] = field(default_factory=set)
+    prompts: list[tuple[int | None, Record]] = field(default_factory=list)
+    """Questions asked on the terminal, with the asking rank when known."""
     """Ranks that said they skip a step or a batch."""
     rank_map: dict[tuple[str, int], int] = field(default_factory=dict)
     normal_seen: bool = False
@@ -122,6 +124,7 @@ def build_job(
     completions: list[tuple[int | None, Record]] = []
     sizes: dict[str, dict[int, set[int]]] = {}
     skipped: set[int] = set()
+    prompts: list[tuple[int | None, Record]] = []
     normal_seen = False
     for scan in scans:
         expect_root = False
@@ -158,6 +161,9 @@ def build_job(
                     per_rank[rank] = RankExit(code=code, signal=signal_name(code), local_rank=local)
             elif fact.name == "progress":
                 progress.append(fact)
+            elif fact.name == "prompt":
+                asker = resolve_rank(fact.record.origin, single_node, rank_map)
+                prompts.append((asker, fact.record))
             elif fact.name == "skipped_step":
                 skipper = resolve_rank(fact.record.origin, single_node, rank_map)
                 if skipper is not None:
@@ -263,6 +269,7 @@ def build_job(
         completed_ranks=completed_ranks,
         completions=completions,
         skipped_ranks=skipped,
+        prompts=prompts,
         data_sizes={
             unit: {r: next(iter(ns)) for r, ns in by_rank.items()}
             for unit, by_rank in sizes.items()

@@ -216,6 +216,9 @@ class JobEvidence:
     data_sizes: dict[str, dict[int, int]] = field(default_factory=dict)
     """Per unit ('batches', 'samples'), how much data each rank said it has."""
     skipped_ranks: set[int] = field(default_factory=set)
+    prompts: list[Evidence] = field(default_factory=list)
+    """Questions a process asked on its terminal ('Continue? [y/N]'), with their rank when
+    known: nobody answers a distributed worker."""
     """Ranks that said they skip a step or a batch."""
     end_marks: list[Record] = field(default_factory=list)
     """The announcements of the end of training (not of ranks that left early)."""

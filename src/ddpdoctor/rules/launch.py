@@ -256,10 +256,16 @@ LOCAL_RANK_ARGUMENT = Rule(
             r"error: the following arguments are required: .{0,400}?--local[-_]rank",
             "the following arguments are required: ",
         ),
+        # a script's own argument parser (a --key=value configurator, a config system) that
+        # rejects the --local-rank the legacy launcher passes: "Unknown config key: local-rank"
+        Signature(
+            r"(?:[Uu]nknown|[Uu]nrecognized|[Uu]nexpected)\b[^\n]{0,80}?\blocal[-_]rank\b",
+            "local",
+        ),
     ),
     explanation=Explanation(
-        what="argparse rejected the --local-rank (or --local_rank) argument, or required it and "
-        "did not get it.",
+        what="argparse (or the script's own argument parser) rejected the --local-rank (or "
+        "--local_rank) argument, or required it and did not get it.",
         why="torch.distributed.launch passes --local-rank=N (hyphen since torch 2.0) while the "
         "script declares only --local_rank, or the script declares none; torchrun passes no "
         "argument at all and sets LOCAL_RANK in the environment instead, so a script that "
@@ -276,9 +282,11 @@ LOCAL_RANK_ARGUMENT = Rule(
     positive=(
         "train.py: error: unrecognized arguments: --local-rank=4",
         "train.py: error: the following arguments are required: --local_rank",
+        "ValueError: Unknown config key: local-rank",
     ),
     negative=(
         "train.py: error: unrecognized arguments: --lr=0.1",
+        "  rank      : 1 (local_rank: 1)",
         "train.py: error: the following arguments are required: --data_dir",
     ),
 )

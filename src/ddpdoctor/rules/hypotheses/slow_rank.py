@@ -8,7 +8,7 @@ from __future__ import annotations
 from ddpdoctor.model.evidence import JobEvidence
 from ddpdoctor.rules.base import Explanation, Rule
 from ddpdoctor.rules.hypotheses.base import Assessment, ranks_text
-from ddpdoctor.rules.hypotheses.stalled_rank import blocked_ranks
+from ddpdoctor.rules.hypotheses.stalled_rank import blocked_ranks, prompted_ranks
 
 RULE = Rule(
     code="INF201",
@@ -67,7 +67,7 @@ def assess(job: JobEvidence) -> Assessment | None:
         )
     busy = {r for r in quiet if job.ranks[r].terminated}
     busy |= {r for r, v in job.ranks.items() if v.interrupted and not v.failed and r not in waiting}
-    busy -= blocked_ranks(job)  # found waiting on a lock: stuck, not busy (INF211)
+    busy -= blocked_ranks(job) | prompted_ranks(job)  # waiting on a lock or an answer: INF211
     named = {r for r, v in job.ranks.items() if v.named_absent}
     if busy and waiting:
         culprit = (busy & named) or busy

@@ -7,6 +7,8 @@ in (a lock) while the others timed out."""
 
 from __future__ import annotations
 
+import re
+
 from ddpdoctor.model.evidence import Activity, JobEvidence
 from ddpdoctor.model.taxonomy import Category, Status
 from ddpdoctor.rules.base import Explanation, Rule
@@ -96,6 +98,50 @@ def blocked_ranks(job: JobEvidence) -> set[int]:
     }
 
 
+PROMPT_END = re.compile(r"(?<=\[y/N\]|\[Y/n\]|\[y/n\]|\(y/n\))|(?<=\[yes/no\])")
+"""Where a prompt's question ends (another writer's text may follow on the same line)."""
+
+
+def prompted_ranks(job: JobEvidence) -> set[int]:
+    """Ranks waiting for an answer to a question asked on the terminal: the ranks that asked
+    (when the line names one), else the one rank the launcher found still running, silent."""
+    if not job.prompts:
+        return set()
+    asked = {p.rank for p in job.prompts if p.rank is not None}
+    if asked:
+        return {r for r in asked if r in job.ranks and not job.ranks[r].failed}
+    alive = {r for r in job.quiet if job.ranks[r].terminated}
+    return alive if len(alive) == 1 else set()
+
+
+def _from_prompt(job: JobEvidence) -> Assessment | None:
+    """A rank asked a question on the terminal and the others timed out waiting: a worker's
+    stdin is no terminal, nobody answers, so that rank waits for ever (a hang, not work)."""
+    asking, waiting = prompted_ranks(job) - job.waiting, job.waiting
+    if not asking or not waiting:
+        return None
+    prompt = job.prompts[0]
+    question = PROMPT_END.split(prompt.text, maxsplit=1)[0].strip()[-160:]
+    return Assessment(
+        STUCK,
+        0.7,
+        sorted(asking),
+        [
+            f"the job asked a question on its terminal ('{question} ...') and "
+            f"{ranks_text(asking)} printed no error and was still running, while "
+            f"{ranks_text(waiting)} timed out waiting for it: it was waiting for an answer "
+            "that never comes (a distributed worker's input is not a terminal)."
+        ],
+        fix=[
+            "Answer the question before the job asks it: pass the flag or setting it stands "
+            "for (overwrite/resume options, trust_remote_code=True, `wandb login` or "
+            "WANDB_MODE=offline beforehand), or remove the input() from the training script.",
+        ],
+        evidence=[prompt],
+        status=Status.HUNG,
+    )
+
+
 def _from_interrupted(job: JobEvidence) -> Assessment | None:
     """Ranks timed out waiting while a rank the stop found blocked on a lock never came: it
     was deadlocked, not busy (no timeout would have helped)."""
@@ -127,7 +173,7 @@ def _from_interrupted(job: JobEvidence) -> Assessment | None:
 def assess(job: JobEvidence) -> Assessment | None:
     stall = job.stall
     if stall is None or not stall.activities:
-        return _from_interrupted(job)
+        return _from_interrupted(job) or _from_prompt(job)
     acts = stall.activities
     inside = {r for r, a in acts.items() if a.in_collective}
     outside = {r for r, a in acts.items() if a.category in ELSEWHERE}
