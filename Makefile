@@ -66,7 +66,7 @@ test: $(STAMP) $(LAUNCHERS_STAMP) $(FRAMEWORKS_STAMP) lint
 # All 45 scenarios for real (about 6 min); `make test` runs the core 13 and diagnoses the
 # recorded output of every one. CI (.ci/run) runs this after `make test`.
 test-scenarios: $(STAMP) $(LAUNCHERS_STAMP) $(FRAMEWORKS_STAMP)
-	$(BIN)/python -m pytest -q --all-scenarios tests/test_scenarios_real.py
+	$(BIN)/python -m pytest -q --all-scenarios tests/test_scenarios_real.py tests/test_run_launchers.py
 
 # The timeline's browser test (tests/test_timeline_browser.py) needs Debian's chromium and its
 # driver: about 120 MB to download and 500 MB installed, so not part of `make test` (the test
