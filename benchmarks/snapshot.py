@@ -1,8 +1,9 @@
 """Reports before and after a change to the scanning path (a tool, not a test): `save` writes
-`report_to_dict` of every real input the project keeps (scenario captures, tests/fixtures,
-the labelled corpus) and of a few generated dense logs; `compare` diagnoses them again and prints
-every difference, key by key. Real inputs must not differ; generated ones may only where a cap
-on repeats changed what is counted, and the verdict must not.
+`report_to_dict` of every real input the project keeps (scenario captures, tests/fixtures, the
+labelled corpus: ../shared/corpus when present and corpus/cases) and of a few generated dense
+logs; `compare` diagnoses them again and prints every difference, key by key. Real inputs must
+not differ; generated ones may only where a cap on repeats changed what is counted, and the
+verdict must not.
 
 Usage: python benchmarks/snapshot.py save|compare [DIR] [--only real|generated]
        (DIR defaults to bench-data/snapshots)
@@ -31,6 +32,7 @@ from ddpdoctor.report.to_json import report_to_dict  # noqa: E402
 from ddpdoctor.scenarios import catalog, runner  # noqa: E402
 
 CORPUS = ROOT.parent / "shared" / "corpus"
+CASES = ROOT / "corpus" / "cases"
 FIXTURES = ROOT / "tests" / "fixtures"
 DATA = ROOT / "bench-data" / "snapshot-data"
 """Generated once and kept: a later change of the generator must not look like a change of
@@ -47,8 +49,11 @@ def real_cases() -> Iterator[tuple[str, list[str]]]:
         yield f"real/{folder.name}", [str(folder)]
     for folder in sorted(p for p in (FIXTURES / "runs").iterdir() if p.is_dir()):
         yield f"runs/{folder.name}", [str(folder)]
-    for case in sorted(p for p in CORPUS.iterdir() if (p / "label.json").is_file()):
-        yield f"corpus/{case.name}", [str(case / "logs")]
+    for base, prefix in ((CORPUS, "corpus"), (CASES, "cases")):
+        if not base.is_dir():
+            continue
+        for case in sorted(p for p in base.iterdir() if (p / "label.json").is_file()):
+            yield f"{prefix}/{case.name}", [str(case / "logs")]
 
 
 def generated_cases() -> Iterator[tuple[str, list[str]]]:

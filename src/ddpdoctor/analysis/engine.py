@@ -176,6 +176,61 @@ def plain_line(line: bytes) -> bool:
     return len(line) <= MAX_TEXT and _NOT_PLAIN.search(line) is None
 
 
+_FLAGS = re.compile(r"\(\?[aiLsu]+\)")
+"""Global inline flags a regex may open with (not m or x: they change what follows)."""
+_ZERO_WIDTH_ESCAPES = frozenset("bBAZ")
+_META = frozenset("^$.|?*+(){}")
+
+
+def suffix_safe(regex: str) -> bool:
+    """Whether a match of `regex` in a suffix of a line implies a match in the whole line.
+    True only for a regex that opens with one character it must consume (a literal, an
+    escaped character or class, a set) and has no lookbehind and no top-level alternative:
+    every assertion it makes then looks at characters both strings share. So on a plain line,
+    whose parsed message is a suffix of it, no match in the line means none in the message
+    (see Scanner._confirm). Conservative: False whenever the text is not simple to read."""
+    flags = _FLAGS.match(regex)
+    body = regex[flags.end() :] if flags else regex
+    if not body or "(?<" in body or body[0] in _META:
+        return False
+    if body[0] == "\\":
+        if len(body) < 2 or body[1] in _ZERO_WIDTH_ESCAPES or body[1].isdigit():
+            return False
+        first = 2
+    elif body[0] == "[":
+        start = 2 if body[1:2] == "^" else 1
+        close = body.find("]", start + 1 if body[start : start + 1] == "]" else start)
+        if close < 0:
+            return False
+        first = close + 1
+    else:
+        first = 1
+    if body[first : first + 1] in ("?", "*", "{"):
+        return False
+    depth, i, in_set = 0, 0, False
+    while i < len(body):  # no `|` outside groups (a branch could open with an assertion)
+        c = body[i]
+        if c == "\\":
+            i += 2
+            continue
+        if in_set:
+            in_set = c != "]"
+        elif c == "[":
+            in_set = True
+            if body[i + 1 : i + 2] == "^":
+                i += 1
+            if body[i + 1 : i + 2] == "]":
+                i += 1
+        elif c == "(":
+            depth += 1
+        elif c == ")":
+            depth -= 1
+        elif c == "|" and depth == 0:
+            return False
+        i += 1
+    return True
+
+
 class DistinctFact:
     """Tells one distinct pattern's lines apart on their bytes (see Pattern.distinct).
 

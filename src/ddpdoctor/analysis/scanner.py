@@ -10,7 +10,15 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import lru_cache
 
-from ddpdoctor.analysis.engine import Distinct, Matcher, Pattern, Seen, build_matcher
+from ddpdoctor.analysis.engine import (
+    Distinct,
+    Matcher,
+    Pattern,
+    Seen,
+    build_matcher,
+    plain_line,
+    suffix_safe,
+)
 from ddpdoctor.analysis.facts import FACT_PATTERNS, FactPattern, elapsed_seconds
 from ddpdoctor.analysis.newlines import count_newlines
 from ddpdoctor.ingest.bounds import (
@@ -285,6 +293,12 @@ class Scanner:
             for pid, t in enumerate(self._targets)
             if t.fact is not None and t.fact.distinct == Distinct.VALUE
         )
+        self._suffix_safe = [
+            suffix_safe(t.signature.regex if t.signature else t.fact.regex if t.fact else "")
+            for t in self._targets
+        ]
+        """Per pattern: a plain line it does not match cannot hold a match in its message (see
+        _confirm), so such a line is not parsed for it."""
         self.rule_index = {code: n for n, code in enumerate(self.rules)}
         self.matcher: Matcher = build_matcher(patterns, prefer=engine)
 
@@ -435,6 +449,7 @@ class Scanner:
         capped = src.seen.capped
         raw = chunk[start:end].decode("utf-8", errors="replace")
         parsed: ParsedLine | None = None
+        plain: bool | None = None
         context: list[tuple[int, ParsedLine]] | None = None
         rules_done: set[str] = set()
         result, display, file_origin = src.result, src.display, src.file_origin
@@ -450,6 +465,16 @@ class Scanner:
             if regex is None:
                 continue
             if parsed is None:
+                # a candidate the prefilter let through but the regex does not match (the
+                # literal alone was searched, or a prefilter's superset): on a plain line, whose
+                # message is a suffix of it, a suffix-safe regex that finds nothing in the line
+                # finds nothing in the message either, and the line needs no parsing (about a
+                # third of the confirmations of 10,000 rank files at 20% candidates)
+                if self._suffix_safe[pid]:
+                    if plain is None:
+                        plain = plain_line(chunk[start:end])
+                    if plain and regex.search(raw) is None:
+                        continue
                 parsed = src.parse(raw)
             m = regex.search(parsed.text) or regex.search(raw)
             if m is None:
