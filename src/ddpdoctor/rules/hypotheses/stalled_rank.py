@@ -33,7 +33,10 @@ STUCK = Rule(
         false_positives="A rank that was legitimately busy and would have arrived: then only "
         "the hang threshold was too short.",
     ),
-    fix=("Read the culprit rank's stack (run folder, stacks/) at the line named above.",),
+    fix=(
+        "Read the culprit rank's code at the line named above (under `ddpdoctor run`, its "
+        "whole stack is in the run folder's stacks/).",
+    ),
 )
 
 HANG = Rule(
