@@ -263,7 +263,8 @@ def main() -> None:
         model=model, model_parameters=model.parameters(), config=config
     )
     micro = engine.train_micro_batch_size_per_gpu()
-    loader = DataLoader(train, batch_size=micro, shuffle=False, collate_fn=collate)
+    order = torch.Generator()
+    loader = DataLoader(train, batch_size=micro, shuffle=True, generator=order, collate_fn=collate)
     val_loader = DataLoader(valid, batch_size=micro, collate_fn=collate)
     log_dist(f"{len(train)} documents, {len(loader)} micro-batches per epoch", ranks=[-1])
 
@@ -284,6 +285,9 @@ def main() -> None:
             while time.monotonic() < end:
                 n = (n * 31 + 7) % 1_000_003
             print(f"[rank {rank}] token cache rebuilt", flush=True)
+        seed = torch.tensor([random.Random(epoch).randrange(1 << 30) if rank == 0 else 0])
+        dist.broadcast(seed, src=0)  # the epoch's shuffle, the same on every rank
+        order.manual_seed(int(seed))
         for i, (x, y) in enumerate(loader):
             logits = engine(x)
             loss = nn.functional.cross_entropy(logits.reshape(-1, VOCAB), y.reshape(-1))
