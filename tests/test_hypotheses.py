@@ -69,6 +69,8 @@ POSITIVE = {
         # Lightning's SIGTERM handler broadcast on top of rank 0's time.sleep in a callback:
         # the stop found it outside any collective while the others waited at the barrier
         (lambda t: real("sixth-slow-ckpt"), [0]),
+        # two ranks terminated by the agent; rank 1 alone announced "re-tokenizing the shard"
+        (lambda t: real("seventh-busy-retok"), [1]),
     ],
     # without `run`: Lightning's SIGTERM handler stood on rank 1's `with self.lock:` (a lock
     # it already held) while ranks 0 and 2 timed out: stuck, not busy
@@ -161,6 +163,9 @@ POSITIVE = {
         # waited inside a training step: it had left the training loop first
         (lambda t: real("sixth-uneven-shard"), [2]),
         (lambda t: real("fifth-short-shard"), [2]),
+        # "[Rank 2] 28 documents, 7 micro-batches per epoch" against 8 on the others: the
+        # announcement outweighs the ranks' different collectives, which leaving the loop gives
+        (lambda t: real("seventh-short-shard"), [2]),
     ],
 }
 NEAR_MISS = {

@@ -56,7 +56,13 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
         distinct=WRITER,
     ),
     FactPattern("world_size", r"\bWORLD_SIZE[=:]\s*(?P<n>\d+)", "WORLD_SIZE", distinct=VALUE),
-    FactPattern("world_size", r"\bworld[_ ]size\W{1,4}(?P<n>\d+)", "world", distinct=VALUE),
+    # not a comparison that quotes it ("world_size 32 != 4 * 4 * 4": 32 is another count)
+    FactPattern(
+        "world_size",
+        r"\bworld[_ ]size\W{1,4}(?P<n>\d+)(?![\d.])(?!\s{0,3}(?:[!=<>]=|[<>*/+-]))",
+        "world",
+        distinct=VALUE,
+    ),
     # Lightning: "Initializing distributed: GLOBAL_RANK: 0, MEMBER: 1/8"
     FactPattern("world_size", r"MEMBER: \d+/(?P<n>\d+)", "MEMBER: ", distinct=VALUE),
     # torchelastic summary block (torch/distributed/elastic/multiprocessing/errors/__init__.py)
@@ -94,7 +100,12 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
     ),
     # how much data a rank says it has ("80 samples, 10 batches of 8 per epoch"): ranks that
     # announce different counts in the same words have uneven inputs
-    FactPattern("data_size", r"\b(?P<n>\d{1,9}) (?P<unit>batches)\b", " batches", distinct=WRITER),
+    FactPattern(
+        "data_size",
+        r"\b(?P<n>\d{1,9}) (?:micro-?|mini-?)?(?P<unit>batches)\b",
+        "batches",
+        distinct=WRITER,
+    ),
     FactPattern("data_size", r"\b(?P<n>\d{1,9}) (?P<unit>samples)\b", " samples", distinct=WRITER),
     # a rank saying it skips a step or a batch ("skipping degenerate batch 5", "step 5: batch
     # has no labelled tokens, skipping"): if only it did, it issued fewer collectives
@@ -135,6 +146,11 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
     FactPattern("completed", r"Training finished", "Training finished"),
     FactPattern("completed", r"Finished training", "Finished training"),
     FactPattern("completed", r"training finished", "training finished"),
+    # the message's own words (after a "[Rank 0] " tag DeepSpeed's log_dist keeps), not one
+    # epoch's "epoch 3 training done"
+    FactPattern("completed", r"^(?:\[Rank \d+\] )?[Tt]raining done\b", "raining done"),
+    # DeepSpeed launcher/launch.py, for each worker that exited 0
+    FactPattern("completed", r"Process \d+ exits successfully\.", "exits successfully"),
     # a script's own last words: a finishing verb first (the message's first word, after the
     # line's prefix), then how much it did ("finished 61 iters in 5.0s", "done: 30 steps",
     # "completed 3 epochs"); not one epoch's end ("epoch 3 done", "epoch 3 finished: 120

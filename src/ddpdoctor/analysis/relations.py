@@ -510,6 +510,16 @@ def relate_outside_stop(graph: CausalGraph, ctx: Context) -> None:
         for h in stop.hits:
             src = h.record.source
             first[src] = min(first.get(src, h.record.line), h.record.line)
+    # another node's agent that reacted to a failure of its own (reported a failed worker,
+    # terminated the others) had seen one before any stop reached the job: its workers' errors
+    # are not the stop's
+    reacted = {
+        h.record.source
+        for e in graph.events
+        if e.echo == Echo.LAUNCHER
+        for h in e.hits
+        if h.record.source not in first
+    }
 
     def after_the_stop(event: Event) -> bool:
         for h in event.hits:
@@ -520,7 +530,7 @@ def relate_outside_stop(graph: CausalGraph, ctx: Context) -> None:
             elif when is not None and stopped_at is not None:
                 if when < stopped_at:
                     return False
-            elif not by_agent:
+            elif not by_agent or src in reacted:
                 return False
         return bool(event.hits)
 

@@ -58,6 +58,22 @@ def words_shape(text: str) -> str:
     return _NUMBERS.sub("#", text.strip().lower())[:200]
 
 
+def stood_with(job: JobEvidence, waiting: set[int], quiet: set[int]) -> set[int]:
+    """Quiet ranks whose last words are those of a waiting rank, numbers aside: they stopped
+    where the waiting ranks stopped, and were ended (a launcher stops all after the first
+    failure) before their own timeout could print. The quiet ranks left over went elsewhere.
+    A rank may have several writers (its own prints, a launcher's header naming it): any
+    shared last line counts."""
+    shapes: dict[int, set[str]] = {}
+    for words in job.last_words:
+        if words.rank is not None and (shape := words_shape(words.text)):
+            shapes.setdefault(words.rank, set()).add(shape)
+    waited = set().union(*(shapes.get(r, set()) for r in waiting))
+    if not waited:
+        return set()
+    return {r for r in quiet if shapes.get(r, set()) & waited}
+
+
 def ranks_text(ranks: set[int] | list[int]) -> str:
     """'rank 1' or 'ranks 0,2'."""
     ordered = sorted(ranks)

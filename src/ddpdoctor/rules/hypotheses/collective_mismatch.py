@@ -10,7 +10,7 @@ from ddpdoctor.model.evidence import JobEvidence
 from ddpdoctor.model.taxonomy import Status
 from ddpdoctor.rules.base import Explanation, Rule
 from ddpdoctor.rules.frameworks import COLLECTIVE_IN_BRANCH_FIX
-from ddpdoctor.rules.hypotheses.base import Assessment, ranks_text, stall_evidence, words_shape
+from ddpdoctor.rules.hypotheses.base import Assessment, ranks_text, stall_evidence, stood_with
 
 RULE = Rule(
     code="INF203",
@@ -192,7 +192,7 @@ def _from_minority(job: JobEvidence) -> Assessment | None:
                 "under `if is_main_process`)."
             ],
         )
-    stood = _stood_with(job, waiting, quiet)
+    stood = stood_with(job, waiting, quiet)
     odd = quiet - stood
     if stood and odd and len(waiting | stood) > len(odd):
         return Assessment(
@@ -222,22 +222,6 @@ def _from_minority(job: JobEvidence) -> Assessment | None:
             "so the waiting ranks were in a collective nobody else joined."
         ],
     )
-
-
-def _stood_with(job: JobEvidence, waiting: set[int], quiet: set[int]) -> set[int]:
-    """Quiet ranks whose last words are those of a waiting rank, numbers aside: they stopped
-    where the waiting ranks stopped, and were ended (a launcher stops all after the first
-    failure) before their own timeout could print. The quiet ranks left over went elsewhere.
-    A rank may have several writers (its own prints, a launcher's header naming it): any
-    shared last line counts."""
-    shapes: dict[int, set[str]] = {}
-    for words in job.last_words:
-        if words.rank is not None and (shape := words_shape(words.text)):
-            shapes.setdefault(words.rank, set()).add(shape)
-    waited = set().union(*(shapes.get(r, set()) for r in waiting))
-    if not waited:
-        return set()
-    return {r for r in quiet if shapes.get(r, set()) & waited}
 
 
 def _from_skipped_step(job: JobEvidence) -> Assessment | None:

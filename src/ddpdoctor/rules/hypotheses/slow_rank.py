@@ -70,7 +70,10 @@ def assess(job: JobEvidence) -> Assessment | None:
     busy -= blocked_ranks(job) | prompted_ranks(job)  # waiting on a lock or an answer: INF211
     named = {r for r, v in job.ranks.items() if v.named_absent}
     if busy and waiting:
-        culprit = (busy & named) or busy
+        # of several terminated ranks, the ones that announced a long task of their own ("re-
+        # tokenizing the shard") were busy; the others were stopped while waiting with the rest
+        phased = {r for r in busy if job.ranks[r].busy_phase}
+        culprit = (busy & named) or phased or busy
         found.append(
             Assessment(
                 RULE,
