@@ -21,9 +21,13 @@ setup: $(STAMP)
 # there), instead of inside a test.
 LAUNCHERS_STAMP := $(VENV)/.launchers
 $(LAUNCHERS_STAMP): $(STAMP) constraints.txt
-	@# a failure here leaves those tests skipped (they say why), not the whole suite failed
+	@# a failure here leaves those tests skipped (they say why), not the whole suite failed;
+	@# a build interrupted earlier left a lock that would make this one wait for ever, so
+	@# the op is built afresh (the stamp is missing: nothing built here is complete)
+	rm -rf $(abspath $(VENV))/torch_extensions
 	$(BIN)/pip install -q -c constraints.txt -e '.[torch,dev,stacks,launchers]' \
-		&& TORCH_EXTENSIONS_DIR=$(abspath $(VENV))/torch_extensions $(BIN)/python -c "$$DS_WARM_OP" \
+		&& TORCH_EXTENSIONS_DIR=$(abspath $(VENV))/torch_extensions \
+			timeout 1200 $(BIN)/python -c "$$DS_WARM_OP" \
 		&& touch $(LAUNCHERS_STAMP) \
 		|| echo "setup-launchers failed: the accelerate/deepspeed tests will be skipped" >&2
 
