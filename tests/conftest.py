@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,27 @@ CORPUS = REPO.parent / "shared" / "corpus"
 # build killed midway leaves a lock that makes every later rank wait forever: each venv keeps
 # its own (`make setup-launchers` warms this one).
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
+
+
+SESSION_START = time.time()
+DEEPSPEED_SHM = "deepspeed_allreduce_buffer_*"
+"""DeepSpeed's CPU all-reduce buffers (/dev/shm, 69 MB each): a rank the tests kill on purpose
+(a hang, a SIGKILL) never unlinks its own, and they pile up in memory run after run (22 GB
+were found on this machine)."""
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Remove the DeepSpeed buffers this session's jobs left behind (made since it started;
+    every job of the session has ended by now)."""
+    shm = Path("/dev/shm")
+    if not shm.is_dir():
+        return
+    for leftover in shm.glob(DEEPSPEED_SHM):
+        try:
+            if leftover.stat().st_mtime >= SESSION_START:
+                leftover.unlink()
+        except OSError:
+            pass  # gone already, or not ours to remove
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
