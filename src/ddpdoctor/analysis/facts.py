@@ -120,8 +120,15 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
     # "Enter your choice:", datasets' trust_remote_code prompt): a distributed worker's stdin
     # is no terminal, nobody answers, and the process waits there for ever
     *(
-        FactPattern("prompt", re.escape(literal), literal, distinct=WRITER)
-        for literal in ("[y/N]", "[Y/n]", "[y/n]", "(y/n)", "[yes/no]", "Enter your choice")
+        FactPattern("prompt", regex, literal, distinct=WRITER)
+        for regex, literal in (
+            (r"\[y/N\]", "[y/N]"),
+            (r"\[Y/n\]", "[Y/n]"),
+            (r"\[y/n\]", "[y/n]"),
+            (r"\(y/n\)", "(y/n)"),
+            (r"\[yes/no\]", "[yes/no]"),
+            (r"Enter your choice", "Enter your choice"),
+        )
     ),
     # NCCL net.cc: which transport NCCL uses between nodes
     FactPattern("socket_transport", r"NET/Socket : Using", "NET/Socket : Using", distinct=VALUE),
