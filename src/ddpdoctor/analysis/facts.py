@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from ddpdoctor.analysis.engine import Distinct
 from ddpdoctor.ingest.bounds import exit_code_number, pid_number, rank_number
+from ddpdoctor.model.evidence import PROMPTS
 from ddpdoctor.model.findings import RankExit
 
 VALUE, WRITER = Distinct.VALUE, Distinct.WRITER
@@ -120,15 +121,9 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
     # "Enter your choice:", datasets' trust_remote_code prompt): a distributed worker's stdin
     # is no terminal, nobody answers, and the process waits there for ever
     *(
-        FactPattern("prompt", regex, literal, distinct=WRITER)
-        for regex, literal in (
-            (r"\[y/N\]", "[y/N]"),
-            (r"\[Y/n\]", "[Y/n]"),
-            (r"\[y/n\]", "[y/n]"),
-            (r"\(y/n\)", "(y/n)"),
-            (r"\[yes/no\]", "[yes/no]"),
-            (r"Enter your choice", "Enter your choice"),
-        )
+        # escaped for Python and rg alike (re.escape's "\ " for a space is not valid for rg)
+        FactPattern("prompt", re.escape(literal).replace("\\ ", " "), literal, distinct=WRITER)
+        for literal in PROMPTS
     ),
     # NCCL net.cc: which transport NCCL uses between nodes
     FactPattern("socket_transport", r"NET/Socket : Using", "NET/Socket : Using", distinct=VALUE),

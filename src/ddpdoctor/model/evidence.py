@@ -58,6 +58,10 @@ class Activity:
         return self.category == "collective"
 
 
+PROMPTS = ("[y/N]", "[Y/n]", "[y/n]", "(y/n)", "[yes/no]", "Enter your choice")
+"""How a program asks its terminal a question (input()'s "Continue? [y/N] ", wandb's "Enter
+your choice:"): a distributed worker's stdin is no terminal, nobody answers."""
+
 EVALUATION, TRAINING = "evaluation", "training"
 """The phases of a training program a waiting rank's traceback can name (WaitSite.phase)."""
 

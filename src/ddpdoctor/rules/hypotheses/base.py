@@ -52,6 +52,10 @@ class Hypothesis:
 _NUMBERS = re.compile(r"\d+(?:\.\d+)?(?:e[-+]?\d+)?")
 
 
+MAIN_PROCESS = 0
+"""The main process: rank-dependent branches (`if rank == 0`, `is_main_process`) single it out."""
+
+
 def words_shape(text: str) -> str:
     """A line with its numbers (ranks, steps, losses, times) blanked: two ranks printing the
     same line at the same point of the program give the same shape."""

@@ -10,7 +10,13 @@ from ddpdoctor.model.evidence import JobEvidence
 from ddpdoctor.model.taxonomy import Status
 from ddpdoctor.rules.base import Explanation, Rule
 from ddpdoctor.rules.frameworks import COLLECTIVE_IN_BRANCH_FIX
-from ddpdoctor.rules.hypotheses.base import Assessment, ranks_text, stall_evidence, stood_with
+from ddpdoctor.rules.hypotheses.base import (
+    MAIN_PROCESS,
+    Assessment,
+    ranks_text,
+    stall_evidence,
+    stood_with,
+)
 
 RULE = Rule(
     code="INF203",
@@ -37,9 +43,6 @@ RULE = Rule(
     ),
     framework_fix=COLLECTIVE_IN_BRANCH_FIX,
 )
-
-MAIN_PROCESS = 0
-"""Rank-dependent branches most often single out the main process (rank 0)."""
 
 
 DIVERGING = ("mismatch", "only-some", "group-order", "group-config")

@@ -7,9 +7,7 @@ in (a lock) while the others timed out."""
 
 from __future__ import annotations
 
-import re
-
-from ddpdoctor.model.evidence import Activity, JobEvidence
+from ddpdoctor.model.evidence import PROMPTS, Activity, JobEvidence
 from ddpdoctor.model.taxonomy import Category, Status
 from ddpdoctor.rules.base import Explanation, Rule
 from ddpdoctor.rules.hypotheses.base import Assessment, ranks_text, stall_evidence, stall_note
@@ -24,7 +22,9 @@ STUCK = Rule(
     explanation=Explanation(
         what="The job made no progress; the stacks show most ranks waiting in a collective and "
         "one (or a few) somewhere else: sleeping, waiting on a lock, in the DataLoader, or busy "
-        "in its own code.",
+        "in its own code. Without `ddpdoctor run`'s stacks: a stop signal's traceback standing "
+        "on a rank's lock, or a question asked on the terminal that the one rank still running "
+        "waited to have answered, while the others timed out.",
         why="That rank never reached the collective: a sleep or a blocking call on one rank, a "
         "deadlock, a data loader that stopped delivering, or work only that rank does.",
         fix="Read the culprit's stack at the line named: make it reach the collective (remove "
@@ -101,10 +101,6 @@ def blocked_ranks(job: JobEvidence) -> set[int]:
     }
 
 
-PROMPT_END = re.compile(r"(?<=\[y/N\]|\[Y/n\]|\[y/n\]|\(y/n\))|(?<=\[yes/no\])")
-"""Where a prompt's question ends (another writer's text may follow on the same line)."""
-
-
 def prompted_ranks(job: JobEvidence) -> set[int]:
     """Ranks waiting for an answer to a question asked on the terminal: the ranks that asked
     (when the line names one), else the one rank the launcher found still running, silent."""
@@ -124,7 +120,7 @@ def _from_prompt(job: JobEvidence) -> Assessment | None:
     if not asking or not waiting:
         return None
     prompt = job.prompts[0]
-    question = PROMPT_END.split(prompt.text, maxsplit=1)[0].strip()[-160:]
+    question = _question(prompt.text)
     return Assessment(
         STUCK,
         0.7,
@@ -143,6 +139,12 @@ def _from_prompt(job: JobEvidence) -> Assessment | None:
         evidence=[prompt],
         status=Status.HUNG,
     )
+
+
+def _question(text: str) -> str:
+    """The question up to its answer choices (another writer's text may follow on the line)."""
+    ends = [at + len(mark) for mark in PROMPTS if (at := text.find(mark)) >= 0]
+    return text[: min(ends)].strip()[-160:] if ends else text.strip()[:160]
 
 
 def _from_interrupted(job: JobEvidence) -> Assessment | None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ddpdoctor.model.evidence import EVALUATION, TRAINING, JobEvidence
 from ddpdoctor.rules.base import Explanation, Rule
-from ddpdoctor.rules.hypotheses.base import Assessment, ranks_text
+from ddpdoctor.rules.hypotheses.base import MAIN_PROCESS, Assessment, ranks_text
 
 RULE = Rule(
     code="INF209",
@@ -44,9 +44,6 @@ def assess(job: JobEvidence) -> Assessment | None:
             job.data_sizes[unit], 0.62, "announced different amounts of data", f"{unit}: ", True
         )
     return found or _from_phases(job)
-
-
-MAIN_PROCESS = 0
 
 
 def _from_phases(job: JobEvidence) -> Assessment | None:
