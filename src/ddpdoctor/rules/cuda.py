@@ -20,7 +20,9 @@ CUDA_OOM = Rule(
         ),
         Signature(r"CUDA out of memory"),
         Signature(r"CUDA error: out of memory"),
-        Signature(r"OutOfMemoryError"),
+        # torch.OutOfMemoryError / torch.cuda.OutOfMemoryError (not Ray's host-memory kill,
+        # ray.exceptions.OutOfMemoryError)
+        Signature(r"(?<!exceptions\.)OutOfMemoryError", "OutOfMemoryError"),
         Signature(r"CUBLAS_STATUS_ALLOC_FAILED"),
         Signature(r"cudaErrorMemoryAllocation"),
         # accelerate utils/memory.py find_executable_batch_size: every batch size ran out of

@@ -73,6 +73,21 @@ HOST_OOM_KILL = Rule(
         Signature(r"invoked oom-killer: ", "invoked oom-killer"),
         # Kubernetes pkg/kubelet/eviction/helpers.go: pod evicted under node memory pressure
         Signature(r"The node was low on resource: memory", "The node was low on resource: memory"),
+        # Ray's memory monitor (raylet node_manager.cc, ray.exceptions.OutOfMemoryError): the
+        # node's RAM passed the threshold and Ray killed its newest worker; "Task was" up to Ray
+        # 2.54, "N worker(s) were" from 2.55
+        Signature(
+            r"(?:Task was|worker\(s\) were) killed due to the node running low on memory",
+            "killed due to the node running low on memory",
+        ),
+        # raylet: a worker lost with no reason recorded; Ray's own first guess is the OOM killer
+        Signature(
+            r"Worker exit type: SYSTEM_ERROR Worker exit detail: Worker unexpectedly exits with a "
+            r"connection error code \d+\. End of file\. There are some potential root causes\. "
+            r"\(1\) The process is killed by SIGKILL by OOM killer",
+            "Worker exit type: SYSTEM_ERROR",
+            suggests=True,
+        ),
     ),
     explanation=Explanation(
         what="A rank process died from SIGKILL with no Python traceback.",
@@ -95,10 +110,13 @@ HOST_OOM_KILL = Rule(
         "ERROR:torch.distributed.elastic.multiprocessing.api:failed (exitcode: -9) local_rank: 3 "
         "(pid: 812917) of binary: /usr/bin/python",
         "traceback : Signal 9 (SIGKILL) received by PID 4242",
+        "ray.exceptions.OutOfMemoryError: Task was killed due to the node running low on memory.",
+        "1 worker(s) were killed due to the node running low on memory.",
     ),
     negative=(
         "ERROR:torch.distributed.elastic.multiprocessing.api:failed (exitcode: 1) local_rank: 0 "
         "(pid: 6067)",
+        "Worker exit type: INTENDED_USER_EXIT Worker exit detail: Worker exits by an user request.",
     ),
 )
 
@@ -620,6 +638,8 @@ SLURM_TERMINATED = Rule(
         ),
         # Kubernetes scheduler (DisruptionTarget condition of a preempted pod)
         Signature(r": preempting to accommodate a higher priority", "preempting to accommodate"),
+        # Ray GCS (gcs_actor_manager.cc): an actor lost with its node, drained for preemption
+        Signature(r"the actor's node was preempted: ", "the actor's node was preempted"),
     ),
     explanation=Explanation(
         what="The scheduler stopped the job: time limit, preemption or cancellation.",
@@ -638,9 +658,11 @@ SLURM_TERMINATED = Rule(
         "submitit WARNING (2026-11-30 10:00:00,000) - Caught signal SIGUSR2 on node042: this job "
         "is preempted.",
         "[2026-05-07T14:10:47.011] error: *** STEP 2210587.1 ON",
+        "\tthe actor's node was preempted: spot instance reclaimed",
     ),
     negative=(
         "slurmstepd: error: Detected 1 oom_kill event in StepId=1234.0",
+        "\tthe actor's node was terminated expectedly: received SIGTERM",
         "slurmstepd: error: *** JOB 1234 STEPD TERMINATED ON node01 AT 2024-01-01T00:00:00 DUE "
         "TO JOB NOT ENDING WITH SIGNALS ***",
     ),
