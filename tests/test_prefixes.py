@@ -80,6 +80,35 @@ from ddpdoctor.ingest.prefixes import parse_line
         ),
         # Lightning's model summary table is not a container prefix
         ("0 | model   | ResNet | 11.2 M", "0 | model   | ResNet | 11.2 M", None, None, None),
+        # Ray's log monitor: the worker's process and node, never its rank (corpus cases 254,
+        # 423, 233); torch's own prefix may follow
+        (
+            "(RayTrainWorker pid=48213) /pytorch/aten/src/ATen/native/cuda/Indexing.cu:1422: "
+            "indexSelectLargeIndex: block: [22,0,0], thread: [96,0,0] Assertion",
+            "/pytorch/aten/src/ATen/native/cuda/Indexing.cu:1422: indexSelectLargeIndex: block: "
+            "[22,0,0], thread: [96,0,0] Assertion",
+            None,
+            None,
+            None,
+        ),
+        (
+            "(ReferenceModelRayActor pid=3317, ip=10.20.3.14) [rank3]:RuntimeError: x",
+            "RuntimeError: x",
+            3,
+            None,
+            "10.20.3.14",
+        ),
+        ("(raylet) A worker died or was killed", "A worker died or was killed", None, None, None),
+        (
+            "(CriticModelRayActor pid=602788) Some weights were not initialized [repeated 7x "
+            "across cluster]",
+            "Some weights were not initialized",
+            None,
+            None,
+            None,
+        ),
+        # a parenthesis of the program's own is not Ray's
+        ("(epoch 3) loss 0.5", "(epoch 3) loss 0.5", None, None, None),
         # kubectl logs --prefix, then torchrun's prefix
         (
             "[pod/train-worker-1/pytorch] [rank3]:Traceback (most recent call last):",
@@ -304,3 +333,12 @@ def test_the_store_barrier_names_the_rank_that_waits() -> None:
     )
     parsed = parse_line(line)
     assert (parsed.origin.rank, parsed.rank_from_text) == (5, True)
+
+
+def test_a_ray_worker_prefix_names_its_process_and_node_not_a_rank() -> None:
+    """Each Ray worker is a writer of its own (its pid), on the node of its ip; the rank comes
+    only from what follows (torch's [rankN]: prefix, the program's words)."""
+    parsed = parse_line("(RayTrainWorker pid=4242, ip=10.0.0.7) Epoch 1: loss 0.31", 2026)
+    assert (parsed.origin.pid, parsed.origin.host, parsed.origin.rank) == (4242, "10.0.0.7", None)
+    assert parsed.prefix == "(RayTrainWorker pid=4242, ip=10.0.0.7)"
+    assert parsed.text == "Epoch 1: loss 0.31"

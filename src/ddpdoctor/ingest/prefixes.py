@@ -184,6 +184,19 @@ def clean(raw: str) -> str:
 # OpenMPI's mpirun --tag-output: "[1,3]<stderr>:" is job 1, rank 3 (MPI_COMM_WORLD rank).
 OPENMPI = re.compile(r"\[\d+,(?P<rank>\d{1,7})\]<(?:stdout|stderr|stddiag)>: ?")
 
+# Ray's log monitor on the driver's console: "(RayTrainWorker pid=4242, ip=10.0.0.7) ",
+# "(WorkerDict pid=88) ", "(pid=91) " for a task, "(raylet) " / "(raylet, ip=...) " for its
+# own daemons (python/ray/_private/worker.py print_worker_logs). The pid names the process,
+# never its rank.
+RAY = re.compile(
+    r"\((?:(?P<name>[A-Za-z_][\w.:-]{0,80}?) )?pid=(?P<pid>\d{1,9})"
+    r"(?:, ip=(?P<ip>[\d.]{7,15}|[0-9a-f:]{3,39}))?\) "
+    r"|\((?P<daemon>raylet|gcs_server|autoscaler|monitor|dashboard_agent)"
+    r"(?:, ip=(?P<dip>[\d.]{7,15}))?\) "
+)
+RAY_REPEATED = re.compile(r" \[repeated \d+x across cluster\]$")
+"""Ray's log deduplication: the line stood for this many identical lines of other workers."""
+
 # A log pasted into a Markdown quote: "> [rank0]: Traceback ...", "> > nested".
 QUOTE = re.compile(r">+ ?")
 
@@ -312,6 +325,17 @@ def parse_line(raw: str, year: int = 1970, with_time: bool = True) -> ParsedLine
             prefix_parts.append(f"{m.group('host')}:{m.group('pid')}")
             pos = m.end()
             break
+        m = RAY.match(text, pos) if c == "(" else None
+        if m:
+            if m.group("pid"):
+                origin.pid = pid_number(m.group("pid"))
+            origin.host = origin.host or m.group("ip") or m.group("dip")
+            prefix_parts.append(m.group(0).strip())
+            if end > 30 and text.endswith("cluster]"):
+                text = RAY_REPEATED.sub("", text)
+                end = len(text)
+            pos = m.end()
+            continue
         m = STREAM_TAG.match(text, pos) if bracket and nxt == "s" else None
         if m:
             pos = m.end()
