@@ -107,6 +107,8 @@ from ddpdoctor.ingest.prefixes import parse_line
             None,
             None,
         ),
+        # horovodrun's gloo launcher tags lines with the rank alone
+        ("[3]<stderr>:RuntimeError: x", "RuntimeError: x", 3, None, None),
         # a parenthesis of the program's own is not Ray's
         ("(epoch 3) loss 0.5", "(epoch 3) loss 0.5", None, None, None),
         # kubectl logs --prefix, then torchrun's prefix

@@ -210,6 +210,8 @@ def _add_event(evidence: JobEvidence, event: Event) -> None:
     if rank is None:
         if event.echo is not None:
             evidence.unranked_echoes.add(str(event.echo))
+        if event.echo is Echo.WAITING:  # a coordinator speaking for the job names the absent
+            _mark_named_absent(evidence, event)
         return
     view = evidence.ranks.setdefault(rank, RankView(rank=rank, present=True))
     if event.echo in (Echo.WAITING, Echo.LOST_PEER) and any(
@@ -235,11 +237,34 @@ def _add_event(evidence: JobEvidence, event: Event) -> None:
     if event.echo in (Echo.WAITING, Echo.LOST_PEER):
         for hit in event.hits:  # where it was when the peer never came or went away
             view.wait_sites.append(wait_site(hit))
-            for named in re.findall(r"\d+", hit.captures.get("missing", ""))[:64]:
-                absent = _digits(named, 7)
-                if absent is not None:
-                    evidence.ranks.setdefault(absent, RankView(rank=absent)).named_absent = True
+        _mark_named_absent(evidence, event)
+
     view.evidence.extend(Evidence.of(h.record) for h in event.hits[:2])
+
+
+def _mark_named_absent(evidence: JobEvidence, event: Event) -> None:
+    for hit in event.hits:
+        for absent in _named_absent(hit.captures):
+            evidence.ranks.setdefault(absent, RankView(rank=absent)).named_absent = True
+
+
+def _named_absent(captures: dict[str, str]) -> set[int]:
+    """The ranks a waiting message names as never having arrived: those it lists as missing,
+    or, when it lists the ranks that did arrive, the ones below the highest of them that it
+    leaves out (ranks above it cannot be told from a smaller world)."""
+    absent = {
+        r
+        for n in re.findall(r"\d+", captures.get("missing", ""))[:64]
+        if (r := _digits(n, 7)) is not None
+    }
+    ready = {
+        r
+        for n in re.findall(r"\d+", captures.get("ready", ""))[:64]
+        if (r := _digits(n, 7)) is not None
+    }
+    if ready:
+        absent |= set(range(max(ready))) - ready
+    return absent
 
 
 def left_early(job: JobView, events: list[Event]) -> set[int]:

@@ -181,8 +181,9 @@ def clean(raw: str) -> str:
     return raw[:MAX_TEXT]
 
 
-# OpenMPI's mpirun --tag-output: "[1,3]<stderr>:" is job 1, rank 3 (MPI_COMM_WORLD rank).
-OPENMPI = re.compile(r"\[\d+,(?P<rank>\d{1,7})\]<(?:stdout|stderr|stddiag)>: ?")
+# OpenMPI's mpirun --tag-output: "[1,3]<stderr>:" is job 1, rank 3 (MPI_COMM_WORLD rank);
+# horovodrun's own launcher (gloo) tags "[3]<stderr>:" with the rank alone.
+OPENMPI = re.compile(r"\[(?:\d+,)?(?P<rank>\d{1,7})\]<(?:stdout|stderr|stddiag)>: ?")
 
 # Ray's log monitor on the driver's console: "(RayTrainWorker pid=4242, ip=10.0.0.7) ",
 # "(WorkerDict pid=88) ", "(pid=91) " for a task, "(raylet) " / "(raylet, ip=...) " for its

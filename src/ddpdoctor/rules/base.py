@@ -54,6 +54,8 @@ CAPTURES: dict[str, str] = {
     "pid": "the process id of the worker the line is about (resolved through the job's pids)",
     "culprit_rank": "the rank the message itself blames (e.g. the one with another model)",
     "missing": "ranks the message names as never having arrived (a monitored barrier)",
+    "ready": "ranks the message names as having arrived while others had not (the ranks "
+    "below the highest one named that it leaves out never arrived)",
     "peer_local_rank": "the local rank of a peer that went away, on the line's host",
     "rank_a": "the first of two ranks the message names together",
     "rank_b": "the second of two ranks the message names together",

@@ -4,6 +4,7 @@ alive (`Echo.WAITING`)."""
 
 from __future__ import annotations
 
+from ddpdoctor.model.taxonomy import Status
 from ddpdoctor.rules.base import Echo, Explanation, Rule, Signature
 from ddpdoctor.rules.frameworks import COLLECTIVE_IN_BRANCH_FIX
 
@@ -195,6 +196,69 @@ MONITORED_BARRIER = Rule(
     negative=("Watchdog caught collective operation timeout",),
 )
 
+HOROVOD_STALL = Rule(
+    code="HVD101",
+    kind="hang",
+    title="Horovod's stall inspector: a collective waits for ranks that never submitted it",
+    sources="horovod/common/stall_inspector.cc (operations.cc before 0.20)",
+    echo=Echo.WAITING,
+    status=Status.HUNG,
+    specificity=25,
+    signatures=(
+        Signature(
+            r"One or more tensors were submitted to be reduced, gathered or broadcasted by "
+            r"subset of ranks and are waiting for remainder of ranks for more than "
+            r"(?P<after>\d+) seconds",
+            "waiting for remainder of ranks",
+        ),
+        # the ops it lists, each with the ranks missing (or, in some versions, ready)
+        Signature(
+            r"^\s*(?P<op>(?:allreduce|allgather|broadcast|alltoall|reducescatter|join)\.\S*) "
+            r"\[missing ranks: (?P<missing>[\d, ]+)\]",
+            "[missing ranks: ",
+        ),
+        Signature(
+            r"^\s*(?P<op>(?:allreduce|allgather|broadcast|alltoall|reducescatter|join)\.\S*) "
+            r"\[ready ranks: (?P<ready>[\d, ]+)\]",
+            "[ready ranks: ",
+        ),
+        # Horovod >= 0.20: "Missing ranks:" then one line per missing rank with the ops it
+        # has not submitted
+        *(
+            Signature(rf"^(?P<missing>\d{{1,5}}): \[{op}\.", f": [{op}.")
+            for op in ("allreduce", "allgather", "broadcast", "alltoall", "reducescatter")
+        ),
+    ),
+    explanation=Explanation(
+        what="Horovod's coordinator saw some ranks submit a collective that the others had "
+        "not submitted after the stall warning time (60 s by default); it names the ops and "
+        "the ranks missing (or the ranks ready) for each.",
+        why="The missing ranks are elsewhere: stuck or slow before that collective (data "
+        "loading, a lock, work of their own), gone, or on another code path that submits "
+        "other tensors (a rank-dependent branch, a different number of steps). Without a "
+        "stall shutdown time the job then hangs for ever.",
+        fix="Read what the missing ranks were doing (their last lines, py-spy dump on their "
+        "pids); make every rank submit the same ops in the same order and the same number of "
+        "times (hvd.join() for uneven data).",
+        false_positives="Ranks that are merely slow arrive later and the warning stops.",
+    ),
+    fix=(
+        "Dump the stacks of the missing ranks while it stalls (py-spy dump --pid PID): they "
+        "show where those ranks are instead of the collective.",
+        "If the ranks take different paths (a branch on the rank, uneven data), make every "
+        "rank submit the same collectives; hvd.join() lets ranks with less data finish.",
+    ),
+    positive=(
+        "[2021-02-02 21:19:07.345988: W horovod/common/stall_inspector.cc:105] One or more "
+        "tensors were submitted to be reduced, gathered or broadcasted by subset of ranks and "
+        "are waiting for remainder of ranks for more than 60 seconds. This may indicate that "
+        "different ranks are trying to submit different tensors or that only subset of ranks is "
+        "submitting tensors, which will cause deadlock.",
+        "allreduce.conv1.weight [missing ranks: 1, 5]",
+    ),
+    negative=("Reducer buckets have been rebuilt in this iteration.",),
+)
+
 WATCHDOG_STUCK = Rule(
     code="HANG102",
     kind="hang",
@@ -237,5 +301,6 @@ RULES = (
     NCCL_WATCHDOG_TIMEOUT,
     GLOO_TIMEOUT,
     MONITORED_BARRIER,
+    HOROVOD_STALL,
     WATCHDOG_STUCK,
 )

@@ -58,6 +58,7 @@ def assess(job: JobEvidence) -> Assessment | None:
             _from_wait_sites(job),
             _from_minority(job),
             _from_skipped_step(job),
+            _from_named_absence(job),
         )
         if a
     ]
@@ -249,4 +250,27 @@ def _from_skipped_step(job: JobEvidence) -> Assessment | None:
             "Never skip a step on one rank: compute the skip decision on every rank (all_reduce "
             "a flag) or replace the bad batch's loss by 0 * loss so every rank runs backward."
         ],
+    )
+
+
+def _from_named_absence(job: JobEvidence) -> Assessment | None:
+    """The waiting side names every rank as missing from some collective the others had
+    submitted (Horovod's stall report): no rank is merely behind, each is on a path of its
+    own, submitting collectives the others do not."""
+    present = {r for r, v in job.ranks.items() if v.present}
+    named = {r for r, v in job.ranks.items() if v.named_absent}
+    if len(named) < 2 or not present or not present <= named:
+        return None
+    if any(v.failed for v in job.ranks.values()):
+        return None
+    return Assessment(
+        RULE,
+        0.65,
+        [],
+        [
+            f"the job's stall report names every rank ({ranks_text(named)}) as missing a "
+            "collective that other ranks had submitted: no rank is simply behind; the ranks "
+            "submitted different collectives and each waits for one the others will never send."
+        ],
+        status=Status.HUNG,
     )

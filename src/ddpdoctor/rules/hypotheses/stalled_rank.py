@@ -175,10 +175,46 @@ def _from_interrupted(job: JobEvidence) -> Assessment | None:
     )
 
 
+def _from_named_absence(job: JobEvidence) -> Assessment | None:
+    """A message on behalf of the whole job (a coordinator's stall warning, no rank of its
+    own) names the ranks that never submitted the collective the others wait in, and those
+    ranks printed no error: they are somewhere else, stuck or slow, and the job hangs there.
+    A waiting rank that speaks for itself is read as a timeout instead (slow_rank)."""
+    if job.waiting or "waiting" not in job.unranked_echoes:
+        return None
+    absent = {
+        r
+        for r, v in job.ranks.items()
+        if v.named_absent and not v.failed and not v.waiting and not v.completed
+    }
+    if not absent or any(v.failed for v in job.ranks.values()):
+        return None
+    return Assessment(
+        STUCK,
+        0.5,
+        sorted(absent),
+        [
+            f"the job's own stall report names {ranks_text(absent)} as never having submitted "
+            "the collective the other ranks submitted, and "
+            + ("it" if len(absent) == 1 else "they")
+            + " printed no error: "
+            + ("it was" if len(absent) == 1 else "they were")
+            + " somewhere else (stuck, slow, or on another code path), and the job hung there."
+        ],
+        fix=[
+            f"Dump the stacks of {ranks_text(absent)} while it hangs (py-spy dump --pid PID): "
+            "they show where those ranks are instead of the collective; if they take another "
+            "path (a branch on the rank, fewer batches), make every rank submit the same ops."
+        ],
+        status=Status.HUNG,
+        category=str(Category.UNKNOWN),
+    )
+
+
 def assess(job: JobEvidence) -> Assessment | None:
     stall = job.stall
     if stall is None or not stall.activities:
-        return _from_interrupted(job) or _from_prompt(job)
+        return _from_interrupted(job) or _from_prompt(job) or _from_named_absence(job)
     acts = stall.activities
     inside = {r for r, a in acts.items() if a.in_collective}
     outside = {r for r, a in acts.items() if a.category in ELSEWHERE}
