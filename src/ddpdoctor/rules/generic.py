@@ -4,6 +4,7 @@ teardown warnings of a job that had finished. Specific rules always win over the
 from __future__ import annotations
 
 from ddpdoctor.model.evidence import JobEvidence
+from ddpdoctor.model.taxonomy import Status
 from ddpdoctor.rules.base import Echo, Explanation, Marker, Rule, Signature
 
 PYTHON_EXCEPTION = Rule(
@@ -214,4 +215,60 @@ EXIT_TEARDOWN = Rule(
     negative=("CUDA error: out of memory",),
 )
 
-RULES = (PYTHON_EXCEPTION, EARLY_STOP, TEARDOWN_WITHOUT_DESTROY, ZERO3_STAGE, EXIT_TEARDOWN)
+TEARDOWN_HANG_DUMP = Rule(
+    code="EXIT104",
+    kind="exit-teardown-crash",
+    title="A stack dump shows a process stuck in destroy_process_group",
+    sources="py-spy dump (frames 'func (file:line)'), Python faulthandler ('File \"f\", "
+    "line N in func'), torch/distributed/distributed_c10d.py",
+    status=Status.HUNG,
+    specificity=12,
+    signatures=(
+        # py-spy's frame line and faulthandler's (no comma before "in"): a stack dump of a
+        # live process, never a traceback of a raised exception
+        Signature(
+            r"^\s+destroy_process_group \(\S*distributed_c10d\.py:\d+\)",
+            "destroy_process_group (",
+        ),
+        Signature(
+            r'File "\S*distributed_c10d\.py", line \d+ in destroy_process_group$',
+            " in destroy_process_group",
+        ),
+    ),
+    explanation=Explanation(
+        what="Someone dumped the stacks of a process that did not end, and it stands in "
+        "destroy_process_group: it hung on its way out, after its own work.",
+        why="destroy_process_group waits for the process group's pending work and for its "
+        "peers: it hangs when other ranks are still inside collectives (they raised or were "
+        "killed, or are still training), or when the communicator cannot be torn down. "
+        "Calling it from a `finally:` after an exception on some ranks is the classic case.",
+        fix="Call destroy_process_group only when every rank ends normally (not in a finally "
+        "that also runs after an exception, where the others may be stuck in a collective); "
+        "find the other ranks' error first: it is the failure, this is the exit path.",
+        false_positives="A rank that is merely slow to tear down a large communicator.",
+    ),
+    fix=(
+        "Read the other ranks' output for the first error: a rank that raised leaves its "
+        "peers in collectives, and destroy_process_group then waits for them.",
+        "Destroy the process group on the normal exit path only (after a barrier every rank "
+        "reaches), not in a finally that runs after an exception.",
+    ),
+    positive=(
+        "    destroy_process_group (torch/distributed/distributed_c10d.py:2184)",
+        '  File "/usr/lib/python3/site-packages/torch/distributed/distributed_c10d.py", line '
+        "2184 in destroy_process_group",
+    ),
+    negative=(
+        '  File "/usr/lib/python3/site-packages/torch/distributed/distributed_c10d.py", line '
+        "2184, in destroy_process_group",
+    ),
+)
+
+RULES = (
+    PYTHON_EXCEPTION,
+    EARLY_STOP,
+    TEARDOWN_WITHOUT_DESTROY,
+    ZERO3_STAGE,
+    EXIT_TEARDOWN,
+    TEARDOWN_HANG_DUMP,
+)

@@ -58,8 +58,9 @@ HANG_DUMP = Rule(
         # faulthandler.dump_traceback_later(timeout) firing: "Timeout (0:00:05)!"
         Signature(r"^Timeout \(\d+:\d\d:\d\d(?:\.\d+)?\)!", "Timeout ("),
         Signature(r"Thread 0x[0-9a-f]+ \(most recent call first\):", "(most recent call first):"),
-        Signature(r"Thread \d+ \(idle\): \"", '(idle): "'),
-        Signature(r"Thread \d+ \(active(?:\+gil)?\): \"", "(active"),
+        # py-spy: decimal thread ids (0.1, 0.2), hexadecimal from 0.3
+        Signature(r"Thread (?:\d+|0x[0-9A-Fa-f]+) \(idle\): \"", '(idle): "'),
+        Signature(r"Thread (?:\d+|0x[0-9A-Fa-f]+) \(active(?:\+gil)?\): \"", "(active"),
     ),
     explanation=Explanation(
         what="The log holds Python stack dumps taken while the job made no progress.",
@@ -77,6 +78,7 @@ HANG_DUMP = Rule(
     positive=(
         "Thread 0x00007f3b8c4f1740 (most recent call first):",
         'Thread 1234 (idle): "MainThread"',
+        'Thread 0x7FA3915C7440 (active): "MainThread"',
     ),
     negative=("Traceback (most recent call last):",),
 )
