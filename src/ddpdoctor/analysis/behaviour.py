@@ -42,8 +42,12 @@ BUSY_WINDOW = (0.5, 1.25)
 others waited: it started with the collective they waited in."""
 
 BUSY_PHASE = re.compile(
-    r"(?i)sav(?:e|ing) (?:(?:the|a|its) )?(?:model|checkpoint|state)|evaluat|validat|tokeniz"
-    r"|preprocess|download|loading (?:the )?(?:dataset|data|checkpoint|model)"
+    r"(?i)sav(?:e|ing) (?:(?:the|a|its) )?(?:model|checkpoint|state)|saving (?:to|into) \S"
+    r"|writing (?:the )?(?:checkpoint|model)|evaluating|validating"
+    r"|(?:running|start(?:ing)?|begin(?:ning)?) (?:the )?(?:evaluation|validation|eval\b)"
+    r"|(?:evaluation|validation|eval) (?:start|begin|loop|dataloader|epoch|step|batch|on )"
+    r"|^(?:validation|evaluation|eval|testing)\b.{0,40}\d+%\|"
+    r"|tokeniz|preprocess|download|loading (?:the )?(?:dataset|data|checkpoint|model)"
     r"|building (?:the )?index|consolidat|gather(?:ing)? (?:the )?(?:full )?state"
     r"|running (?:on|the) (?:dataset|eval)"
 )

@@ -65,6 +65,8 @@ def assess(job: JobEvidence) -> Assessment | None:
         and r not in job.failing_exits  # its exit code says it failed: it did not just leave
         and not job.ranks[r].completed
         and not (whole_job_stopped and "stopped" in job.ranks[r].echoes)
+        # its last words announce a long phase of its own (saving, evaluating): busy, not gone
+        and not job.ranks[r].busy_phase
     }
     if waiting and all(job.ranks[r].waited_after_end for r in waiting):
         left = set()

@@ -1,0 +1,46 @@
+"""Last words that announce a long phase a rank does on its own (a save, an evaluation) make
+it busy, not gone; a line that reports a phase's result does not. Lines from real captures
+and re-enacted reports."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ddpdoctor.analysis.behaviour import BUSY_PHASE
+from ddpdoctor.analysis.diagnose import diagnose_paths
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "0: saving to /data/runs/soundstream-fsq/results",  # corpus 768
+        "Saving model checkpoint to /out/checkpoint-500",
+        "Validation DataLoader 0:  45%|████▌     | 9/20 [00:01<00:02,  5.12it/s]",
+        "Running evaluation on the test set",
+        "tokenizing the shard 3 of 8",
+    ],
+)
+def test_a_phase_announced(line: str) -> None:
+    assert BUSY_PHASE.search(line)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        # tests/fixtures/real/seventh-main-stop: a result, then the rank's own stop
+        "[Rank 0] validation loss 4.0672 below target, stopping",
+        "epoch 3 evaluation results: accuracy 0.91",
+    ],
+)
+def test_a_phase_reported_done(line: str) -> None:
+    assert not BUSY_PHASE.search(line)
+
+
+def test_a_main_process_saving_alone_is_busy_not_gone() -> None:
+    """Corpus case 768: the main process said it was saving, then nothing, while rank 6 timed
+    out in a broadcast: busy on its own (slow rank), not a rank that left."""
+    (case,) = (Path(__file__).resolve().parent.parent / "corpus" / "cases").glob("768-*")
+    v = diagnose_paths([str(case / "logs")]).verdict
+    assert (v.kind, v.culprit.ranks) == ("slow-rank-timeout", [0])
