@@ -507,6 +507,61 @@ CHECKPOINT_DEVICE_MISSING = Rule(
     ),
 )
 
+CUDA_INIT_ERROR = Rule(
+    code="CUDA113",
+    kind="dataloader-cuda-fork",
+    title="CUDA failed to initialise (most often: CUDA used in a forked process)",
+    sources="CUDA runtime (cudaErrorInitializationError, code 3), torch/cuda/__init__.py "
+    "_lazy_init, THC (torch < 1.5)",
+    specificity=70,
+    signatures=(
+        Signature(r"CUDA error: initialization error", suggests=True),
+        Signature(
+            r"cuda runtime error \(3\) : initialization error",
+            "cuda runtime error (3)",
+            suggests=True,
+        ),
+        # THC's check before torch 1.5: code 3 is cudaErrorInitializationError
+        Signature(
+            r"THCudaCheck FAIL file=\S+ line=\d+ error=3 : initialization error",
+            "error=3 : initialization error",
+            suggests=True,
+        ),
+    ),
+    explanation=Explanation(
+        what="The CUDA runtime's initialization error, with nothing in sight that says which "
+        "process raised it (no DataLoader worker or fork in its traceback).",
+        why="CUDA cannot be initialised again in a process forked after its parent had "
+        "initialised it: DataLoader workers (num_workers > 0) whose dataset, transform or "
+        "collate_fn touches CUDA, a multiprocessing.Process started with fork. Much less "
+        "often the driver itself: updated without a reboot, or a container started without "
+        "the GPU devices, where the main process fails at start-up and nvidia-smi fails too.",
+        fix="Keep datasets, transforms and collate on CPU and move batches to the GPU in the "
+        "training loop, or start workers with spawn; if the main process fails at start-up, "
+        "check the driver (nvidia-smi).",
+        false_positives="A driver or container problem in the main process: nvidia-smi and "
+        "`python -c 'import torch; torch.zeros(1).cuda()'` fail too.",
+    ),
+    fix=(
+        "Return CPU tensors from Dataset/collate_fn/transforms and call .cuda() in the training "
+        "loop; or DataLoader(..., multiprocessing_context='spawn') / "
+        "torch.multiprocessing.set_start_method('spawn').",
+        "If it fails in the main process before any worker: run nvidia-smi and "
+        "`python -c 'import torch; torch.zeros(1).cuda()'` on the node (driver, container "
+        "GPU access).",
+    ),
+    positive=(
+        "RuntimeError: CUDA error: initialization error",
+        "THCudaCheck FAIL file=/pytorch/aten/src/THC/THCGeneral.cpp line=50 error=3 : "
+        "initialization error",
+    ),
+    # a traceback through a script's module level is the main process itself, never a
+    # forked child: there the error is the driver's or the installation's (census
+    # cuda-err-init-main); a worker's error re-raised in the main process is CUDA107's
+    context_none=(r"line \d+,? in <module>",),
+    negative=("RuntimeError: CUDA error: invalid device ordinal",),
+)
+
 RULES = (
     SHARED_GPU_OOM,
     CUDA_OOM,
@@ -516,6 +571,7 @@ RULES = (
     CUDA_LIBRARY_MISMATCH,
     DEVICE_ASSIGNMENT,
     DATALOADER_CUDA_FORK,
+    CUDA_INIT_ERROR,
     CUDA_KERNEL_FAULT,
     CHECKPOINT_DEVICE_MISSING,
 )
