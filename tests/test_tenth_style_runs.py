@@ -93,12 +93,6 @@ EXPECTED: dict[str, Expected] = {
 MISSES: dict[str, str] = {
     "p2p-longer-seq": "collective-mismatch on rank 2 (COL101, 0.9): the rank whose recv gloo "
     "aborted ('6400 vs 4096'), not rank 0 whose bigger activation it received",
-    "grad-skip": "collective-mismatch on ranks 0,1 (INF203, 0.4): the ranks waiting in the "
-    "gradient recv are blamed, not ranks 2,3 who never sent it and went on to the next all_reduce",
-    "group-order": "rendezvous-failure with no culprit (LCH111, 0.3): the store timeouts inside "
-    "new_group (each rank waiting for another group's key) read as an unreachable TCPStore",
-    "tp-skew": "rendezvous-failure with no culprit (LCH111, 0.3): node 1's other group layout "
-    "shows only as store timeouts inside new_group, read as an unreachable TCPStore",
     "flock-wait": "failed, slow-rank-timeout on rank 0 (INF201, 0.6): the rank blocked in flock "
     "is read as busy ('raise the timeout'), not as stuck",
 }

@@ -89,6 +89,7 @@ def wait_site(hit: Hit) -> WaitSite:
         seq=_digits(hit.captures.get("seq")),
         numel=_digits(hit.captures.get("numel")),
         phase=phase(hit) if cut is None else None,
+        group=_digits(hit.captures.get("group")),
     )
 
 

@@ -77,6 +77,8 @@ class WaitSite:
     numel: int | None = None
     phase: str | None = None
     """EVALUATION or TRAINING: the loop its traceback was in, when a frame names one."""
+    group: int | None = None
+    """The index of the process group the rank was creating (new_group) when it waited."""
 
     @property
     def key(self) -> tuple[str | None, str | None, int | None]:

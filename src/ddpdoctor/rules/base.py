@@ -65,6 +65,7 @@ CAPTURES: dict[str, str] = {
     "ran_ms": "how long the timed-out collective ran, in milliseconds",
     "seq": "the collective's sequence number in its process group",
     "op": "the collective or transfer operation (ALLREDUCE, recv, ...)",
+    "group": "the index of the process group being created (new_group) the rank waited in",
     "numel": "the number of elements of the collective's input",
     # details quoted in the verdict
     "params": "parameter names (unused, marked twice)",

@@ -196,6 +196,48 @@ MONITORED_BARRIER = Rule(
     negative=("Watchdog caught collective operation timeout",),
 )
 
+GROUP_CREATION_WAIT = Rule(
+    code="COL103",
+    kind="collective-mismatch",
+    title="Ranks timed out creating a process group (new_group): they disagree on the groups",
+    sources="torch/distributed/distributed_c10d.py new_group, ProcessGroupGloo's full-mesh "
+    "connect over the store (keys /<default pg>//<group>//<device>//...), TCPStore wait",
+    echo=Echo.WAITING,
+    specificity=30,
+    signatures=(
+        # gloo connects a new group's members through the default group's store: a rank
+        # waits for the address of a member that never created that group
+        Signature(
+            r"DistStoreError: wait timeout after (?P<timeout_ms>\d+)ms, keys: "
+            r"/default_pg/\d+//(?P<group>\d+)//",
+            "keys: /default_pg/",
+        ),
+    ),
+    explanation=Explanation(
+        what="After the job's process group formed, ranks timed out waiting for the other "
+        "members of a group being created (dist.new_group): those members never created it, "
+        "not at that index.",
+        why="Every rank must call new_group for every group, with the same ranks and in the "
+        "same order (Megatron-style tensor/pipeline/data groups, DeviceMesh): a group created "
+        "under a rank-dependent condition, in another order, or from different "
+        "parallel sizes on some nodes leaves the ranks waiting on different groups.",
+        fix="Create all groups on every rank, in one deterministic order, from the same "
+        "sizes (pass the same --tensor/pipeline-parallel sizes to every node); keep the "
+        "`if rank in ranks` test for using a group, not for creating it.",
+        false_positives="A member that died or hung before creating the group: its own error "
+        "or silence is then the cause.",
+    ),
+    fix=(
+        "Call dist.new_group(ranks) on every rank for every group, in the same order, even "
+        "on ranks that are not members; compare the parallel sizes each node was given.",
+    ),
+    positive=(
+        "[rank0]: torch.distributed.DistStoreError: wait timeout after 15000ms, keys: "
+        "/default_pg/0//1//cpu//0/1",
+    ),
+    negative=("torch.distributed.DistStoreError: Socket Timeout",),
+)
+
 HOROVOD_STALL = Rule(
     code="HVD101",
     kind="hang",
@@ -301,6 +343,7 @@ RULES = (
     NCCL_WATCHDOG_TIMEOUT,
     GLOO_TIMEOUT,
     MONITORED_BARRIER,
+    GROUP_CREATION_WAIT,
     HOROVOD_STALL,
     WATCHDOG_STUCK,
 )

@@ -59,6 +59,7 @@ def assess(job: JobEvidence) -> Assessment | None:
             _from_minority(job),
             _from_skipped_step(job),
             _from_named_absence(job),
+            _from_group_creation(job),
         )
         if a
     ]
@@ -156,6 +157,9 @@ def _from_wait_sites(job: JobEvidence) -> Assessment | None:
     if len(groups) < 2:
         return None
     odd, guess = _odd_ones(groups)
+    ahead = _gone_on(groups, where) if guess else None
+    if ahead is not None:
+        odd = ahead
     return Assessment(
         RULE,
         0.45 if guess else 0.6,
@@ -163,6 +167,11 @@ def _from_wait_sites(job: JobEvidence) -> Assessment | None:
         [f"the ranks timed out in different collectives: {_describe(text)}."]
         + (
             [
+                f"The ranks are split evenly; {ranks_text(ahead)} had gone on to a collective "
+                "while the others still waited to receive from them: a send they skipped."
+            ]
+            if ahead is not None
+            else [
                 "The ranks are split evenly, so the logs cannot say which side took the extra "
                 "or missing call; the main process's side is named, as rank-dependent branches "
                 "most often single it out."
@@ -172,6 +181,17 @@ def _from_wait_sites(job: JobEvidence) -> Assessment | None:
         ),
         against=["a guess between evenly split ranks"] if guess else [],
     )
+
+
+def _gone_on(groups: list[set[int]], where: dict[int, tuple[object, ...]]) -> set[int] | None:
+    """Of two even sides, the one that went on to a named collective while the other waits
+    in a receive no collective names (a point-to-point exchange: an isend/irecv's wait): the
+    receivers wait for a send the others skipped on their way."""
+    if len(groups) != 2:
+        return None
+    ops = [where[min(g)][0] for g in groups]
+    named = [g for g, op in zip(groups, ops, strict=True) if op not in (None, "recv")]
+    return named[0] if len(named) == 1 else None
 
 
 def _from_minority(job: JobEvidence) -> Assessment | None:
@@ -273,4 +293,39 @@ def _from_named_absence(job: JobEvidence) -> Assessment | None:
             "submitted different collectives and each waits for one the others will never send."
         ],
         status=Status.HUNG,
+    )
+
+
+def _from_group_creation(job: JobEvidence) -> Assessment | None:
+    """Ranks timed out creating process groups, not the same one: every rank creates every
+    group in one order, so they disagree on the groups. The ranks waiting on the latest group
+    created more groups than the others, or other ones: when they are not the majority,
+    they are the ones whose sequence of groups differs."""
+    at: dict[int, int] = {}
+    for rank, view in job.ranks.items():
+        groups = [s.group for s in view.wait_sites if s.group is not None]
+        if groups:
+            at[rank] = groups[-1]
+    if len(set(at.values())) < 2:
+        return None
+    latest = max(at.values())
+    ahead = {r for r, g in at.items() if g == latest}
+    culprits = ahead if 2 * len(ahead) <= len(at) else set()
+    where = "; ".join(
+        f"{ranks_text({r for r, g in at.items() if g == group})} on group {group}"
+        for group in sorted(set(at.values()))
+    )
+    return Assessment(
+        RULE,
+        0.65,
+        sorted(culprits),
+        [
+            "the ranks timed out creating process groups, each waiting on another group "
+            f"({where}): they did not create the same groups in the same order."
+            + (
+                f" {ranks_text(culprits)} had gone on to a group the others never reached."
+                if culprits
+                else ""
+            )
+        ],
     )
