@@ -99,10 +99,11 @@ from ddpdoctor.ingest.prefixes import parse_line
             "10.20.3.14",
         ),
         ("(raylet) A worker died or was killed", "A worker died or was killed", None, None, None),
+        # Ray's deduplication suffix stays: a parsed message is always a suffix of its line
         (
             "(CriticModelRayActor pid=602788) Some weights were not initialized [repeated 7x "
             "across cluster]",
-            "Some weights were not initialized",
+            "Some weights were not initialized [repeated 7x across cluster]",
             None,
             None,
             None,

@@ -195,8 +195,6 @@ RAY = re.compile(
     r"|\((?P<daemon>raylet|gcs_server|autoscaler|monitor|dashboard_agent)"
     r"(?:, ip=(?P<dip>[\d.]{7,15}))?\) "
 )
-RAY_REPEATED = re.compile(r" \[repeated \d+x across cluster\]$")
-"""Ray's log deduplication: the line stood for this many identical lines of other workers."""
 
 # A log pasted into a Markdown quote: "> [rank0]: Traceback ...", "> > nested".
 QUOTE = re.compile(r">+ ?")
@@ -332,9 +330,6 @@ def parse_line(raw: str, year: int = 1970, with_time: bool = True) -> ParsedLine
                 origin.pid = pid_number(m.group("pid"))
             origin.host = origin.host or m.group("ip") or m.group("dip")
             prefix_parts.append(m.group(0).strip())
-            if end > 30 and text.endswith("cluster]"):
-                text = RAY_REPEATED.sub("", text)
-                end = len(text)
             pos = m.end()
             continue
         m = STREAM_TAG.match(text, pos) if bracket and nxt == "s" else None

@@ -84,7 +84,14 @@ DEVICE_SIDE_ASSERT = Rule(
     specificity=70,
     signatures=(
         Signature(r"device-side assert triggered"),
-        Signature(r"\.cu:\d+: \w+: block: \[[\d,]+\], thread: \[[\d,]+\] Assertion", "Assertion"),
+        # the kernel's own report: "<file>.cu:<line>: <function>: block: [..], thread: [..]
+        # Assertion `...` failed."; the function may be a lambda's operator() or a template
+        # with its arguments ("void cunn_ClassNLLCriterion_updateOutput_kernel(...) [with
+        # Dtype = float]", torch < 1.5)
+        Signature(
+            r"\.cu:\d+: [^\n]{1,600}?: block: \[[\d,]+\], thread: \[[\d,]+\] Assertion",
+            "Assertion",
+        ),
         # not "Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions": c10's CUDA
         # check (c10/cuda/CUDAException.cpp) appends it to every CUDA error, so it made an
         # out-of-memory or illegal-access error read as a device-side assert (census)
@@ -107,6 +114,13 @@ DEVICE_SIDE_ASSERT = Rule(
         "/opt/conda/conda-bld/pytorch/work/aten/src/ATen/native/cuda/Indexing.cu:1146: "
         "indexSelectLargeIndex: block: [58,0,0], thread: [21,0,0] Assertion srcIndex < "
         "srcSelectDimSize failed.",
+        "/pytorch/aten/src/ATen/native/cuda/IndexKernel.cu:92: operator(): block: [0,0,0], "
+        'thread: [0,0,0] Assertion `-sizes[i] <= index && index < sizes[i] && "index out of '
+        'bounds"` failed.',
+        "/pytorch/aten/src/THCUNN/ClassNLLCriterion.cu:106: void "
+        "cunn_ClassNLLCriterion_updateOutput_kernel(Dtype *, Dtype *, Dtype *, long *, Dtype *, "
+        "int, int, int, int, long) [with Dtype = float, Acctype = float]: block: [0,0,0], "
+        "thread: [16,0,0] Assertion `t >= 0 && t < n_classes` failed.",
     ),
     negative=("AssertionError: batch size must be positive",),
 )
