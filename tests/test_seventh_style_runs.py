@@ -97,10 +97,6 @@ MISSES: dict[str, str] = {
     "aborted (SIGABRT, 'op.preamble.length <= op.nbytes. 7376 vs 4416') in DeepSpeed's "
     "broadcast of the model: it received node 1's larger tensors, built with hidden=48 from their "
     "stale model config",
-    "no-launcher": "failed/missing-module [] (ENV101): 'No module named mpi4py' raised by "
-    "deepspeed's mpi_discovery, which init_distributed runs because RANK/WORLD_SIZE/MASTER_ADDR "
-    "are not set, as its own INFO line just before says ('Not using the DeepSpeed or dist "
-    "launchers, attempting to detect MPI environment...')",
 }
 
 

@@ -280,6 +280,15 @@ LOCAL_RANK_ARGUMENT = Rule(
             r"(?:[Uu]nknown|[Uu]nrecognized|[Uu]nexpected)\b[^\n]{0,80}?\blocal[-_]rank\b",
             "local",
         ),
+        # transformers' HfArgumentParser.parse_args_into_dataclasses (hf_argparser.py)
+        Signature(
+            r"Some specified arguments are not used by the HfArgumentParser: .{0,400}?"
+            r"--local[-_]rank",
+            "not used by the HfArgumentParser",
+        ),
+        # python-fire (core.py), click (exceptions.py NoSuchOption)
+        Signature(r"Could not consume arg: --local[-_]rank", "Could not consume arg: "),
+        Signature(r"[Nn]o such option: --local[-_]rank", "o such option: "),
     ),
     explanation=Explanation(
         what="argparse (or the script's own argument parser) rejected the --local-rank (or "
@@ -301,9 +310,14 @@ LOCAL_RANK_ARGUMENT = Rule(
         "train.py: error: unrecognized arguments: --local-rank=4",
         "train.py: error: the following arguments are required: --local_rank",
         "ValueError: Unknown config key: local-rank",
+        "ValueError: Some specified arguments are not used by the HfArgumentParser: "
+        "['--local-rank=0']",
+        "ERROR: Could not consume arg: --local_rank=0",
+        "Error: No such option: --local-rank",
     ),
     negative=(
         "train.py: error: unrecognized arguments: --lr=0.1",
+        "ValueError: Some specified arguments are not used by the HfArgumentParser: ['--lr=1']",
         "  rank      : 1 (local_rank: 1)",
         "train.py: error: the following arguments are required: --data_dir",
     ),
@@ -359,6 +373,34 @@ LAUNCHER_ENV_MISSING = Rule(
         "KeyError: 'SLURM_PROCID'",
     ),
     negative=("KeyError: 'model_state'", "KeyError: 'SLURM_CONF_RANKS'"),
+)
+
+DEEPSPEED_NO_LAUNCHER = Rule(
+    code="LCH115",
+    kind="launcher-env-missing",
+    title="DeepSpeed found no launcher and fell back to MPI discovery, which failed",
+    sources="deepspeed/comm/comm.py init_distributed and mpi_discovery",
+    specificity=70,
+    signatures=(Signature(r"No module named '?mpi4py'?", "No module named"),),
+    # only the import made by DeepSpeed's MPI discovery: its frame is in the traceback
+    context_all=(r"mpi_discovery",),
+    explanation=Explanation(
+        what="deepspeed.init_distributed found none of the variables a launcher sets (RANK, "
+        "WORLD_SIZE, MASTER_ADDR), said 'Not using the DeepSpeed or dist launchers, attempting "
+        "to detect MPI environment', and importing mpi4py for that failed.",
+        why="The script was started with plain `python` instead of the `deepspeed` launcher "
+        "(or torchrun); the missing mpi4py is only where that shows.",
+        fix="Start it with `deepspeed train.py ...` or `torchrun --nproc-per-node N train.py`; "
+        "install mpi4py only if you really launch with mpirun.",
+        false_positives="A job really launched with mpirun on a machine without mpi4py: then "
+        "installing mpi4py is the fix.",
+    ),
+    fix=(
+        "Launch with the DeepSpeed launcher (`deepspeed --num_gpus N train.py ...`) or torchrun, "
+        "which set RANK, WORLD_SIZE and MASTER_ADDR for every process.",
+    ),
+    positive=("ModuleNotFoundError: No module named 'mpi4py'",),
+    negative=("ModuleNotFoundError: No module named 'flash_attn'",),
 )
 
 ENTRYPOINT_NOT_FOUND = Rule(
@@ -765,6 +807,7 @@ RULES = (
     NATIVE_CRASH,
     LOCAL_RANK_ARGUMENT,
     LAUNCHER_ENV_MISSING,
+    DEEPSPEED_NO_LAUNCHER,
     ENTRYPOINT_NOT_FOUND,
     LAUNCHER_NOT_FOUND,
     LAUNCH_LINE_CUT,
