@@ -20,6 +20,8 @@ from ddpdoctor.analysis.diagnose import diagnose_paths
         "Validation DataLoader 0:  45%|████▌     | 9/20 [00:01<00:02,  5.12it/s]",
         "Running evaluation on the test set",
         "tokenizing the shard 3 of 8",
+        # tests/fixtures/real/eleventh-slow-tokenize (a Ray Train worker)
+        "worker 1: token cache is stale, rebuilding it (this can take a minute)",
     ],
 )
 def test_a_phase_announced(line: str) -> None:

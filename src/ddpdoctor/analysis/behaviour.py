@@ -49,7 +49,8 @@ BUSY_PHASE = re.compile(
     r"|^(?:validation|evaluation|eval|testing)\b.{0,40}\d+%\|"
     r"|tokeniz|preprocess|download|loading (?:the )?(?:dataset|data|checkpoint|model)"
     r"|building (?:the )?index|consolidat|gather(?:ing)? (?:the )?(?:full )?state"
-    r"|running (?:on|the) (?:dataset|eval)"
+    r"|running (?:on|the) (?:dataset|eval)|rebuilding"
+    r"|(?:can|may|might|will) take (?:a while|a (?:few )?minutes?|some time|long)"
 )
 """Last words that announce a long phase a rank does on its own."""
 

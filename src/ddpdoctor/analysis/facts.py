@@ -73,6 +73,14 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
     # non-zero, "  Process name: [[27014,1],0]" (Open MPI 5 / PRRTE: "[prterun-host-1@1,0]",
     # the MPI_COMM_WORLD rank last), then "  Exit code:    1"
     FactPattern("mpi_exit", r"^\s*Exit code:\s+(?P<code>\d+)\b", "Exit code:", lines_before=2),
+    # Ray Train's worker table (train/_internal/backend_executor.py): "- (node_id=..., ip=A,
+    # pid=N) world_rank=R, local_rank=L, node_rank=K": a worker's lines carry only its pid
+    FactPattern(
+        "ray_worker",
+        r"\(node_id=[0-9a-f]+, ip=(?P<ip>[\d.]{7,15}|[0-9a-f:]{3,39}), pid=(?P<pid>\d+)\) "
+        r"world_rank=(?P<rank>\d+), local_rank=(?P<local_rank>\d+)",
+        ") world_rank=",
+    ),
     # torchelastic api.py: "failed (exitcode: -9) local_rank: 3 (pid: 812917) of binary"
     FactPattern(
         "launcher_exit",
@@ -145,7 +153,8 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
     FactPattern("completed", r"'train_runtime': '?[\d.]+", "'train_runtime'"),
     FactPattern("completed", r"Training complete", "Training complete"),
     FactPattern("completed", r"training complete", "training complete"),
-    FactPattern("completed", r"Training finished", "Training finished"),
+    # not Ray Tune's "Training finished iteration 2 at <time>" (one iteration's report)
+    FactPattern("completed", r"Training finished(?! iteration)", "Training finished"),
     FactPattern("completed", r"Finished training", "Finished training"),
     FactPattern("completed", r"training finished", "training finished"),
     # the message's own words (after a "[Rank 0] " tag DeepSpeed's log_dist keeps), not one

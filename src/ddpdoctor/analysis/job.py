@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, replace
 
 from ddpdoctor.analysis.facts import parse_mpi_exit, parse_summary_entry, signal_code, signal_name
 from ddpdoctor.analysis.scanner import FactHit, SourceScan, StreamSummary
-from ddpdoctor.ingest.bounds import count_number, exit_code_number, rank_number
+from ddpdoctor.ingest.bounds import count_number, exit_code_number, pid_number, rank_number
 from ddpdoctor.ingest.run_events import RunEvents, RunHang
 from ddpdoctor.model.evidence import CutTrace
 from ddpdoctor.model.findings import Evidence, JobInfo, RankExit
@@ -64,6 +64,8 @@ def resolve_rank(
         for key in (origin.local_rank, -origin.pid if origin.pid else None):
             if key is not None and (origin.host, key) in rank_map:
                 return rank_map[(origin.host, key)]
+    if rank_map and origin.pid and ("", -origin.pid) in rank_map:
+        return rank_map[("", -origin.pid)]  # a worker the job named by its pid alone (Ray)
     if single_node and origin.local_rank is not None:
         return origin.local_rank
     return None
@@ -85,6 +87,14 @@ def learn_rank_map(scans: list[SourceScan]) -> dict[tuple[str, int], int]:
                 mapping.setdefault((host, dev), rank)
                 if fact.record.origin.pid:
                     mapping.setdefault((host, -fact.record.origin.pid), rank)
+            elif fact.name == "ray_worker":
+                rank = rank_number(fact.captures.get("rank"))
+                pid = pid_number(fact.captures.get("pid"))
+                if rank is None or not pid:
+                    continue
+                mapping.setdefault((fact.captures.get("ip", ""), -pid), rank)
+                # a worker's own lines name its pid and, on the driver's node, no address
+                mapping.setdefault(("", -pid), rank)
             elif fact.name == "summary_exit":
                 r, exit_ = parse_summary_entry(fact.before, fact.record.text)
                 if r is not None and exit_.host and exit_.local_rank is not None:

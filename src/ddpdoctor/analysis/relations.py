@@ -421,9 +421,15 @@ def agreed_stop(graph: CausalGraph, ctx: Context) -> list[Event]:
         return stops
     if agreed and max(agreed) >= len(ranks):
         return stops
-    if not any(failing(e) for e in graph.events) and not ctx.evidence.failing_exits:
-        # announced by the main process alone, and nothing failed after it: had the others
-        # not stopped with it, they would have waited for it and timed out
+    if (
+        announcers <= {0}
+        and not any(failing(e) for e in graph.events)
+        and not ctx.evidence.failing_exits
+        and not ctx.evidence.echoes & {"waiting", "lost-peer"}
+    ):
+        # announced by the main process alone (or by no rank the logs name), and nothing
+        # failed after it: had the others not stopped with it, they would have waited for
+        # it and timed out
         return stops
     return []
 

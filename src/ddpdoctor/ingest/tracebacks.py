@@ -13,6 +13,10 @@ CHAINED = re.compile(
     r"^(During handling of the above exception|The above exception was the direct)"
 )
 EXCEPTION_LINE = re.compile(r"^\**[A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit|Warning)\b")
+RAY_TASK_HEAD = re.compile(r"^(?:[\w.]*RayTaskError(?:\([\w.]+\))?: )?ray::\S+ \(pid=\d")
+"""Where Ray's driver re-raises a worker's exception it prints this line in place of
+'Traceback (most recent call last):' (python/ray/exceptions.py): the head of that worker's
+traceback, naming its process."""
 MAX_WALK_LINES = 400
 MAX_TRACEBACK_LINES = 120
 MAX_WALK_BYTES = 1024 * 1024
@@ -32,7 +36,7 @@ def is_traceback_line(text: str) -> bool:
         (TRACEBACK_HEAD, "Original " + TRACEBACK_HEAD, "frame #", "Exception raised from")
     ):
         return True
-    return bool(CHAINED.match(text) or EXCEPTION_LINE.match(text))
+    return bool(CHAINED.match(text) or EXCEPTION_LINE.match(text) or RAY_TASK_HEAD.match(text))
 
 
 def walk_back(
@@ -91,7 +95,9 @@ def walk_back(
         if not is_traceback_line(parsed.text):
             break
         found.append((walked, parse(raw)))
-        after_head = parsed.text.startswith(TRACEBACK_HEAD)
+        after_head = parsed.text.startswith(TRACEBACK_HEAD) or bool(
+            RAY_TASK_HEAD.match(parsed.text)
+        )
     found.reverse()
     return found
 

@@ -238,6 +238,44 @@ GROUP_CREATION_WAIT = Rule(
     negative=("torch.distributed.DistStoreError: Socket Timeout",),
 )
 
+RAY_UNEVEN_REPORTS = Rule(
+    code="COL104",
+    kind="uncoordinated-exit",
+    title="Ray Train: some workers reported results while others did not",
+    sources="ray python/ray/train/trainer.py (TrainingIterator._run_with_error_handling), "
+    "train/_internal/backend_executor.py",
+    echo=Echo.WAITING,
+    specificity=30,
+    signatures=(
+        Signature(
+            r"Some workers returned results while others didn't",
+            "Some workers returned results while others didn't",
+        ),
+    ),
+    explanation=Explanation(
+        what="Ray Train's controller collects one report per worker per call of "
+        "train.report(); some workers had finished their loop (or reported) while others had "
+        "not.",
+        why="The workers did not run the same number of iterations: one left its loop early "
+        "on its own (a local early stop, a break, a return), had fewer batches, or reported "
+        "only under a rank-dependent condition.",
+        fix="Make every worker call train.report() the same number of times: decide stops "
+        "on one rank and share the decision, give every worker the same number of batches, "
+        "and report from every worker (Ray keeps the checkpoint of rank 0).",
+        false_positives="None: the controller only says it when the counts differ.",
+    ),
+    fix=(
+        "Share stop decisions across workers (all-reduce a stop flag) and call "
+        "ray.train.report() on every worker at every iteration, with the same number of "
+        "batches per worker.",
+    ),
+    positive=(
+        "RuntimeError: Some workers returned results while others didn't. Make sure that "
+        "`session.report()` are called the same number of times on all workers.",
+    ),
+    negative=("Trial task failed for trial TorchTrainer_de934_00000",),
+)
+
 HOROVOD_STALL = Rule(
     code="HVD101",
     kind="hang",
@@ -344,6 +382,7 @@ RULES = (
     GLOO_TIMEOUT,
     MONITORED_BARRIER,
     GROUP_CREATION_WAIT,
+    RAY_UNEVEN_REPORTS,
     HOROVOD_STALL,
     WATCHDOG_STUCK,
 )

@@ -80,14 +80,6 @@ HOST_OOM_KILL = Rule(
             r"(?:Task was|worker\(s\) were) killed due to the node running low on memory",
             "killed due to the node running low on memory",
         ),
-        # raylet: a worker lost with no reason recorded; Ray's own first guess is the OOM killer
-        Signature(
-            r"Worker exit type: SYSTEM_ERROR Worker exit detail: Worker unexpectedly exits with a "
-            r"connection error code \d+\. End of file\. There are some potential root causes\. "
-            r"\(1\) The process is killed by SIGKILL by OOM killer",
-            "Worker exit type: SYSTEM_ERROR",
-            suggests=True,
-        ),
     ),
     explanation=Explanation(
         what="A rank process died from SIGKILL with no Python traceback.",
@@ -116,6 +108,54 @@ HOST_OOM_KILL = Rule(
     negative=(
         "ERROR:torch.distributed.elastic.multiprocessing.api:failed (exitcode: 1) local_rank: 0 "
         "(pid: 6067)",
+        "Worker exit type: INTENDED_USER_EXIT Worker exit detail: Worker exits by an user request.",
+    ),
+)
+
+RAY_WORKER_LOST = Rule(
+    code="LCH116",
+    kind="host-oom",
+    title="Ray lost a worker process with no reason recorded (most often the OOM killer)",
+    sources="ray src/ray/core_worker and raylet (worker death notice), python/ray/exceptions.py "
+    "(ActorDiedError)",
+    # how a worker died as Ray saw it: after (or beside) the worker's own failure, a segfault
+    # (Ray's third guess) or an error, it is that failure's exit path, not a second cause
+    exit_path=True,
+    specificity=30,
+    signatures=(
+        Signature(
+            r"(?:Worker PID: (?P<pid>\d+) )?Worker exit type: SYSTEM_ERROR Worker exit detail: "
+            r"Worker unexpectedly exits with a connection error code \d+\. End of file\. There "
+            r"are some potential root causes\. \(1\) The process is killed by SIGKILL by OOM "
+            r"killer",
+            "Worker exit type: SYSTEM_ERROR",
+            suggests=True,
+        ),
+    ),
+    explanation=Explanation(
+        what="Ray's raylet (or an ActorDiedError) reports that a worker process died without "
+        "telling why; Ray's own first guess is the kernel's OOM killer.",
+        why="A worker killed by SIGKILL (the OOM killer, most often: data or a model loaded "
+        "per worker), stopped by `ray stop --force`, or crashed in native code (SIGSEGV).",
+        fix="Look for the worker's own last lines (a segfault, a fatal error) and the node's "
+        "`dmesg` for the OOM killer; give the workers more memory or load less per worker.",
+        false_positives="A worker that crashed in native code: its own 'Fatal Python error' "
+        "or segfault lines, when printed, are the cause.",
+    ),
+    fix=(
+        "Check the node for the OOM killer: dmesg -T | grep -iE 'killed process|out of "
+        "memory'; `ray logs` of the dead worker show its last lines.",
+        "Lower the memory per worker (fewer or smaller data loader workers, sharded loading) "
+        "or ask for more memory per worker (ScalingConfig resources_per_worker).",
+    ),
+    positive=(
+        "(raylet) A worker died or was killed while executing a task by an unexpected system "
+        "error. To troubleshoot the problem, check the logs for the dead worker. Worker PID: "
+        "14872 Worker exit type: SYSTEM_ERROR Worker exit detail: Worker unexpectedly exits "
+        "with a connection error code 2. End of file. There are some potential root causes. "
+        "(1) The process is killed by SIGKILL by OOM killer due to high memory usage.",
+    ),
+    negative=(
         "Worker exit type: INTENDED_USER_EXIT Worker exit detail: Worker exits by an user request.",
     ),
 )
@@ -724,6 +764,12 @@ INTERRUPTED = Rule(
         Signature(r"SignalException: Process \d+ got signal: (?P<signum>2)\b", "SignalException"),
         # DeepSpeed launcher/launch.py sigkill_handler
         Signature(r"Main process received (?P<sig>SIGINT), exiting", "Main process received"),
+        # Ray Tune (tune/tune.py), which Ray Train runs under: the driver got SIGINT, stopped
+        # the trial and returned as if the run had ended
+        Signature(
+            r"Stop signal received \(e\.g\. via (?P<sig>SIGINT)/Ctrl\+C\), ending Ray Tune run",
+            "Stop signal received (e.g. via SIGINT/Ctrl+C)",
+        ),
     ),
     explanation=Explanation(
         what="The launcher received SIGINT and passed it on to the workers.",
@@ -738,6 +784,9 @@ INTERRUPTED = Rule(
         "WARNING:torch.distributed.elastic.agent.server.api:Received 2 death signal, shutting "
         "down workers",
         "torch.distributed.elastic.multiprocessing.api.SignalException: Process 4242 got signal: 2",
+        "2026-12-02 09:48:12,846\tWARNING tune.py:219 -- Stop signal received (e.g. via "
+        "SIGINT/Ctrl+C), ending Ray Tune run. This will try to checkpoint the experiment state "
+        "one last time.",
     ),
     negative=(
         "W1130 13:00:00.100000 4242 torch/distributed/elastic/agent/server/api.py:753] Received "
@@ -802,6 +851,7 @@ RULES = (
     STORE_ERROR,
     RENDEZVOUS_RETRY,
     HOST_OOM_KILL,
+    RAY_WORKER_LOST,
     LAUNCHER_SIGTERM,
     CHILD_FAILED,
     NATIVE_CRASH,
