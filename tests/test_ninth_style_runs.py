@@ -89,7 +89,16 @@ EXPECTED: dict[str, Expected] = {
 }
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
-MISSES: dict[str, str] = {}
+MISSES: dict[str, str] = {
+    "patience-halt": "ok with no kind (no rule; 'No error, timeout or crash was found in the logs "
+    "of rank 0'): the early stop is not named",
+    "eval-skew": "failed/collective-mismatch [1] (COL101, gloo's size-mismatch enforce and "
+    "SIGABRT on rank 1), not uneven-inputs",
+    "stale-lock": "failed/slow-rank-timeout [1] (INF201: 'one rank was busy outside "
+    "collectives'), not a hang",
+    "stop-file": "failed/uneven-inputs [2, 3] (INF209: 'ranks iterated over different numbers "
+    "of batches'), not uncoordinated-exit",
+}
 
 
 RUNS = RunSet("ninth-", EXPECTED, MISSES, label_nowhere=True)
@@ -105,13 +114,18 @@ def test_ninth_style_fixture_is_small_rewritten_and_unlabelled(mode: str) -> Non
     RUNS.check_fixture(mode)
 
 
-@pytest.mark.parametrize("mode", ["patience-halt", "weight-nan"])
-def test_a_teed_run_keeps_each_ranks_streams_in_its_own_files(mode: str) -> None:
-    """--log-dir --tee 3: the console has every rank's lines prefixed, each rank's files its own."""
+@pytest.mark.parametrize(("mode", "printing"), [("patience-halt", 1), ("weight-nan", 4)])
+def test_a_teed_run_keeps_each_ranks_streams_in_its_own_files(mode: str, printing: int) -> None:
+    """--log-dir --tee 3: each of the 4 ranks has its own two files, without prefixes; the
+    console has the prefixed lines of every rank that printed (the Trainer prints on the main
+    process only, so a healthy run's ranks 1-3 print nothing)."""
     ranks = [f for f in RUNS.files(mode) if f.name in ("stdout.log", "stderr.log")]
     assert len(ranks) == 2 * 4
-    assert "[default3]:" in RUNS.console(mode)
     assert "[default" not in "".join(f.read_text() for f in ranks)
+    spoke = {f.parent.name for f in ranks if f.stat().st_size}
+    assert len(spoke) == printing
+    for local_rank in spoke:
+        assert f"[default{local_rank}]:" in RUNS.console(mode)
 
 
 @pytest.mark.parametrize("mode", ["resume-half", "stop-file"])
