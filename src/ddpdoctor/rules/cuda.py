@@ -88,9 +88,10 @@ DEVICE_SIDE_ASSERT = Rule(
         # Assertion `...` failed."; the function may be a lambda's operator() or a template
         # with its arguments ("void cunn_ClassNLLCriterion_updateOutput_kernel(...) [with
         # Dtype = float]", torch < 1.5)
+        # (the block/thread coordinates alone: a gap up to them was quadratic on long lines)
         Signature(
-            r"\.cu:\d+: [^\n]{1,600}?: block: \[[\d,]+\], thread: \[[\d,]+\] Assertion",
-            "Assertion",
+            r"block: \[\d+,\d+,\d+\], thread: \[\d+,\d+,\d+\] Assertion",
+            "], thread: [",
         ),
         # not "Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions": c10's CUDA
         # check (c10/cuda/CUDAException.cpp) appends it to every CUDA error, so it made an
