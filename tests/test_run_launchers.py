@@ -204,6 +204,10 @@ def test_hang_stacks_per_rank(launcher: Launcher, tmp_path: Path) -> None:
     assert any(e["event"] == "kill" for e in evs)
     assert rc != 0 and evs[-1]["shell_code"] == rc
     assert wait_gone(tag) == []
+    if launcher.name == "deepspeed":  # its killed ranks' CPU all-reduce buffers, 69 MB each
+        removed = [f for e in evs if e["event"] == "shm_removed" for f in e["files"]]
+        assert len(removed) == 2 and all("deepspeed_allreduce_buffer" in f for f in removed), evs
+        assert not any(Path(f).exists() for f in removed)
 
 
 @pytest.mark.launchers

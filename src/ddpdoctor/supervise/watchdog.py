@@ -16,6 +16,7 @@ from ddpdoctor.supervise.child import Child
 from ddpdoctor.supervise.flight import FlightCollector
 from ddpdoctor.supervise.progress import ProgressTracker
 from ddpdoctor.supervise.rundir import RunDir, utc_now
+from ddpdoctor.supervise.shm import mapped_by, remove_leftovers
 from ddpdoctor.supervise.stacks import (
     HangDiagnosis,
     collect,
@@ -84,8 +85,27 @@ class Watchdog:
                 self.rundir.event("kill", reason="hang", grace_s=self.grace_s)
                 self.notify(f"ddpdoctor: ending the job (--on-hang kill, grace {self.grace_s} s)")
                 self.killed_for_hang = True
+                shm = mapped_by(p.pid for p in self.child.refresh())
                 self.child.terminate(self.grace_s)
+                self._remove_shared_memory(shm)
                 return
+
+    def _remove_shared_memory(self, paths: set[str]) -> None:
+        """After our own kill: the /dev/shm files the job had mapped and nobody maps now (a
+        killed rank never unlinks its own), once its processes are gone."""
+        if not paths:
+            return
+        deadline = time.monotonic() + 5.0
+        while self.child.remaining() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        removed = remove_leftovers(paths)
+        if removed:
+            total = sum(size for _, size in removed)
+            self.rundir.event("shm_removed", files=[path for path, _ in removed], bytes=total)
+            self.notify(
+                f"ddpdoctor: removed {len(removed)} shared-memory file(s) ({total / 2**20:.0f} "
+                "MB) the killed job left in /dev/shm"
+            )
 
     def handle(self, idle_s: float, stalled: list[str]) -> Hang:
         """Dump, group and report the stacks of every rank once per stall episode."""
