@@ -108,6 +108,16 @@ from ddpdoctor.ingest.prefixes import parse_line
             None,
             None,
         ),
+        # torchtitan's logger: its name in brackets, then the time (tests/fixtures/real/
+        # twelfth-*); a bracketed word with no time after it is the program's own text
+        (
+            "[titan] 2026-12-02 10:09:01,048 - root - INFO - Training completed",
+            "root - INFO - Training completed",
+            None,
+            None,
+            None,
+        ),
+        ("[titan] hello", "[titan] hello", None, None, None),
         # horovodrun's gloo launcher tags lines with the rank alone
         ("[3]<stderr>:RuntimeError: x", "RuntimeError: x", 3, None, None),
         # a parenthesis of the program's own is not Ray's

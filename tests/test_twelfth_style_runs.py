@@ -80,9 +80,6 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "bounce-once": "failed, python-exception on rank 1 (PY101, 0.6): attempt 0's OSError is read "
-    "as the job's end although the agent restarted the group, attempt 1 resumed from step 5, "
-    "both ranks printed 'Training completed' and no ChildFailedError summary followed",
     "meta-cut": "failed, data-error on rank 1 only (DATA101, 0.75): the unpickling and "
     "FileNotFoundError lines of DCP's metadata fallback carry no rank, and the culprit comes "
     "from the agent's first failed local rank, not from 'CheckpointException ranks:"
@@ -95,9 +92,6 @@ MISSES: dict[str, str] = {
     "flusher-stuck": "failed, exit-teardown-crash with no culprit (INF210, 0.6): the kind is "
     "right, but the status is failed, not hung, and rank 0 (the one process still alive after "
     "'Training completed', the only one the agent had to SIGTERM) is not named",
-    "node-bounce": "failed, python-exception on rank 2 (PY101, 0.6): as bounce-once, on two "
-    "nodes: attempt 0's OSError is the verdict although both agents restarted and all four "
-    "ranks of the last attempt finished",
 }
 
 

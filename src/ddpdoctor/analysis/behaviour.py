@@ -155,6 +155,9 @@ def build_evidence(job: JobView, events: list[Event]) -> JobEvidence:
     evidence.skipped_ranks = set(job.skipped_ranks)
     evidence.prompts = [replace(Evidence.of(record), rank=rank) for rank, record in job.prompts]
     evidence.end_marks = [r for rank, r in job.completions if rank is None or rank not in early]
+    if job.restarted is not None:
+        evidence.restart_ended_at = job.restarted.ended_at
+        evidence.restart_before = dict(job.restarted.before)
     for stream in job.streams:
         writer = job.resolve(stream.origin)
         if writer is not None and stream.last_progress_time is not None and stream.source:
@@ -167,7 +170,7 @@ def build_evidence(job: JobView, events: list[Event]) -> JobEvidence:
                 line = evidence.completed_at.get(record.source, record.line)
                 evidence.completed_at[record.source] = min(line, record.line)
     for event in events:
-        if survived(event, evidence.end_marks, evidence.lived_on):
+        if survived(event, evidence):
             evidence.survived += 1  # the job went on to its end: not how any rank was left
             continue
         _add_event(evidence, event)

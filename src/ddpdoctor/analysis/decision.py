@@ -592,7 +592,15 @@ def _quiet(evidence: JobEvidence) -> Decision:
         )
     if evidence.ended or evidence.started_training:
         decision = Decision(status=Status.OK, confidence=0.5)
-        if evidence.survived:
+        if evidence.restart_ended_at is not None:
+            decision.notes.append(
+                "workers failed in an earlier attempt and the launcher restarted them "
+                "(torchrun --max-restarts); the last attempt announced the end of training at "
+                f"{evidence.restart_ended_at:%Y-%m-%d %H:%M:%S} with no failure after: the job "
+                "recovered. What failed before is listed as context: it may fail again."
+            )
+            decision.basis = ["+ a restarted attempt completed; no failure summary after it"]
+        elif evidence.survived:
             decision.notes.append(
                 f"{evidence.survived} lost-peer or timeout line(s) came before training "
                 "announced its end: the job went on from them (a retried connection, a peer "

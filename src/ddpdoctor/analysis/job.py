@@ -4,6 +4,7 @@ launcher's summary, and each writer's last words. Built from all scans after sca
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 
 from ddpdoctor.analysis.facts import parse_mpi_exit, parse_summary_entry, signal_code, signal_name
 from ddpdoctor.analysis.scanner import FactHit, SourceScan, StreamSummary
@@ -15,6 +16,19 @@ from ddpdoctor.model.records import Origin, Record
 
 MAX_WORLD_SIZE = 1_000_000
 """A world size hint above this is not believed (and ranks missing are listed up to 100,000)."""
+
+
+@dataclass(slots=True)
+class Restart:
+    """A worker group failed (the agent's 'failed (exitcode: N)' line), the launcher started it
+    again (torchrun --max-restarts), and training later announced its end, with no failure
+    summary after: what failed before belongs to an attempt the job recovered from."""
+
+    ended_at: datetime
+    """When the last attempt announced the end of training."""
+    before: dict[str, int]
+    """Per source, the last line of the failed attempts' exits: a line above it (same
+    output) printed before the restart."""
 
 
 @dataclass(slots=True)
@@ -48,6 +62,8 @@ class JobView:
     cut_tracebacks: list[CutTrace] = field(default_factory=list)
     """Writers whose output ends inside a traceback (its exception line is not there): the
     last frame seen, else the header, with the writer's rank when known."""
+    restarted: Restart | None = None
+    """The launcher restarted the workers after a failure and a later attempt completed."""
 
     def resolve(self, origin: Origin) -> int | None:
         return resolve_rank(origin, self.single_node, self.rank_map)
@@ -136,6 +152,8 @@ def build_job(
     skipped: set[int] = set()
     prompts: list[tuple[int | None, Record]] = []
     normal_seen = False
+    failed_exits: list[FactHit] = []
+    summaries = 0
     for scan in scans:
         expect_root = False
         for fact in scan.facts:
@@ -145,6 +163,7 @@ def build_job(
                     world_hints.append(n)
             elif fact.name == "root_cause":
                 expect_root = True
+                summaries += 1
             elif fact.name == "summary_exit":
                 rank, exit_ = parse_summary_entry(fact.before, fact.record.text)
                 if rank is not None:
@@ -162,6 +181,7 @@ def build_job(
                     per_rank[rank] = exit_
                     ranks.add(rank)
             elif fact.name == "launcher_exit":
+                failed_exits.append(fact)
                 local = rank_number(fact.captures.get("local_rank"))
                 code = exit_code_number(fact.captures.get("code")) or signal_code(
                     fact.captures.get("signal")
@@ -197,6 +217,12 @@ def build_job(
             elif fact.name in ("normal", "nccl_comm"):
                 normal_seen = True
 
+    restarted = _restart(failed_exits, completions, summaries)
+    if restarted is not None:  # the exits of failed attempts are not how the job ended
+        for fact in failed_exits:
+            local = rank_number(fact.captures.get("local_rank"))
+            if local is not None and single_node and per_rank.get(local) is not None:
+                del per_rank[local]
     hangs: list[RunHang] = []
     job_exit: int | None = None
     for events in run_events or []:
@@ -288,4 +314,25 @@ def build_job(
         },
         cut_tracebacks=cut_tracebacks,
         normal_seen=normal_seen,
+        restarted=restarted,
     )
+
+
+def _restart(
+    failed_exits: list[FactHit], completions: list[tuple[int | None, Record]], summaries: int
+) -> Restart | None:
+    """A restart the job recovered from: failed workers (the agent's exit lines, all timed),
+    then, later by the clock, the end of training, and no failure summary at all (torchrun
+    prints one when its restarts run out)."""
+    ends = [r.time for _, r in completions if r.time is not None]
+    if summaries or not ends or not failed_exits:
+        return None
+    ended_at = max(ends)
+    bad = [f for f in failed_exits if (exit_code_number(f.captures.get("code")) or 0) != 0]
+    if not bad or any(f.record.time is None or f.record.time >= ended_at for f in bad):
+        return None
+    before: dict[str, int] = {}
+    for f in bad:
+        src = f.record.source
+        before[src] = max(before.get(src, 0), f.record.line)
+    return Restart(ended_at=ended_at, before=before)

@@ -27,7 +27,6 @@ from datetime import datetime, timedelta
 from ddpdoctor.analysis.causal_graph import CausalGraph
 from ddpdoctor.analysis.events import Event, Node
 from ddpdoctor.model.evidence import JobEvidence
-from ddpdoctor.model.records import Record
 from ddpdoctor.rules.base import Echo, Marker, Rule
 
 ECHO_SLACK_S = 5.0
@@ -75,17 +74,19 @@ def failing(event: Event) -> bool:
     return event.primary or event.echo in (Echo.WAITING, Echo.LOST_PEER, Echo.STOPPED)
 
 
-def survived(
-    event: Event, ends: list[Record], lived_on: dict[int, list[tuple[str, int, datetime]]]
-) -> bool:
+def survived(event: Event, evidence: JobEvidence) -> bool:
     """An error the job went on from. A lost peer or a timeout printed before training
     announced its end (every step needs every rank: a connection retried, a peer that came
-    back); or any error of a rank that went on training after it (a traceback the program
-    caught and logged, a retry that worked). Later in the same output and later by the clock: lines
+    back); any error of a rank that went on training after it (a traceback the program
+    caught and logged, a retry that worked); any error of an attempt the launcher restarted,
+    when a later attempt completed. Later in the same output and later by the clock: lines
     without times prove no order (a process's buffered stdout reaches the console after the
-    traceback it wrote to stderr)."""
+    traceback it wrote to stderr), except above a failed attempt's exit in the same output."""
     if not event.hits:
         return False
+    if _before_restart(event, evidence):
+        return True
+    lived_on = evidence.lived_on
     if event.rank is not None and all(
         h.record.time is not None
         and any(
@@ -104,8 +105,23 @@ def survived(
             and end.time is not None
             and h.record.time is not None
             and end.time > h.record.time
-            for end in ends
+            for end in evidence.end_marks
         )
+        for h in event.hits
+    )
+
+
+def _before_restart(event: Event, evidence: JobEvidence) -> bool:
+    """Every line of the event belongs to an attempt the launcher restarted and the job then
+    completed: earlier by the clock than the end, or above the failed attempt's exit line in
+    the same output."""
+    ended_at = evidence.restart_ended_at
+    if ended_at is None:
+        return False
+    return all(
+        (h.record.time is not None and h.record.time < ended_at)
+        if h.record.time is not None
+        else h.record.line < evidence.restart_before.get(h.record.source, -1)
         for h in event.hits
     )
 
@@ -383,7 +399,7 @@ def relate_completion(graph: CausalGraph, ctx: Context) -> None:
 def relate_survived(graph: CausalGraph, ctx: Context) -> None:
     """A lost peer or a timeout that training went on from (its end announced later in the
     same output) explains nothing and accuses nobody: the job outlived it."""
-    gone = [e for e in graph.events if survived(e, ctx.evidence.end_marks, ctx.evidence.lived_on)]
+    gone = [e for e in graph.events if survived(e, ctx.evidence)]
     if not gone:
         return
     node = graph.add_node(Node("went on", None))

@@ -196,6 +196,10 @@ RAY = re.compile(
     r"(?:, ip=(?P<dip>[\d.]{7,15}))?\) "
 )
 
+# A logger's name in brackets before its timestamp, as torchtitan's logger writes every line:
+# "[titan] 2025-09-02 16:40:17,305 - root - INFO - step: 10 ..."
+LOGGER_TAG = re.compile(r"\[[A-Za-z][\w.-]{0,30}\] (?=\d{4}-\d\d-\d\d[ T]\d\d:\d\d)")
+
 # A log pasted into a Markdown quote: "> [rank0]: Traceback ...", "> > nested".
 QUOTE = re.compile(r">+ ?")
 
@@ -297,6 +301,10 @@ def parse_line(raw: str, year: int = 1970, with_time: bool = True) -> ParsedLine
             else:
                 origin.local_rank = num
             prefix_parts.append(m.group(0).strip())
+            pos = m.end()
+            continue
+        m = LOGGER_TAG.match(text, pos) if bracket and nxt.isalpha() else None
+        if m:
             pos = m.end()
             continue
         m = (

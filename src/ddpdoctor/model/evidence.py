@@ -228,6 +228,13 @@ class JobEvidence:
     """Ranks that said they skip a step or a batch."""
     end_marks: list[Record] = field(default_factory=list)
     """The announcements of the end of training (not of ranks that left early)."""
+    restart_ended_at: datetime | None = None
+    """The launcher restarted failed workers and a later attempt announced the end of training
+    at this time (no failure summary after): earlier failures belong to attempts the job
+    recovered from."""
+    restart_before: dict[str, int] = field(default_factory=dict)
+    """Per source, the line of the last failed attempt's exit: lines above it came before the
+    restart."""
     survived: int = 0
     """Lost-peer or timeout events printed before training announced its end in the same
     output: the job went on from them."""
