@@ -86,9 +86,6 @@ MISSES: dict[str, str] = {
     "dict_keys([0, 1])'",
     "stager-relock": "failed, slow-rank-timeout on rank 1 (INF201, 0.6): the rank blocked on "
     "its own lock is read as busy ('raise the timeout'), not as stuck",
-    "dp-degree": "failed, python-exception with no culprit (PY101, 0.6): the ValueError is "
-    "raised before the process group exists (no [rankN]: prefix), and the ranks the agent "
-    "SIGTERMed are called cascades although each one's summary entry quotes the same ValueError",
     "flusher-stuck": "failed, exit-teardown-crash with no culprit (INF210, 0.6): the kind is "
     "right, but the status is failed, not hung, and rank 0 (the one process still alive after "
     "'Training completed', the only one the agent had to SIGTERM) is not named",

@@ -21,6 +21,9 @@ PYTHON_EXCEPTION = Rule(
         Signature(r"^\**(?P<exc>SystemExit)(?::|$)", "SystemExit"),
         # `raise Exception(...)` itself: the two patterns above need a prefix before the suffix
         Signature(r"^\**(?P<exc>Exception)(?::|$)", "Exception"),
+        # a rank's error as torchelastic's failure summary quotes it from its @record error
+        # file, two spaces in (its entry's "rank : N" line above names whose it is)
+        Signature(r"^  (?P<exc>[A-Za-z_][\w.]*(?:Error|Exception)): \S", "Error"),
     ),
     # indentation is spaces or tabs: `\n\s+` also ran over newlines, quadratic on a run of them
     context_all=(r"Traceback \(most recent call last\)|^[ \t]+File \"|\n[ \t]+File \"",),
