@@ -163,6 +163,13 @@ def build_evidence(job: JobView, events: list[Event]) -> JobEvidence:
         if writer is not None and stream.last_progress_time is not None and stream.source:
             mark = (stream.source, stream.last_progress_line, stream.last_progress_time)
             evidence.lived_on.setdefault(writer, []).append(mark)
+        if stream.last_progress_time is not None:
+            at = evidence.last_progress_at
+            evidence.last_progress_at = (
+                max(at, stream.last_progress_time) if at else stream.last_progress_time
+            )
+        if stream.step_s is not None:
+            evidence.step_s = max(evidence.step_s or 0.0, stream.step_s)
     if early:  # their announcements do not mark the end of training
         evidence.completed_at = {}
         for announcer, record in job.completions:

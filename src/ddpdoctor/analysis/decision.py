@@ -459,6 +459,26 @@ def _from_echoes(
         decision.category = str(Category.UNKNOWN)
     decision.basis = ["- only secondary errors are visible; their cause is not in these logs"]
     if main.echo == Echo.STOPPED:
+        stalled = _stalled_before_stop(echoes, evidence)
+        hung = ctx.intended.get("stalled-then-stopped")
+        if stalled is not None and hung is not None:
+            silence, pace = stalled
+            decision = Decision(
+                status=hung.verdict_status,
+                rule=hung,
+                roots=[e for e in echoes if e.echo == Echo.STOPPED],
+                confidence=0.55,
+            )
+            decision.basis = [
+                f"+ no progress for {silence:.0f} s before the stop, against a progress line "
+                f"every {pace:.3g} s before it"
+            ]
+            decision.notes.append(
+                f"the job printed progress every {pace:.3g} s, then nothing for {silence:.0f} s "
+                "and no error until it was stopped from outside: it was stuck when the stop "
+                "came, and the stop is not the cause."
+            )
+            return decision
         by_hand = _by_hand(echoes)
         stopped = ctx.intended.get("interrupted" if by_hand else "stopped")
         if rule.default_category != Category.INTENDED_EXIT and stopped is not None:
@@ -499,6 +519,28 @@ def _from_echoes(
         )
     )
     return decision
+
+
+STALL_FACTOR = 20
+"""A silence this many times the job's own pace of progress lines is a stall, not a slow step."""
+STALL_MIN_S = 30.0
+
+
+def _stalled_before_stop(echoes: list[Event], evidence: JobEvidence) -> tuple[float, float] | None:
+    """(silence, pace) in seconds when the stop came long after the last progress line, by the
+    clock: a job that had been reporting progress at a steady pace and then went quiet."""
+    last, pace = evidence.last_progress_at, evidence.step_s
+    times = [
+        h.record.time
+        for e in echoes
+        if e.echo == Echo.STOPPED
+        for h in e.hits
+        if h.record.time is not None
+    ]
+    if last is None or pace is None or not times:
+        return None
+    silence = (min(times) - last).total_seconds()
+    return (silence, pace) if silence >= max(STALL_MIN_S, STALL_FACTOR * pace) else None
 
 
 def _by_hand(echoes: list[Event]) -> bool:

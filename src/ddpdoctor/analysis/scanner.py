@@ -106,6 +106,8 @@ class StreamSummary:
     last_progress_time: datetime | None = None
     """The time its last progress line carries, if any: a writer that went on training after
     an error lived on from it."""
+    step_s: float | None = None
+    """Seconds between its last two timed progress lines: how often it reported progress."""
     last_progress_text: str = ""
     """The writer's last progress line (for the report's timeline)."""
     open_traceback_line: int = 0
@@ -532,6 +534,7 @@ class Scanner:
         streams = result.streams
         progress: dict[str, list[str]] = {}
         last_raw: dict[str, str] = {}
+        prev_raw: dict[str, str] = {}
         for offset, raw in enumerate(text.split("\n")):
             if not raw or raw.isspace():
                 continue
@@ -562,13 +565,18 @@ class Scanner:
                 summary.progress_lines += 1
                 summary.last_progress_line = line_no
                 summary.last_progress_text = message
+                if key in last_raw:
+                    prev_raw[key] = last_raw[key]
                 last_raw[key] = raw
                 progress.setdefault(key, []).append(message)
             if INIT_LINE.search(message):
                 summary.last_init_line = line_no
             _follow_traceback(summary, message, line_no)
         for key, raw in last_raw.items():  # the time of each writer's last progress line only
-            streams[key].last_progress_time = parse(raw).time
+            streams[key].last_progress_time = last = parse(raw).time
+            before = parse(prev_raw[key]).time if key in prev_raw else None
+            if last is not None and before is not None and last > before:
+                streams[key].step_s = (last - before).total_seconds()
         for key, messages in progress.items():  # the last counter counts: search from the end
             for message in reversed(messages):
                 counter = "/" in message and PROGRESS_COUNTER.search(message)

@@ -228,6 +228,10 @@ class JobEvidence:
     """Ranks that said they skip a step or a batch."""
     end_marks: list[Record] = field(default_factory=list)
     """The announcements of the end of training (not of ranks that left early)."""
+    last_progress_at: datetime | None = None
+    """The time of the latest timed progress line of any writer."""
+    step_s: float | None = None
+    """The longest gap between a writer's last two timed progress lines: the job's pace."""
     restart_ended_at: datetime | None = None
     """The launcher restarted failed workers and a later attempt announced the end of training
     at this time (no failure summary after): earlier failures belong to attempts the job

@@ -133,4 +133,33 @@ INTERRUPTED = Rule(
     ),
 )
 
-RULES = (TEARDOWN_CRASH, HANG_DUMP, EARLY_STOP_ALL, STOPPED, INTERRUPTED)
+STALLED_THEN_STOPPED = Rule(
+    code="INF229",
+    kind="hang",
+    title="The job had stopped making progress long before it was stopped from outside",
+    status=Status.HUNG,
+    signatures=(),
+    explanation=Explanation(
+        what="Its progress lines came at a steady pace, then none for far longer than that "
+        "pace, with no error; then a signal from outside (a time limit, a scheduler, a "
+        "person, a timeout wrapper) ended it.",
+        why="A job that makes no progress and prints no error is stuck: a rank waiting in a "
+        "collective its peers never join, a deadlock, a data loader that stopped delivering, "
+        "a collective timeout far longer than the time limit. The stop only ended the wait; "
+        "a longer time limit would not have helped.",
+        fix="Find where the ranks waited: run it under `ddpdoctor run --hang-after N` (it "
+        "catches the stall and takes every rank's stack) or `py-spy dump --pid` each rank "
+        "while it hangs; set a collective timeout shorter than the time limit so the hang "
+        "ends with an error that names the collective.",
+        false_positives="A job whose last phase (a final save, an evaluation) is legitimately "
+        "long and silent: its last lines say it started one.",
+    ),
+    fix=(
+        "Re-run under `ddpdoctor run --hang-after 300 -- <launcher> ...`: it catches the "
+        "stall, takes every rank's stack and names the rank that is not where the others are.",
+        "Give init_process_group a timeout shorter than the time limit, so that a hang ends "
+        "with a timeout naming the collective.",
+    ),
+)
+
+RULES = (TEARDOWN_CRASH, HANG_DUMP, EARLY_STOP_ALL, STOPPED, INTERRUPTED, STALLED_THEN_STOPPED)

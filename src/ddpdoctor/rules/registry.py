@@ -57,10 +57,12 @@ INTENDED_ENDS: dict[str, Rule] = {
     "teardown": inferred.TEARDOWN_CRASH,
     "stopped": inferred.STOPPED,
     "interrupted": inferred.INTERRUPTED,
+    "stalled-then-stopped": inferred.STALLED_THEN_STOPPED,
 }
 """The verdicts of ends that are not failures of training, by the engine's name for them:
 every rank stopped on purpose; a crash after the work was done; a stop from outside; a stop
-by hand (SIGINT) of a job that most likely hung."""
+by hand (SIGINT) of a job that most likely hung; a stop from outside of a job that had made no
+progress for far longer than its pace."""
 
 
 @lru_cache(maxsize=1)
