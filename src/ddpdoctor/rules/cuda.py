@@ -198,6 +198,11 @@ CUDA_LIBRARY_MISMATCH = Rule(
             ": cannot open shared object file",
         ),
         Signature(r"undefined symbol: (?:nccl|cudnn|cublas)\w*", "undefined symbol: "),
+        # a compiled extension (flash-attn, apex, mmcv, xformers) built against another torch:
+        # its .so asks for a C++ symbol of torch's (c10::, at::) this torch does not export
+        Signature(
+            r"\.so: undefined symbol: _ZN?K?\d*(?:c10|at|torch)\w*", ".so: undefined symbol: _Z"
+        ),
         # cudaGetErrorString (libcudart): cudaErrorNoDevice, cudaErrorSystemDriverMismatch,
         # cudaErrorCompatNotSupportedOnDevice
         Signature(r"no CUDA-capable device is detected"),

@@ -80,6 +80,11 @@ HOST_OOM_KILL = Rule(
             r"(?:Task was|worker\(s\) were) killed due to the node running low on memory",
             "killed due to the node running low on memory",
         ),
+        # the raylet's own summary of those kills (node_manager.cc)
+        Signature(
+            r"\b[1-9]\d{0,6} Workers \(tasks / actors\) killed due to memory pressure \(OOM\)",
+            "killed due to memory pressure (OOM)",
+        ),
     ),
     explanation=Explanation(
         what="A rank process died from SIGKILL with no Python traceback.",
