@@ -727,6 +727,13 @@ SLURM_TERMINATED = Rule(
         Signature(r": preempting to accommodate a higher priority", "preempting to accommodate"),
         # Ray GCS (gcs_actor_manager.cc): an actor lost with its node, drained for preemption
         Signature(r"the actor's node was preempted: ", "the actor's node was preempted"),
+        # Ray's autoscaler (autoscaler/v2): the platform is taking the node away (not "idle",
+        # a scale-down of a node with nothing on it)
+        Signature(
+            r"will be terminated soon \(reason: (?P<reason>kubernetes-pod-termination|"
+            r"[\w-]*(?:preempt|spot|interrupt)[\w-]*)\)",
+            "will be terminated soon (reason: ",
+        ),
     ),
     explanation=Explanation(
         what="The scheduler stopped the job: time limit, preemption or cancellation.",
@@ -746,10 +753,14 @@ SLURM_TERMINATED = Rule(
         "is preempted.",
         "[2026-05-07T14:10:47.011] error: *** STEP 2210587.1 ON",
         "\tthe actor's node was preempted: spot instance reclaimed",
+        "(autoscaler +51m03s) Instance k-7c30d9e4b0001 (node IP: 10.4.117.52) will be "
+        "terminated soon (reason: kubernetes-pod-termination).",
     ),
     negative=(
         "slurmstepd: error: Detected 1 oom_kill event in StepId=1234.0",
         "\tthe actor's node was terminated expectedly: received SIGTERM",
+        "(autoscaler +9m02s) Instance k-2f94ae1c60000 (node IP: 10.4.23.209) will be "
+        "terminated soon (reason: idle).",
         "slurmstepd: error: *** JOB 1234 STEPD TERMINATED ON node01 AT 2024-01-01T00:00:00 DUE "
         "TO JOB NOT ENDING WITH SIGNALS ***",
     ),
