@@ -26,9 +26,6 @@ class Restart:
 
     ended_at: datetime
     """When the last attempt announced the end of training."""
-    before: dict[str, int]
-    """Per source, the last line of the failed attempts' exits: a line above it (same
-    output) printed before the restart."""
 
 
 @dataclass(slots=True)
@@ -331,8 +328,4 @@ def _restart(
     bad = [f for f in failed_exits if (exit_code_number(f.captures.get("code")) or 0) != 0]
     if not bad or any(f.record.time is None or f.record.time >= ended_at for f in bad):
         return None
-    before: dict[str, int] = {}
-    for f in bad:
-        src = f.record.source
-        before[src] = max(before.get(src, 0), f.record.line)
-    return Restart(ended_at=ended_at, before=before)
+    return Restart(ended_at=ended_at)

@@ -113,17 +113,13 @@ def survived(event: Event, evidence: JobEvidence) -> bool:
 
 def _before_restart(event: Event, evidence: JobEvidence) -> bool:
     """Every line of the event belongs to an attempt the launcher restarted and the job then
-    completed: earlier by the clock than the end, or above the failed attempt's exit line in
-    the same output."""
+    completed: earlier by the clock than the end. A line without a time cannot belong to the
+    last attempt unless that attempt survived it: a last attempt that failed would have ended
+    in the launcher's failure summary, and there is none."""
     ended_at = evidence.restart_ended_at
     if ended_at is None:
         return False
-    return all(
-        (h.record.time is not None and h.record.time < ended_at)
-        if h.record.time is not None
-        else h.record.line < evidence.restart_before.get(h.record.source, -1)
-        for h in event.hits
-    )
+    return all(h.record.time is None or h.record.time < ended_at for h in event.hits)
 
 
 def attribute_by_elimination(events: list[Event], evidence: JobEvidence) -> bool:

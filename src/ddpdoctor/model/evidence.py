@@ -236,9 +236,6 @@ class JobEvidence:
     """The launcher restarted failed workers and a later attempt announced the end of training
     at this time (no failure summary after): earlier failures belong to attempts the job
     recovered from."""
-    restart_before: dict[str, int] = field(default_factory=dict)
-    """Per source, the line of the last failed attempt's exit: lines above it came before the
-    restart."""
     survived: int = 0
     """Lost-peer or timeout events printed before training announced its end in the same
     output: the job went on from them."""
