@@ -204,6 +204,11 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
             (r"All distributed processes registered\. Starting", "All distributed processes"),
             (r"Initializing distributed: GLOBAL_RANK: ", "Initializing distributed: "),
             (r"GPU available: True", "GPU available: True"),
+            # Ray's start-up (services.py): its object store falls back to /tmp
+            (
+                r"The object store is using /tmp instead of /dev/shm",
+                "The object store is using /tmp instead of /dev/shm",
+            ),
         )
     ),
     # tqdm: " 9%|███▊   | 280000/2969526 [29:55<4:48:08, 155.57 examples/s]"
