@@ -12,10 +12,10 @@ from corpus.scoreboard import SHARED, load_cases, render, score, totals
 # has; ../shared/corpus is floored on its own, where it sits beside the checkout). Raise them
 # when the tool improves; never lower them.
 TRAIN_FLOORS = {
-    "kind": 266,
-    "category": 237,
+    "kind": 268,
+    "category": 238,
     "culprit_with_kind": 30,
-    "fix": 202,
+    "fix": 203,
 }
 TRAIN_MAX_FALSE_INFRA = 0
 TRAIN_MAX_FALSE_OK = 2
