@@ -155,8 +155,7 @@ def build_evidence(job: JobView, events: list[Event]) -> JobEvidence:
     evidence.skipped_ranks = set(job.skipped_ranks)
     evidence.prompts = [replace(Evidence.of(record), rank=rank) for rank, record in job.prompts]
     evidence.end_marks = [r for rank, r in job.completions if rank is None or rank not in early]
-    if job.restarted is not None:
-        evidence.restart_ended_at = job.restarted.ended_at
+    evidence.restart_ended_at = job.recovered_at
     for stream in job.streams:
         writer = job.resolve(stream.origin)
         if writer is not None and stream.last_progress_time is not None and stream.source:

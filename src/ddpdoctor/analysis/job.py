@@ -19,16 +19,6 @@ MAX_WORLD_SIZE = 1_000_000
 
 
 @dataclass(slots=True)
-class Restart:
-    """A worker group failed (the agent's 'failed (exitcode: N)' line), the launcher started it
-    again (torchrun --max-restarts), and training later announced its end, with no failure
-    summary after: what failed before belongs to an attempt the job recovered from."""
-
-    ended_at: datetime
-    """When the last attempt announced the end of training."""
-
-
-@dataclass(slots=True)
 class JobView:
     """JobInfo for the report plus what causality needs and the report does not show."""
 
@@ -59,8 +49,10 @@ class JobView:
     cut_tracebacks: list[CutTrace] = field(default_factory=list)
     """Writers whose output ends inside a traceback (its exception line is not there): the
     last frame seen, else the header, with the writer's rank when known."""
-    restarted: Restart | None = None
-    """The launcher restarted the workers after a failure and a later attempt completed."""
+    recovered_at: datetime | None = None
+    """The launcher restarted failed workers (torchrun --max-restarts) and a later attempt
+    announced the end of training at this time, with no failure summary after: what failed
+    before belongs to an attempt the job recovered from."""
 
     def resolve(self, origin: Origin) -> int | None:
         return resolve_rank(origin, self.single_node, self.rank_map)
@@ -214,8 +206,8 @@ def build_job(
             elif fact.name in ("normal", "nccl_comm"):
                 normal_seen = True
 
-    restarted = _restart(failed_exits, completions, summaries)
-    if restarted is not None:  # the exits of failed attempts are not how the job ended
+    recovered_at = _recovered_at(failed_exits, completions, summaries)
+    if recovered_at is not None:  # the exits of failed attempts are not how the job ended
         for fact in failed_exits:
             local = rank_number(fact.captures.get("local_rank"))
             if local is not None and single_node and per_rank.get(local) is not None:
@@ -311,13 +303,13 @@ def build_job(
         },
         cut_tracebacks=cut_tracebacks,
         normal_seen=normal_seen,
-        restarted=restarted,
+        recovered_at=recovered_at,
     )
 
 
-def _restart(
+def _recovered_at(
     failed_exits: list[FactHit], completions: list[tuple[int | None, Record]], summaries: int
-) -> Restart | None:
+) -> datetime | None:
     """A restart the job recovered from: failed workers (the agent's exit lines, all timed),
     then, later by the clock, the end of training, and no failure summary at all (torchrun
     prints one when its restarts run out)."""
@@ -328,4 +320,4 @@ def _restart(
     bad = [f for f in failed_exits if (exit_code_number(f.captures.get("code")) or 0) != 0]
     if not bad or any(f.record.time is None or f.record.time >= ended_at for f in bad):
         return None
-    return Restart(ended_at=ended_at)
+    return ended_at

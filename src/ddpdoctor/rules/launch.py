@@ -120,6 +120,8 @@ HOST_OOM_KILL = Rule(
 RAY_WORKER_LOST = Rule(
     code="LCH116",
     kind="host-oom",
+    confirm="that the OOM killer ended it: `dmesg -T | grep -i 'killed process'` on the "
+    "worker's node, or `ray logs raylet.out` there",
     title="Ray lost a worker process with no reason recorded (most often the OOM killer)",
     sources="ray src/ray/core_worker and raylet (worker death notice), python/ray/exceptions.py "
     "(ActorDiedError)",
