@@ -9,6 +9,7 @@ import re
 from collections.abc import Callable
 from dataclasses import replace
 
+from ddpdoctor.ingest.tracebacks import RAY_TASK_HEAD
 from ddpdoctor.model.findings import Hit
 from ddpdoctor.model.records import Origin
 
@@ -29,14 +30,6 @@ def _number(text: str | None) -> int | None:
 # that rank's traceback from its error file (@record): "  rank      : 2 (local_rank: 2)"
 SUMMARY_ENTRY_RANK = re.compile(r"^\s*rank\s*: (?P<rank>\d{1,7}) \(local_rank: \d{1,7}\)")
 
-# Ray's driver re-raises a worker's exception under a header naming that worker's process:
-# "ray.exceptions.RayTaskError(ValueError): ray::_RayTrainWorker__execute.get_next() (pid=11947,
-# ip=10.0.0.2, actor_id=...)"; the traceback after it is the worker's (python/ray/exceptions.py)
-RAY_TASK_HEADER = re.compile(
-    r"^(?:[\w.]*RayTaskError(?:\([\w.]+\))?: )?ray::\S+ \(pid=(?P<pid>\d{1,9})"
-    r"(?:, ip=(?P<ip>[\d.]{7,15}))?"
-)
-
 
 def rank_of(hit: Hit, resolve: Resolver, single_node: bool, sole_host: str | None) -> int | None:
     """The global rank a hit is about, or None when nothing says it."""
@@ -47,8 +40,8 @@ def rank_of(hit: Hit, resolve: Resolver, single_node: bool, sole_host: str | Non
         m = SUMMARY_ENTRY_RANK.match(record.text)
         if m:
             return _number(m.group("rank"))
-        ray = RAY_TASK_HEADER.match(record.text)
-        if ray:  # a worker's traceback the Ray driver re-raises
+        ray = RAY_TASK_HEAD.match(record.text)
+        if ray:  # a worker's traceback the Ray driver re-raises (its head names the process)
             found = resolve(Origin(host=ray.group("ip"), pid=_number(ray.group("pid"))))
             if found is not None:
                 return found

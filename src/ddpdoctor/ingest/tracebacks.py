@@ -13,7 +13,10 @@ CHAINED = re.compile(
     r"^(During handling of the above exception|The above exception was the direct)"
 )
 EXCEPTION_LINE = re.compile(r"^\**[A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit|Warning)\b")
-RAY_TASK_HEAD = re.compile(r"^(?:[\w.]*RayTaskError(?:\([\w.]+\))?: )?ray::\S+ \(pid=\d")
+RAY_TASK_HEAD = re.compile(
+    r"^(?:[\w.]*RayTaskError(?:\([\w.]+\))?: )?ray::\S+ \(pid=(?P<pid>\d{1,9})"
+    r"(?:, ip=(?P<ip>[\d.]{7,15}))?"
+)
 """Where Ray's driver re-raises a worker's exception it prints this line in place of
 'Traceback (most recent call last):' (python/ray/exceptions.py): the head of that worker's
 traceback, naming its process."""
