@@ -1,9 +1,10 @@
 """Every regex the scan runs takes time linear in the line length. Each signature of each rule
 (iterated from the registry), each context pattern, job fact and module-level regex of ingestion
-is run on adversarial lines of 1 MB built from its own parse tree (tests/adversary.py), in a
-child process that is stopped if one line stalls; each line must finish within a bound that a
-linear regex meets with room to spare and a quadratic one misses by orders of magnitude (three
-signatures took 39-50 s on a 64 KB line and over 300 s on a 1 MB one before they were bounded)."""
+is run on adversarial lines of 1 MB (256 KB in `make test`) built from its own parse tree
+(tests/adversary.py), in a child process that is stopped if one line stalls; each line must
+finish within a bound that a linear regex meets with room to spare and a quadratic one misses by
+orders of magnitude (three signatures took 39-50 s on a 64 KB line and over 300 s on a 1 MB one
+before they were bounded)."""
 
 from __future__ import annotations
 
@@ -18,14 +19,17 @@ from pathlib import Path
 from ddpdoctor.analysis.diagnose import diagnose_paths
 from tests.conftest import REPO
 
-LINE_BYTES = 1 << 20
-LINE_CPU_BOUND_S = 1.0
-"""Per 1 MB line. The slowest regex measured 0.20 s of CPU (a 120-character window after each
-of 100,000 "NCCL WARN"s); a quadratic one needs minutes."""
+FULL = os.environ.get("DDPDOCTOR_FUZZ") == "full"
+LINE_BYTES = 1 << 20 if FULL else 1 << 18
+"""1 MB lines in `make fuzz`; 256 KB in `make test` (a quarter of the time: a quadratic regex
+still takes sixteen times longer than it may, as the three of 2026-11 took 39-50 s at 64 KB)."""
+LINE_CPU_BOUND_S = 1.0 * LINE_BYTES / (1 << 20)
+"""1 s per 1 MB line. The slowest regex measured 0.20 s of CPU on 1 MB (a 120-character window
+after each of 100,000 "NCCL WARN"s); a quadratic one needs minutes."""
 STALL_S = 60.0
 """Wall time without any line finishing after which the probe is stopped (a loaded machine
 runs the child at a fraction of a core)."""
-VARIANTS = 3 if os.environ.get("DDPDOCTOR_FUZZ") == "full" else 1
+VARIANTS = 3 if FULL else 1
 
 
 def _probe(size: int, variants: int) -> tuple[list[dict[str, object]], dict[str, object] | None]:
@@ -74,7 +78,7 @@ def test_every_regex_runs_in_linear_time_on_adversarial_megabyte_lines() -> None
 
 
 def test_known_pathological_lines_diagnose_quickly(tmp_path: Path) -> None:
-    """The three lines of the issue, 1 MB each, through the whole scan (prefilter, prefix
+    """The three lines of the issue (LINE_BYTES each), through the whole scan (prefilter, prefix
     parsing, confirmation on the capped text and on the raw line, traceback walk)."""
     size = LINE_BYTES
     watchdog = (
