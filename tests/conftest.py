@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -82,3 +83,26 @@ def corpus() -> Path:
     if not CORPUS.is_dir():
         pytest.skip("../shared/corpus is not present")
     return CORPUS
+
+
+@dataclass(frozen=True)
+class HungRun:
+    run_dir: Path
+    proc: subprocess.CompletedProcess[str]
+
+
+@pytest.fixture(scope="session")
+def hung_run(tmp_path_factory: pytest.TempPathFactory) -> HungRun:
+    """One real 3-rank gloo job under `ddpdoctor run --hang-after 5 --on-hang kill
+    --label-ranks`: rank 1 sleeps while ranks 0 and 2 wait in a barrier (tests/programs/
+    run_train.py hang). The tests that read its run folder (the supervisor's events and
+    stacks, the timeline, the verdict after run's own kill) share it instead of running the
+    same 15-second job three times; they only read it."""
+    run_dir = tmp_path_factory.mktemp("hung-run") / "run"
+    torchrun = Path(sys.executable).parent / "torchrun"
+    proc = run_cli(
+        "run", "--run-dir", str(run_dir), "--hang-after", "5", "--on-hang", "kill",
+        "--label-ranks", "--", str(torchrun), "--standalone", "--nproc-per-node=3",
+        str(REPO / "tests" / "programs" / "run_train.py"), "hang", timeout=180,
+    )  # fmt: skip
+    return HungRun(run_dir, proc)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_cli
+from tests.conftest import HungRun, run_cli
 from tests.program_runs import REAL
 from tests.test_run_supervise import RUN, events, torchrun
 
@@ -57,26 +57,9 @@ def _run_until_stacks(run_dir: Path) -> subprocess.Popen[str]:
     raise AssertionError("no hang detected within 90 s")
 
 
-def test_hang_then_own_kill(tmp_path: Path) -> None:
-    out = subprocess.run(
-        [
-            *RUN,
-            "--run-dir",
-            str(tmp_path / "r"),
-            "--hang-after",
-            "4",
-            "--on-hang",
-            "kill",
-            "--",
-            *torchrun(2, "hang"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert out.returncode != 0
-    _hang_verdict(tmp_path / "r")
+def test_hang_then_own_kill(hung_run: HungRun) -> None:
+    assert hung_run.proc.returncode != 0
+    _hang_verdict(hung_run.run_dir)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["sigint", "sigterm"])

@@ -13,6 +13,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.conftest import HungRun
+
 HERE = Path(__file__).parent
 PROGRAMS = HERE / "programs"
 TORCHRUN = Path(sys.executable).parent / "torchrun"
@@ -111,18 +113,9 @@ def test_heartbeats_count_as_progress(tmp_path: Path) -> None:
 
 
 @pytest.mark.real
-def test_barrier_hang_names_the_culprit(tmp_path: Path) -> None:
-    run_dir = tmp_path / "r"
-    out = ddpdoctor_run(
-        run_dir,
-        "--hang-after",
-        "5",
-        "--on-hang",
-        "kill",
-        "--label-ranks",
-        cmd=torchrun(3, "hang"),
-        timeout=120,
-    )
+def test_barrier_hang_names_the_culprit(hung_run: HungRun) -> None:
+    run_dir = hung_run.run_dir
+    out = hung_run.proc
     assert out.returncode != 0
     evs = events(run_dir)
     detected = next(e for e in evs if e["event"] == "hang_detected")

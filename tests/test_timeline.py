@@ -6,7 +6,6 @@ and secrets masked in it like everywhere else."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,7 @@ from ddpdoctor.report.timeline import (
     MAX_UNRANKED_LANES,
     build_timeline,
 )
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO, HungRun, run_cli
 
 REAL = REPO / "tests" / "fixtures" / "real"
 TIMED = REAL / "timed-data-error" / "console.log"
@@ -80,17 +79,11 @@ def test_culprit_lane_holds_the_root_and_arrows_reach_the_cascade() -> None:
 
 
 @pytest.mark.real
-def test_a_run_folder_shows_its_hang_and_stack_dumps(tmp_path: Path) -> None:
+def test_a_run_folder_shows_its_hang_and_stack_dumps(hung_run: HungRun) -> None:
     """A real 3-rank gloo job under `ddpdoctor run`: rank 1 sleeps while 0 and 2 wait in a
     barrier; the run is ended on the hang."""
-    run_dir = tmp_path / "run"
-    torchrun = Path(sys.executable).parent / "torchrun"
-    proc = run_cli(
-        "run", "--run-dir", str(run_dir), "--hang-after", "5", "--on-hang", "kill",
-        "--label-ranks", "--", str(torchrun), "--standalone", "--nproc-per-node=3",
-        str(REPO / "tests" / "programs" / "run_train.py"), "hang", timeout=180,
-    )  # fmt: skip
-    assert proc.returncode != 0
+    run_dir = hung_run.run_dir
+    assert hung_run.proc.returncode != 0
     groups = "ranks 0,2 wait in barrier at run_train.py:36; rank 1 is sleeping at run_train.py:35"
     assert groups in (run_dir / "report.txt").read_text()  # run's own report: grouped stacks
     doc = timeline_of(run_dir)
