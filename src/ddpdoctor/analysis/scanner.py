@@ -161,6 +161,11 @@ INIT_LINE = re.compile(
     r"|Global seed set|GLOBAL_RANK|MASTER_ADDR|distributed_backend|store.based.barrier"
     r"|NCCL INFO (?:Channel|Connected all|Trees|Ring)|via P2P|P2P/IPC|P2P/CUMEM|Init COMPLETE"
 )
+PY_WARNING = re.compile(r"\w{1,100}Warning: ")
+"""A Python warning. One that names start-up ("specify `device_id` in `init_process_group`"),
+printed by a writer that had already trained, is a warning of a collective it called, as
+every step's barrier(): not start-up (the first barrier's warning, before any step, still is:
+the communicator forms there)."""
 
 
 @dataclass(slots=True)
@@ -569,7 +574,9 @@ class Scanner:
                     prev_raw[key] = last_raw[key]
                 last_raw[key] = raw
                 progress.setdefault(key, []).append(message)
-            if INIT_LINE.search(message):
+            if INIT_LINE.search(message) and not (
+                summary.progress_lines and PY_WARNING.search(message)
+            ):
                 summary.last_init_line = line_no
             _follow_traceback(summary, message, line_no)
         for key, raw in last_raw.items():  # the time of each writer's last progress line only
