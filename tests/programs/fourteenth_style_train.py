@@ -15,9 +15,7 @@ edit).
 
 from __future__ import annotations
 
-import argparse
 import logging
-import math
 import os
 import pickle
 import random
@@ -64,7 +62,9 @@ class Fault:
     background_crash: bool = False  # the metric code stacks the (empty) labels of a background
     stop_unshared: bool = False  # EarlyStopping decided on rank 0 without broadcasting it
     poll_cache: bool = False  # other ranks poll for labels.cache instead of waiting at a barrier
-    kill_worker_rank: int | None = None  # a DataLoader worker of this rank is SIGKILLed (its RSS grew)
+    kill_worker_rank: int | None = (
+        None  # a DataLoader worker of this rank is SIGKILLed (its RSS grew)
+    )
     kill_rank: int | None = None  # this rank caches images in RAM without bound and is SIGKILLed
     early_cleanup: bool = False  # the launcher starts torchrun without waiting, then cleans up
     legacy_launch: bool = False  # torch.distributed.launch and a --local_rank argparse
@@ -269,7 +269,9 @@ class YOLODataset(Dataset[dict[str, Any]]):
                 cache = pickle.load(f)
             if cache["version"] == CACHE_VERSION and cache["hash"] == _hash(self.label_files):
                 n, nb = len(cache["labels"]), sum(not x["labels"] for x in cache["labels"])
-                LOGGER.info(f"{self.prefix}Scanning {path}... {n} images, {nb} backgrounds, 0 corrupt")
+                LOGGER.info(
+                    f"{self.prefix}Scanning {path}... {n} images, {nb} backgrounds, 0 corrupt"
+                )
                 return list(cache["labels"])
         labels = _scan_labels(self.label_files)
         nb = sum(not x["labels"] for x in labels)
@@ -277,8 +279,14 @@ class YOLODataset(Dataset[dict[str, Any]]):
             f"{self.prefix}Scanning {path.parent / path.stem}... {len(labels)} images, "
             f"{nb} backgrounds, 0 corrupt: 100%|██████████| {len(labels)}/{len(labels)}"
         )
-        data = pickle.dumps({"version": CACHE_VERSION, "hash": _hash(self.label_files),
-                             "labels": labels, "msgs": []})
+        data = pickle.dumps(
+            {
+                "version": CACHE_VERSION,
+                "hash": _hash(self.label_files),
+                "labels": labels,
+                "msgs": [],
+            }
+        )
         if self.fault.poll_cache:  # straight into place, a chunk at a time (a slow share)
             with open(path, "wb") as f:
                 for i in range(0, len(data), 4096):
@@ -308,8 +316,11 @@ class YOLODataset(Dataset[dict[str, Any]]):
                 LOGGER.info(f"{self.prefix}Scanning {path}... {len(cache['labels'])} images")
                 return list(cache["labels"])  # the lock is never released on this path
         labels = _scan_labels(self.label_files)
-        path.write_bytes(pickle.dumps({"version": CACHE_VERSION,
-                                       "hash": _hash(self.label_files), "labels": labels}))
+        path.write_bytes(
+            pickle.dumps(
+                {"version": CACHE_VERSION, "hash": _hash(self.label_files), "labels": labels}
+            )
+        )
         os.close(fd)
         os.remove(lock)
         return labels
@@ -353,9 +364,14 @@ class DetectionModel(nn.Module):
     def __init__(self, nc: int = NC) -> None:
         super().__init__()
         self.backbone = nn.Sequential(
-            nn.Conv2d(3, 8, 3, 2, 1), nn.BatchNorm2d(8), nn.SiLU(),
-            nn.Conv2d(8, 16, 3, 2, 1), nn.BatchNorm2d(16), nn.SiLU(),
-            nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+            nn.Conv2d(3, 8, 3, 2, 1),
+            nn.BatchNorm2d(8),
+            nn.SiLU(),
+            nn.Conv2d(8, 16, 3, 2, 1),
+            nn.BatchNorm2d(16),
+            nn.SiLU(),
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
         )
         self.box = nn.Linear(16, 4)
         self.cls = nn.Linear(16, nc)
@@ -372,7 +388,9 @@ def detection_loss(pred: tuple[torch.Tensor, torch.Tensor], batch: dict[str, Any
     tgt_box = torch.stack([batch["bboxes"][i][0] for i in keep])
     tgt_cls = torch.stack([batch["cls"][i][0] for i in keep])
     p = boxes[keep]
-    box = (p[:, :2] - tgt_box[:, :2]).abs().sum(1) + (p[:, 2:].log() - tgt_box[:, 2:].log()).abs().sum(1)
+    box = (p[:, :2] - tgt_box[:, :2]).abs().sum(1) + (
+        p[:, 2:].log() - tgt_box[:, 2:].log()
+    ).abs().sum(1)
     cls = nn.functional.cross_entropy(logits[keep], tgt_cls, reduction="none")
     return box.mean() + cls.mean(), torch.stack([box.mean(), cls.mean()]).detach()
 
@@ -391,9 +409,9 @@ def non_max_suppression(boxes: torch.Tensor, conf: float, bs: int, every_candida
     n = 2000 if every_candidate else 8  # anchors that pass the confidence threshold
     cand = torch.rand(bs, n, 4) * 0.5 + 0.25
     for xi in range(bs):
-        iou = box_iou(cand[xi], cand[xi])
+        box_iou(cand[xi], cand[xi])
         while every_candidate and time.time() - t < time_limit:
-            iou = box_iou(cand[xi], cand[xi])  # greedy passes over all candidates
+            box_iou(cand[xi], cand[xi])  # greedy passes over all candidates
         if time.time() - t > time_limit:
             LOGGER.warning(f"WARNING NMS time limit {time_limit:.3f}s exceeded")
             break
@@ -410,15 +428,24 @@ class DetectionValidator:
 
     def __call__(self, model: nn.Module) -> tuple[dict[str, float], float]:
         model.eval()
-        hdr = ("%22s" + "%11s" * 6) % ("Class", "Images", "Instances", "Box(P", "R", "mAP50",
-                                       "mAP50-95)")
+        hdr = ("%22s" + "%11s" * 6) % (
+            "Class",
+            "Images",
+            "Instances",
+            "Box(P",
+            "R",
+            "mAP50",
+            "mAP50-95)",
+        )
         ious, seen, inst = [], 0, 0
         t0 = time.time()
         with torch.no_grad():
             for batch in self.loader:
-                boxes, logits = model(batch["img"].float() / 255)
-                boxes = non_max_suppression(boxes, self.args["conf"], len(boxes), self.fault.busy_nms)
-                for b, cls, tb in zip(boxes, batch["cls"], batch["bboxes"]):
+                boxes, _ = model(batch["img"].float() / 255)
+                boxes = non_max_suppression(
+                    boxes, self.args["conf"], len(boxes), self.fault.busy_nms
+                )
+                for b, cls, tb in zip(boxes, batch["cls"], batch["bboxes"], strict=True):
                     seen += 1
                     inst += len(cls)
                     if not len(cls) and not self.fault.background_crash:
@@ -426,9 +453,13 @@ class DetectionValidator:
                     tcls = torch.stack([c for c in cls])  # a background image has no labels
                     ious.append(box_iou(b[None], tb).max() * (tcls[0] >= 0))
         n = len(self.loader)
-        sys.stderr.write(f"{hdr}: 100%|██████████| {n}/{n} [00:0{min(int(time.time() - t0), 9)}<00:00]\n")
+        sys.stderr.write(
+            f"{hdr}: 100%|██████████| {n}/{n} [00:0{min(int(time.time() - t0), 9)}<00:00]\n"
+        )
         iou = torch.stack(ious) if ious else torch.zeros(1)
-        m50, m5095 = float((iou > 0.5).float().mean()), float(iou.mean())
+        thresholds = torch.linspace(0.5, 0.95, 10)  # AP at IoU 0.50:0.95, as COCO counts it
+        m50 = float((iou > 0.5).float().mean())
+        m5095 = float((iou[:, None] > thresholds).float().mean())
         p, r = float((iou > 0.3).float().mean()), float((iou > 0.1).float().mean())
         LOGGER.info(("%22s" + "%11i" * 2 + "%11.3g" * 4) % ("all", seen, inst, p, r, m50, m5095))
         model.train()
@@ -498,8 +529,10 @@ class DetectionTrainer:
     def train(self) -> None:
         if self.world_size > 1 and RANK == -1:
             if self.args["workers"]:
-                LOGGER.warning(f"WARNING 'workers={self.args['workers']}' with Multi-process "
-                               "training on CPU: each rank starts its own DataLoader workers")
+                LOGGER.warning(
+                    f"WARNING 'workers={self.args['workers']}' with Multi-process "
+                    "training on CPU: each rank starts its own DataLoader workers"
+                )
             cmd, file = generate_ddp_command(
                 self.world_size, self.overrides, int(self.args["port"]), self.fault.legacy_launch
             )
@@ -518,19 +551,23 @@ class DetectionTrainer:
 
     def _setup_ddp(self) -> None:
         os.environ["TORCH_NCCL_BLOCKING_WAIT"] = "1"
-        dist.init_process_group("gloo", timeout=timedelta(seconds=15), rank=RANK,
-                                world_size=self.world_size)
+        dist.init_process_group(
+            "gloo", timeout=timedelta(seconds=15), rank=RANK, world_size=self.world_size
+        )
 
     def _setup_train(self) -> None:
         a, f = self.args, self.fault
         torch.manual_seed(int(a["seed"]) + 1 + max(RANK, 0))
         if RANK in {-1, 0}:
-            LOGGER.info("engine/trainer: " + ", ".join(
-                f"{k}={v}" for k, v in a.items() if k not in {"fault", "port", "nproc"}))
+            LOGGER.info(
+                "engine/trainer: "
+                + ", ".join(f"{k}={v}" for k, v in a.items() if k not in {"fault", "port", "nproc"})
+            )
             self.save_dir.mkdir(parents=True, exist_ok=True)
             self.wdir.mkdir(parents=True, exist_ok=True)
             (self.save_dir / "args.yaml").write_text(
-                "".join(f"{k}: {v}\n" for k, v in a.items() if k != "fault"))
+                "".join(f"{k}: {v}\n" for k, v in a.items() if k != "fault")
+            )
         torch.manual_seed(int(a["seed"]))
         self.model = DetectionModel()
         n_p = sum(p.numel() for p in self.model.parameters())
@@ -550,11 +587,18 @@ class DetectionTrainer:
                 train_set = YOLODataset(root, "train", "train: ", f, rank)
         if f.kill_rank == RANK:
             train_set.ram = [Path(x["im_file"]).read_bytes() for x in train_set.labels]
-        sampler = DistributedSampler(train_set, shuffle=True, seed=int(a["seed"])) if RANK != -1 else None
+        sampler = (
+            DistributedSampler(train_set, shuffle=True, seed=int(a["seed"])) if RANK != -1 else None
+        )
         self.sampler = sampler
         self.train_loader = DataLoader(
-            train_set, batch_size=bs, shuffle=sampler is None, sampler=sampler,
-            num_workers=int(a["workers"]), collate_fn=collate_fn, drop_last=False,
+            train_set,
+            batch_size=bs,
+            shuffle=sampler is None,
+            sampler=sampler,
+            num_workers=int(a["workers"]),
+            collate_fn=collate_fn,
+            drop_last=False,
             generator=torch.Generator().manual_seed(int(a["seed"])),
         )
         if RANK in {-1, 0}:
@@ -562,10 +606,16 @@ class DetectionTrainer:
             self.validator = DetectionValidator(
                 DataLoader(val_set, batch_size=bs * 2, num_workers=0, collate_fn=collate_fn), a, f
             )
-        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=float(a["lr0"]),
-                                         momentum=float(a["momentum"]), nesterov=True)
-        LOGGER.info(f"optimizer: SGD(lr={a['lr0']}, momentum={a['momentum']}) with parameter groups "
-                    "6 weight(decay=0.0), 8 weight(decay=0.0005), 8 bias(decay=0.0)")
+        self.optimizer = torch.optim.SGD(
+            self.model.parameters(),
+            lr=float(a["lr0"]),
+            momentum=float(a["momentum"]),
+            nesterov=True,
+        )
+        LOGGER.info(
+            f"optimizer: SGD(lr={a['lr0']}, momentum={a['momentum']}) with parameter groups "
+            "6 weight(decay=0.0), 8 weight(decay=0.0005), 8 bias(decay=0.0)"
+        )
         self.stopper = EarlyStopping(patience=int(a["patience"]))
         self.start_epoch, self.best_fitness = 0, 0.0
         if hasattr(self, "resume_from"):
@@ -573,8 +623,10 @@ class DetectionTrainer:
             self._unwrap().load_state_dict(ckpt["model"])
             self.optimizer.load_state_dict(ckpt["optimizer"])
             self.start_epoch, self.best_fitness = ckpt["epoch"] + 1, ckpt["best_fitness"]
-            LOGGER.info(f"Resuming training {self.resume_from} from epoch {self.start_epoch + 1} "
-                        f"to {a['epochs']} total epochs")
+            LOGGER.info(
+                f"Resuming training {self.resume_from} from epoch {self.start_epoch + 1} "
+                f"to {a['epochs']} total epochs"
+            )
 
     def _unwrap(self) -> nn.Module:
         m = self.model
@@ -588,17 +640,21 @@ class DetectionTrainer:
         epochs = int(a["epochs"])
         nb = len(self.train_loader)
         t0 = time.time()
-        LOGGER.info(f"Image sizes {a['imgsz']} train, {a['imgsz']} val\nUsing "
-                    f"{a['workers']} dataloader workers\nLogging results to {self.save_dir}\n"
-                    f"Starting training for {epochs} epochs...")
+        LOGGER.info(
+            f"Image sizes {a['imgsz']} train, {a['imgsz']} val\nUsing "
+            f"{a['workers']} dataloader workers\nLogging results to {self.save_dir}\n"
+            f"Starting training for {epochs} epochs..."
+        )
         epoch = self.start_epoch
         self.stop = False
         for epoch in range(self.start_epoch, epochs):
             self.model.train()
             if self.sampler is not None:
                 self.sampler.set_epoch(epoch)
-            LOGGER.info(("\n" + "%11s" * 6) % ("Epoch", "GPU_mem", "box_loss", "cls_loss",
-                                               "Instances", "Size"))
+            LOGGER.info(
+                ("\n" + "%11s" * 6)
+                % ("Epoch", "GPU_mem", "box_loss", "cls_loss", "Instances", "Size")
+            )
             tloss: torch.Tensor | None = None
             start = time.time()
             for i, batch in enumerate(self.train_loader):
@@ -625,8 +681,12 @@ class DetectionTrainer:
                     el = time.time() - start
                     bar = "█" * int(10 * (i + 1) / nb) + " " * (10 - int(10 * (i + 1) / nb))
                     line = ("%11s" * 2 + "%11.4g" * 2 + "%11s" * 2) % (
-                        f"{epoch + 1}/{epochs}", "0G", *tloss.tolist(),
-                        sum(len(c) for c in batch["cls"]), a["imgsz"])
+                        f"{epoch + 1}/{epochs}",
+                        "0G",
+                        *tloss.tolist(),
+                        sum(len(c) for c in batch["cls"]),
+                        a["imgsz"],
+                    )
                     sys.stderr.write(
                         f"\r{line}: {int(100 * (i + 1) / nb):3d}%|{bar}| {i + 1}/{nb} "
                         f"[00:{int(el):02d}<00:00, {(i + 1) / max(el, 1e-3):5.1f}it/s]"
@@ -634,7 +694,7 @@ class DetectionTrainer:
                     sys.stderr.flush()
             if RANK in {-1, 0}:
                 sys.stderr.write("\n")
-                metrics, fitness = self.validator(self._unwrap())
+                _, fitness = self.validator(self._unwrap())
                 self.stop |= self.stopper(epoch + 1, fitness)
                 self.save_model(epoch, fitness)
             if RANK != -1 and not f.stop_unshared:
@@ -655,8 +715,12 @@ class DetectionTrainer:
             dist.destroy_process_group()
 
     def save_model(self, epoch: int, fitness: float) -> None:
-        ckpt = {"epoch": epoch, "best_fitness": max(fitness, self.best_fitness),
-                "model": self._unwrap().state_dict(), "optimizer": self.optimizer.state_dict()}
+        ckpt = {
+            "epoch": epoch,
+            "best_fitness": max(fitness, self.best_fitness),
+            "model": self._unwrap().state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+        }
         torch.save(ckpt, self.wdir / "last.pt")
         if fitness >= self.best_fitness:
             self.best_fitness = fitness
