@@ -81,22 +81,9 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "chatty-fit": "unknown with no kind (0.3): 'the log ends after its training progress without "
-    "an end'; the tool's own end of training ('3 epochs completed in 0.000 hours.', the final "
-    "validation of best.pt, 'Results saved to ...') is not read as an end",
-    "plateau-quit": "unknown with no kind (0.3): the log is read as ending without an end; "
-    "'Stopping training early as no improvement ...' followed by '3 epochs completed in ...' "
-    "and 'Results saved to' is not read as a completed run",
-    "lone-fit": "unknown with no kind (0.3): the single process's '2 epochs completed in ...' "
-    "and 'Results saved to ...' are not read as the end of training",
-    "crowded-cores": "unknown with no kind (0.3): as chatty-fit, the tool's end-of-training "
-    "lines are not read as an end",
     "stop-unshared": "failed, nccl-network with no culprit (NET101, 0.3): 'rank(s) 0 left no "
     "lines' (the tool's launch prints rank 0's lines unprefixed), so rank 0's 'Stopping training "
     "early' and its clean exit (the agent's <NO_OTHER_FAILURES>) are not seen",
-    "cache-torn": "failed, python-exception on rank 1 (PY101, 0.6): the culprit is right, but "
-    "'_pickle.UnpicklingError: pickle data was truncated' from pickle.load in cache_labels is "
-    "not read as a corrupt (half-written) input file",
     "cache-lock": "failed, slow-rank-timeout on rank 1 (INF201, 0.6): the culprit is right, but "
     "the rank blocked on the lock rank 0 never released is read as busy ('raise the timeout'), "
     "not as stuck",

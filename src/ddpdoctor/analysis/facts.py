@@ -176,6 +176,9 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
         )
         for unit in ("iters", "iterations", "steps", "epochs")
     ),
+    # YOLOv5 and ultralytics' trainer after its epoch loop (rank 0 only): "\n100 epochs
+    # completed in 2.317 hours." (not a `finally:`: a failed run does not print it)
+    FactPattern("completed", r"\b\d{1,9} epochs completed in\b", "epochs completed in"),
     # Megatron-LM's training loop: "[after training is done] datetime: ..."
     FactPattern("completed", r"\[after training is done\]", "after training is done"),
     # torchelastic's agent when every worker of the group exited 0 (agent/server/api.py)

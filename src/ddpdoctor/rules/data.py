@@ -27,7 +27,13 @@ DATA_ERROR = Rule(
         Signature(r"UnicodeDecodeError"),
         Signature(r"EOFError: Ran out of input"),
         Signature(r"pyarrow\.lib\.Arrow\w*Error|ArrowInvalid", "Arrow"),
-        Signature(r"_pickle\.UnpicklingError: invalid load key", "invalid load key"),
+        # CPython's _pickle.c on a file that is not a whole pickle: a cache read while another
+        # rank still wrote it, a copy cut short, a text file under a .pkl name
+        Signature(
+            r"UnpicklingError: (?:invalid load key|pickle data was truncated"
+            r"|could not find MARK|unpickling stack underflow)",
+            "UnpicklingError: ",
+        ),
         Signature(r"PytorchStreamReader failed reading zip archive"),
         # caffe2/serialize/inline_container.cc (a corrupt member) and torch/serialization.py
         # (a legacy-format file that is not a checkpoint)
@@ -84,10 +90,12 @@ DATA_ERROR = Rule(
         "FileNotFoundError: [Errno 2] No such file or directory: "
         "'E:/visionlab/data/imnet_val/val5k/val_file_list.pickle'",
         "RuntimeError: Failed to fetch video after 10 retries.",
+        "_pickle.UnpicklingError: pickle data was truncated",
     ),
     negative=(
         "python3: can't open file '/work/train.py': [Errno 2] No such file or directory",
         "Failed to load image Python extension: 'libc10_cuda.so: cannot open shared object file'",
+        "_pickle.UnpicklingError: Weights only load failed. This file can still be loaded",
     ),
 )
 
