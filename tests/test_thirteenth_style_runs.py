@@ -91,19 +91,9 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "warn-fine": "unknown, no kind (0.3): 'the log ends after its training progress without an "
-    "end'; rank 0's 'Overall training speed: 20 iterations' and 'Total training time' lines and "
-    "the evaluation's copypaste results are not read as the end of training",
-    "eval-finish": "unknown, no kind (0.3): 'the log ends after its training progress without an "
-    "end' (torchrun prints nothing on success; detectron2's 'Total training time' is not an end)",
-    "fat-gather": "unknown, no kind (0.3): 'the log ends after its training progress without an "
-    "end', as for eval-finish",
     "bad-anno": "failed, python-exception on ranks 0 and 2 (PY101, 0.6): machine 1's spawn "
     "report 'Process 0 terminated' (a local index) is read as global rank 0 beside "
     "log.txt.rank2's rank 2, and the annotation's size mismatch is not read as bad input data",
-    "full-rank-log": "failed, disk-full on rank 1 (DATA102, 0.9): the ENOSPC inside logging's "
-    "'--- Logging error ---' reports is taken as fatal, though rank 1 logs on and every rank "
-    "finishes",
     "ckpt-other-node": "failed, data-error on rank 0 (DATA101, 0.9): the kind is right, but the "
     "culprit is machine 1's spawn report 'Process 0 terminated' (a local index; global rank 2) "
     "read as global rank 0, and rank 3 (its log.txt.rank3 stops at 'Loading from "

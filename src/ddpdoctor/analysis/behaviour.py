@@ -105,6 +105,7 @@ def _interrupted_activity(site: str, code: str) -> Activity:
 
 
 def build_evidence(job: JobView, events: list[Event]) -> JobEvidence:
+    _take_clean_loop_ends(job, events)
     info = job.info
     evidence = JobEvidence(
         world_size=info.world_size,
@@ -437,3 +438,26 @@ def _stalled_at_startup(job: JobView) -> bool:
     # no training step since the (last) start-up, and the output ends right after it
     progressed = any(s.last_progress_line > init for s in streams)
     return init > 0 and not progressed and last - init <= 3
+
+
+def _take_clean_loop_ends(job: JobView, events: list[Event]) -> None:
+    """An end of the training loop that the framework prints on the way out of an exception
+    too (detectron2's "Total training time", from a `finally:`) ends training for a writer
+    that had not failed before it; after its own error or timeout it is the way out."""
+    for rank, end in job.loop_ends:
+        if any(_failed_before(event, rank, end) for event in events):
+            continue
+        job.completions.append((rank, end))
+        if rank is not None:
+            job.completed_ranks.add(rank)
+        job.completed_at[end.source] = min(job.completed_at.get(end.source, end.line), end.line)
+    job.loop_ends = []  # taken once
+
+
+def _failed_before(event: Event, rank: int | None, end: Record) -> bool:
+    """The event is an error or a wait of the same writer, shown above `end` in its output."""
+    if not (event.primary or event.echo in (Echo.WAITING, Echo.LOST_PEER)):
+        return False
+    if rank is not None and event.rank is not None and event.rank != rank:
+        return False
+    return any(h.record.source == end.source and h.record.line < end.line for h in event.hits)

@@ -179,6 +179,15 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
     # YOLOv5 and ultralytics' trainer after its epoch loop (rank 0 only): "\n100 epochs
     # completed in 2.317 hours." (not a `finally:`: a failed run does not print it)
     FactPattern("completed", r"\b\d{1,9} epochs completed in\b", "epochs completed in"),
+    # detectron2's IterationTimer.after_train (and its forks'): "Total training time: 0:12:31
+    # (0:00:41 on hooks)". The trainer calls after_train in a `finally:`, after an exception
+    # too: the end of the loop, an end of training only for a writer that had not failed
+    # (analysis/behaviour.py)
+    FactPattern(
+        "loop_ended",
+        r"Total training time: (?:\d{1,9} days?, )?\d{1,2}:\d\d:\d\d",
+        "Total training time: ",
+    ),
     # Megatron-LM's training loop: "[after training is done] datetime: ..."
     FactPattern("completed", r"\[after training is done\]", "after training is done"),
     # torchelastic's agent when every worker of the group exited 0 (agent/server/api.py)

@@ -37,6 +37,9 @@ class JobView:
     """Ranks whose own lines announced the end of training."""
     completions: list[tuple[int | None, Record]] = field(default_factory=list)
     """Every announcement of the end of training, with its rank when known."""
+    loop_ends: list[tuple[int | None, Record]] = field(default_factory=list)
+    """Ends of the training loop that a framework prints after an exception too (in a
+    `finally:`): completions only where their writer had not failed before them."""
     data_sizes: dict[str, dict[int, int]] = field(default_factory=dict)
     """Per unit ('batches', 'samples'), how many each rank said it has, once."""
     skipped_ranks: set[int] = field(default_factory=set)
@@ -137,6 +140,7 @@ def build_job(
     completed_at: dict[str, int] = {}
     completed_ranks: set[int] = set()
     completions: list[tuple[int | None, Record]] = []
+    loop_ends: list[tuple[int | None, Record]] = []
     sizes: dict[str, dict[int, set[int]]] = {}
     skipped: set[int] = set()
     prompts: list[tuple[int | None, Record]] = []
@@ -193,6 +197,10 @@ def build_job(
                 if sized is not None and n is not None:
                     unit = fact.captures.get("unit", "")
                     sizes.setdefault(unit, {}).setdefault(sized, set()).add(n)
+            elif fact.name == "loop_ended":
+                loop_ends.append(
+                    (resolve_rank(fact.record.origin, single_node, rank_map), fact.record)
+                )
             elif fact.name == "completed":
                 done = resolve_rank(fact.record.origin, single_node, rank_map)
                 if done is not None:
@@ -293,6 +301,7 @@ def build_job(
         completed_at=completed_at,
         completed_ranks=completed_ranks,
         completions=completions,
+        loop_ends=loop_ends,
         skipped_ranks=skipped,
         prompts=prompts,
         data_sizes={

@@ -75,15 +75,18 @@ def failing(event: Event) -> bool:
 
 
 def survived(event: Event, evidence: JobEvidence) -> bool:
-    """An error the job went on from. A lost peer or a timeout printed before training
-    announced its end (every step needs every rank: a connection retried, a peer that came
-    back); any error of a rank that went on training after it (a traceback the program
-    caught and logged, a retry that worked); any error of an attempt the launcher restarted,
-    when a later attempt completed. Later in the same output and later by the clock: lines
-    without times prove no order (a process's buffered stdout reaches the console after the
-    traceback it wrote to stderr), except above a failed attempt's exit in the same output."""
+    """An error the job went on from. One Python's logging printed as it carried on; a lost
+    peer or a timeout printed before training announced its end (every step needs every rank:
+    a connection retried, a peer that came back); any error of a rank that went on training
+    after it (a traceback the program caught and logged, a retry that worked); any error of an
+    attempt the launcher restarted, when a later attempt completed. Later in the same output
+    and later by the clock: lines without times prove no order (a process's buffered stdout
+    reaches the console after the traceback it wrote to stderr), except above a failed
+    attempt's exit in the same output."""
     if not event.hits:
         return False
+    if all(h.handled for h in event.hits):
+        return True  # printed by logging, which carried on
     if _before_restart(event, evidence):
         return True
     lived_on = evidence.lived_on

@@ -9,6 +9,10 @@ from collections.abc import Callable
 from ddpdoctor.ingest.prefixes import SPAWN_PROCESS, ParsedLine, parse_line
 
 TRACEBACK_HEAD = "Traceback (most recent call last):"
+LOGGING_ERROR = "--- Logging error ---"
+"""What Python's logging prints over the traceback of an error raised while it wrote a record
+(logging.Handler.handleError: a full disk, a closed stream, a bad format string): it prints it
+and carries on, so the program did not die of it."""
 CHAINED = re.compile(
     r"^(During handling of the above exception|The above exception was the direct)"
 )
@@ -91,8 +95,13 @@ def walk_back(
             continue
         if after_head and not CHAINED.match(parsed.text):
             dated = parse(raw)
-            # logger.exception's header line dates the traceback; mp.spawn's names its process
-            if dated.time is not None or SPAWN_PROCESS.match(parsed.text):
+            # logger.exception's header line dates the traceback; mp.spawn's names its process;
+            # logging's own says the error was handled
+            if (
+                dated.time is not None
+                or SPAWN_PROCESS.match(parsed.text)
+                or parsed.text.startswith(LOGGING_ERROR)
+            ):
                 found.append((walked, dated))
             break
         if not is_traceback_line(parsed.text):

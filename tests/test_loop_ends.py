@@ -1,0 +1,45 @@
+"""An end of the training loop that a framework prints on its way out of an exception too
+(detectron2's "Total training time", from a `finally:`) ends training only for a writer that
+had not failed before it (analysis/behaviour.py). The whole pipeline on the thirteenth set's
+healthy runs (tests/test_thirteenth_style_runs.py) shows the positive side; here, the guard."""
+
+from __future__ import annotations
+
+from ddpdoctor.analysis.behaviour import build_evidence
+from ddpdoctor.analysis.events import Event
+from ddpdoctor.analysis.job import JobView
+from ddpdoctor.model.findings import Finding, Hit, JobInfo
+from ddpdoctor.model.records import Origin, Record
+from ddpdoctor.rules.registry import all_rules
+
+RULES = {r.code: r for r in all_rules()}
+SOURCE = "node0/log.txt.rank1"
+END = Record(SOURCE, 40, "Total training time: 0:00:12 (0:00:01 on hooks)", Origin(rank=1))
+
+
+def _job() -> JobView:
+    return JobView(info=JobInfo(world_size=2), loop_ends=[(1, END)])
+
+
+def _error_at(line: int, rank: int, code: str = "PY101") -> Event:
+    rule = RULES[code]
+    record = Record(SOURCE, line, "FloatingPointError: Loss became infinite", Origin(rank=rank))
+    finding = Finding(code, rule.kind, str(rule.category), "", rule.title, ranks=[rank])
+    return Event(finding, rule, rank, [Hit(code, record, {})], None)
+
+
+def test_an_end_after_no_failure_of_its_writer_ends_training() -> None:
+    evidence = build_evidence(_job(), [])
+    assert evidence.completed_at == {SOURCE: 40}
+    assert evidence.ranks[1].completed
+
+
+def test_an_end_printed_after_its_writers_own_error_is_its_way_out() -> None:
+    evidence = build_evidence(_job(), [_error_at(30, rank=1)])
+    assert evidence.completed_at == {}
+    assert not evidence.ranks.get(1) or not evidence.ranks[1].completed
+
+
+def test_another_ranks_error_or_a_later_one_does_not_cancel_it() -> None:
+    for event in (_error_at(30, rank=0), _error_at(50, rank=1)):
+        assert build_evidence(_job(), [event]).completed_at == {SOURCE: 40}
