@@ -81,9 +81,6 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "stop-unshared": "failed, nccl-network with no culprit (NET101, 0.3): 'rank(s) 0 left no "
-    "lines' (the tool's launch prints rank 0's lines unprefixed), so rank 0's 'Stopping training "
-    "early' and its clean exit (the agent's <NO_OTHER_FAILURES>) are not seen",
     "cache-lock": "failed, slow-rank-timeout on rank 1 (INF201, 0.6): the culprit is right, but "
     "the rank blocked on the lock rank 0 never released is read as busy ('raise the timeout'), "
     "not as stuck",

@@ -16,6 +16,7 @@ from ddpdoctor.analysis.frames import (
     SLEEP_CALL,
     handler_start,
     in_backward,
+    in_ddp_forward,
     interrupted_line,
     phase,
 )
@@ -147,10 +148,17 @@ def build_evidence(job: JobView, events: list[Event]) -> JobEvidence:
         for rank in flight.ranks_with_dump:  # a rank that left a dump was there
             ranks.setdefault(rank, RankView(rank=rank)).present = True
     early = left_early(job, events)
-    for rank in job.completed_ranks:
+    for rank in job.completed_ranks | early:
         view = ranks.setdefault(rank, RankView(rank=rank, present=True))
+        view.present = True  # its own words announced the end
         view.completed = rank not in early
         view.announced_stop |= rank in early
+        if rank not in job.completed_ranks:  # the announcement no rank could be tied to
+            view.evidence.extend(
+                replace(Evidence.of(record), rank=rank)
+                for announcer, record in job.completions[:1]
+                if announcer is None
+            )
     evidence.completed_at = dict(job.completed_at)
     evidence.data_sizes = {u: dict(by_rank) for u, by_rank in job.data_sizes.items()}
     evidence.skipped_ranks = set(job.skipped_ranks)
@@ -285,31 +293,48 @@ def _named_absent(captures: dict[str, str]) -> set[int]:
 def left_early(job: JobView, events: list[Event]) -> set[int]:
     """Ranks that announced the end of training while another rank, which never announced
     it, was still in a training step: that rank lost its peer or timed out inside the backward
-    pass. Every rank's backward joins every other's, so a rank that really finished all its
-    steps cannot leave a peer waiting in one: the announcers did not finish the job, they left
-    it (an early stop or a `break` taken on one rank). A wait shown before the announcement
-    (same output, or earlier by the clock) does not count; nor does a wait outside the
-    backward pass (a barrier, a save, an evaluation after the end), where ranks also wait
-    after a real end."""
+    pass (or DDP's forward, whose buffer broadcast also joins every rank each step). Every
+    rank's step joins every other's, so a rank that really finished all its steps cannot leave
+    a peer waiting in one: the announcers did not finish the job, they left it (an early stop
+    or a `break` taken on one rank). A wait shown before the announcement (same output, or
+    earlier by the clock) does not count; nor does a wait outside a training step (a barrier,
+    a save, an evaluation after the end), where ranks also wait after a real end. An
+    announcement no rank can be tied to, in a console the ranks share, was made by a rank
+    that did not wait after it: when every rank of the world but one waited, that one."""
     done: dict[int, Record] = {}
+    unranked: list[Record] = []
     for rank, record in job.completions:
         if rank is None:
-            continue
-        if rank not in done or record.line < done[rank].line:
+            unranked.append(record)
+        elif rank not in done or record.line < done[rank].line:
             done[rank] = record
-    if not done:
+    if not done and not unranked:
         return set()
     early: set[int] = set()
+    waited_after_unranked: set[int] = set()
     for event in events:
         if event.rank is None or event.rank in done:
             continue
         if event.echo not in (Echo.WAITING, Echo.LOST_PEER):
             continue
         for hit in event.hits:
-            if not in_backward(hit):
+            if not (in_backward(hit) or in_ddp_forward(hit)):
                 continue
             early |= {r for r, end in done.items() if _later(hit.record, end)}
+            if any(
+                end.source == hit.record.source and end.line < hit.record.line for end in unranked
+            ):
+                waited_after_unranked.add(event.rank)
+    world = job.info.world_size
+    if waited_after_unranked and not done and world and world <= MAX_WORLD_FOR_ANNOUNCER:
+        rest = set(range(world)) - waited_after_unranked
+        if len(rest) == 1:
+            early |= rest
     return early
+
+
+MAX_WORLD_FOR_ANNOUNCER = 64
+"""The world's ranks are counted one by one to find the one that did not wait."""
 
 
 def _later(record: Record, end: Record) -> bool:

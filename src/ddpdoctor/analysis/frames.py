@@ -32,6 +32,15 @@ def in_backward(hit: Hit) -> bool:
     return any(IN_BACKWARD.search(r.text) for r in hit.context)
 
 
+def in_ddp_forward(hit: Hit) -> bool:
+    """The hit's traceback passes through DDP's forward (its buffer broadcast, its pre-forward
+    bucket rebuild): like the backward pass, every rank runs it each training step."""
+    return any(
+        (m := FRAME.search(r.text)) is not None and DDP_FORWARD.search(m["path"]) is not None
+        for r in hit.context
+    )
+
+
 # Which part of a training program a frame belongs to: the evaluation loop (a validation
 # step, an evaluate() function, a framework's evaluation loop) or a training step (the
 # backward pass, DDP's forward hooks, a train step). Names in torch itself say neither.

@@ -47,8 +47,10 @@ def assess(job: JobEvidence) -> Assessment | None:
             0.75,
             sorted(stoppers),
             [
-                f"{ranks_text(stoppers)} stopped early on their own; "
-                f"{ranks_text(present - stoppers)} kept going and failed waiting for them."
+                f"{ranks_text(stoppers)} stopped early on "
+                + ("its own" if len(stoppers) == 1 else "their own")
+                + f"; {ranks_text(present - stoppers)} kept going and failed waiting for "
+                + ("it." if len(stoppers) == 1 else "them.")
             ],
             evidence=[e for r in sorted(stoppers) for e in job.ranks[r].evidence[:1]],
         )
