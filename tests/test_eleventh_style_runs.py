@@ -81,11 +81,12 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "report-on-zero": "uncoordinated-exit on rank 0 (INF202): rank 0, silent inside "
-    "ray.train.report while rank 1 timed out in backward, is read as a rank that left, not as "
-    "a call only some workers make",
-    "shards-vs-workers": "uncoordinated-exit on rank 2 (INF202): the workers' 'reading 2 of 4 "
-    "shards' / 'reading 1 of 4 shards' (uneven shards per worker) are not read as uneven inputs",
+    "report-on-zero": "slow-rank-timeout on rank 0 (INF201, 0.4): the culprit is right (alive: rank 1 only "
+    "timed out, gloo would have reported it leaving), but a call only some workers make "
+    "is read as a busy rank, not a collective mismatch",
+    "shards-vs-workers": "slow-rank-timeout on rank 2 (INF201, 0.4): the workers' 'reading 2 of 4 shards' / "
+    "'reading 1 of 4 shards' (uneven shards per worker) are not read as uneven inputs; "
+    "rank 2, alive and silent, is read as busy",
 }
 
 

@@ -98,10 +98,10 @@ MISSES: dict[str, str] = {
     "culprit is machine 1's spawn report 'Process 0 terminated' (a local index; global rank 2) "
     "read as global rank 0, and rank 3 (its log.txt.rank3 stops at 'Loading from "
     ".../model_final.pth') is not named",
-    "all-crowd": "failed, uncoordinated-exit on ranks 2 and 3 (INF202, 0.6): the culprits are "
-    "right, but ranks 2 and 3 did not leave: their log.txt.rank files say 'Removed 64 images ... "
-    "0 images left.' and stop at 'Starting training', and machine 1 printed no exit (it was "
-    "killed by the capture's time limit, still running)",
+    "all-crowd": "failed, slow-rank-timeout on ranks 2 and 3 (INF201, 0.4): the culprits are right and "
+    "alive (gloo would have reported them leaving), but stuck in an endless loop over an "
+    "empty sampler is read as busy, not hung; their log.txt.rank files say 'Removed 64 "
+    "images ... 0 images left.'",
     "voted-halt": "unknown, no kind (0.3): 'the log ends after its training progress without an "
     "end'; every rank's 'stopping after iteration 4' and rank 0's 'Total training time' are not "
     "read as an agreed stop",

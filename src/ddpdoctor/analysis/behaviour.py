@@ -251,6 +251,7 @@ def _add_event(evidence: JobEvidence, event: Event) -> None:
         return
     if event.echo is not None:
         view.echoes.add(str(event.echo))
+        view.waited_on_live_peers |= event.echo is Echo.WAITING and event.rule.peers_alive
     elif event.primary:
         view.failed = True
     elif event.rule.severity == "warning" and event.marker is None:

@@ -112,6 +112,9 @@ class RankView:
     busy_phase: str | None = None
     """Its last words announce a long phase of its own (saving, evaluating, tokenising)."""
     wait_sites: list[WaitSite] = field(default_factory=list)
+    waited_on_live_peers: bool = False
+    """It timed out on a transport that reports a peer process that exits as a lost
+    connection at once (rules.base.Rule.peers_alive): its peers were still running."""
     waited_after_end: bool = False
     """It waited (or lost its peer) in a collective its own code called after training had
     announced its end: still distributed work (an evaluation, a save, a barrier), not
@@ -265,3 +268,14 @@ class JobEvidence:
     @property
     def timed_out(self) -> bool:
         return "waiting" in self.echoes
+
+    @property
+    def peers_proven_alive(self) -> bool:
+        """Every waiting rank timed out on a transport that would have reported a peer that
+        exits as a lost connection, and none did: the ranks they waited for were running."""
+        waiting = self.waiting
+        return (
+            bool(waiting)
+            and "lost-peer" not in self.echoes
+            and all(self.ranks[r].waited_on_live_peers for r in waiting)
+        )

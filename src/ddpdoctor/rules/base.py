@@ -156,6 +156,8 @@ class Rule:
     without gradient make DDP's buckets differ, which gloo reports as a collective mismatch).
     symptom_of: kinds of inferred causes that, when their own evidence holds, explain this
     finding (ranks with uneven batch counts end up issuing different collectives).
+    peers_alive: (a wait) the transport reports a peer that went away as a lost connection at
+    once, so a rank that only timed out waited on peers whose processes were still there.
     proves_infrastructure: the line itself is evidence of a hardware or fabric fault; a
     finding of an infrastructure kind without it is never blamed on infrastructure.
     status: the verdict's status when this rule is the root (default: `slow` for performance
@@ -183,6 +185,7 @@ class Rule:
     marker: Marker | None = None
     explains: tuple[str, ...] = ()
     symptom_of: tuple[str, ...] = ()
+    peers_alive: bool = False
     proves_infrastructure: bool = False
     status: Status | None = None
     applies: Callable[[JobEvidence], bool] | None = None

@@ -130,6 +130,9 @@ GLOO_TIMEOUT = Rule(
     title="Collective timed out (gloo)",
     sources="gloo/transport/tcp/unbound_buffer.cc, pair.cc",
     echo=Echo.WAITING,
+    # gloo's TCP pairs see a peer process that exits at once ("Connection closed by peer",
+    # NET101): a rank that timed out instead waited on peers that were still running
+    peers_alive=True,
     specificity=20,
     signatures=(
         Signature(

@@ -33,6 +33,12 @@ def _causality(rule: Rule) -> list[str]:
             lines.append(f"- echo for `{sig.regex}`: {ECHO_MEANING[sig.echo]}")
     if rule.exit_path:
         lines.append("- exit path: after the same rank's own error, this is how it died, not why")
+    if rule.peers_alive:
+        lines.append(
+            "- peers alive: the transport reports a peer that exits as a lost connection at "
+            "once, so ranks that only timed out waited on peers that were still running (none "
+            "of them simply left)"
+        )
     if rule.marker is not None:
         lines.append(f"- marker: {MARKER_MEANING[rule.marker]}")
     if rule.explains:

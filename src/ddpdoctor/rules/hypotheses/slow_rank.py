@@ -65,7 +65,11 @@ def assess(job: JobEvidence) -> Assessment | None:
                 evidence=[line],
             )
         )
-    busy = {r for r in quiet if job.ranks[r].terminated}
+    terminated = {r for r in quiet if job.ranks[r].terminated}
+    # the others' timeouts show the silent ranks were running (their transport would have
+    # reported a peer that exited as a closed connection)
+    running = (quiet - terminated) if job.peers_proven_alive else set()
+    busy = terminated | running
     busy |= {r for r, v in job.ranks.items() if v.interrupted and not v.failed and r not in waiting}
     busy -= blocked_ranks(job) | prompted_ranks(job)  # waiting on a lock or an answer: INF211
     named = {r for r, v in job.ranks.items() if v.named_absent}
@@ -77,7 +81,10 @@ def assess(job: JobEvidence) -> Assessment | None:
         found.append(
             Assessment(
                 RULE,
-                0.7 if busy & named else 0.6,
+                # the launcher's termination shows a rank alive outside the collective; a
+                # transport's silence only that it was alive (busy, stuck, or in another
+                # collective whose own evidence then weighs more)
+                0.7 if busy & named else 0.6 if culprit - running else 0.4,
                 sorted(culprit),
                 [
                     "".join(
@@ -88,9 +95,16 @@ def assess(job: JobEvidence) -> Assessment | None:
                     )
                     + f"{ranks_text(culprit)} printed no error and "
                     + ("was" if len(culprit) == 1 else "were")
-                    + " still running (the launcher had to terminate "
-                    + ("it" if len(culprit) == 1 else "them")
-                    + f") while {ranks_text(waiting)} timed out waiting for "
+                    + (
+                        " still running (the launcher had to terminate "
+                        + ("it" if len(culprit) == 1 else "them")
+                        + ")"
+                        if culprit - running
+                        else " still running (the transport would have reported "
+                        + ("it" if len(culprit) == 1 else "them")
+                        + " leaving as a closed connection; nobody did)"
+                    )
+                    + f" while {ranks_text(waiting)} timed out waiting for "
                     + ("it" if len(culprit) == 1 else "them")
                     + (
                         ", and the monitored barrier names "

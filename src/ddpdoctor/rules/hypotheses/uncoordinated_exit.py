@@ -72,6 +72,8 @@ def assess(job: JobEvidence) -> Assessment | None:
     }
     if waiting and all(job.ranks[r].waited_after_end for r in waiting):
         left = set()
+    if job.peers_proven_alive:
+        left = set()  # they timed out on a transport that sees a peer leave: nobody left
     if left and waiting and len(waiting) >= len(quiet):
         return Assessment(
             RULE,
