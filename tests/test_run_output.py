@@ -133,10 +133,11 @@ def test_reader_paused_10_s_loses_nothing_and_logs_keep_growing(tmp_path: Path) 
     assert got == expected
     assert file_sha(run_dir / "console.log") == expected
     # our stdout pipe holds 1 MiB; the log grew through the whole pause, to about 10 s' worth
+    # less the job's start (up to 2 s on a loaded machine: 9.57 MB after 9 s was seen)
     assert sizes[1] < sizes[4] < sizes[8], sizes
-    assert sizes[8] > 8 * rate, sizes
+    assert sizes[8] > 7 * rate, sizes
     terminal = exit_event(run_dir)["output"]["terminal"]["stdout"]  # type: ignore[index]
-    assert terminal["max_backlog"] > 8 * rate and terminal["error"] is None
+    assert terminal["max_backlog"] > 7 * rate and terminal["error"] is None
     # the first reads went on by tee (the pipe had room), the rest was written after them
     assert 0 < terminal["teed"] < total
 
