@@ -94,19 +94,9 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "noisy-fine": "unknown, no kind (0.3): 'the log ends after its training progress without an "
-    "end'; fairseq_cli.train's 'done training in 0.7 seconds' (printed after the epoch loop) is "
-    "not read as the end of training, and mp.spawn's parent printing no exception is no exit",
-    "epochs-clean": "unknown, no kind (0.3): 'the log ends after its training progress without "
-    "an end'; 'done training in N seconds' is not a completion marker, and torchrun printing no "
-    "failure is not read as every worker exiting 0",
-    "scale-halves": "unknown, no kind (0.3): 'the log ends after its training progress without "
-    "an end' (as epochs-clean); the recovered 'NOTE: gradient overflow detected' lines are "
-    "rightly no failure",
-    "oom-forward": "failed, host-oom on rank 1 (LCH101, 0.9): the culprit is right, but the "
-    "trainer's caught 'OOM: Ran out of memory with exception: ... DefaultCPUAllocator: can't "
-    "allocate memory' (followed by 'attempting to recover') is read as the root; rank 1 was not "
-    "killed (exitcode -6 after gloo's 'Is there a distributed collective mismatch')",
+    "oom-forward": "failed, python-exception on rank 1 (INF208, 0.5): the caught OOM is now context, but "
+    "the gloo size mismatch that aborted rank 1 (its lines carry no rank) is not made the "
+    "root: rank 1 is said to have failed with an error its output does not hold",
     "restore-node0": "failed, collective-mismatch on ranks 0 and 1 (INF203, 0.4): the culprits "
     "are right, but not that ranks 0 and 1 had finished ('done training') and waited in the "
     "closing barrier while ranks 2 and 3 trained on",
@@ -116,8 +106,6 @@ MISSES: dict[str, str] = {
     "lock-stale": "unknown, no kind (0.2): 'the job exited with code 1, but its output names no "
     "cause'; ranks 0 and 1's 10 s send/recv timeouts and ranks 2 and 3's silence after their "
     "distributed init are not read as ranks stuck outside a collective",
-    "solo-clean": "unknown, no kind (0.3): 'the log ends after its training progress without an "
-    "end'; one process, 'done training in 3.7 seconds' not read as the end",
 }
 
 

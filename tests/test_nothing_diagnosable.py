@@ -117,3 +117,15 @@ def test_not_ok_while_a_named_input_could_not_be_read(tmp_path: Path) -> None:
     verdict = json.loads(proc.stdout)["verdict"]
     assert verdict["status"] == "unknown"
     assert "rank1.log" in verdict["summary"] and "no such file" in verdict["summary"]
+
+
+def test_a_lone_end_of_training_line_cannot_vouch_for_the_run() -> None:
+    """A paste that holds fairseq's 'done training in N seconds' and nothing else (corpus case
+    750: its processes hung after it) is unknown, with how to check for a teardown hang; the
+    same line after the run's progress is an end (tests/test_fifteenth_style_runs.py)."""
+    logs = next((REPO / "corpus" / "cases").glob("750-*")) / "logs"
+    proc = run_cli("diagnose", "--format", "json", str(logs))
+    verdict = json.loads(proc.stdout)["verdict"]
+    assert verdict["status"] == "unknown", verdict
+    assert verdict["title"] == "Only the end of training was read"
+    assert any("hung in teardown" in step for step in verdict["next_steps"])

@@ -41,3 +41,12 @@ def test_a_traceback_with_nothing_timed_after_it_still_ends_the_run(tmp_path: Pa
     nothing proves the rank went on."""
     report = diagnose_paths([_head("fifth-noisy-ok", 82, tmp_path)])
     assert report.verdict.kind == "python-exception", report.verdict.summary
+
+
+def test_an_error_the_program_logged_as_a_warning_before_a_later_failure_was_caught() -> None:
+    """fairseq logs a caught OOM at WARNING ('OOM: Ran out of memory ... attempting to recover
+    from OOM') and goes on; the collective it then skipped makes gloo abort the rank. The OOM
+    is context, not the root (fifteenth-oom-forward, a real torchrun run)."""
+    report = diagnose_paths([str(REAL / "fifteenth-oom-forward")])
+    assert report.verdict.kind != "host-oom"
+    assert {f.role for f in report.findings if f.kind == "host-oom"} == {"context"}

@@ -632,6 +632,23 @@ def _quiet(evidence: JobEvidence) -> Decision:
                 "is kept; check dmesg for killed processes.",
             ],
         )
+    exits_seen = evidence.job_exit_code is not None or any(
+        v.exit_code is not None for v in evidence.ranks.values()
+    )
+    if evidence.completed_at and not (evidence.started_training or exits_seen):
+        # a log that holds the end of training and nothing of the run before it is a fragment
+        # (pasted because of what came after it): it cannot vouch for the run
+        return Decision(
+            status=Status.UNKNOWN,
+            confidence=0.3,
+            title="Only the end of training was read",
+            notes=[
+                "Only the end of training was read: no training progress before it and no exit "
+                "after it. The run may have ended cleanly, or hung in teardown after that line."
+            ],
+            basis=["- only an end of training: no progress before it, no exit after it"],
+            next_steps=[TEARDOWN_CHECK],
+        )
     if evidence.ended or evidence.started_training:
         decision = Decision(status=Status.OK, confidence=0.5)
         if evidence.restart_ended_at is not None:
@@ -648,6 +665,10 @@ def _quiet(evidence: JobEvidence) -> Decision:
                 "announced its end: the job went on from them (a retried connection, a peer "
                 "that came back), so they ended nothing."
             )
+        if evidence.completed_at and not exits_seen:
+            # a process that hangs after its last words prints nothing more: the log alone
+            # cannot tell a clean end from a hang in teardown
+            decision.next_steps.append(TEARDOWN_CHECK)
         return decision
     collect = (
         "If the job failed, collect every rank's complete output (torchrun --tee 3 or "
@@ -675,6 +696,14 @@ def _quiet(evidence: JobEvidence) -> Decision:
         basis=["- nothing recognised: no error, progress, end of training or exit code"],
         next_steps=[collect],
     )
+
+
+TEARDOWN_CHECK = (
+    "Training announced its end and the logs show no exit after it. If the processes did not "
+    "exit (the job still shows as running), they hung in teardown: `py-spy dump --pid <pid>` "
+    "on a lingering rank shows where (destroy_process_group, DataLoader workers, a logger's "
+    "upload, an atexit handler)."
+)
 
 
 def assess_stall(

@@ -176,6 +176,8 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
         )
         for unit in ("iters", "iterations", "steps", "epochs")
     ),
+    # fairseq_cli/train.py after its epoch loop: "done training in 6318.4 seconds"
+    FactPattern("completed", r"\bdone training in [\d.]{1,12} seconds", "done training in "),
     # YOLOv5 and ultralytics' trainer after its epoch loop (rank 0 only): "\n100 epochs
     # completed in 2.317 hours." (not a `finally:`: a failed run does not print it)
     FactPattern("completed", r"\b\d{1,9} epochs completed in\b", "epochs completed in"),

@@ -399,11 +399,40 @@ def relate_survived(graph: CausalGraph, ctx: Context) -> None:
     """A lost peer or a timeout that training went on from (its end announced later in the
     same output) explains nothing and accuses nobody: the job outlived it."""
     gone = [e for e in graph.events if survived(e, ctx.evidence)]
-    if not gone:
+    caught = [e for e in graph.events if e not in gone and _caught(e, graph.events)]
+    if not gone and not caught:
         return
     node = graph.add_node(Node("went on", None))
     for event in gone:
         graph.add(node, event, "survived", "training went on and announced its end after this.")
+    for event in caught:
+        graph.add(
+            node,
+            event,
+            "survived",
+            "the program logged this as a warning (it caught it and went on); a later failure "
+            "of the same writer ended it.",
+        )
+
+
+def _caught(event: Event, events: list[Event]) -> bool:
+    """A failure the program logged at warning level (it caught it: fairseq's "OOM: Ran out of
+    memory ... attempting to recover") and after which another failure of the same writer
+    followed in the same output: that later one ended the process."""
+    if not event.primary or not event.hits:
+        return False
+    if any(h.record.level != "warning" for h in event.hits):
+        return False
+    first = min(event.hits, key=lambda h: h.record.line).record
+    return any(
+        other is not event
+        and other.rule is not event.rule
+        and other.primary  # not an abort: that is how the caught error's rank may still die
+        and other.rule.kind != event.rule.kind
+        and (other.rank is None or event.rank is None or other.rank == event.rank)
+        and any(h.record.source == first.source and h.record.line > first.line for h in other.hits)
+        for other in events
+    )
 
 
 def relate_teardown_marker(graph: CausalGraph, ctx: Context) -> None:
