@@ -599,10 +599,30 @@ RENDEZVOUS_FAILURE = Rule(
             "The client socket has timed out",
         ),
         Signature(r"The server socket has failed to (?:listen|bind)"),
+        # dynamic_rendezvous.py, an agent at its own shutdown: the store it would close (hosted
+        # by another node's agent) is gone already, that node ended first
+        Signature(
+            r"has failed to shutdown the rendezvous '[^']{0,200}' due to an error of type",
+            "has failed to shutdown the rendezvous",
+            echo=Echo.LOST_PEER,
+        ),
         Signature(r"RendezvousConnectionError"),
         Signature(r"RendezvousTimeoutError"),
         Signature(r"RendezvousClosedError"),
-        Signature(r"DistNetworkError"),
+        # a store connection that was up and that the other end closed ("got 0 bytes", a reset,
+        # a broken pipe): the store's host (rank 0, another node's agent) went away first
+        Signature(
+            r"(?<!::)DistNetworkError: (?:Failed to (?:recv|send), got 0 bytes|[^\n]{0,200}?"
+            r"(?:[Cc]onnection (?:was )?reset by peer|Broken pipe))",
+            "DistNetworkError: ",
+            echo=Echo.LOST_PEER,
+        ),
+        # the exception, not its constructor's frame in a C++ backtrace ("c10::DistNetworkError::")
+        Signature(
+            r"(?<!::)DistNetworkError(?!::|: Failed to (?:recv|send), got 0 bytes"
+            r"|: [^\n]{0,200}?(?:[Cc]onnection (?:was )?reset by peer|Broken pipe))",
+            "DistNetworkError",
+        ),
         Signature(r"EADDRINUSE|[Aa]ddress already in use", "ddress already in use"),
         # torch/distributed/elastic/rendezvous (c10d/etcd backends): two jobs on one --rdzv-id
         # or a stale store; static_tcp_rendezvous.py / launcher/api.py: a malformed endpoint
