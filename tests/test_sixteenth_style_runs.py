@@ -103,7 +103,9 @@ def test_sixteenth_style_fixture_is_small_rewritten_and_unlabelled(mode: str) ->
     RUNS.check_fixture(mode)
 
 
-POD_FILE = re.compile(r"(train-ddp-(master|worker)-\d|trainer-\d|llm-ft-node-0-\d)(-previous)?\.log")
+POD_FILE = re.compile(
+    r"(train-ddp-(master|worker)-\d|trainer-\d|llm-ft-node-0-\d)(-previous)?\.log"
+)
 
 
 @pytest.mark.parametrize("mode", list(EXPECTED))

@@ -84,11 +84,13 @@ def wait_for_master(attempts: int) -> None:
                 log.info("master %s:%d is reachable", addr, port)
                 return
         except OSError as exc:
-            log.info("waiting for master %s:%d (attempt %d/%d): %s", addr, port, attempt,
-                     attempts, exc)
+            log.info(
+                "waiting for master %s:%d (attempt %d/%d): %s", addr, port, attempt, attempts, exc
+            )
             time.sleep(0.5)
-    log.warning("master %s:%d not reachable after %d attempts, starting anyway", addr, port,
-                attempts)
+    log.warning(
+        "master %s:%d not reachable after %d attempts, starting anyway", addr, port, attempts
+    )
 
 
 def load_config() -> dict[str, Any]:
@@ -117,7 +119,7 @@ def push_metrics(url: str, timeout_s: float | None, step: int, loss: float) -> N
     body = json.dumps({"pod": POD, "step": step, "loss": loss}).encode()
     req = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
     try:
-        with urllib.request.urlopen(req, timeout=timeout_s) as resp:  # noqa: S310
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
             resp.read()
     except (urllib.error.URLError, OSError) as exc:
         log.warning("metrics push to %s failed: %s", url, exc)
@@ -147,10 +149,19 @@ def train(cfg: dict[str, Any]) -> int:
     shape = [int(s) for s in cfg.get("sample_shape", [64])]
     if rank != 0 and "TORCHELASTIC_RUN_ID" not in os.environ:
         wait_for_master(int(cfg.get("master_wait_attempts", 30)))
-    log.info("joining process group: world_size=%d master=%s:%s", world,
-             os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"])
-    dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=int(cfg.get("dist_timeout_s", 15))))
+    log.info(
+        "joining process group: world_size=%d master=%s:%s",
+        world,
+        os.environ["MASTER_ADDR"],
+        os.environ["MASTER_PORT"],
+    )
+    dist.init_process_group(
+        "gloo",
+        init_method="env://",
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=int(cfg.get("dist_timeout_s", 15))),
+    )
     log.info("process group ready: rank %d of %d", rank, world)
 
     class Synthetic(Dataset[tuple[Any, Any]]):
@@ -188,8 +199,12 @@ def train(cfg: dict[str, Any]) -> int:
         log.info("checkpoint saved to %s (step %d)", latest, step)
 
     sampler = DistributedSampler(Synthetic(), num_replicas=world, rank=rank, seed=7)
-    loader = DataLoader(Synthetic(), batch_size=batch, sampler=sampler,
-                        num_workers=int(cfg.get("loader_workers", 0)))
+    loader = DataLoader(
+        Synthetic(),
+        batch_size=batch,
+        sampler=sampler,
+        num_workers=int(cfg.get("loader_workers", 0)),
+    )
     heartbeat = Heartbeat(float(cfg.get("heartbeat_s", 2)))
     heartbeat.step = start
     heartbeat.start()
@@ -233,13 +248,13 @@ def train(cfg: dict[str, Any]) -> int:
 class _Sink(BaseHTTPRequestHandler):
     delay_s = 0.0
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         self.rfile.read(int(self.headers.get("Content-Length", 0)))
         time.sleep(self.delay_s)
         self.send_response(204)
         self.end_headers()
 
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+    def log_message(self, format: str, *args: object) -> None:
         pass
 
 
@@ -251,8 +266,12 @@ def serve_sink(port: int, delay_s: float) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--wait-master", type=int, metavar="ATTEMPTS",
-                        help="only wait for the master service (a pod's entry script)")
+    parser.add_argument(
+        "--wait-master",
+        type=int,
+        metavar="ATTEMPTS",
+        help="only wait for the master service (a pod's entry script)",
+    )
     parser.add_argument("--metrics-sink", nargs=2, metavar=("PORT", "DELAY_S"))
     args = parser.parse_args()
     if args.metrics_sink:
