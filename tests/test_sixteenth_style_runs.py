@@ -87,7 +87,40 @@ EXPECTED: dict[str, Expected] = {
 }
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
-MISSES: dict[str, str] = {}
+MISSES: dict[str, str] = {
+    "size-edit": "failed, collective-mismatch on rank 2 (INF203, 0.5): the culprit is right, but "
+    "rank 2's 'wait timeout ... keys: /default_pg/0//cpu//0/3' (a key for a rank 3 that a world "
+    "of 3 never has) and its 'world_size=4' beside the others' 3 are read as a collective nobody "
+    "joined, not as a rendezvous that could not form",
+    "addr-typo": "failed, rendezvous-failure on ranks 0 and 1 (LCH108, 0.9): the kind is right, "
+    "but rank 0's 'waiting for clients. 2/3 clients joined' (the victim's store) is named beside "
+    "rank 1, whose own lines say it could not resolve train-ddp-mastr-0",
+    "master-restart": "failed, rendezvous-failure on rank 0 (LCH108, 0.9): the culprit is right, "
+    "but the root is the restarted master's 'waiting for clients. 1/3 clients joined'; the "
+    "previous container's log, which stops at step 14 with no error while ranks 1 and 2 then "
+    "lose their peer, is not read as a killed rank",
+    "pod-oomkill": "failed, uncoordinated-exit on ranks 2 and 3 (INF202, 0.6): the culprits are "
+    "right, but a pod whose log stops mid-step with no exit and no torchrun summary (its agent "
+    "died with it) is read as ranks that left, not as a killed pod",
+    "pod-evict": "failed, uncoordinated-exit on rank 2 (INF202, 0.6): the culprit is right, but "
+    "rank 2's 'SIGTERM received: pod is terminating' and 'exiting 143' are not read as a "
+    "preemption",
+    "drain-all": "unknown, no kind (0.3): 'The log ends at step 12 of 60 without an end'; every "
+    "pod's 'SIGTERM received' and 'stopped at step 13 on SIGTERM, exiting 143' are not read",
+    "volume-empty": "failed, uncoordinated-exit on ranks 0 and 1 (INF202, 0.75): ranks 0 and 1 "
+    "'stopped early on their own', though they finished their 30 steps ('training finished: 10 "
+    "steps'); rank 2's 'no checkpoint ..., starting from step 0' beside the others' 'resuming "
+    "... at step 20' is not read as a different number of steps",
+    "pod-pending": "failed, rendezvous-failure on rank 0 (LCH108, 0.9): the kind is right, but "
+    "the culprit is rank 0, whose store says '3/4 clients joined'; rank 3, the pod that left no "
+    "log in a world of 4, is not named",
+    "push-slow": "failed, nccl-timeout with no culprit (TMO102, 0.3): rank 2's 25 s gap between "
+    "step 4 and its first error, with its heartbeat still at step 5 while ranks 0 and 1 timed "
+    "out, is not read as a busy rank",
+    "push-stuck": "failed, uncoordinated-exit on rank 2 (INF202, 0.6): the culprit is right, but "
+    "rank 2 did not leave: its heartbeat repeats 'step=5' (17 times, and 3 more after its pod's "
+    "SIGTERM) until the pod is SIGKILLed, a rank blocked outside any collective",
+}
 
 
 RUNS = RunSet("sixteenth-", EXPECTED, MISSES, label_nowhere=True)
@@ -137,8 +170,9 @@ def test_the_killed_pods_logs_just_stop() -> None:
     for f in (previous, killed):
         last = json.loads(f.read_text().splitlines()[-1])
         assert last["level"] == "INFO" and "Traceback" not in f.read_text(), f
+    assert "(step 10)" in previous.read_text()  # the checkpoint the restart would resume from
     restarted = (RUNS.folder("master-restart") / "train-ddp-master-0.log").read_text()
-    assert "resuming from" in restarted and "waiting for clients. 1/3 clients joined" in restarted
+    assert "waiting for clients. 1/3 clients joined" in restarted  # before it reads it
 
 
 def test_the_stuck_pod_repeats_its_step_in_heartbeats() -> None:
