@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from ddpdoctor.analysis.diagnose import diagnose_paths
+from ddpdoctor.ingest.filenames import origin_from_path
 from ddpdoctor.model.findings import Report
 from ddpdoctor.scenarios import catalog, runner
 from tests.conftest import REPO, corpus_cases
@@ -52,10 +53,11 @@ def _verdict(report: Report) -> dict[str, object]:
 def _copy_as(files: list[Path], out: Path, names: list[str]) -> list[str]:
     """Each file copied under a new name; a file inside a node folder keeps its folder (the
     folder names the host, as a user's layout does), only the file name changes. A file named
-    for its node (node1.log) goes into a folder of that name: the host it names is kept."""
+    for its node or pod (node1.log, trainer-0.log) goes into a folder of that name: the host it
+    names is kept."""
     copied = []
     for src, name in zip(files, names, strict=True):
-        host = next((n for n in (src.parent.name, src.stem) if n.startswith("node")), None)
+        host = origin_from_path(str(src)).host  # a pod or node the name or folder names
         parent = out / host if host else out
         parent.mkdir(parents=True, exist_ok=True)
         target = parent / (name + "".join(src.suffixes))
