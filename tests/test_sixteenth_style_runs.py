@@ -92,9 +92,6 @@ MISSES: dict[str, str] = {
     "rank 2's 'wait timeout ... keys: /default_pg/0//cpu//0/3' (a key for a rank 3 that a world "
     "of 3 never has) and its 'world_size=4' beside the others' 3 are read as a collective nobody "
     "joined, not as a rendezvous that could not form",
-    "addr-typo": "failed, rendezvous-failure on ranks 0 and 1 (LCH108, 0.9): the kind is right, "
-    "but rank 0's 'waiting for clients. 2/3 clients joined' (the victim's store) is named beside "
-    "rank 1, whose own lines say it could not resolve train-ddp-mastr-0",
     "master-restart": "failed, rendezvous-failure on rank 0 (LCH108, 0.9): the culprit is right, "
     "but the root is the restarted master's 'waiting for clients. 1/3 clients joined'; the "
     "previous container's log, which stops at step 14 with no error while ranks 1 and 2 then "
@@ -111,9 +108,6 @@ MISSES: dict[str, str] = {
     "'stopped early on their own', though they finished their 30 steps ('training finished: 10 "
     "steps'); rank 2's 'no checkpoint ..., starting from step 0' beside the others' 'resuming "
     "... at step 20' is not read as a different number of steps",
-    "pod-pending": "failed, rendezvous-failure on rank 0 (LCH108, 0.9): the kind is right, but "
-    "the culprit is rank 0, whose store says '3/4 clients joined'; rank 3, the pod that left no "
-    "log in a world of 4, is not named",
     "push-slow": "failed, nccl-timeout with no culprit (TMO102, 0.3): rank 2's 25 s gap between "
     "step 4 and its first error, with its heartbeat still at step 5 while ranks 0 and 1 timed "
     "out, is not read as a busy rank",

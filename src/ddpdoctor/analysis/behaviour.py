@@ -252,6 +252,8 @@ def _add_event(evidence: JobEvidence, event: Event) -> None:
     if event.echo is not None:
         view.echoes.add(str(event.echo))
         view.waited_on_live_peers |= event.echo is Echo.WAITING and event.rule.peers_alive
+        if event.echo is Echo.WAITING:
+            view.wait_kinds.add(event.rule.kind)
     elif event.primary:
         view.failed = True
     elif event.rule.severity == "warning" and event.marker is None:

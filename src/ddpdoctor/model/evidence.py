@@ -112,6 +112,9 @@ class RankView:
     busy_phase: str | None = None
     """Its last words announce a long phase of its own (saving, evaluating, tokenising)."""
     wait_sites: list[WaitSite] = field(default_factory=list)
+    wait_kinds: set[str] = field(default_factory=set)
+    """The kinds of the rules whose waits it printed (a collective's timeout, the store's
+    wait for its clients): where it waited."""
     waited_on_live_peers: bool = False
     """It timed out on a transport that reports a peer process that exits as a lost
     connection at once (rules.base.Rule.peers_alive): its peers were still running."""

@@ -653,7 +653,13 @@ RENDEZVOUS_FAILURE = Rule(
             r"process is utilizing it",
             "but another process is utilizing it",
         ),
-        Signature(r"Timed out after \d+ seconds waiting for clients", "waiting for clients"),
+        # TCPStore's server (rank 0, or the agent) waiting for the clients to connect: the rank
+        # that says it waited for the ranks that did not come ("3/4 clients joined")
+        Signature(
+            r"Timed out after \d+ seconds waiting for clients",
+            "waiting for clients",
+            echo=Echo.WAITING,
+        ),
         # NCCL init.cc: a process asked for a rank outside the communicator ("2/2"): the ranks
         # disagree about the world size (--nnodes, WORLD_SIZE, a framework's own count)
         Signature(r"Invalid rank requested : \d+/\d+", "Invalid rank requested"),

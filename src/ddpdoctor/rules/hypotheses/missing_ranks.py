@@ -22,10 +22,50 @@ RULE = Rule(
 )
 
 
+NEVER_JOINED = Rule(
+    code="INF230",
+    kind="rendezvous-failure",
+    title="Ranks never joined the rendezvous; the others waited for them at start-up",
+    signatures=(),
+    explanation=Explanation(
+        what="The ranks that started waited at the rendezvous (the store's wait for its "
+        "clients, the store-based barrier) and timed out, and some ranks of the world left no "
+        "line at all.",
+        why="Those ranks never started, or never reached init_process_group: a pod still "
+        "pending or crash-looping, a node that did not start, a launcher given fewer processes "
+        "than the world size, a crash before the first line.",
+        fix="Find why the missing ranks did not start (the scheduler's state of their pod or "
+        "node, their own logs) and make every node start with the same world size.",
+        false_positives="Their logs may simply not have been included.",
+    ),
+    fix=(
+        "Check that the processes of the missing ranks started (kubectl get pods / describe, "
+        "squeue, the launcher's output on their node) and read their logs.",
+        "Check that every node was started with the same --nnodes / WORLD_SIZE.",
+    ),
+)
+
+
 def assess(job: JobEvidence) -> Assessment | None:
     missing = job.missing
     if not missing or not job.timed_out:
         return None
+    # the ranks that timed out did so at the rendezvous (the others lost the store's host
+    # when it gave up)
+    waiting = {r for r in job.waiting if job.ranks[r].wait_kinds}
+    if waiting and all(job.ranks[r].wait_kinds == {NEVER_JOINED.kind} for r in waiting):
+        return Assessment(
+            NEVER_JOINED,
+            0.45,
+            sorted(missing),
+            [
+                f"{ranks_text(waiting)} timed out waiting at the rendezvous, and "
+                f"{ranks_text(missing)} of the world left no line at all: "
+                + ("it" if len(missing) == 1 else "they")
+                + " never joined."
+            ],
+            next_steps=[f"Find out whether {ranks_text(missing)} started, and read its log."],
+        )
     return Assessment(
         RULE,
         0.35,
