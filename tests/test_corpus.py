@@ -12,10 +12,10 @@ from corpus.scoreboard import SHARED, load_cases, render, score, totals
 # has; ../shared/corpus is floored on its own, where it sits beside the checkout). Raise them
 # when the tool improves; never lower them.
 TRAIN_FLOORS = {
-    "kind": 275,
-    "category": 244,
+    "kind": 291,
+    "category": 259,
     "culprit_with_kind": 32,
-    "fix": 207,
+    "fix": 220,
 }
 TRAIN_MAX_FALSE_INFRA = 0
 TRAIN_MAX_FALSE_OK = 3
