@@ -355,3 +355,25 @@ def test_a_ray_worker_prefix_names_its_process_and_node_not_a_rank() -> None:
     assert (parsed.origin.pid, parsed.origin.host, parsed.origin.rank) == (4242, "10.0.0.7", None)
     assert parsed.prefix == "(RayTrainWorker pid=4242, ip=10.0.0.7)"
     assert parsed.text == "Epoch 1: loss 0.31"
+
+
+def test_a_json_log_line_gives_its_time_level_and_pod() -> None:
+    """A structured line as the sixteenth set's pods wrote it (tests/fixtures/real/sixteenth-
+    pod-evict): its own fields say when, how bad and which pod; its rank field names the
+    rank. The whole line stays the text the rules read."""
+    line = (
+        '{"ts": "2026-12-02T12:57:16.479+00:00", "level": "WARNING", "pod": '
+        '"train-ddp-worker-1", "rank": 2, "logger": "trainer", "msg": "SIGTERM received: pod '
+        'is terminating, checkpointing before exit"}'
+    )
+    parsed = parse_line(line)
+    assert parsed.time == datetime(2026, 12, 2, 12, 57, 16, 479000, tzinfo=UTC)
+    assert parsed.level == "warning"
+    assert parsed.origin.host == "train-ddp-worker-1" and parsed.origin.rank == 2
+    assert parsed.text == line
+
+
+def test_a_json_value_is_not_a_field_of_the_line() -> None:
+    """Only the line's own keys count: a message that quotes "time" gives no time."""
+    parsed = parse_line('{"msg": "step took time 2026-12-02T12:57:16 to run", "lvl": "x"}')
+    assert parsed.time is None and parsed.level is None and parsed.origin.host is None

@@ -92,18 +92,12 @@ MISSES: dict[str, str] = {
     "rank 2's 'wait timeout ... keys: /default_pg/0//cpu//0/3' (a key for a rank 3 that a world "
     "of 3 never has) and its 'world_size=4' beside the others' 3 are read as a collective nobody "
     "joined, not as a rendezvous that could not form",
-    "master-restart": "failed, rendezvous-failure on rank 0 (LCH108, 0.9): the culprit is right, "
-    "but the root is the restarted master's 'waiting for clients. 1/3 clients joined'; the "
-    "previous container's log, which stops at step 14 with no error while ranks 1 and 2 then "
-    "lose their peer, is not read as a killed rank",
+    "master-restart": "failed, collective-mismatch on rank 0 (INF203, 0.6): the culprit is right, but the "
+    "previous container's log that stops at step 14 with no error (a silent SIGKILL of "
+    "the pod) is read as a rank in another collective, not as a killed rank",
     "pod-oomkill": "failed, uncoordinated-exit on ranks 2 and 3 (INF202, 0.6): the culprits are "
     "right, but a pod whose log stops mid-step with no exit and no torchrun summary (its agent "
     "died with it) is read as ranks that left, not as a killed pod",
-    "pod-evict": "failed, uncoordinated-exit on rank 2 (INF202, 0.6): the culprit is right, but "
-    "rank 2's 'SIGTERM received: pod is terminating' and 'exiting 143' are not read as a "
-    "preemption",
-    "drain-all": "unknown, no kind (0.3): 'The log ends at step 12 of 60 without an end'; every "
-    "pod's 'SIGTERM received' and 'stopped at step 13 on SIGTERM, exiting 143' are not read",
     "volume-empty": "failed, uncoordinated-exit on ranks 0 and 1 (INF202, 0.75): ranks 0 and 1 "
     "'stopped early on their own', though they finished their 30 steps ('training finished: 10 "
     "steps'); rank 2's 'no checkpoint ..., starting from step 0' beside the others' 'resuming "

@@ -485,6 +485,16 @@ def _from_echoes(
             decision.rule, decision.status = stopped, stopped.verdict_status
         decision.confidence = 0.6
         decision.basis = ["+ the job was stopped from outside and nothing failed before"]
+        # the stop reached these ranks, and the others lost them afterwards (relations.
+        # relate_stopped_rank): they are where the job broke, not every rank at once
+        reached = {
+            e.rank
+            for e in decision.roots
+            if e.rank is not None
+            and any(edge.relation == "stopped rank" for edge in graph.effects_of(e))
+        }
+        if reached:
+            decision.culprit_ranks = sorted(reached)
         if by_hand and decision.rule is stopped:
             # why the person stopped it is a guess: the usual reason, not a proof
             decision.confidence = 0.4

@@ -89,6 +89,8 @@ def survived(event: Event, evidence: JobEvidence) -> bool:
         return True  # printed by logging, which carried on
     if _before_restart(event, evidence):
         return True
+    if event.echo == Echo.STOPPED:
+        return False  # a stop's handler may log a step and a save on its way out: not a going on
     lived_on = evidence.lived_on
     if event.rank is not None and all(
         h.record.time is not None
@@ -592,12 +594,28 @@ def relate_outside_stop(graph: CausalGraph, ctx: Context) -> None:
             graph.add(stops[0], event, "outside stop", "the stop sent to the whole job ended it")
 
 
+def relate_stopped_rank(graph: CausalGraph, ctx: Context) -> None:
+    """A rank whose own words say a stop from outside reached it (its SIGTERM handler: an
+    eviction, a preemption of its node) was gone from then on: the other ranks that lost it
+    or waited for it later by the clock echo that stop."""
+    stops = [e for e in graph.events if e.echo == Echo.STOPPED and e.rank is not None and e.time]
+    for stop in stops:
+        for event in graph.events:
+            if event.echo not in (Echo.LOST_PEER, Echo.WAITING) or event.rank in (None, stop.rank):
+                continue
+            if event.time is not None and stop.time is not None and event.time > stop.time:
+                graph.add(
+                    stop, event, "stopped rank", f"rank {stop.rank} had been stopped from outside"
+                )
+
+
 RELATIONS = (
     relate_same_report,
     relate_exit_path,
     relate_echoes,
     relate_launcher,
     relate_launcher_shutdown,
+    relate_stopped_rank,
     relate_consequences,
     relate_refinements,
     relate_completion,

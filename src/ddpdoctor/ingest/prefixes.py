@@ -111,6 +111,17 @@ STORE_BARRIER_RANK = re.compile(
 SPAWN_PROCESS = re.compile(r"-- Process (?P<rank>\d{1,7}) terminated with the following error:")
 
 # Structured (JSON) log lines that carry the writer's rank as a field: {"rank": 2, "step": 10}.
+# A structured (JSON) log line's own fields, as python-json-logger, structlog and k8s
+# containers' loggers write them: its time, level and the pod or host that wrote it.
+JSON_TIME = re.compile(
+    r'"(?:ts|time|timestamp|@timestamp|asctime)"\s?:\s?"'
+    r'(?P<ts>\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d{1,9})?(?:Z|[+-]\d\d:?\d\d)?)"'
+)
+JSON_LEVEL = re.compile(r'"(?:level|levelname|severity)"\s?:\s?"(?P<level>[A-Za-z]{1,10})"')
+JSON_HOST = re.compile(r'"(?:pod|pod_name|hostname|host|node)"\s?:\s?"(?P<host>[\w.-]{1,63})"')
+JSON_FIELDS_WITHIN = 400
+"""Where a JSON line's header fields are looked for (loggers put them first)."""
+JSON_LEVELS = {"warn": "warning", "err": "error", "crit": "critical"}
 JSON_RANK = re.compile(r'\{[^{}]{0,200}?"(?:global_)?rank"\s?:\s?(?P<rank>\d{1,5})[,}\s]')
 
 LEVEL_NAMES = {"I": "info", "W": "warning", "E": "error", "F": "fatal"}
@@ -216,6 +227,18 @@ RANK_MARKS: tuple[tuple[str, int, Callable[[str], re.Match[str] | None], bool], 
 """Where a line's text names the rank that wrote it, in the order they are tried: mp.spawn's
 process header, c10d's store barrier and NCCL-id wait, a bracketed tag, the words a program
 prints first, a JSON field. A launcher prefix, when there is one, has said it already."""
+
+
+def _json_fields(message: str, out: ParsedLine, with_time: bool) -> None:
+    """A JSON log line's time, level and host, where its prefix gave none."""
+    head = message[:JSON_FIELDS_WITHIN]
+    if with_time and out.time is None and (m := JSON_TIME.search(head)):
+        out.time = _parse_iso(m.group("ts"))
+    if out.level is None and (m := JSON_LEVEL.search(head)):
+        level = m.group("level").lower()
+        out.level = JSON_LEVELS.get(level, level)
+    if out.origin.host is None and (m := JSON_HOST.search(head)):
+        out.origin.host = m.group("host")
 
 
 def _json_rank(text: str) -> re.Match[str] | None:
@@ -368,6 +391,8 @@ def parse_line(raw: str, year: int = 1970, with_time: bool = True) -> ParsedLine
             continue
         break
     message = text[pos:]
+    if message[:1] == "{":
+        _json_fields(message, out, with_time)
     if "\r" in message:  # a progress bar redrawn in place: keep its last state
         parts = [p for p in message.split("\r") if p.strip()]
         message = parts[-1] if parts else ""

@@ -715,6 +715,16 @@ SLURM_TERMINATED = Rule(
             echo=Echo.STOPPED,
         ),
         Signature(r"DUE TO (?P<reason>TIME LIMIT|PREEMPTION)", "DUE TO ", echo=Echo.STOPPED),
+        # a rank's own handler saying the stop reached it: Lightning's signal_connector.py
+        # ("[rank: 1] Received SIGTERM: 15"), scripts' handlers ("SIGTERM received: pod is
+        # terminating"): stopped from outside (by its launcher after a peer failed, by the
+        # scheduler or the kubelet)
+        Signature(
+            # (not Ray's "the actor's node was terminated expectedly: received SIGTERM")
+            r"\b(?:(?<!expectedly: )[Rr]eceived SIGTERM|SIGTERM received)\b",
+            "SIGTERM",
+            echo=Echo.STOPPED,
+        ),
         # DeepSpeed launcher/launch.py sigkill_handler: the launcher itself got SIGINT/SIGTERM
         # (a failing rank makes it print "exits with return code" instead; SIGINT is a person)
         Signature(

@@ -67,6 +67,9 @@ def assess(job: JobEvidence) -> Assessment | None:
         and r not in job.failing_exits  # its exit code says it failed: it did not just leave
         and not job.ranks[r].completed
         and not (whole_job_stopped and "stopped" in job.ranks[r].echoes)
+        # its own words say a stop from outside reached it (its SIGTERM handler): it did not
+        # leave on its own
+        and not ("stopped" in job.ranks[r].echoes and not job.ranks[r].terminated)
         # its last words announce a long phase of its own (saving, evaluating): busy, not gone
         and not job.ranks[r].busy_phase
     }
