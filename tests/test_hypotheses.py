@@ -104,6 +104,9 @@ POSITIVE = {
         (lambda t: real("spawn-rank0-collective"), [0]),
     ],
     "INF204": [(lambda t: case("141"), None), (lambda t: case("146"), None)],
+    # rank 0 hosts the store and timed out waiting for its clients ("3/4 clients joined"),
+    # the pod of rank 3 never started: the others lost the store's host when it gave up
+    "INF230": [(lambda t: real("sixteenth-pod-pending"), [3])],
     "INF205": [(lambda t: case("070"), [])],
     # torchrun saw rank 0 exit 1 first and SIGTERMed rank 1 (the real culprit) while it was
     # going down: from the launcher alone the culprit cannot be told, so it is not checked
@@ -191,6 +194,9 @@ NEAR_MISS = {
         lambda t: real("fourth-spike-skip"),
     ],
     "INF204": [lambda t: real("multinode-silent-rank")],
+    # a worker could not resolve the master's name: its own error is the root, not the
+    # store's wait for it (no rank of the world is missing)
+    "INF230": [lambda t: real("sixteenth-addr-typo"), lambda t: real("multinode-silent-rank")],
     "INF205": [lambda t: real("healthy-noisy")],
     "INF208": [lambda t: scenario("data-error")],
     "INF209": [
