@@ -203,6 +203,7 @@ def build_evidence(job: JobView, events: list[Event]) -> JobEvidence:
     evidence.normal_seen = job.normal_seen
     evidence.last_step = _last_step(job)
     evidence.stalled_at_startup = _stalled_at_startup(job)
+    evidence.one_device_per_process = _one_device_per_process(job)
     evidence.cut_tracebacks = list(job.cut_tracebacks)
     evidence.last_words = _last_words(job)
     evidence.traced_endings = {
@@ -489,3 +490,17 @@ def _failed_before(event: Event, rank: int | None, end: Record) -> bool:
     if rank is not None and event.rank is not None and event.rank != rank:
         return False
     return any(h.record.source == end.source and h.record.line < end.line for h in event.hits)
+
+
+def _one_device_per_process(job: JobView) -> bool:
+    """Several processes of one host, each naming device 0 in its NCCL prefix ("host:pid:tid
+    [0]"): every one sees only its own GPU."""
+    devices: dict[str, dict[int, set[int]]] = {}
+    for stream in job.streams:
+        o = stream.origin
+        if o.host and o.pid and o.local_rank is not None:
+            devices.setdefault(o.host, {}).setdefault(o.pid, set()).add(o.local_rank)
+    return any(
+        len(by_pid) >= 2 and all(devs == {0} for devs in by_pid.values())
+        for by_pid in devices.values()
+    )

@@ -198,6 +198,14 @@ def _from_lines(
         )
     if rule.default_category == Category.INFRASTRUCTURE and not rule.proves_infrastructure:
         decision.category = str(Category.UNKNOWN)
+    if rule.split_gpus_configure and evidence.one_device_per_process:
+        decision.category = str(Category.CONFIGURATION)
+        decision.notes.append(
+            "Every process on the node names device 0 in its NCCL lines: each sees only its own "
+            "GPU (CUDA_VISIBLE_DEVICES set per process, as Ray, a scheduler or one container "
+            "per GPU do), and GPU peer-to-peer between processes that cannot see each other's "
+            "device fails. Let every process see all the node's GPUs, or set NCCL_P2P_DISABLE=1."
+        )
     for edge in graph.edges:
         if edge.proof and edge.cause in roots:
             decision.notes.append(edge.why)

@@ -210,6 +210,9 @@ class JobEvidence:
     normal_seen: bool = False
     """Messages of normal operation were read (start-up, DDP notes): healthy as far as they go."""
     stalled_at_startup: bool = False
+    one_device_per_process: bool = False
+    """Several processes of one host all name device 0 in their NCCL lines: each sees only
+    its own GPU (CUDA_VISIBLE_DEVICES set per process)."""
     """The output stops right after distributed start-up: no step, no error, no exit."""
     cut_tracebacks: list[CutTrace] = field(default_factory=list)
     """Writers whose output ends inside a stack trace whose error line is not in the logs."""

@@ -158,6 +158,9 @@ class Rule:
     finding (ranks with uneven batch counts end up issuing different collectives).
     peers_alive: (a wait) the transport reports a peer that went away as a lost connection at
     once, so a rank that only timed out waited on peers whose processes were still there.
+    split_gpus_configure: inside a node, this failure between processes that each see only
+    their own GPU (all on device 0: CUDA_VISIBLE_DEVICES set per process by Ray, a scheduler or
+    one container per GPU) is a configuration fault, not the hardware's.
     proves_infrastructure: the line itself is evidence of a hardware or fabric fault; a
     finding of an infrastructure kind without it is never blamed on infrastructure.
     status: the verdict's status when this rule is the root (default: `slow` for performance
@@ -186,6 +189,7 @@ class Rule:
     explains: tuple[str, ...] = ()
     symptom_of: tuple[str, ...] = ()
     peers_alive: bool = False
+    split_gpus_configure: bool = False
     proves_infrastructure: bool = False
     status: Status | None = None
     applies: Callable[[JobEvidence], bool] | None = None

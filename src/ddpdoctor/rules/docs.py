@@ -39,6 +39,11 @@ def _causality(rule: Rule) -> list[str]:
             "once, so ranks that only timed out waited on peers that were still running (none "
             "of them simply left)"
         )
+    if rule.split_gpus_configure:
+        lines.append(
+            "- between processes that each see only their own GPU (all on device 0), a "
+            "configuration fault, not the hardware's"
+        )
     if rule.marker is not None:
         lines.append(f"- marker: {MARKER_MEANING[rule.marker]}")
     if rule.explains:

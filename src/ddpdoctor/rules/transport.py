@@ -181,6 +181,7 @@ P2P_ERROR = Rule(
     title="GPU peer-to-peer / IPC transport failure inside a node",
     sources="NCCL transport/p2p.cc, CUDA runtime",
     proves_infrastructure=True,
+    split_gpus_configure=True,
     specificity=70,
     signatures=(
         Signature(r"transport/p2p\.cc:\d+ NCCL WARN", "p2p.cc"),
