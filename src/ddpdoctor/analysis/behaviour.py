@@ -106,7 +106,7 @@ def _interrupted_activity(site: str, code: str) -> Activity:
 
 
 def build_evidence(job: JobView, events: list[Event]) -> JobEvidence:
-    _take_clean_loop_ends(job, events)
+    job = _with_clean_loop_ends(job, events)
     info = job.info
     evidence = JobEvidence(
         world_size=info.world_size,
@@ -469,18 +469,28 @@ def _stalled_at_startup(job: JobView) -> bool:
     return init > 0 and not progressed and last - init <= 3
 
 
-def _take_clean_loop_ends(job: JobView, events: list[Event]) -> None:
-    """An end of the training loop that the framework prints on the way out of an exception
-    too (detectron2's "Total training time", from a `finally:`) ends training for a writer
-    that had not failed before it; after its own error or timeout it is the way out."""
-    for rank, end in job.loop_ends:
-        if any(_failed_before(event, rank, end) for event in events):
-            continue
-        job.completions.append((rank, end))
-        if rank is not None:
-            job.completed_ranks.add(rank)
-        job.completed_at[end.source] = min(job.completed_at.get(end.source, end.line), end.line)
-    job.loop_ends = []  # taken once
+def _with_clean_loop_ends(job: JobView, events: list[Event]) -> JobView:
+    """The job with the ends of the training loop that the framework prints on the way out of
+    an exception too (detectron2's "Total training time", from a `finally:`) taken as ends of
+    training, for the writers that had not failed before them; after a writer's own error or
+    timeout such a line is its way out."""
+    clean = [
+        (rank, end)
+        for rank, end in job.loop_ends
+        if not any(_failed_before(event, rank, end) for event in events)
+    ]
+    if not clean:
+        return job
+    completed_at = dict(job.completed_at)
+    for _, end in clean:
+        completed_at[end.source] = min(completed_at.get(end.source, end.line), end.line)
+    return replace(
+        job,
+        completions=[*job.completions, *clean],
+        completed_ranks=job.completed_ranks | {r for r, _ in clean if r is not None},
+        completed_at=completed_at,
+        loop_ends=[],
+    )
 
 
 def _failed_before(event: Event, rank: int | None, end: Record) -> bool:
