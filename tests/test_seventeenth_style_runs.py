@@ -90,13 +90,6 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "noisy-ok": "unknown, no kind (0.3): 'the log ends after its training progress without an "
-    "end'; timm's closing '*** Best metric: 25.0 (epoch 0)' after the last epoch's checkpoint is "
-    "not read as the end of training",
-    "epochs-ok": "unknown, no kind (0.3): 'the log ends after its training progress without an "
-    "end'; '*** Best metric' after epoch 2 of 'Scheduled epochs: 3' is not read as the end",
-    "solo-ok": "unknown, no kind (0.3): 'the log ends after its training progress without an "
-    "end' (one process, '*** Best metric: ... (epoch 1)' is its last line)",
     "cfg-node1": "failed, ddp-model-mismatch on ranks 0 and 2 (DDP104, 0.9): the kind is right, "
     "but the culprits are the two ranks each message names, not node 1's ranks 2 and 3 whose "
     "model has 29 parameters",
@@ -106,9 +99,6 @@ MISSES: dict[str, str] = {
     "its third validation batch is named, not that ranks 1 and 2 had no third batch",
     "bad-sample": "failed, python-exception on rank 1 (PY101, 0.6): the RuntimeError re-raised "
     "from the DataLoader worker's __getitem__ decode of one sample is not read as a data error",
-    "nan-exit": "failed, python-exception on rank 1 (INF208, 0.5): 'a worker exited with an "
-    "error and its own output is not in the logs'; its unprefixed 'Loss is nan, stopping "
-    "training' and the exit 1 without a traceback are not read as a rank leaving on purpose",
     "index-wait": "failed, slow-rank-timeout on rank 1 (INF201, 0.6): the culprit is right, "
     "but a rank silent from its start until the agent's SIGTERM is said to be busy, not stuck",
 }

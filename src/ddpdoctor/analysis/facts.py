@@ -176,6 +176,11 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
         )
         for unit in ("iters", "iterations", "steps", "epochs")
     ),
+    # timm's train.py after its epoch loop (and after a Ctrl-C it swallowed):
+    # "*** Best metric: 76.3 (epoch 299)"
+    FactPattern(
+        "completed", r"\*\*\* Best metric: \S{1,40} \(epoch \d{1,9}\)", "*** Best metric: "
+    ),
     # fairseq_cli/train.py after its epoch loop: "done training in 6318.4 seconds"
     FactPattern("completed", r"\bdone training in [\d.]{1,12} seconds", "done training in "),
     # YOLOv5 and ultralytics' trainer after its epoch loop (rank 0 only): "\n100 epochs

@@ -66,6 +66,17 @@ EARLY_STOP = Rule(
         ),
         # the same event in the other word order: "val loss below target: stopping early"
         Signature(r"(?i:\bstop(?:ping|ped) early)\b(?![_=(-])", "early"),
+        # a stop without the word early: DeiT/MAE/DINO's engine.py "Loss is nan, stopping
+        # training" (then sys.exit(1) on that rank); not an exception's message ("Floating
+        # PointError: Loss is inf ...: stopping training" is the error, not an announcement),
+        # nor ultralytics' "Stopping training early as no improvement observed", which ends
+        # with its completion line like any finished run, nor the transformers Trainer's note
+        # that its data ran out ("... stopping training at step 1200!")
+        Signature(
+            r"^(?![^\n]{0,300}?(?:Error|Exception): )[^\n]{0,300}?"
+            r"(?i:\bstopping training)\b(?! early| at step)(?![_=(-])",
+            "topping training",
+        ),
         # Lightning EarlyStopping: "... did not improve ... Signaling Trainer to stop."
         Signature(r"Signaling Trainer to stop"),
         # ddpdoctor.instrument.agree_to_stop (probe/stop.py): one line for every rank
@@ -93,6 +104,7 @@ EARLY_STOP = Rule(
         # a program's own agreed stop (tests/fixtures/real/third-early-stop-all)
         "[R1/3] early stop agreed by all ranks at epoch 1 (best 0.6723)",
         "validation loss 1.4621 below target: stopping early",
+        "Loss is nan, stopping training",
     ),
     negative=(
         "Epoch 3: val_loss improved to 0.21",
@@ -103,6 +115,7 @@ EARLY_STOP = Rule(
         "train.py --early-stop --patience 3",
         "early stopping required metric_for_best_model, but did not find eval_accuracy so early "
         "stopping is disabled",
+        "FloatingPointError: Loss is inf at epoch 1 batch 2: stopping training",
     ),
 )
 
