@@ -11,6 +11,8 @@ DATA_ERROR = Rule(
     title="A rank failed on its input data (missing, corrupt or undecodable file)",
     sources="Python I/O, PIL, json, pickle, datasets/pyarrow",
     specificity=55,
+    confirm="which sample failed: the worker's traceback names the dataset's __getitem__ or "
+    "the transform; load that index alone, outside the DataLoader",
     signatures=(
         Signature(r"broken data stream when reading image file"),
         Signature(r"OSError: Unable to open file", "Unable to open file"),
@@ -43,6 +45,14 @@ DATA_ERROR = Rule(
         Signature(r"Can't find a valid checkpoint at"),
         Signature(r"No valid checkpoint found in output directory"),
         Signature(r"BadZipFile"),
+        # torch/utils/data/_utils/worker.py re-raising in the main process what a DataLoader
+        # worker raised while building a batch: the dataset's __getitem__ or its transforms
+        # failed on a sample (more specific rules take the CUDA-in-a-forked-worker case)
+        Signature(
+            r"Caught (?P<exc>[A-Za-z_][\w.]{0,100}) in DataLoader worker process \d+",
+            "in DataLoader worker process",
+            suggests=True,
+        ),
         # a dataset's own loader giving up on a sample it cannot decode (video and image
         # pipelines retry other samples, then raise)
         Signature(
