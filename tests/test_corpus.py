@@ -12,10 +12,10 @@ from corpus.scoreboard import SHARED, load_cases, render, score, totals
 # has; ../shared/corpus is floored on its own, where it sits beside the checkout). Raise them
 # when the tool improves; never lower them.
 TRAIN_FLOORS = {
-    "kind": 301,
-    "category": 269,
-    "culprit_with_kind": 32,
-    "fix": 231,
+    "kind": 305,
+    "category": 273,
+    "culprit_with_kind": 33,
+    "fix": 234,
 }
 TRAIN_MAX_FALSE_INFRA = 0
 TRAIN_MAX_FALSE_OK = 3
