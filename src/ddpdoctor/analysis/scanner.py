@@ -161,7 +161,7 @@ INIT_LINE = re.compile(
     r"|Global seed set|GLOBAL_RANK|MASTER_ADDR|distributed_backend|store.based.barrier"
     r"|NCCL INFO (?:Channel|Connected all|Trees|Ring)|via P2P|P2P/IPC|P2P/CUMEM|Init COMPLETE"
 )
-PY_WARNING = re.compile(r"\w{1,100}Warning: ")
+PY_WARNING = re.compile(r"(?<=\w)Warning: ")
 """A Python warning. One that names start-up ("specify `device_id` in `init_process_group`"),
 printed by a writer that had already trained, is a warning of a collective it called, as
 every step's barrier(): not start-up (the first barrier's warning, before any step, still is:
