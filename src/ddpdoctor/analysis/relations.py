@@ -427,9 +427,7 @@ def _caught(event: Event, events: list[Event]) -> bool:
         return False
     first = min(event.hits, key=lambda h: h.record.line).record
     return any(
-        other is not event
-        and other.rule is not event.rule
-        and other.primary  # not an abort: that is how the caught error's rank may still die
+        other.primary  # not an abort: that is how the caught error's rank may still die
         and other.rule.kind != event.rule.kind
         and (other.rank is None or event.rank is None or other.rank == event.rank)
         and any(h.record.source == first.source and h.record.line > first.line for h in other.hits)
@@ -598,12 +596,13 @@ def relate_stopped_rank(graph: CausalGraph, ctx: Context) -> None:
     """A rank whose own words say a stop from outside reached it (its SIGTERM handler: an
     eviction, a preemption of its node) was gone from then on: the other ranks that lost it
     or waited for it later by the clock echo that stop."""
-    stops = [e for e in graph.events if e.echo == Echo.STOPPED and e.rank is not None and e.time]
-    for stop in stops:
+    for stop in graph.events:
+        if stop.echo != Echo.STOPPED or stop.rank is None or stop.time is None:
+            continue
         for event in graph.events:
             if event.echo not in (Echo.LOST_PEER, Echo.WAITING) or event.rank in (None, stop.rank):
                 continue
-            if event.time is not None and stop.time is not None and event.time > stop.time:
+            if event.time is not None and event.time > stop.time:
                 graph.add(
                     stop, event, "stopped rank", f"rank {stop.rank} had been stopped from outside"
                 )
