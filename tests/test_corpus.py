@@ -12,11 +12,14 @@ from corpus.scoreboard import SHARED, load_cases, render, score, totals
 # has; ../shared/corpus is floored on its own, where it sits beside the checkout). Raise them
 # when the tool improves; never lower them.
 TRAIN_FLOORS = {
-    "kind": 305,
-    "category": 273,
+    "kind": 313,
+    "category": 272,
     "culprit_with_kind": 33,
-    "fix": 234,
+    "fix": 240,
 }
+"""Category went 273 -> 272 on 2026-12-02 (session 11) when a log that ends mid-training began
+to name its likelier kind (a hang, category unknown): five healthy logs cut mid-training, whose
+status was already wrong, had matched their label's empty category by having none."""
 TRAIN_MAX_FALSE_INFRA = 0
 TRAIN_MAX_FALSE_OK = 3
 """Failed, hung or slow jobs called OK (the worst answer: the user stops looking). 2 until

@@ -61,6 +61,9 @@ def test_a_log_that_stops_mid_training_is_unknown(tmp_path: Path) -> None:
     verdict = json.loads(proc.stdout)["verdict"]
     assert verdict["status"] == "unknown"
     assert "ends at step 16 of 20 without an end" in verdict["summary"]
+    # the leading guess is named, at the confidence of a guess: a hang, or a run still going
+    assert (verdict["kind"], verdict["category"]) == ("hang", "unknown")
+    assert verdict["confidence"] <= 0.3
 
 
 def test_the_whole_healthy_log_is_ok() -> None:

@@ -409,10 +409,9 @@ def _from_hypothesis(graph: CausalGraph, assessment: Assessment) -> Decision:
         for event in graph.events:
             if event.echo is not None and not graph.explained(event):
                 graph.add(node, event, "inferred", rule.title)
-    # an inferred cause whose own verdict is "unknown" (a log that simply ends) names no kind:
-    # it says what is missing, it does not guess what happened
-    named = None if assessment.status == Status.UNKNOWN else rule
-    decision = Decision(status=assessment.status, rule=named)
+    # an inferred cause whose own verdict is "unknown" (a log that simply ends) still names the
+    # likelier reading at the confidence of a guess; its status says nothing was established
+    decision = Decision(status=assessment.status, rule=rule)
     decision.culprit_ranks = sorted(assessment.culprits)
     decision.confidence = round(assessment.score, 2)
     decision.category = assessment.category
@@ -424,9 +423,6 @@ def _from_hypothesis(graph: CausalGraph, assessment: Assessment) -> Decision:
         "+ inferred from how the ranks behaved (the evidence above); no line names this cause",
         *(f"- {a}" for a in assessment.against),
     ]
-    if named is None:
-        decision.title = rule.title
-        return decision
     decision.inferred = Finding(
         rule=rule.code,
         kind=rule.kind,

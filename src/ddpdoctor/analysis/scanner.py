@@ -133,10 +133,12 @@ class StreamSummary:
 # then skips other positions in C (3.6 -> 2.3 us a line on the benchmark's tails). Runs are
 # bounded (a percentage has at most 3 digits): `\d+%` from every digit of a long number, or
 # `\s*...\s*` over a long run of blanks, was quadratic.
-_PROGRESS_WORD = r"\b(?:step|iter(?:ation)?|epoch|loss|batch)\b\s{0,8}[:=\[]?\s{0,8}\d"
-_PROGRESS_BAR = r"\d{1,3}%\|"
+_PROGRESS_WORD = r"\b(?:step|iter(?:ation)?|epoch|loss|batch|eta)\b\s{0,8}[:=\[]?\s{0,8}\d"
+_PROGRESS_BAR = r"\d{1,3}%\||\d\s?(?:it/s|s/it)\b"
+"""A progress bar: tqdm's 'NN%|', or an iteration rate ('2.6it/s', '1.3 s/it') that bars
+without tqdm's frame print too (rich, ultralytics' '96% ━━━ 55/57 2.6it/s')."""
 PROGRESS_LINE = re.compile(rf"(?i)(?=[seilb\d])(?:{_PROGRESS_WORD}|{_PROGRESS_BAR})")
-PROGRESS_WORDS = ("step", "iter", "epoch", "loss", "batch")
+PROGRESS_WORDS = ("step", "iter", "epoch", "loss", "batch", "eta")
 """What _PROGRESS_WORD's match begins with (iteration with iter), in lower case."""
 PROGRESS_WORD_AT = re.compile(_PROGRESS_WORD)
 PROGRESS_BAR = re.compile(_PROGRESS_BAR)
@@ -605,7 +607,7 @@ def _progress_line(message: str) -> bool:
     s) and U+0130 into 's' and 'i'."""
     if not message.isascii():
         return PROGRESS_LINE.search(message) is not None
-    if "%|" in message and PROGRESS_BAR.search(message):
+    if ("%|" in message or "it/s" in message or "s/it" in message) and PROGRESS_BAR.search(message):
         return True
     lower = message.lower()
     for word in PROGRESS_WORDS:

@@ -1,5 +1,8 @@
 """INF212: the log stops in the middle of training: no error, no end of training, no exit.
-The job may have hung or still be running; nothing here says which."""
+The job may have hung or still be running; nothing here says which. The verdict stays
+"unknown"; its kind names the likelier reading of a log whose writers all fell silent (a hang,
+the taxonomy's "no progress and no error text") at the confidence of a guess, and its evidence
+is where each writer's output ends."""
 
 from __future__ import annotations
 
@@ -32,6 +35,10 @@ RULE = Rule(
 )
 
 
+MAX_ENDINGS = 4
+"""The last lines quoted: where the first writers' output ends (every one is in the JSON)."""
+
+
 def assess(job: JobEvidence) -> Assessment | None:
     if job.ended or not job.started_training or job.echoes or job.failing_exits:
         return None
@@ -54,4 +61,5 @@ def assess(job: JobEvidence) -> Assessment | None:
         status=Status.UNKNOWN,
         category=str(Category.UNKNOWN),
         explains_echoes=False,
+        evidence=job.last_words[:MAX_ENDINGS],
     )
