@@ -259,6 +259,10 @@ UNEVEN_INPUTS = Rule(
         # torch/distributed/algorithms/join.py Join._notify_procs_to_terminate: the rank that
         # ran out first
         Signature(r"Rank (?P<rank>\d+) exhausted all inputs", " exhausted all inputs"),
+        # WeNet's wenet_join (and CosyVoice, FunASR, VITS forks): a monitored_barrier on a
+        # gloo group before every batch; the ranks still holding data time out on it, log
+        # this over the barrier's error and break out of the epoch
+        Signature(r"Detected uneven workload distribution: "),
     ),
     explanation=Explanation(
         what="One rank finished its batches while the others still ran collectives.",
@@ -277,6 +281,8 @@ UNEVEN_INPUTS = Rule(
     positive=(
         "RuntimeError: Detected at least one rank that exhausted inputs. Throwing across all ranks.",
         "RuntimeError: Rank 2 exhausted all inputs.",
+        "2024-01-05 10:00:00,000 INFO Detected uneven workload distribution: [Rank 0]: Rank 1 "
+        "failed to pass monitoredBarrier in 30000 ms",
     ),
     negative=("Epoch 3: 100%|##########| 250/250 [00:10<00:00]",),
 )
