@@ -171,7 +171,15 @@ POSITIVE = {
         (lambda t: real("seventh-short-shard"), [2]),
     ],
 }
+POSITIVE["INF231"] = [
+    # two pods OOMKilled at once (a real memory limit): their JSON logs end on step 12, no
+    # exit code anywhere (each pod's launcher died with it); the other pods lost them
+    (lambda t: real("sixteenth-pod-oomkill"), [2, 3]),
+]
 NEAR_MISS = {
+    # rank 2's last line is a step that says it stops ('loss is nan at iter 8, stopping'); rank
+    # 1 says it leaves the loop: both left on their own
+    "INF231": [lambda t: real("eighth-nan-break"), lambda t: real("style-leave")],
     "INF201": [lambda t: scenario("uncoordinated-exit"), lambda t: real("healthy-plain")],
     # the handler stood on a sleep (sixth-slow-ckpt) or a busy loop's line (sixth-busy-prep):
     # the rank was slow, not blocked on a lock

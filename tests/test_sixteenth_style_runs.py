@@ -95,9 +95,6 @@ MISSES: dict[str, str] = {
     "master-restart": "failed, collective-mismatch on rank 0 (INF203, 0.6): the culprit is right, but the "
     "previous container's log that stops at step 14 with no error (a silent SIGKILL of "
     "the pod) is read as a rank in another collective, not as a killed rank",
-    "pod-oomkill": "failed, uncoordinated-exit on ranks 2 and 3 (INF202, 0.6): the culprits are "
-    "right, but a pod whose log stops mid-step with no exit and no torchrun summary (its agent "
-    "died with it) is read as ranks that left, not as a killed pod",
     "volume-empty": "failed, uncoordinated-exit on ranks 0 and 1 (INF202, 0.75): ranks 0 and 1 "
     "'stopped early on their own', though they finished their 30 steps ('training finished: 10 "
     "steps'); rank 2's 'no checkpoint ..., starting from step 0' beside the others' 'resuming "

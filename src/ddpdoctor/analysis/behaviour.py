@@ -125,11 +125,15 @@ def build_evidence(job: JobView, events: list[Event]) -> JobEvidence:
         if exit_.code is not None and exit_.code != 0 and exit_.signal != "SIGTERM":
             evidence.failing_exits[rank] = exit_.code
 
+    ended_on_step: dict[int, bool] = {}
     for stream in job.streams:
         writer = job.resolve(stream.origin)
         if writer is None or writer not in ranks:
             continue
         view = ranks[writer]
+        if stream.last_line > 0:
+            on_step = stream.last_progress_line == stream.last_line
+            ended_on_step[writer] = ended_on_step.get(writer, True) and on_step
         view.host = view.host or stream.origin.host
         if stream.source:
             view.sources.add(stream.source)
@@ -141,6 +145,9 @@ def build_evidence(job: JobView, events: list[Event]) -> JobEvidence:
             view.last_text = stream.last_text
             if not stream.error_lines and BUSY_PHASE.search(stream.last_text):
                 view.busy_phase = stream.last_text[:80]
+
+    for rank, on_step in ended_on_step.items():
+        ranks[rank].ended_on_step = on_step
 
     flight = info.flight
     if flight is not None:

@@ -111,6 +111,9 @@ class RankView:
     last_text: str = ""
     busy_phase: str | None = None
     """Its last words announce a long phase of its own (saving, evaluating, tokenising)."""
+    ended_on_step: bool = False
+    """Each of its writers' output ends on a training-progress line: nothing after its last
+    step, not even a word of leaving (a process killed from outside says nothing)."""
     wait_sites: list[WaitSite] = field(default_factory=list)
     wait_kinds: set[str] = field(default_factory=set)
     """The kinds of the rules whose waits it printed (a collective's timeout, the store's

@@ -8,6 +8,7 @@ from ddpdoctor.model.evidence import JobEvidence
 from ddpdoctor.model.taxonomy import Status
 from ddpdoctor.rules.base import Explanation, Rule
 from ddpdoctor.rules.hypotheses.base import Assessment, ranks_text, stall_evidence
+from ddpdoctor.rules.hypotheses.killed_rank import stopped_on_a_step
 
 RULE = Rule(
     code="INF202",
@@ -72,6 +73,8 @@ def assess(job: JobEvidence) -> Assessment | None:
         and not ("stopped" in job.ranks[r].echoes and not job.ranks[r].terminated)
         # its last words announce a long phase of its own (saving, evaluating): busy, not gone
         and not job.ranks[r].busy_phase
+        # it stopped mid-step without a word: killed from outside (killed_rank), not left
+        and not stopped_on_a_step(job, r)
     }
     if waiting and all(job.ranks[r].waited_after_end for r in waiting):
         left = set()
