@@ -225,8 +225,12 @@ CUDA_LIBRARY_MISMATCH = Rule(
         Signature(r"ProcessGroupNCCL is only supported with GPUs, no GPUs found"),
         # DeepSpeed launcher/runner.py and op_builder/builder.py (JIT-compiled ops)
         Signature(r"Unable to proceed, no GPU resources available"),
+        # its error goes on ", unable to compile cuda/cpp extensions"; not its notes that
+        # the build goes on ("... compiled with 12.4 but since the APIs are compatible,
+        # accepting this combination", "... 12.1. Detected `DS_SKIP_CUDA_CHECK=1`")
         Signature(
-            r"Installed CUDA version \S+ does not match the version torch was compiled with",
+            r"Installed CUDA version \S+ does not match the version torch was compiled with"
+            r" [\d.]{0,11}\d(?:,|$)",
             "does not match the version torch was compiled with",
         ),
         Signature(r"CUDA_HOME does not exist, unable to compile CUDA op"),
