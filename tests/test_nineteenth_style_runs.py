@@ -86,10 +86,6 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "warn-ok": "unknown (no rule, 0.3): 'the log ends after its training progress without an "
-    "end'; DETR's closing 'Training time 0:00:00' is not read as the end of training",
-    "epochs-done": "unknown (no rule, 0.3): 'the log ends after its training progress without "
-    "an end'; 'Training time 0:00:00' after the third epoch is not read as an end",
     "nan-quiet": "failed, python-exception on rank 1 (INF208, 0.5): the culprit is right, but "
     "an exit code 1 with no traceback (print silenced by setup_for_distributed) is read as an "
     "error whose output went elsewhere, not as rank 1 leaving on its own",
@@ -99,12 +95,6 @@ MISSES: dict[str, str] = {
     "prefetch-stall": "failed, python-exception on rank 1 (PY101, 0.6): the culprit is right, "
     "but the decode of a file of the wrong size (shape invalid for input of size 1536, raised "
     "in the data set's __getitem__) is not read as a data error",
-    "relaunch-ok": "failed, python-exception on rank 1 (PY101, 0.6): the first attempt's "
-    "TimeoutError is the root although the restarted group trained to 'Training time'",
-    "slurm-ok": "unknown (no rule, 0.3): 'the log ends after its training progress without an "
-    "end'; task 0's 'Training time 0:00:01' is not read as an end",
-    "solo-ok": "unknown (no rule, 0.3): 'the log ends after its training progress without an "
-    "end'; 'Training time 0:00:01' of one process is not read as an end",
 }
 
 

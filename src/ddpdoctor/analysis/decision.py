@@ -668,9 +668,9 @@ def _quiet(evidence: JobEvidence) -> Decision:
         if evidence.restart_ended_at is not None:
             decision.notes.append(
                 "workers failed in an earlier attempt and the launcher restarted them "
-                "(torchrun --max-restarts); the last attempt announced the end of training at "
-                f"{evidence.restart_ended_at:%Y-%m-%d %H:%M:%S} with no failure after: the job "
-                "recovered. What failed before is listed as context: it may fail again."
+                "(torchrun --max-restarts); a later attempt announced the end of training with "
+                "no failure after: the job recovered. What failed before is listed as context: "
+                "it may fail again."
             )
             decision.basis = ["+ a restarted attempt completed; no failure summary after it"]
         elif evidence.survived:

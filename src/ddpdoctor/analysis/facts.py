@@ -195,6 +195,13 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
         r"Total training time: (?:\d{1,9} days?, )?\d{1,2}:\d\d:\d\d",
         "Total training time: ",
     ),
+    # torchvision's references/*/train.py and the DETR / DeiT / MAE / ConvNeXt family after
+    # their epoch loop: print("Training time {}".format(str(timedelta(seconds=...)))), rank 0
+    FactPattern(
+        "completed",
+        r"^Training time (?:\d{1,9} days?, )?\d{1,2}:\d\d:\d\d$",
+        "Training time ",
+    ),
     # Megatron-LM's training loop: "[after training is done] datetime: ..."
     FactPattern("completed", r"\[after training is done\]", "after training is done"),
     # torchelastic's agent when every worker of the group exited 0 (agent/server/api.py)

@@ -4,7 +4,7 @@ launcher's summary, and each writer's last words. Built from all scans after sca
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from ddpdoctor.analysis.facts import parse_mpi_exit, parse_summary_entry, signal_code, signal_name
 from ddpdoctor.analysis.scanner import FactHit, SourceScan, StreamSummary
@@ -54,8 +54,8 @@ class JobView:
     last frame seen, else the header, with the writer's rank when known."""
     recovered_at: datetime | None = None
     """The launcher restarted failed workers (torchrun --max-restarts) and a later attempt
-    announced the end of training at this time, with no failure summary after: what failed
-    before belongs to an attempt the job recovered from."""
+    announced the end of training, with no failure summary after: what failed before this
+    time belongs to an attempt the job recovered from."""
 
     def resolve(self, origin: Origin) -> int | None:
         return resolve_rank(origin, self.single_node, self.rank_map)
@@ -320,13 +320,22 @@ def _recovered_at(
     failed_exits: list[FactHit], completions: list[tuple[int | None, Record]], summaries: int
 ) -> datetime | None:
     """A restart the job recovered from: failed workers (the agent's exit lines, all timed),
-    then, later by the clock, the end of training, and no failure summary at all (torchrun
-    prints one when its restarts run out)."""
-    ends = [r.time for _, r in completions if r.time is not None]
-    if summaries or not ends or not failed_exits:
+    then the end of training, later by the clock or, for an end printed without a time (a
+    bare print), below every one of those exit lines in the same file; and no failure summary
+    at all (torchrun prints one when its restarts run out). The time returned bounds the
+    failed attempts: the end's time, else the last failed exit's."""
+    if summaries or not completions or not failed_exits:
         return None
-    ended_at = max(ends)
     bad = [f for f in failed_exits if (exit_code_number(f.captures.get("code")) or 0) != 0]
-    if not bad or any(f.record.time is None or f.record.time >= ended_at for f in bad):
+    if not bad or any(f.record.time is None for f in bad):
         return None
-    return ended_at
+    last_failure = max(f.record.time for f in bad if f.record.time is not None)
+    ends = [r.time for _, r in completions if r.time is not None]
+    if ends and max(ends) > last_failure:
+        return max(ends)
+    untimed_after = any(
+        end.time is None
+        and all(f.record.source == end.source and f.record.line < end.line for f in bad)
+        for _, end in completions
+    )
+    return last_failure + timedelta(microseconds=1) if untimed_after else None
