@@ -156,7 +156,7 @@ def main() -> int:
     if rank == sim.index_rank:
         print("building token index for the vocabulary ...")
         t0 = time.time()
-        idx = build_index(2_500_000)
+        idx = build_index(10_000_000)
         print(f"token index: {len(idx)} entries in {time.time() - t0:.1f} s")
 
     train_files = sorted(data.glob("train-*.pt"))
