@@ -17,9 +17,11 @@ a mode ddpdoctor gets wrong today is a strict xfail whose reason says what it sa
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
+from ddpdoctor.analysis.diagnose import diagnose_paths
 from tests.program_runs import Expected, RunSet
 
 # mode -> (status, kind, culprit ranks); launch in brackets (capture_eighteenth.sh), 4 ranks
@@ -96,10 +98,11 @@ MISSES: dict[str, str] = {
     "building its index past the 15 s timeout",
     "no-port-x": "failed, launcher-env-missing on rank 3 (LCH106, 0.9): the kind is right, but "
     "only the rank mpirun names as the first to exit; rank 2's identical traceback has no rank",
-    "walltime": "unknown, no kind (0.3): 'the log ends after its training progress without an "
+    "walltime": "unknown, hang as a guess (0.3): 'the log ends after its training progress without an "
     "end'; mpirun said nothing when the time limit's SIGTERM reached it",
-    "cache-flock": "failed, nccl-timeout with no culprit (TMO102, 0.3): the world is read as 3 "
-    "ranks; rank 3, silent from its start (its --output-filename files are empty), is not seen",
+    "cache-flock": "failed, uncoordinated-exit on rank 3 (INF202, 0.6): the culprit is right (its "
+    "empty rank.3 files under --output-filename now count), but a rank silent from its start, "
+    "blocked in flock, is read as one that left",
 }
 
 
@@ -162,3 +165,12 @@ def test_the_time_limit_leaves_no_trace_of_mpirun() -> None:
     console = RUNS.console("walltime")
     assert console.rstrip().endswith("saved checkpoints/last.pt")
     assert "mpirun" not in console and "Traceback" not in console
+
+
+def test_an_empty_rank_file_is_a_rank_that_was_there() -> None:
+    """OpenMPI's --output-filename opened rank 3's files and rank 3 wrote nothing into them:
+    the world has four ranks, rank 3 among them, silent."""
+    folder = Path(__file__).parent / "fixtures" / "real" / "eighteenth-cache-flock"
+    job = diagnose_paths([str(folder)]).job
+    assert job.ranks_seen == [0, 1, 2, 3]
+    assert job.world_size == 4

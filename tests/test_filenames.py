@@ -20,6 +20,8 @@ from ddpdoctor.ingest.filenames import origin_from_path
         ("run.local_rank1.err", None, 1, None),
         # torchrun --log-dir: <run_id>/attempt_<k>/<local_rank>/stdout.log
         ("logs/none_abc/attempt_0/3/stderr.log", None, 3, None),
+        # OpenMPI 4's --output-filename DIR: DIR/<job>/rank.<N>/stdout
+        ("out/1/rank.3/stdout", 3, None, None),
         ("node-2/rank1.log", 1, None, "node-2"),
         ("worker-3.log", None, None, "worker-3"),
     ],

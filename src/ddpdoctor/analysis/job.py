@@ -9,6 +9,7 @@ from datetime import datetime, timedelta
 from ddpdoctor.analysis.facts import parse_mpi_exit, parse_summary_entry, signal_code, signal_name
 from ddpdoctor.analysis.scanner import FactHit, SourceScan, StreamSummary
 from ddpdoctor.ingest.bounds import count_number, exit_code_number, pid_number, rank_number
+from ddpdoctor.ingest.filenames import origin_from_path
 from ddpdoctor.ingest.run_events import RunEvents, RunHang
 from ddpdoctor.model.evidence import CutTrace
 from ddpdoctor.model.findings import Evidence, JobInfo, RankExit
@@ -131,6 +132,7 @@ def build_job(
         r = resolve_rank(o, single_node, rank_map)
         if r is not None:
             ranks.add(r)
+    ranks |= _silent_rank_files(scans, single_node, rank_map)
 
     world_hints: list[int] = []
     per_rank: dict[int, RankExit] = {}
@@ -339,3 +341,18 @@ def _recovered_at(
         for _, end in completions
     )
     return last_failure + timedelta(microseconds=1) if untimed_after else None
+
+
+def _silent_rank_files(
+    scans: list[SourceScan], single_node: bool, rank_map: dict[tuple[str, int], int]
+) -> set[int]:
+    """Ranks whose own output file is there and empty (torchrun's --log-dir, OpenMPI's
+    --output-filename, a per-rank redirect): the launcher started them and opened their
+    file, and they wrote nothing. They were there, silent."""
+    silent: set[int] = set()
+    for scan in scans:
+        if scan.info.status == "read" and scan.info.bytes == 0 and not scan.streams:
+            rank = resolve_rank(origin_from_path(scan.info.path), single_node, rank_map)
+            if rank is not None:
+                silent.add(rank)
+    return silent

@@ -18,7 +18,9 @@ ATTEMPT_DIR = re.compile(r"^attempt_\d+$")
 STREAM_FILE = re.compile(r"^(stdout|stderr)\.log$|^error\.json$")
 
 
-DIR_RANK = re.compile(r"^(?:global_?)?rank[-_]?(\d{1,5})$", re.IGNORECASE)
+DIR_RANK = re.compile(r"^(?:global_?)?rank[-_.]?(\d{1,5})$", re.IGNORECASE)
+"""A folder named for its rank: `rank3/`, `rank_3/`, OpenMPI's `--output-filename DIR` layout
+`DIR/1/rank.3/stdout`."""
 DIR_LOCAL_RANK = re.compile(r"^local_?rank[-_]?(\d{1,5})$", re.IGNORECASE)
 
 
