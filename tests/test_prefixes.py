@@ -51,6 +51,8 @@ from ddpdoctor.ingest.prefixes import parse_line
         ("12: RuntimeError: boom", "RuntimeError: boom", 12, None, None),
         # pdsh / DeepSpeed host prefix, nested torchrun prefix
         ("worker-1: [rank2]: RuntimeError: x", "RuntimeError: x", 2, None, "worker-1"),
+        # pdsh with a hostfile of addresses (corpus cases 207, 808)
+        ("10.42.7.33: [rank2]: RuntimeError: x", "RuntimeError: x", 2, None, "10.42.7.33"),
         # argparse line must not be taken for a host prefix
         (
             "train.py: error: unrecognized arguments: --local-rank=4",

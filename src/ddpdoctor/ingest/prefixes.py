@@ -47,6 +47,8 @@ GLOG_BRACKET = re.compile(
 )
 # NCCL debug lines: `host:pid:tid [dev] NCCL INFO ...` (kept in the text, origin taken).
 NCCL = re.compile(r"(?P<host>[\w.-]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\] (?=NCCL )")
+# pdsh / DeepSpeed multi-node with a hostfile of addresses: `10.42.7.33: `.
+PDSH_ADDRESS = re.compile(r"(?P<host>\d{1,3}(?:\.\d{1,3}){3}):\s")
 # Slurm `srun --label`: task id (SLURM_PROCID) then ': ', possibly space-padded.
 SLURM = re.compile(r"\s*(?P<task>\d{1,5}): ")
 # pdsh / DeepSpeed multi-node: `worker-1: `; a host-like token with a digit or a dash.
@@ -370,6 +372,12 @@ def parse_line(raw: str, year: int = 1970, with_time: bool = True) -> ParsedLine
         m = PLATFORM_TAG.match(text, pos) if bracket and platform_ok else None
         if m and platform_ok and len(prefix_parts) == platform_tags:
             platform_tags += 1
+            prefix_parts.append(m.group(0).strip())
+            pos = m.end()
+            continue
+        m = PDSH_ADDRESS.match(text) if pos == 0 and digit else None
+        if m:
+            origin.host = m.group("host")
             prefix_parts.append(m.group(0).strip())
             pos = m.end()
             continue
