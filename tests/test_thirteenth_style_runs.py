@@ -102,9 +102,9 @@ MISSES: dict[str, str] = {
     "alive (gloo would have reported them leaving), but stuck in an endless loop over an "
     "empty sampler is read as busy, not hung; their log.txt.rank files say 'Removed 64 "
     "images ... 0 images left.'",
-    "voted-halt": "unknown, hang as a guess (0.3): 'the log ends after its training progress without an "
-    "end'; every rank's 'stopping after iteration 4' and rank 0's 'Total training time' are not "
-    "read as an agreed stop",
+    "voted-halt": "ok with no kind (status right since rank 0's 'Total training time' ends "
+    "training): every rank's 'Found .../STOP: stopping after iteration 4' is not read as an "
+    "agreed early stop",
 }
 
 
