@@ -209,6 +209,10 @@ def build_evidence(job: JobView, events: list[Event]) -> JobEvidence:
     evidence.started_training = any(s.progress_lines for s in job.streams)
     evidence.normal_seen = job.normal_seen
     evidence.last_step = _last_step(job)
+    evidence.ended_on_full_bar = any(
+        s.last_line > 0 and s.last_line == s.last_progress_line and _full_bar(s.last_progress_text)
+        for s in job.streams
+    )
     evidence.stalled_at_startup = _stalled_at_startup(job)
     evidence.one_device_per_process = _one_device_per_process(job)
     evidence.cut_tracebacks = list(job.cut_tracebacks)
@@ -446,6 +450,15 @@ def _stall(job: JobView) -> Stall | None:
 
 def _who(who: object) -> str:
     return ", ".join(map(str, who)) if isinstance(who, list) else str(who)
+
+
+FULL_BAR = re.compile(r"(?<!\d)100%\|")
+EPOCH_WORD = re.compile(r"(?i)\bepoch")
+
+
+def _full_bar(text: str) -> bool:
+    """A progress bar at its total that counts no epoch: the run's own loop finished."""
+    return bool(FULL_BAR.search(text)) and not EPOCH_WORD.search(text)
 
 
 def _last_step(job: JobView) -> tuple[int, int] | None:

@@ -679,6 +679,12 @@ def _quiet(evidence: JobEvidence) -> Decision:
                 "announced its end: the job went on from them (a retried connection, a peer "
                 "that came back), so they ended nothing."
             )
+        if evidence.ended_on_full_bar and not evidence.ended:
+            decision.notes.append(
+                "the run's progress bar reached its total and nothing failed after it; the "
+                "program printed no end-of-training line of its own."
+            )
+            decision.basis = ["+ the run's bar at its total, no failure after it"]
         if evidence.completed_at and not exits_seen:
             # a process that hangs after its last words prints nothing more: the log alone
             # cannot tell a clean end from a hang in teardown

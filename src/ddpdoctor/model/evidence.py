@@ -210,6 +210,10 @@ class JobEvidence:
     last_step: tuple[int, int] | None = None
     """(n, total) of the last progress counter, when the log stopped inside training."""
     started_training: bool = False
+    ended_on_full_bar: bool = False
+    """A writer's output ends on a progress bar at its total that counts no epoch (tqdm's
+    "Steps: 100%|##| 10/10", the whole run's bar that diffusers and the transformers Trainer
+    draw): the loop it counts finished. An epoch's bar at its total ends only that epoch."""
     normal_seen: bool = False
     """Messages of normal operation were read (start-up, DDP notes): healthy as far as they go."""
     stalled_at_startup: bool = False

@@ -42,6 +42,8 @@ MAX_ENDINGS = 4
 def assess(job: JobEvidence) -> Assessment | None:
     if job.ended or not job.started_training or job.echoes or job.failing_exits:
         return None
+    if job.ended_on_full_bar and job.last_step is None:
+        return None  # the run's own bar reached its total: the loop ended, not the log
     where = (
         f"at step {job.last_step[0]} of {job.last_step[1]}"
         if job.last_step
