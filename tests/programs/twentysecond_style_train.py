@@ -189,7 +189,11 @@ class DDPMScheduler:
         return a * x + s * noise
 
     def sample(
-        self, unet: nn.Module, cond: torch.Tensor, shape: tuple[int, ...], steps: int,
+        self,
+        unet: nn.Module,
+        cond: torch.Tensor,
+        shape: tuple[int, ...],
+        steps: int,
         generator: torch.Generator,
     ) -> torch.Tensor:
         """Deterministic DDIM steps from pure noise."""
@@ -233,8 +237,10 @@ class EMAModel:
 
     def save_pretrained(self, path: str) -> None:
         os.makedirs(path, exist_ok=True)
-        save_file({f"p{i}": s for i, s in enumerate(self.shadow_params)},
-                  os.path.join(path, "diffusion_pytorch_model.safetensors"))
+        save_file(
+            {f"p{i}": s for i, s in enumerate(self.shadow_params)},
+            os.path.join(path, "diffusion_pytorch_model.safetensors"),
+        )
         with open(os.path.join(path, "config.json"), "w") as f:
             json.dump({"decay": self.decay, "optimization_step": self.optimization_step}, f)
 
@@ -323,17 +329,19 @@ def deprecate(name: str, version: str, message: str) -> None:
 
 
 def log_validation(
-    unet: nn.Module, text_encoder: TextEncoder, scheduler: DDPMScheduler,
-    args: argparse.Namespace, accelerator: Accelerator, epoch: int,
+    unet: nn.Module,
+    text_encoder: TextEncoder,
+    scheduler: DDPMScheduler,
+    args: argparse.Namespace,
+    accelerator: Accelerator,
+    epoch: int,
 ) -> None:
     logger.info("Running validation... ")
     unet.eval()
     generator = torch.Generator().manual_seed(args.seed or 0)
     images = []
     for prompt in args.validation_prompts:
-        logger.info(
-            f"Generating {args.num_validation_images} images with prompt: {prompt}."
-        )
+        logger.info(f"Generating {args.num_validation_images} images with prompt: {prompt}.")
         cond = text_encoder(tokenize(prompt)[None].repeat(args.num_validation_images, 1))
         with torch.no_grad():
             shape = (args.num_validation_images, 3, args.resolution, args.resolution)
@@ -348,7 +356,7 @@ def log_validation(
     unet.train()
 
 
-def main() -> None:  # noqa: C901 - one script, as the upstream example is
+def main() -> None:  # one script, as the upstream example is
     args = parse_args()
     logging_dir = Path(args.output_dir, "logs")
     accelerator_project_config = ProjectConfiguration(
@@ -383,14 +391,23 @@ def main() -> None:  # noqa: C901 - one script, as the upstream example is
 
     ema_unet = EMAModel(unet.parameters()) if args.use_ema else None
     if FAULT == "w":  # a pipeline built the older way, as many forks of the script still do
-        deprecate("scale", "1.0.0", "Passing `scale` to `cross_attention_kwargs` is deprecated. "
-                  "`scale` will be ignored.")
-        deprecate("Transformer2DModelOutput", "1.0.0", "Importing `Transformer2DModelOutput` "
-                  "from `diffusers.models.transformer_2d` is deprecated and this will be removed "
-                  "in a future version. Please use `from diffusers.models.modeling_outputs "
-                  "import Transformer2DModelOutput`, instead.")
-        logger.warning("xformers is not available. Make sure it is installed correctly to use "
-                       "memory efficient attention; falling back to the default attention.")
+        deprecate(
+            "scale",
+            "1.0.0",
+            "Passing `scale` to `cross_attention_kwargs` is deprecated. `scale` will be ignored.",
+        )
+        deprecate(
+            "Transformer2DModelOutput",
+            "1.0.0",
+            "Importing `Transformer2DModelOutput` "
+            "from `diffusers.models.transformer_2d` is deprecated and this will be removed "
+            "in a future version. Please use `from diffusers.models.modeling_outputs "
+            "import Transformer2DModelOutput`, instead.",
+        )
+        logger.warning(
+            "xformers is not available. Make sure it is installed correctly to use "
+            "memory efficient attention; falling back to the default attention."
+        )
 
     def save_model_hook(models: list[nn.Module], weights: list[Any], output_dir: str) -> None:
         if accelerator.is_main_process:
@@ -460,9 +477,7 @@ def main() -> None:  # noqa: C901 - one script, as the upstream example is
         unet, optimizer, train_dataloader, lr_scheduler
     )
 
-    num_update_steps_per_epoch = math.ceil(
-        len(train_dataloader) / args.gradient_accumulation_steps
-    )
+    num_update_steps_per_epoch = math.ceil(len(train_dataloader) / args.gradient_accumulation_steps)
     if overrode_max_train_steps:
         args.max_train_steps = args.num_train_epochs * num_update_steps_per_epoch
     args.num_train_epochs = math.ceil(args.max_train_steps / num_update_steps_per_epoch)
@@ -551,7 +566,7 @@ def main() -> None:  # noqa: C901 - one script, as the upstream example is
                 accelerator.log({"train_loss": train_loss}, step=global_step)
                 train_loss = 0.0
 
-                if global_step % args.checkpointing_steps == 0:
+                if global_step % args.checkpointing_steps == 0:  # noqa: SIM102 - nested as upstream
                     if accelerator.is_main_process:
                         if args.checkpoints_total_limit is not None:
                             checkpoints = os.listdir(args.output_dir)
@@ -588,15 +603,19 @@ def main() -> None:  # noqa: C901 - one script, as the upstream example is
         if stop:
             break
 
-        if accelerator.is_main_process:
+        if accelerator.is_main_process:  # noqa: SIM102 - nested as upstream
             if args.validation_prompts is not None and epoch % args.validation_epochs == 0:
                 if ema_unet is not None:
                     # Store the UNet parameters temporarily and load the EMA parameters
                     ema_unet.store(unet.parameters())
                     ema_unet.copy_to(unet.parameters())
                 log_validation(
-                    accelerator.unwrap_model(unet), text_encoder, noise_scheduler, args,
-                    accelerator, epoch,
+                    accelerator.unwrap_model(unet),
+                    text_encoder,
+                    noise_scheduler,
+                    args,
+                    accelerator,
+                    epoch,
                 )
                 if ema_unet is not None:
                     ema_unet.restore(unet.parameters())
