@@ -85,13 +85,6 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "chatty-finish": "unknown, hang with no culprit (INF212, 0.3): 'the log ends in the middle of "
-    "training, without an end', though the bar stands at 'Steps: 100%| 10/10', 'Model saved to' "
-    "follows it and no rank or launcher printed an error",
-    "all-steps-saved": "unknown, hang with no culprit (INF212, 0.3): 'the log ends in the middle "
-    "of training', though 'Steps: 100%| 24/24', validation and 'Model saved to' end it",
-    "fresh-start-resume": "unknown, hang with no culprit (INF212, 0.3): 'the log ends in the "
-    "middle of training', though 'Steps: 100%| 8/8' and 'Model saved to' end it",
     "torn-latest": "failed, python-exception on ranks 0 and 1 (PY101, 0.6): the ranks are right, "
     "but OSError 'Error no file named ...index.json found in directory .../checkpoint-4/unet' "
     "raised in load_state is read as a bug in the code, not a missing checkpoint file",
