@@ -85,9 +85,6 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "torn-latest": "failed, python-exception on ranks 0 and 1 (PY101, 0.6): the ranks are right, "
-    "but OSError 'Error no file named ...index.json found in directory .../checkpoint-4/unet' "
-    "raised in load_state is read as a bug in the code, not a missing checkpoint file",
     "nan-break-one": "failed, collective-mismatch on rank 0 (INF203, 0.4): rank 0, still "
     "training, is named; rank 1's own 'Loss is nan at step 7, stopping training' just before "
     "the timeouts is not taken as its leaving the loop",

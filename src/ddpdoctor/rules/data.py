@@ -44,6 +44,10 @@ DATA_ERROR = Rule(
         # transformers trainer.py: resume_from_checkpoint missing on this node
         Signature(r"Can't find a valid checkpoint at"),
         Signature(r"No valid checkpoint found in output directory"),
+        # transformers / diffusers from_pretrained and load_sharded_checkpoint: the model or
+        # checkpoint folder is there without its weights or config (a save cut short, another
+        # node's copy, a wrong path)
+        Signature(r"Error no file named \S.{0,300}? found in directory", "Error no file named "),
         Signature(r"BadZipFile"),
         # torch/utils/data/_utils/worker.py re-raising in the main process what a DataLoader
         # worker raised while building a batch: the dataset's __getitem__ or its transforms
