@@ -54,12 +54,17 @@ def _copy_as(files: list[Path], out: Path, names: list[str]) -> list[str]:
     """Each file copied under a new name; a file inside a node folder keeps its folder (the
     folder names the host, as a user's layout does), only the file name changes. A file named
     for its node or pod (node1.log, trainer-0.log) goes into a folder of that name: the host it
-    names is kept."""
+    names is kept. A file named for its rank (rank2.log, a launcher's per-rank file whose lines
+    carry no rank) keeps the rank in its new name: there the name is the only place the rank
+    is written."""
     copied = []
     for src, name in zip(files, names, strict=True):
-        host = origin_from_path(str(src)).host  # a pod or node the name or folder names
+        said = origin_from_path(str(src))
+        host = said.host  # a pod or node the name or folder names
         parent = out / host if host else out
         parent.mkdir(parents=True, exist_ok=True)
+        if said.rank is not None:
+            name += f"-rank{said.rank}"
         target = parent / (name + "".join(src.suffixes))
         shutil.copyfile(src, target)
         copied.append(str(target))
