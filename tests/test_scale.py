@@ -113,3 +113,46 @@ def test_evidence_line_numbers_are_exact_across_chunks(tmp_path: Path) -> None:
     for hit in data.hits:
         assert hit.record.line in wanted
         assert lines[hit.record.line - 1] == wanted[hit.record.line]
+
+
+def _without_sharing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The scan as it was before texts were shared and NCCL comm lines kept no text."""
+    from dataclasses import replace
+
+    scanner = parallel._scanner("auto")
+    kept_all = [
+        replace(t, fact=replace(t.fact, text_read=True)) if t.fact is not None else t
+        for t in scanner._targets
+    ]
+    monkeypatch.setattr(scanner, "_targets", kept_all)
+    monkeypatch.setattr(parallel, "_sharing_texts", lambda scans: scans)
+
+
+def test_shared_texts_and_textless_facts_change_no_report(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Many rank files at 20% candidates (benchmark data: NCCL comm lines, repeated warnings):
+    equal hit texts are one object across files, NCCL comm facts keep no text, and the report
+    is the same as when every text is kept."""
+    from benchmarks.generate import generate
+
+    from ddpdoctor.analysis.job import learn_rank_map
+
+    generate("dense-ranks", tmp_path, 6e-4, 96, seed=7, density=0.2)
+    inputs = [Input(str(p), str(p)) for p in sorted(tmp_path.glob("*.log"))]
+    scans = parallel.scan_inputs(inputs, jobs=1)
+    texts = [h.record.text for s in scans for h in s.hits]
+    assert len(texts) > 2 * len(set(texts))  # warnings repeat across files
+    assert len({id(t) for t in texts}) == len(set(texts))
+    comm = [f for s in scans for f in s.facts if f.name == "nccl_comm"]
+    assert comm and all(f.record.text == "" for f in comm)
+    shared = report_to_dict(diagnose_paths([str(tmp_path)], jobs=1))
+    rank_map = learn_rank_map(scans)
+    _without_sharing(monkeypatch)
+    scans = parallel.scan_inputs(inputs, jobs=1)
+    assert all(f.record.text for s in scans for f in s.facts if f.name == "nccl_comm")
+    assert learn_rank_map(scans) == rank_map and rank_map
+    kept = report_to_dict(diagnose_paths([str(tmp_path)], jobs=1))
+    shared.pop("elapsed_s", None)
+    kept.pop("elapsed_s", None)
+    assert shared == kept

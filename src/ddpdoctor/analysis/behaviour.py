@@ -54,6 +54,36 @@ BUSY_PHASE = re.compile(
     r"|(?:can|may|might|will) take (?:a while|a (?:few )?minutes?|some time|long)"
 )
 """Last words that announce a long phase a rank does on its own."""
+BUSY_WORDS = (
+    "sav",
+    "writing",
+    "eval",
+    "valid",
+    "%|",
+    "tokeniz",
+    "preprocess",
+    "download",
+    "loading",
+    "building",
+    "consolidat",
+    "gather",
+    "running",
+    "take",
+)
+"""A lower-cased piece of every alternative of BUSY_PHASE: ASCII text holding none of them
+cannot match it (see busy_phase)."""
+
+
+def busy_phase(text: str) -> bool:
+    """Whether BUSY_PHASE.search(text) finds a match, without running its case-blind search of
+    18 alternatives over every writer's last words where none of their words is there: 1.0 s
+    (profiled) of build_evidence for 19,750 writers of 10,000 rank files. Only ASCII text is
+    tested by words: (?i) also folds letters such as U+017F (long s) into ASCII ones."""
+    if text.isascii():
+        lower = text.lower()
+        if not any(word in lower for word in BUSY_WORDS):
+            return False
+    return BUSY_PHASE.search(text) is not None
 
 
 def _digits(text: str | None, limit: int = 12) -> int | None:
@@ -143,7 +173,7 @@ def build_evidence(job: JobView, events: list[Event]) -> JobEvidence:
             view.progress_total = stream.progress_total
         if stream.last_line >= 0 and stream.last_text:
             view.last_text = stream.last_text
-            if not stream.error_lines and BUSY_PHASE.search(stream.last_text):
+            if not stream.error_lines and busy_phase(stream.last_text):
                 view.busy_phase = stream.last_text[:80]
 
     for rank, on_step in ended_on_step.items():

@@ -495,6 +495,8 @@ class Scanner:
                     record.origin.rank = near
             captures = _captures(m)
             if target.fact is not None:
+                if not target.fact.text_read:  # read by captures and writer only
+                    record.text, record.stream_key, record.time = "", "", None
                 before = _raw_lines_before(chunk, start, target.fact.lines_before)
                 fact = FactHit(target.fact.name, captures, record, before)
                 if target.fact.name == "progress":

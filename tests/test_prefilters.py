@@ -1,0 +1,62 @@
+"""Word prefilters put in front of slow case-blind regexes must agree with the regex on every
+line: the real logs of the corpus and fixtures, one line per alternative, and text whose
+non-ASCII letters fold into ASCII ones under (?i)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ddpdoctor.analysis.behaviour import BUSY_PHASE, busy_phase
+
+ROOT = Path(__file__).resolve().parent.parent
+EACH_ALTERNATIVE = [
+    "Saving the model to /ckpt",
+    "saving into /ckpt/step_100",
+    "Writing checkpoint shard 3",
+    "Evaluating: 12/100",
+    "VALIDATING on the held-out set",
+    "starting the evaluation",
+    "Validation epoch 3",
+    "testing 3/10 45%|####",
+    "Tokenizing dataset",
+    "preprocessing shards",
+    "Downloading shards",
+    "Loading the checkpoint from disk",
+    "building the index",
+    "consolidating the optimizer state",
+    "Gathering full state dict",
+    "running on dataset shard 3",
+    "rebuilding buckets",
+    "This will take a while",
+]
+FOLDED = ["\u017fave model", "Evaluating \u212a", "\u017fa\u017fing state", "tol\u0130ng"]
+
+
+def _real_lines() -> list[str]:
+    lines: list[str] = []
+    for base in (ROOT / "corpus" / "cases", ROOT / "tests" / "fixtures" / "real"):
+        for path in sorted(base.rglob("*")):
+            if path.is_file() and path.suffix in (".log", ".txt", ".out", ".err", ""):
+                text = path.read_bytes()[: 256 * 1024].decode("utf-8", errors="replace")
+                lines.extend(text.splitlines())
+    return lines
+
+
+def test_busy_words_agree_with_the_regex_on_real_lines() -> None:
+    lines = _real_lines()
+    assert len(lines) > 10_000  # the corpus is there: the test compares something
+    matched = 0
+    for line in lines:
+        want = BUSY_PHASE.search(line) is not None
+        assert busy_phase(line) == want, line
+        matched += want
+    assert matched > 0
+
+
+@pytest.mark.parametrize("line", EACH_ALTERNATIVE + FOLDED)
+def test_busy_words_agree_on_each_alternative(line: str) -> None:
+    assert busy_phase(line) == (BUSY_PHASE.search(line) is not None)
+    if line in EACH_ALTERNATIVE:
+        assert busy_phase(line)
