@@ -85,12 +85,6 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "hoard-r2": "failed, collective-mismatch on rank 1 (INF203, 0.5): 'only rank 1 timed out; "
-    "ranks 0,2 went on without error', though the launcher's console says rank 2 exited with "
-    "code -9 first and rank 0 with -15 (the homegrown launcher's exit lines are not read)",
-    "null-feat": "failed, host-oom on rank 3 (INF231, 0.5): the culprit is right, but rank 3's "
-    "silent stop is read as a kill from outside; node 1's launcher says 'rank 3 exited with code "
-    "-11' (SIGSEGV), which is not read",
     "locked-cache": "failed, slow-rank-timeout on rank 1 (INF201, 0.4): the culprit is right, but "
     "a rank silent from 'process group ready' until the launcher's SIGTERM is said to be busy, "
     "not stuck",

@@ -22,6 +22,17 @@ HOST_OOM_KILL = Rule(
         Signature(r"std::bad_alloc", "std::bad_alloc", suggests=True),
         # 137 = 128 + SIGKILL, as shells, IDEs and container runtimes report it
         Signature(r"exit(?:ed)? (?:with )?(?:code|status)[ :=]*137\b", " 137", suggests=True),
+        # Python's Popen returncode of a child killed by SIGKILL, as launchers written in
+        # Python print it ("[launcher] rank 2 exited with code -9"), and CPython's
+        # CalledProcessError for it (the legacy launcher, accelerate, deepspeed)
+        Signature(
+            r"\brank (?P<rank>\d{1,5}) (?:exited|died|terminated|failed) with (?:exit )?"
+            r"code -9\b",
+            " code -9",
+            suggests=True,
+        ),
+        Signature(r"exit(?:ed)? with (?:exit )?code -9\b", " code -9", suggests=True),
+        Signature(r"died with <Signals\.SIGKILL: 9>", "died with <Signals.SIGKILL", suggests=True),
         Signature(r"signal 9[:( ]+(?:SIGKILL|Killed)", "signal 9", suggests=True),
         # a bare "Killed" printed by the shell when the kernel killed the process
         Signature(r"^Killed\s*$", "Killed", suggests=True),
@@ -107,6 +118,7 @@ HOST_OOM_KILL = Rule(
         "ERROR:torch.distributed.elastic.multiprocessing.api:failed (exitcode: -9) local_rank: 3 "
         "(pid: 812917) of binary: /usr/bin/python",
         "traceback : Signal 9 (SIGKILL) received by PID 4242",
+        "[launcher] rank 2 exited with code -9",
         "ray.exceptions.OutOfMemoryError: Task was killed due to the node running low on memory.",
         "1 worker(s) were killed due to the node running low on memory.",
     ),
@@ -269,6 +281,18 @@ NATIVE_CRASH = Rule(
         Signature(r"Fatal Python error: (?P<what>\w+)", "Fatal Python error"),
         Signature(r"terminate called after throwing an instance of"),
         Signature(r"exits with return code = -(?:11|6|7)", "exits with return code = -"),
+        # Python's Popen returncode of a child killed by a signal (a launcher written in
+        # Python: "[launcher] rank 3 exited with code -11"), and CPython's CalledProcessError
+        # for it ("Command '[...]' died with <Signals.SIGSEGV: 11>.")
+        Signature(
+            r"\brank (?P<rank>\d{1,5}) (?:exited|died|terminated|failed) with (?:exit )?"
+            r"code -(?P<signum>11|6|7|4|8)\b",
+            " code -",
+        ),
+        Signature(
+            r"died with <Signals\.(?P<sig>SIG(?:SEGV|ABRT|BUS|FPE|ILL)): (?P<signum>\d+)>",
+            "died with <Signals.SIG",
+        ),
         # torch/csrc/DataLoader.cpp: a worker's SIGFPE handler (a native library in the data
         # path, not shared memory)
         Signature(r"Unexpected floating-point exception encountered in worker"),
@@ -298,8 +322,13 @@ NATIVE_CRASH = Rule(
     positive=(
         "traceback : Signal 11 (SIGSEGV) received by PID 4242",
         "Fatal Python error: Segmentation fault",
+        "subprocess.CalledProcessError: Command '['/usr/bin/python', '-u', 'train.py']' died "
+        "with <Signals.SIGSEGV: 11>.",
     ),
-    negative=("traceback : Signal 9 (SIGKILL) received by PID 4242",),
+    negative=(
+        "traceback : Signal 9 (SIGKILL) received by PID 4242",
+        "[launcher] rank 2 exited with code -9",
+    ),
 )
 
 LOCAL_RANK_ARGUMENT = Rule(
