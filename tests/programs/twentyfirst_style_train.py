@@ -339,13 +339,17 @@ class TinyYOLO(nn.Module):
 def get_losses(
     outputs: torch.Tensor, targets: list[torch.Tensor], centers: torch.Tensor
 ) -> dict[str, torch.Tensor]:
-    """SimOTA-like assignment in miniature: each cell takes its nearest ground-truth centre."""
+    """SimOTA-like assignment in miniature: a cell inside a ground-truth box is foreground and
+    takes the box whose centre is nearest."""
     obj_l, cls_l, iou_l = [], [], []
     for out, gt in zip(outputs, targets, strict=True):
+        x, y = centers[:, None, 0], centers[:, None, 1]
+        inside = (x >= gt[:, 1]) & (x <= gt[:, 1] + gt[:, 3])
+        inside &= (y >= gt[:, 2]) & (y <= gt[:, 2] + gt[:, 4])  # cells x num_gt
         gt_c = gt[:, 1:3] + gt[:, 3:5] / 2
-        dist_ = torch.cdist(centers, gt_c)  # cells x num_gt
-        best, idx = dist_.min(dim=1)
-        fg = best < 4.0
+        cost = torch.where(inside, torch.cdist(centers, gt_c), torch.inf)
+        _, idx = cost.min(dim=1)
+        fg = inside.any(dim=1)
         obj_l.append(F.binary_cross_entropy_with_logits(out[:, 0], fg.float()))
         if fg.any():
             cls_l.append(F.cross_entropy(out[fg, 1 : 1 + NUM_CLASSES], gt[idx[fg], 0].long()))
@@ -547,8 +551,8 @@ class Trainer:
             return
         if FAULT == "eg" and self.rank == 1:  # an image whose objects were all filtered out
             targets[0] = targets[0][:0]
-        elif FAULT == "hb" and self.rank == 1:  # a box whose width overflowed float32
-            targets[0][0, 3] = float("inf")
+        elif FAULT == "hb" and self.rank == 1:  # box widths that overflowed float32
+            targets[0][:, 3] = float("inf")
         elif FAULT == "kl" and self.rank == 2:  # the mosaic cache grows until the OOM killer
             self._cache = [torch.ones(16 * 2**20) for _ in range(4)]
             os.kill(os.getpid(), signal.SIGKILL)
