@@ -115,9 +115,6 @@ MISSES: dict[str, str] = {
     "gpu-count-resume": "failed, python-exception with no culprit (PY101, 0.6): the kind is "
     "right, but the two unprefixed tracebacks (torchrun without --tee, both from "
     "'MainProcess') are not given to ranks 0 and 1",
-    "wild-pointer": "failed, python-exception on rank 1 (INF208, 0.5): the culprit is right, "
-    "but the agent's exitcode -11 (SIGSEGV) is kept as context and the verdict says rank 1's "
-    "output is missing instead of a native crash",
     "inf-hop": "failed, nccl-timeout with no culprit (TMO102, 0.3): rank 1's WARNING \"NaN or "
     'Inf found in loss (inf), skip this iteration" (a skipped backward, so a skipped '
     "all-reduce) is not read as the rank whose collectives fell behind",

@@ -42,7 +42,8 @@ def diagnose_inputs(
             h.order = order
     job = build_job(scans, [h.record.origin for h in hits], run_events)
     hits = attribute(hits, job.resolve, job.single_node, job.info.hosts)
-    hits = dedupe(hits, rules)
+    writers = {scan.info.path: (len(scan.streams), scan.info.lines) for scan in scans}
+    hits = dedupe(hits, rules, writers)
     if dumps:
         job.info.flight = analyze_flight(dumps, job.info.world_size)
     findings = group(hits, rules)

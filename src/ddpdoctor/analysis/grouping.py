@@ -15,8 +15,16 @@ def _line_key(record: Record) -> tuple[str, int]:
     return (record.source, record.line)
 
 
-def dedupe(hits: list[Hit], rules: dict[str, Rule]) -> list[Hit]:
-    """One rule per line (the most specific), and no generic hit inside an explained traceback."""
+def dedupe(
+    hits: list[Hit], rules: dict[str, Rule], sources: dict[str, tuple[int, int]] | None = None
+) -> list[Hit]:
+    """One rule per line (the most specific), and no generic hit inside an explained traceback.
+    The same line in two sources (a console and the per-rank file `ddpdoctor run`, torchrun
+    --tee or a logger's file sink wrote) is one event. The copy kept is the one whose source
+    says most about its writer: the source with the fewest writers, then the shorter one (a
+    rank's own file, or the file its logger writes, holds only its lines; a shared console
+    holds everyone's), then the earlier line; never the order or the names of the inputs.
+    `sources`: path -> (writers, lines)."""
     best: dict[tuple[str, int], int] = {}
     for hit in hits:
         key = _line_key(hit.record)
@@ -28,15 +36,17 @@ def dedupe(hits: list[Hit], rules: dict[str, Rule]) -> list[Hit]:
         if rules[hit.rule].specificity > GENERIC_SPECIFICITY:
             explained.add(_line_key(hit.record))
             explained.update(_line_key(c) for c in hit.context)
-    out: list[Hit] = []
-    first_source: dict[tuple[str, int | None, int | None, str], str] = {}
+    known = sources or {}
+    chosen: dict[tuple[str, int | None, int | None, str], tuple[int, int, int, str]] = {}
     for hit in kept:
-        # the same line in two sources (a console and the per-rank file `ddpdoctor run` or
-        # torchrun --tee wrote) is one event, not two
-        origin = hit.record.origin
-        event = (hit.rule, origin.rank, origin.local_rank, hit.record.text)
-        source = first_source.setdefault(event, hit.record.source)
-        if source != hit.record.source:
+        writers, lines = known.get(hit.record.source, (0, 0))
+        rank = (writers, lines, hit.record.line, hit.record.source)
+        event = _event_key(hit)
+        if event not in chosen or rank < chosen[event]:
+            chosen[event] = rank
+    out: list[Hit] = []
+    for hit in kept:
+        if chosen[_event_key(hit)][3] != hit.record.source:
             continue
         if (
             rules[hit.rule].specificity <= GENERIC_SPECIFICITY
@@ -47,6 +57,11 @@ def dedupe(hits: list[Hit], rules: dict[str, Rule]) -> list[Hit]:
                 continue
         out.append(hit)
     return out
+
+
+def _event_key(hit: Hit) -> tuple[str, int | None, int | None, str]:
+    origin = hit.record.origin
+    return (hit.rule, origin.rank, origin.local_rank, hit.record.text)
 
 
 def group(hits: list[Hit], rules: dict[str, Rule]) -> list[Finding]:
