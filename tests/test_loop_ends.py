@@ -1,6 +1,6 @@
 """An end of the training loop that a framework prints on its way out of an exception too
-(detectron2's "Total training time", from a `finally:`) ends training only for a writer that
-had not failed before it (analysis/behaviour.py). The whole pipeline on the thirteenth set's
+(detectron2's "Total training time", YOLOX's "Training of experiment is done", from a
+`finally:`) ends training only for a writer that did not fail (analysis/behaviour.py). The whole pipeline on the thirteenth set's
 healthy runs (tests/test_thirteenth_style_runs.py) shows the positive side; here, the guard."""
 
 from __future__ import annotations
@@ -40,6 +40,13 @@ def test_an_end_printed_after_its_writers_own_error_is_its_way_out() -> None:
     assert not evidence.ranks.get(1) or not evidence.ranks[1].completed
 
 
-def test_another_ranks_error_or_a_later_one_does_not_cancel_it() -> None:
-    for event in (_error_at(30, rank=0), _error_at(50, rank=1)):
-        assert build_evidence(_job(), [event]).completed_at == {SOURCE: 40}
+def test_an_end_above_its_writers_own_traceback_is_its_way_out_too() -> None:
+    """The exception goes on through the `finally:`; its caller (loguru's @logger.catch, the
+    interpreter) prints it below the end line."""
+    evidence = build_evidence(_job(), [_error_at(50, rank=1)])
+    assert evidence.completed_at == {}
+
+
+def test_another_ranks_error_does_not_cancel_it() -> None:
+    for line in (30, 50):
+        assert build_evidence(_job(), [_error_at(line, rank=0)]).completed_at == {SOURCE: 40}

@@ -93,12 +93,6 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "alarms-fine": "unknown, hang (INF212, 0.3): YOLOX's \"Training of experiment is done and "
-    'the best AP is" is not read as the end of training, and the spawn parent prints nothing '
-    "when it exits 0, so the log is said to stop mid-training",
-    "ap-done": "unknown, hang (INF212, 0.3): as alarms-fine, under torchrun (which prints "
-    "nothing on success either)",
-    "two-box-ok": "unknown, hang (INF212, 0.3): as alarms-fine, on two machines",
     "gt-void": "failed, python-exception with no culprit (PY101, 0.6): the kind is right, but "
     "the spawn console has no rank prefix and loguru's \"process 'SpawnProcess-2'\" header "
     "(local rank 1) is not read as a rank",

@@ -521,13 +521,14 @@ def _stalled_at_startup(job: JobView) -> bool:
 
 def _with_clean_loop_ends(job: JobView, events: list[Event]) -> JobView:
     """The job with the ends of the training loop that the framework prints on the way out of
-    an exception too (detectron2's "Total training time", from a `finally:`) taken as ends of
-    training, for the writers that had not failed before them; after a writer's own error or
-    timeout such a line is its way out."""
+    an exception too (detectron2's "Total training time", YOLOX's "Training of experiment is
+    done", from a `finally:`) taken as ends of training, for the writers that did not fail:
+    with a writer's own error or timeout such a line is its way out, shown above the
+    traceback when the exception goes on through the `finally:` and is printed by a caller."""
     clean = [
         (rank, end)
         for rank, end in job.loop_ends
-        if not any(_failed_before(event, rank, end) for event in events)
+        if not any(_writer_failed(event, rank, end) for event in events)
     ]
     if not clean:
         return job
@@ -543,13 +544,13 @@ def _with_clean_loop_ends(job: JobView, events: list[Event]) -> JobView:
     )
 
 
-def _failed_before(event: Event, rank: int | None, end: Record) -> bool:
-    """The event is an error or a wait of the same writer, shown above `end` in its output."""
+def _writer_failed(event: Event, rank: int | None, end: Record) -> bool:
+    """The event is an error or a wait of the writer of `end`, in the same output."""
     if not (event.primary or event.echo in (Echo.WAITING, Echo.LOST_PEER)):
         return False
     if rank is not None and event.rank is not None and event.rank != rank:
         return False
-    return any(h.record.source == end.source and h.record.line < end.line for h in event.hits)
+    return any(h.record.source == end.source for h in event.hits)
 
 
 def _one_device_per_process(job: JobView) -> bool:

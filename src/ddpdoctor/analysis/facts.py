@@ -208,6 +208,13 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
         r"^Training time (?:\d{1,9} days?, )?\d{1,2}:\d\d:\d\d$",
         "Training time ",
     ),
+    # YOLOX's Trainer.after_train, called from a `finally:` around the epoch loop (so after
+    # an exception too): "Training of experiment is done and the best AP is 41.25"
+    FactPattern(
+        "loop_ended",
+        r"Training of experiment is done and the best AP is",
+        "Training of experiment is done",
+    ),
     # Megatron-LM's training loop: "[after training is done] datetime: ..."
     FactPattern("completed", r"\[after training is done\]", "after training is done"),
     # torchelastic's agent when every worker of the group exited 0 (agent/server/api.py)
