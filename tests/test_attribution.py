@@ -30,3 +30,29 @@ def test_an_unprefixed_abort_belongs_to_the_one_rank_that_wrote_nothing() -> Non
     line of its own: gloo's size-check abort, printed without a prefix, is rank 2's."""
     report = diagnose_paths([str(REAL / "sixth-gather-shape")])
     assert (report.verdict.kind, report.verdict.culprit.ranks) == ("collective-mismatch", [2])
+
+
+def test_loguru_caught_header_names_the_spawned_process() -> None:
+    """loguru's @logger.catch prints "process 'SpawnProcess-2' (pid)" over the traceback it
+    swallows (its "> File" marks the catching frame); under mp.spawn that is local rank 1. The
+    gloo "Connection closed by peer" of the other process stays its own."""
+    report = diagnose_paths([str(REAL / "twentyfirst-gt-void")])
+    roots = [f for f in report.findings if f.rule == "PY101"]
+    assert roots and roots[0].ranks == [1]
+    lost = [f for f in report.findings if f.rule == "NET101"]
+    assert lost and all(1 not in f.ranks for f in lost)
+
+
+def test_a_process_name_that_is_not_a_spawned_child_names_no_rank() -> None:
+    """Under torchrun loguru names 'MainProcess': no local rank follows from it."""
+    from ddpdoctor.ingest.attribution import LOGURU_CAUGHT
+
+    header = (
+        "An error has been caught in function 'main', process 'MainProcess' (4242), "
+        "thread 'MainThread' (1):"
+    )
+    m = LOGURU_CAUGHT.search(header)
+    assert m and m.group("n") is None and m.group("pid") == "4242"
+    spawned = LOGURU_CAUGHT.search(header.replace("MainProcess", "SpawnProcess-3"))
+    assert spawned and spawned.group("n") == "3"
+    assert not LOGURU_CAUGHT.search(header.replace("MainProcess", "SpawnProcess-3:1")).group("n")

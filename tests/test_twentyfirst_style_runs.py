@@ -93,19 +93,9 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "gt-void": "failed, python-exception with no culprit (PY101, 0.6): the kind is right, but "
-    "the spawn console has no rank prefix and loguru's \"process 'SpawnProcess-2'\" header "
-    "(local rank 1) is not read as a rank",
     "ap-only-zero": "failed, data-error with no culprit (DATA101, 0.9): the FileNotFoundError of "
     'multiprocessing\'s semaphore cleanup ("Exception ignored in: <Finalize object, dead>", '
     "sem_unlink) at the workers' exit is read as a missing input file",
-    "lossinf-halt": "failed, exit-teardown-crash with no culprit (INF210, 0.6): rank 0's "
-    '"Training of experiment is done" (printed from a finally after its error) is read as a '
-    'finished training; rank 1\'s "Loss is inf, stopping training" and spawn\'s "process 1 '
-    'terminated with exit code 1" are not taken as one rank leaving',
-    "tb-absent": "failed, missing-module with no culprit (ENV101, 0.9): the kind is right, but "
-    "the ModuleNotFoundError printed under loguru's \"process 'SpawnProcess-1'\" header is "
-    "not given to rank 0",
     "gpu-count-resume": "failed, python-exception with no culprit (PY101, 0.6): the kind is "
     "right, but the two unprefixed tracebacks (torchrun without --tee, both from "
     "'MainProcess') are not given to ranks 0 and 1",
@@ -116,8 +106,9 @@ MISSES: dict[str, str] = {
     "but a rank silent from its stuck batch until the agent's SIGTERM 27 s after rank 0 left is "
     "said to be busy, not stuck",
     "anno-json-cut": "failed, data-error with no culprit (DATA101, 0.9): the kind and host "
-    "(node1) are right, but the JSONDecodeError under loguru's \"process 'SpawnProcess-1'\" "
-    "header on machine 1 is not given to rank 2",
+    "(node1) are right, and loguru's \"process 'SpawnProcess-1'\" header says local rank 0, but "
+    "nothing the job printed maps machine 1's local ranks to global ones (YOLOX's \"Rank 2 "
+    'initialization finished." is its own words)',
 }
 
 

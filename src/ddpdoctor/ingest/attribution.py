@@ -29,6 +29,15 @@ def _number(text: str | None) -> int | None:
 # torchelastic's failure summary (ChildFailedError): each entry names its rank, then quotes
 # that rank's traceback from its error file (@record): "  rank      : 2 (local_rank: 2)"
 SUMMARY_ENTRY_RANK = re.compile(r"^\s*rank\s*: (?P<rank>\d{1,7}) \(local_rank: \d{1,7}\)")
+# loguru's logger.catch heads the traceback it prints with the process that raised it:
+# "An error has been caught in function 'main', process 'SpawnProcess-2' (19478), thread ..."
+# multiprocessing names a child "<Kind>Process-<n>" with n counting the parent's children
+# from 1, and torch.multiprocessing.start_processes (mp.spawn) starts local rank i as the
+# (i+1)-th: the header names the pid and, under mp.spawn, the local rank
+LOGURU_CAUGHT = re.compile(
+    r"An error has been caught in function '[^']{1,200}', process "
+    r"'(?:(?:Spawn|Fork|Forkserver)Process-(?P<n>\d{1,7})|[^']{1,200})' \((?P<pid>\d{1,9})\)"
+)
 
 
 def rank_of(hit: Hit, resolve: Resolver, single_node: bool, sole_host: str | None) -> int | None:
@@ -45,6 +54,11 @@ def rank_of(hit: Hit, resolve: Resolver, single_node: bool, sole_host: str | Non
             found = resolve(Origin(host=ray.group("ip"), pid=_number(ray.group("pid"))))
             if found is not None:
                 return found
+        caught = LOGURU_CAUGHT.search(record.text)
+        if caught:
+            found = _caught_rank(caught, hit, resolve, single_node, sole_host)
+            if found is not None:
+                return found
     captures = hit.captures
     local = _number(captures.get("local_rank"))
     if local is not None and single_node:
@@ -59,6 +73,23 @@ def rank_of(hit: Hit, resolve: Resolver, single_node: bool, sole_host: str | Non
         host = hit.record.origin.host or (sole_host if single_node else None)
         return resolve(Origin(host=host, pid=pid))
     return None
+
+
+def _caught_rank(
+    caught: re.Match[str], hit: Hit, resolve: Resolver, single_node: bool, sole_host: str | None
+) -> int | None:
+    """The rank of the process a loguru header names: by its pid where the job maps pids,
+    else by its place among mp.spawn's children (the local rank)."""
+    host = hit.record.origin.host or (sole_host if single_node else None)
+    found = resolve(Origin(host=host, pid=_number(caught.group("pid"))))
+    if found is not None:
+        return found
+    n = _number(caught.group("n"))
+    if n is None or n < 1:
+        return None
+    if single_node:
+        return n - 1
+    return resolve(Origin(host=host, local_rank=n - 1)) if host else None
 
 
 def attribute(hits: list[Hit], resolve: Resolver, single_node: bool, hosts: list[str]) -> list[Hit]:

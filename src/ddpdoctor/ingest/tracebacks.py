@@ -24,6 +24,7 @@ RAY_TASK_HEAD = re.compile(
 """Where Ray's driver re-raises a worker's exception it prints this line in place of
 'Traceback (most recent call last):' (python/ray/exceptions.py): the head of that worker's
 traceback, naming its process."""
+FRAME_LINE = re.compile(r'^(?:> )?File "[^"]{1,4000}", line \d{1,9}')
 MAX_WALK_LINES = 400
 MAX_TRACEBACK_LINES = 120
 MAX_WALK_BYTES = 1024 * 1024
@@ -35,15 +36,26 @@ text are all a traceback line is judged by."""
 
 
 def is_traceback_line(text: str) -> bool:
-    """Frame lines (indented), traceback heads, chaining sentences, exception lines,
-    and C++ frame lists that torch appends to errors."""
+    """Frame lines (indented, or not where loguru's and better_exceptions' "> " marks the frame
+    that caught the error and the line's parse took that mark away), traceback heads,
+    chaining sentences, exception lines, and C++ frame lists that torch appends to errors."""
     if not text:
         return False
     if text[0] in " \t" or text.startswith(
-        (TRACEBACK_HEAD, "Original " + TRACEBACK_HEAD, "frame #", "Exception raised from")
+        (
+            TRACEBACK_HEAD,
+            "Original " + TRACEBACK_HEAD,
+            "frame #",
+            "Exception raised from",
+        )
     ):
         return True
-    return bool(CHAINED.match(text) or EXCEPTION_LINE.match(text) or RAY_TASK_HEAD.match(text))
+    return bool(
+        CHAINED.match(text)
+        or EXCEPTION_LINE.match(text)
+        or RAY_TASK_HEAD.match(text)
+        or FRAME_LINE.match(text)
+    )
 
 
 def walk_back(
