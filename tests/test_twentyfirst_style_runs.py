@@ -93,9 +93,6 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "ap-only-zero": "failed, data-error with no culprit (DATA101, 0.9): the FileNotFoundError of "
-    'multiprocessing\'s semaphore cleanup ("Exception ignored in: <Finalize object, dead>", '
-    "sem_unlink) at the workers' exit is read as a missing input file",
     "gpu-count-resume": "failed, python-exception with no culprit (PY101, 0.6): the kind is "
     "right, but the two unprefixed tracebacks (torchrun without --tee, both from "
     "'MainProcess') are not given to ranks 0 and 1",

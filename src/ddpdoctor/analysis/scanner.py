@@ -31,7 +31,7 @@ from ddpdoctor.ingest.elastic_error import ErrorFileChunks, is_error_file
 from ddpdoctor.ingest.filenames import origin_from_path
 from ddpdoctor.ingest.prefixes import MAX_TEXT, ParsedLine, parse_line, rank_before
 from ddpdoctor.ingest.sources import ChunkStream, Input
-from ddpdoctor.ingest.tracebacks import LOGGING_ERROR, walk_back
+from ddpdoctor.ingest.tracebacks import carried_on, walk_back
 from ddpdoctor.model.findings import Hit
 from ddpdoctor.model.records import Origin, Record, SourceInfo
 from ddpdoctor.rules.base import Rule, Signature
@@ -527,7 +527,7 @@ class Scanner:
             src.touched.add(target.rule_index)
             suggests = target.signature is not None and target.signature.suggests
             echo = rule.echo_of(target.signature)
-            handled = bool(context) and context[0][1].text.startswith(LOGGING_ERROR)
+            handled = carried_on([p.text for _, p in context])
             result.hits.append(
                 Hit(rule.code, record, captures, ctx_records, order, suggests, echo, handled)
             )

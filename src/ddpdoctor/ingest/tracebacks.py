@@ -13,6 +13,12 @@ LOGGING_ERROR = "--- Logging error ---"
 """What Python's logging prints over the traceback of an error raised while it wrote a record
 (logging.Handler.handleError: a full disk, a closed stream, a bad format string): it prints it
 and carries on, so the program did not die of it."""
+UNRAISABLE = "Exception ignored in"
+"""What Python prints over an exception it could not raise (sys.unraisablehook: a __del__, a
+weakref callback, an atexit function at exit): it goes on."""
+FINALIZER_FRAME = re.compile(r"multiprocessing[/\\]util\.py\", line \d{1,6}, in _run_finalizers$")
+"""multiprocessing's exit-time finalizers (a semaphore's sem_unlink, a queue's feeder): each
+one's exception is printed (traceback.print_exc) and the next one runs."""
 CHAINED = re.compile(
     r"^(During handling of the above exception|The above exception was the direct)"
 )
@@ -112,7 +118,7 @@ def walk_back(
             if (
                 dated.time is not None
                 or SPAWN_PROCESS.match(parsed.text)
-                or parsed.text.startswith(LOGGING_ERROR)
+                or parsed.text.startswith((LOGGING_ERROR, UNRAISABLE))
             ):
                 found.append((walked, dated))
             break
@@ -124,6 +130,14 @@ def walk_back(
         )
     found.reverse()
     return found
+
+
+def carried_on(context: list[str]) -> bool:
+    """The traceback (its lines, oldest first) is one Python printed and went on from: logging's
+    own error, an unraisable exception, a multiprocessing finalizer at exit."""
+    if context and context[0].startswith((LOGGING_ERROR, UNRAISABLE)):
+        return True
+    return any(FINALIZER_FRAME.search(line) for line in context)
 
 
 def _writer_needles(key: str) -> tuple[bytes, ...]:

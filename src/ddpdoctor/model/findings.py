@@ -50,8 +50,9 @@ class Hit:
     """What the line says about its rank as a victim of a failure elsewhere (rules.base.Echo),
     from the rule or the matching signature; None for a line that reports a failure."""
     handled: bool = False
-    """Its traceback is one Python's logging printed and carried on from (ingest.tracebacks.
-    LOGGING_ERROR): the error did not end the process."""
+    """Its traceback is one Python printed and carried on from (ingest.tracebacks.carried_on:
+    logging's own error, an unraisable exception, an exit-time finalizer): the error did not
+    end the process."""
 
 
 @dataclass(slots=True)
