@@ -49,7 +49,7 @@ HANG_DUMP = Rule(
     code="HANG101",
     kind="hang",
     title="Stack dumps of a stalled job (py-spy / faulthandler)",
-    sources="Python faulthandler dump_traceback, py-spy dump",
+    sources="Python faulthandler dump_traceback, py-spy dump, gdb backtrace (bt)",
     severity="warning",
     marker=Marker.STALLED,
     status=Status.HUNG,
@@ -61,15 +61,19 @@ HANG_DUMP = Rule(
         # py-spy: decimal thread ids (0.1, 0.2), hexadecimal from 0.3
         Signature(r"Thread (?:\d+|0x[0-9A-Fa-f]+) \(idle\): \"", '(idle): "'),
         Signature(r"Thread (?:\d+|0x[0-9A-Fa-f]+) \(active(?:\+gil)?\): \"", "(active"),
+        # gdb attached to a live process (`gdb -p PID`, `bt` / `thread apply all bt`):
+        # "#3  0x00007f21cbda2f in ncclProxyProgress () from libnccl.so.2"
+        Signature(r"^#\d{1,4}\s{1,3}0x[0-9a-f]{6,16} in \S", " in "),
     ),
     explanation=Explanation(
-        what="The log holds Python stack dumps taken while the job made no progress.",
+        what="The log holds stack dumps (Python's, or a debugger's of the native code) taken "
+        "while the job made no progress.",
         why="Someone (or a watchdog) dumped the stacks of a job that hung: ranks wait in a "
         "collective that another rank never reaches, or sit in data loading or a lock.",
         fix="Compare the ranks' stacks: the rank that is not in the same collective as the "
         "others is the culprit. `ddpdoctor run` takes and groups them automatically.",
-        false_positives="A dump printed by a crash handler next to a real error; the error is "
-        "then the root.",
+        false_positives="A dump printed by a crash handler next to a real error, or gdb's "
+        "backtrace of a crashed process's core file; the error is then the root.",
     ),
     fix=(
         "Group the ranks by their top frames; the odd one out is where to look "
@@ -79,8 +83,14 @@ HANG_DUMP = Rule(
         "Thread 0x00007f3b8c4f1740 (most recent call first):",
         'Thread 1234 (idle): "MainThread"',
         'Thread 0x7FA3915C7440 (active): "MainThread"',
+        "#14 0x0000153a6506cf36 in cudaMemcpyAsync () from /usr/lib64/libcudart.so.11.0",
     ),
-    negative=("Traceback (most recent call last):",),
+    negative=(
+        "Traceback (most recent call last):",
+        # torch's c10 backtrace and glibc's are not a debugger's
+        "frame #3: c10::Error::Error(c10::SourceLocation) + 0x8b (0x7f2a in libc10.so)",
+        "# 0x7f21cbda2f is the address the kernel reports",
+    ),
 )
 
 STOPPED = Rule(
