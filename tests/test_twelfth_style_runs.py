@@ -86,9 +86,9 @@ MISSES: dict[str, str] = {
     "dict_keys([0, 1])'",
     "stager-relock": "failed, slow-rank-timeout on rank 1 (INF201, 0.6): the rank blocked on "
     "its own lock is read as busy ('raise the timeout'), not as stuck",
-    "flusher-stuck": "failed, exit-teardown-crash with no culprit (INF210, 0.6): the kind is "
-    "right, but the status is failed, not hung, and rank 0 (the one process still alive after "
-    "'Training completed', the only one the agent had to SIGTERM) is not named",
+    "flusher-stuck": "hung, exit-teardown-crash with no culprit (INF210, 0.6): the kind and "
+    "status are right, but rank 0 (the one process still alive after 'Training completed', the "
+    "only one the agent had to SIGTERM, by pid) is not named: nothing maps that pid to a rank",
 }
 
 
@@ -171,3 +171,10 @@ def test_a_plain_python_run_has_no_agent() -> None:
     assert "ChildFailedError" not in console
     assert "[rank" not in console
     assert "Loading the checkpoint at step 10." in console
+
+
+def test_a_job_stopped_from_outside_after_training_ended_hung_in_teardown() -> None:
+    """flusher-stuck: both ranks said 'Training completed', then nothing for 33 s until the
+    time limit's SIGTERM reached the agent: nothing crashed, a process had not exited."""
+    verdict = RUNS.report("flusher-stuck").verdict
+    assert (verdict.status, verdict.kind) == ("hung", "exit-teardown-crash")

@@ -366,6 +366,15 @@ def _intended_end(graph: CausalGraph, ctx: Context) -> Decision | None:
                 else "training had announced its end before this happened: the work was done."
             )
             decision.basis = ["+ the failure came after the job's work was done"]
+            if node.name == "completion" and _stopped_after_end(effects):
+                decision.status = Status.HUNG
+                decision.notes.append(
+                    "nothing crashed after it: the processes were still there when a stop "
+                    "signal came from outside, so they had not exited on their own (a thread, "
+                    "a DataLoader worker or a logger that never finished, a destroy or barrier "
+                    "some rank never reached)."
+                )
+                decision.basis.append("+ after the end only a stop from outside, no crash")
             return decision
         stops = [e for e in graph.events if e.marker == Marker.STOP]
         failed = (
@@ -385,6 +394,13 @@ def _intended_end(graph: CausalGraph, ctx: Context) -> Decision | None:
         decision.basis = ["+ every rank announced the stop"]
         return decision
     return None
+
+
+def _stopped_after_end(effects: list[Event]) -> bool:
+    """After training's end only stop signals from outside reached the job (the launcher's
+    "Received 15 death signal", its SIGTERM to the workers): nothing crashed, the processes
+    were still running when the stop came."""
+    return bool(effects) and all(e.echo == Echo.STOPPED for e in effects)
 
 
 def _best_hypothesis(
