@@ -379,3 +379,23 @@ def test_a_json_value_is_not_a_field_of_the_line() -> None:
     """Only the line's own keys count: a message that quotes "time" gives no time."""
     parsed = parse_line('{"msg": "step took time 2026-12-02T12:57:16 to run", "lvl": "x"}')
     assert parsed.time is None and parsed.level is None and parsed.origin.host is None
+
+
+def test_a_line_printed_right_after_a_redrawn_bar_is_that_line() -> None:
+    """tqdm ends a redraw without a newline: the next record any writer prints starts right
+    after the bar's closing bracket (real: tests/fixtures/real/twentysecond-nan-break-one)."""
+    bar = "Steps:  38%|###8      | 6/16 [00:00<00:00, 22.77it/s, lr=0.0001, step_loss=1.05]"
+    record = "12/02/2026 15:55:05 - ERROR - __main__ - [RANK 1] Loss is nan at step 7, stopping"
+    parsed = parse_line(bar + "\r" + bar.replace("6/16", "7/16") + record)
+    assert (parsed.origin.rank, parsed.level) == (1, "error")
+    assert parsed.text.endswith("Loss is nan at step 7, stopping")
+    outer = parse_line("[default1]:" + bar + "\r" + bar + record)
+    assert outer.prefix.startswith("[default1]:") and outer.text.endswith("stopping")
+
+
+def test_a_bar_without_a_carriage_return_keeps_its_progress() -> None:
+    """A paste that lost the \\r: the bar is the line's only state of progress; a bar alone,
+    or its last redraw with nothing after it, stays a bar."""
+    bar = "Map:  20%|##        | 281400/1402715 [33:12<2:12:38, 140.90 examples/s]"
+    assert parse_line(bar + "Traceback (most recent call last):").text.startswith("Map:  20%")
+    assert parse_line(bar + "\r" + bar).text == bar

@@ -110,6 +110,12 @@ STORE_BARRIER_RANK = re.compile(
 # torch.multiprocessing.spawn re-raises a child's error in the parent under this header; the
 # traceback that follows is that process's (spawn.py ProcessRaisedException). mp.spawn's index
 # is the rank in nearly every program (fn(rank, ...) on one node).
+BAR_THEN_TEXT = re.compile(
+    r"[^|\n]{0,200}\d{1,3}%\|[^|\n]{0,400}\| ?\d{1,12}/\d{1,12} \[[^\]\n]{0,300}\](?=\S)"
+)
+"""A tqdm bar's redraw ('Steps:  44%|####  | 7/16 [00:00<00:00, 22.7it/s, loss=1.07]') with
+text right after its closing bracket: tqdm ends a redraw without a newline, so the next line
+any writer prints (a log record, the launcher's SIGTERM notice) starts there."""
 SPAWN_PROCESS = re.compile(r"-- Process (?P<rank>\d{1,7}) terminated with the following error:")
 
 # Structured (JSON) log lines that carry the writer's rank as a field: {"rank": 2, "step": 10}.
@@ -404,6 +410,12 @@ def parse_line(raw: str, year: int = 1970, with_time: bool = True) -> ParsedLine
     if "\r" in message:  # a progress bar redrawn in place: keep its last state
         parts = [p for p in message.split("\r") if p.strip()]
         message = parts[-1] if parts else ""
+        glued = BAR_THEN_TEXT.match(message)
+        if glued:  # another writer's line printed right after the bar's last redraw: read
+            # it as the line (its own prefixes, level, rank) after the outer prefixes. Not
+            # without a carriage return: there the bar is the line's one state of progress
+            # (a paste that lost its \r), kept as such
+            return parse_line(text[:pos] + message[glued.end() :], year, with_time)
     if out.level is None:
         m = PY_LEVEL.match(message)
         if m:
