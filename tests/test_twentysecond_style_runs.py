@@ -88,9 +88,6 @@ MISSES: dict[str, str] = {
     "node1-fewer": "failed, collective-mismatch on ranks 0 and 1 (INF203, 0.4): the ranks still "
     "training are named, not machine 1's ranks 2 and 3 that ran out first (machine 1's bar "
     "ends at 'Steps: 100%| 5/5', machine 0's at 'Steps:  62%| 5/8')",
-    "adam8bit-absent": "failed, python-exception on ranks 0, 1 and 2 (PY101, 0.6): the ranks are "
-    "right, but ImportError 'Please install bitsandbytes to use 8-bit Adam ... pip install "
-    "bitsandbytes' is read as a bug in the code, not a missing package",
 }
 
 

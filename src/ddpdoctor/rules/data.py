@@ -346,6 +346,15 @@ MISSING_MODULE = Rule(
             r"requires the (?P<module>.{1,100}?) library but it was not found in your environment",
             "library but it was not found in your environment",
         ),
+        # a library's own ImportError for an optional dependency: diffusers' "Please install
+        # bitsandbytes to use 8-bit Adam. You can do so by running `pip install bitsandbytes`",
+        # transformers' "... requires Accelerate: `pip install accelerate`", "apex is not
+        # installed"
+        Signature(
+            r"ImportError: [^\n]{0,300}?(?:[Pp]lease install (?P<module>[\w.\-]{1,60})"
+            r"|pip install|(?:is|are|seems to be) not installed)",
+            "ImportError: ",
+        ),
     ),
     context_none=(r"lib(?:cudnn|nccl|cublas|cudart|cuda)\w{0,64}\.so",),
     explanation=Explanation(
@@ -363,8 +372,15 @@ MISSING_MODULE = Rule(
         "Launch with `python -m torch.distributed.run ...` instead of `torchrun` to use the "
         "same environment.",
     ),
-    positive=("ModuleNotFoundError: No module named 'tensorboard'",),
-    negative=("/usr/bin/python3: No module named trainer_missing",),
+    positive=(
+        "ModuleNotFoundError: No module named 'tensorboard'",
+        "ImportError: Please install bitsandbytes to use 8-bit Adam. You can do so by running "
+        "`pip install bitsandbytes`",
+    ),
+    negative=(
+        "/usr/bin/python3: No module named trainer_missing",
+        "ImportError: libcudnn.so.8: cannot open shared object file: No such file or directory",
+    ),
 )
 
 WEIGHTS_ONLY = Rule(
