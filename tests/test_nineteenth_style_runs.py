@@ -92,9 +92,6 @@ MISSES: dict[str, str] = {
     "shard-uneven": "failed, collective-mismatch on rank 2 (INF203, 0.6): the culprit is "
     "right, but rank 2 waiting in the epoch-end barrier while ranks 0 and 1 still reduce "
     "gradients in the same loop is read as a rank-dependent collective, not a shorter shard",
-    "prefetch-stall": "failed, python-exception on rank 1 (PY101, 0.6): the culprit is right, "
-    "but the decode of a file of the wrong size (shape invalid for input of size 1536, raised "
-    "in the data set's __getitem__) is not read as a data error",
 }
 
 

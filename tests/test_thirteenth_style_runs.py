@@ -91,9 +91,10 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "bad-anno": "failed, python-exception on ranks 0 and 2 (PY101, 0.6): machine 1's spawn "
-    "report 'Process 0 terminated' (a local index) is read as global rank 0 beside "
-    "log.txt.rank2's rank 2, and the annotation's size mismatch is not read as bad input data",
+    "bad-anno": "failed, data-error on ranks 0 and 2 (DATA105, 0.6): the kind is right (the "
+    "size check raised in the dataset's __iter__ below the DataLoader's fetch), but machine 1's "
+    "spawn report 'Process 0 terminated' (a local index) is read as global rank 0 beside "
+    "log.txt.rank2's rank 2",
     "ckpt-other-node": "failed, data-error on rank 0 (DATA101, 0.9): the kind is right, but the "
     "culprit is machine 1's spawn report 'Process 0 terminated' (a local index; global rank 2) "
     "read as global rank 0, and rank 3 (its log.txt.rank3 stops at 'Loading from "

@@ -489,8 +489,48 @@ DATALOADER_CHANNEL_BROKEN = Rule(
     negative=("ConnectionResetErrorHandler configured",),
 )
 
+SAMPLE_FETCH = Rule(
+    code="DATA105",
+    kind="data-error",
+    title="An exception raised while a sample was read (the dataset's __getitem__)",
+    sources="torch/utils/data/_utils/fetch.py (DataLoader with num_workers=0)",
+    specificity=5,
+    signatures=(
+        Signature(r"^\**(?P<exc>[A-Za-z_][\w.]*Error)(?::|$)", "Error", suggests=True),
+        Signature(r"^\**(?P<exc>[A-Za-z_][\w.]*Exception)(?::|$)", "Exception", suggests=True),
+    ),
+    # the same writer's traceback passes through the DataLoader's fetch into the dataset's
+    # __getitem__ or __iter__ (reading or decoding a sample; with workers the main process re-raises it
+    # as "Caught X in DataLoader worker process N": DATA101). Not the collate function: it
+    # assembles samples already read, and its errors are the batching code's
+    # (a map-style dataset's __getitem__(s), an iterable one's __iter__ / __next__, in a frame
+    # below the fetch's: the DataLoader's own __iter__ and __next__ are above it)
+    context_all=(
+        r"torch[/\\]utils[/\\]data[/\\]_utils[/\\]fetch\.py\", line \d{1,6}, in \w{1,40}"
+        r"(?:\n[^\n]{0,2000}){0,60}?\", line \d{1,6}, in __(?:getitems?|iter|next)__\b",
+    ),
+    explanation=Explanation(
+        what="A rank's traceback ends in an exception raised while the DataLoader fetched a "
+        "sample: in the dataset's __getitem__ (reading, decoding, transforming it).",
+        why="A sample that cannot be read or decoded as the code expects: a file of the wrong "
+        "size or format, a corrupt record, an annotation that does not fit, or a bug in the "
+        "dataset code that only some samples reach.",
+        fix="Find the sample: catch the exception in __getitem__ and log its index and path; "
+        "validate or drop that file, or fix the decoding for it.",
+        false_positives="A plain bug in the dataset code fails the same way on every sample "
+        "(then on every rank at its first batch).",
+    ),
+    fix=(
+        "Log the index and path in the dataset's __getitem__ when it raises, and check that "
+        "file on the failing rank's node.",
+    ),
+    positive=("RuntimeError: shape '[3, 32, 32]' is invalid for input of size 1536",),
+    negative=("INFO: loss=0.31 RuntimeError count=0",),
+)
+
 RULES = (
     DATA_ERROR,
+    SAMPLE_FETCH,
     CHECKPOINT_UNREADABLE,
     DISK_FULL,
     CHECKPOINT_WRITE_FAILED,
