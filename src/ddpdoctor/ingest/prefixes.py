@@ -111,7 +111,7 @@ STORE_BARRIER_RANK = re.compile(
 # traceback that follows is that process's (spawn.py ProcessRaisedException). mp.spawn's index
 # is the rank in nearly every program (fn(rank, ...) on one node).
 BAR_THEN_TEXT = re.compile(
-    r"[^|\n]{0,200}\d{1,3}%\|[^|\n]{0,400}\| ?\d{1,12}/\d{1,12} \[[^\]\n]{0,300}\](?=\S)"
+    r"^[^|\n]{0,200}\d{1,3}%\|[^|\n]{0,400}\| ?\d{1,12}/\d{1,12} \[[^\]\n]{0,300}\](?=\S)"
 )
 """A tqdm bar's redraw ('Steps:  44%|####  | 7/16 [00:00<00:00, 22.7it/s, loss=1.07]') with
 text right after its closing bracket: tqdm ends a redraw without a newline, so the next line
