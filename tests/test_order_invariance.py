@@ -93,7 +93,11 @@ def test_a_console_split_per_writer_gives_the_same_verdict(
     highest rank first."""
     if len(files) != 1:
         pytest.skip("already several files")
-    lines = files[0].read_text(encoding="utf-8", errors="replace").splitlines(keepends=True)
+    # bytes as they are: no newline translation (a progress bar's \r redraws stay in their
+    # line, as in a per-rank file), lines split at \n only
+    with files[0].open(encoding="utf-8", errors="replace", newline="") as f:
+        lines = f.read().split("\n")
+    lines = [line + "\n" for line in lines[:-1]] + ([lines[-1]] if lines[-1] else [])
     writers: dict[str, list[str]] = {}
     for line in lines:
         m = RANK_PREFIX.match(line)
@@ -104,7 +108,8 @@ def test_a_console_split_per_writer_gives_the_same_verdict(
     paths = []
     for writer in sorted(writers, reverse=True):
         path = tmp_path / f"{writer}.log"
-        path.write_text("".join(writers[writer]), encoding="utf-8")
+        with path.open("w", encoding="utf-8", newline="") as f:
+            f.write("".join(writers[writer]))
         paths.append(str(path))
     got = _verdict(diagnose_paths(paths))
     for key in ("status", "kind", "category", "ranks"):

@@ -25,6 +25,10 @@ from ddpdoctor.supervise.stacks import (
     write_dumps,
 )
 
+SHM_REAP_WAIT_S = 15.0
+"""How long after our kill the job's processes may take to go before their /dev/shm files are
+looked at (5 s was too short on a loaded 2-core machine: the files were still mapped)."""
+
 
 @dataclass
 class Hang:
@@ -95,7 +99,8 @@ class Watchdog:
         killed rank never unlinks its own), once its processes are gone."""
         if not paths:
             return
-        deadline = time.monotonic() + 5.0
+        # a loaded machine takes seconds to reap killed ranks (a file still mapped is kept)
+        deadline = time.monotonic() + SHM_REAP_WAIT_S
         while self.child.remaining() and time.monotonic() < deadline:
             time.sleep(0.1)
         removed = remove_leftovers(paths)
