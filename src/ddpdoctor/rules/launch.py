@@ -306,6 +306,13 @@ NATIVE_CRASH = Rule(
             "terminated with signal SIG",
         ),
         Signature(r"\[\d+\]: segfault at [0-9a-f]+ ip ", ": segfault at "),
+        # UCX's error handler (OpenMPI, HPC containers, some NCCL plugins), before its own
+        # backtrace: "[host:2874:0:2931] Caught signal 7 (Bus error: nonexistent physical
+        # address)"
+        Signature(
+            r"\] Caught signal (?P<signum>11|6|7|4|8) \((?P<what>[^)\n]{1,80})\)",
+            "] Caught signal ",
+        ),
     ),
     explanation=Explanation(
         what="A rank died from SIGSEGV/SIGABRT/SIGBUS in native code.",
@@ -324,6 +331,7 @@ NATIVE_CRASH = Rule(
         "Fatal Python error: Segmentation fault",
         "subprocess.CalledProcessError: Command '['/usr/bin/python', '-u', 'train.py']' died "
         "with <Signals.SIGSEGV: 11>.",
+        "[node3:2874 :0:2931] Caught signal 7 (Bus error: nonexistent physical address)",
     ),
     negative=(
         "traceback : Signal 9 (SIGKILL) received by PID 4242",
