@@ -142,6 +142,12 @@ GPU_HARDWARE = Rule(
         # NVML_ERROR_GPU_IS_LOST, as nvidia-smi and NVML users print it ("Unable to determine
         # the device handle for GPU ...: GPU is lost. Reboot the system to recover this GPU")
         Signature(r"\bGPU is lost\b", "GPU is lost"),
+        # the same nvidia-smi line with another NVML error ("Unknown Error"): the driver can no
+        # longer reach that GPU at all
+        Signature(
+            r"Unable to determine the device handle for GPU ?(?P<pci>[0-9A-Fa-f:.]{7,20}): \S",
+            "Unable to determine the device handle for GPU",
+        ),
         # cudaErrorNvlinkUncorrectable (libcudart cudaGetErrorString)
         Signature(r"uncorrectable NVLink error detected"),
     ),
@@ -162,6 +168,7 @@ GPU_HARDWARE = Rule(
         "pcieport 0000:00:03.1: PCIe Bus Error: severity=Uncorrected (Non-Fatal), type=Transaction Layer",
         "Unable to determine the device handle for GPU 0000:41:00.0: GPU is lost. Reboot the "
         "system to recover this GPU",
+        "Unable to determine the device handle for GPU0000:62:00.0: Unknown Error",
     ),
     negative=("CUDA error: device-side assert triggered",),
 )
