@@ -98,3 +98,18 @@ def test_generated_docs_are_in_sync() -> None:
 )
 def test_find_rules(query: str, code: str) -> None:
     assert find_rules(query)[0].code == code
+
+
+def test_dunder_names_survive_the_markdown_of_explain() -> None:
+    """`explain` renders a rule's page as Markdown: a bare "__getitem__" would turn bold and
+    lose its underscores; inside a code span it is left as written."""
+    from rich.console import Console
+    from rich.markdown import Markdown
+
+    from ddpdoctor.rules.data import SAMPLE_FETCH
+    from ddpdoctor.rules.docs import _prose, rule_markdown
+
+    assert _prose("in `a.__init__` and __getitem__") == "in `a.__init__` and \\_\\_getitem\\_\\_"
+    console = Console(width=200, record=True)
+    console.print(Markdown(rule_markdown(SAMPLE_FETCH)))
+    assert "dataset's __getitem__" in console.export_text()

@@ -492,7 +492,7 @@ DATALOADER_CHANNEL_BROKEN = Rule(
 SAMPLE_FETCH = Rule(
     code="DATA105",
     kind="data-error",
-    title="An exception raised while a sample was read (the dataset's __getitem__)",
+    title="An exception raised while the dataset read a sample",
     sources="torch/utils/data/_utils/fetch.py (DataLoader with num_workers=0)",
     specificity=5,
     signatures=(

@@ -62,10 +62,17 @@ def _causality(rule: Rule) -> list[str]:
     return lines
 
 
+def _prose(text: str) -> str:
+    """Text for Markdown with Python's dunder names kept: outside `code` spans a double
+    underscore ("__getitem__") would start bold text and lose its underscores."""
+    parts = text.split("`")
+    return "`".join(p.replace("__", "\\_\\_") if i % 2 == 0 else p for i, p in enumerate(parts))
+
+
 def rule_markdown(rule: Rule) -> str:
     ex = rule.explanation
     lines = [
-        f"# {rule.code}: {rule.title}",
+        f"# {rule.code}: {_prose(rule.title)}",
         "",
         f"- kind: `{rule.kind}`",
         f"- category: `{rule.default_category}`",
@@ -79,25 +86,25 @@ def rule_markdown(rule: Rule) -> str:
     lines += [
         "",
         "## What it detects",
-        ex.what,
+        _prose(ex.what),
         "",
         "## Why it happens",
-        ex.why,
+        _prose(ex.why),
         "",
         "## How to fix",
-        ex.fix,
+        _prose(ex.fix),
         "",
     ]
     if rule.fix:
         lines.append("Steps:")
-        lines += [f"1. {step}" for step in rule.fix]
+        lines += [f"1. {_prose(step)}" for step in rule.fix]
         lines.append("")
     if rule.framework_fix:
         lines.append("Under a framework (shown first when the job's tracebacks show it):")
-        lines += [f"- {step}" for _name, step in rule.framework_fix]
+        lines += [f"- {_prose(step)}" for _name, step in rule.framework_fix]
         lines.append("")
     if ex.false_positives:
-        lines += ["## False positives", ex.false_positives, ""]
+        lines += ["## False positives", _prose(ex.false_positives), ""]
     if rule.signatures:
         lines += [
             "## Signatures",
@@ -109,7 +116,7 @@ def rule_markdown(rule: Rule) -> str:
         if rule.sources:
             lines.append(f"\nPrinted by: {rule.sources}")
         if rule.confirm:
-            lines.append(f"\nWhen only a suggesting line matched, confirm {rule.confirm}.")
+            lines.append(f"\nWhen only a suggesting line matched, confirm {_prose(rule.confirm)}.")
         lines.append("")
     if rule.context_all or rule.context_none:
         lines.append("## Context conditions (same rank's traceback)")
