@@ -15,10 +15,21 @@ RULE = Rule(
     explanation=Explanation(
         what="Collective timeouts or closed connections, and no log at all from some ranks.",
         why="The root cause is most likely in the missing logs: a rank or node that died first.",
-        fix="Collect the logs of the missing ranks/nodes (or run under `ddpdoctor run`).",
+        fix="Collect the logs of the missing ranks/nodes (or run under `ddpdoctor run`); where "
+        "they say nothing, find where each rank was when the others timed out.",
         false_positives="The missing ranks may simply not have been included in the paste.",
     ),
-    fix=("Collect the logs of the missing ranks or nodes and diagnose all of them together.",),
+    fix=(
+        "Collect the logs of the missing ranks or nodes and diagnose all of them together.",
+        # when those logs hold nothing (a rank stuck without a word), where each rank was is
+        # the next evidence: its stack, and the collective it last entered
+        "If they show no error: while it hangs, take every rank's stack (`py-spy dump --pid "
+        "PID`, or re-run under `ddpdoctor run`, which does it when progress stops), and re-run "
+        "with NCCL_DEBUG=INFO and the flight recorder (TORCH_NCCL_TRACE_BUFFER_SIZE=2000, "
+        "dumped on the timeout) to see which collective each rank was in.",
+        "Raise the timeout (init_process_group(timeout=...)) only if a rank was legitimately "
+        "busy for that long.",
+    ),
 )
 
 
