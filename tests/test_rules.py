@@ -113,3 +113,33 @@ def test_dunder_names_survive_the_markdown_of_explain() -> None:
     console = Console(width=200, record=True)
     console.print(Markdown(rule_markdown(SAMPLE_FETCH)))
     assert "dataset's __getitem__" in console.export_text()
+
+
+def test_a_captured_value_can_call_for_its_own_step() -> None:
+    """LCH109: signal 1 is SIGHUP, the terminal's: the first step says so; SIGTERM's does not
+    get it. A step for a capture no signature declares is refused."""
+    from ddpdoctor.rules.base import Rule, RuleDefinitionError
+    from ddpdoctor.rules.launch import SLURM_TERMINATED
+
+    hup = SLURM_TERMINATED.fix_for_captures([{"signum": "1"}])
+    assert len(hup) == 1 and "nohup" in hup[0] and "SIGHUP" in hup[0]
+    assert SLURM_TERMINATED.fix_for_captures([{"signum": "15"}, {}]) == []
+    with pytest.raises(RuleDefinitionError):
+        Rule(
+            code="X1",
+            kind="hang",
+            title="t",
+            signatures=(),
+            explanation=SLURM_TERMINATED.explanation,
+            fix=(),
+            capture_fix=(("no_such_capture", "1", "s"),),
+        )
+
+
+def test_a_job_whose_terminal_closed_is_told_to_detach_it() -> None:
+    """Corpus case 341 (accelerate under torchrun, SignalException ... got signal: 1)."""
+    from ddpdoctor.analysis.diagnose import diagnose_paths
+
+    case = next((REPO / "corpus" / "cases").glob("341-*"))
+    verdict = diagnose_paths([str(case / "logs")]).verdict
+    assert verdict.kind == "preempted" and "SIGHUP" in verdict.fix[0]

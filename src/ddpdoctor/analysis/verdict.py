@@ -55,7 +55,10 @@ def build_verdict(decision: Decision, findings: list[Finding], job: JobView) -> 
         confidence=round(decision.confidence, 2),
         culprit=Culprit(ranks=decision.culprit_ranks, hosts=decision.culprit_hosts),
         summary=_summary(decision, rule, findings, job, category, root_hits),
-        fix=list(decision.fix) + rule.fix_for(_frameworks(findings)) + list(rule.fix),
+        fix=list(decision.fix)
+        + rule.fix_for_captures([h.captures for h in root_hits])
+        + rule.fix_for(_frameworks(findings))
+        + list(rule.fix),
         evidence=evidence[:MAX_VERDICT_EVIDENCE],
         next_steps=decision.next_steps,
         basis=decision.basis,

@@ -171,6 +171,8 @@ class Rule:
     between independent roots that no time orders.
     context_all / context_none: regexes that must (or must not) appear in the same writer's
     traceback around the matched line, for rules that refine another (OOM inside torch.load).
+    capture_fix: (capture, value regex, step): a step shown first when a root line captured
+    that value (SIGHUP's signal number: the terminal closed, not the scheduler).
     framework_fix: (framework, step) pairs: the fix in that framework's own terms, shown first
     when the job's tracebacks show it ran under that framework (rules/frameworks.py).
     """
@@ -197,6 +199,7 @@ class Rule:
     context_all: tuple[str, ...] = ()
     context_none: tuple[str, ...] = ()
     framework_fix: tuple[tuple[str, str], ...] = ()
+    capture_fix: tuple[tuple[str, str, str], ...] = ()
     references: tuple[str, ...] = ()
     positive: tuple[str, ...] = ()
     negative: tuple[str, ...] = ()
@@ -217,6 +220,9 @@ class Rule:
         for name, _step in self.framework_fix:
             if name not in FRAMEWORKS:
                 raise RuleDefinitionError(f"{self.code}: fix for unknown framework {name!r}")
+        for name, _value, _step in self.capture_fix:
+            if name not in CAPTURES:
+                raise RuleDefinitionError(f"{self.code}: fix for undeclared capture {name!r}")
         for sig in self.signatures:
             unknown = set(sig.compiled.groupindex) - set(CAPTURES)
             if unknown:
@@ -240,6 +246,15 @@ class Rule:
     def fix_for(self, frameworks: list[str]) -> list[str]:
         """The fix steps in the terms of these frameworks (those the job ran under)."""
         return [step for name, step in self.framework_fix if name in frameworks]
+
+    def fix_for_captures(self, captures: list[dict[str, str]]) -> list[str]:
+        """The steps a captured value calls for (a signal number that says who sent it), in
+        the rule's order, each once."""
+        return [
+            step
+            for name, value, step in self.capture_fix
+            if any(re.fullmatch(value, c.get(name, "")) for c in captures)
+        ]
 
     def echo_of(self, signature: Signature | None) -> Echo | None:
         """The echo a hit of `signature` carries: the signature's own, else the rule's."""

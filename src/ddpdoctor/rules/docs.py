@@ -103,6 +103,10 @@ def rule_markdown(rule: Rule) -> str:
         lines.append("Under a framework (shown first when the job's tracebacks show it):")
         lines += [f"- {_prose(step)}" for _name, step in rule.framework_fix]
         lines.append("")
+    if rule.capture_fix:
+        lines.append("When a line says so:")
+        lines += [f"- {name} `{value}`: {_prose(step)}" for name, value, step in rule.capture_fix]
+        lines.append("")
     if ex.false_positives:
         lines += ["## False positives", _prose(ex.false_positives), ""]
     if rule.signatures:

@@ -821,6 +821,16 @@ SLURM_TERMINATED = Rule(
         "Save checkpoints periodically and resume on restart (Slurm --requeue / --signal=USR1@120).",
         "Ask for a longer time limit (--time) if the job simply needs it.",
     ),
+    # signal 1 is the terminal's, not a scheduler's: the session that started the job ended
+    capture_fix=(
+        (
+            "signum",
+            r"1",
+            "Signal 1 (SIGHUP): the terminal or ssh session that started the job closed, not "
+            "the scheduler. Start it detached from the terminal: `nohup torchrun ... > train.log "
+            "2>&1 &`, inside tmux or screen, or with setsid.",
+        ),
+    ),
     positive=(
         "slurmstepd: error: *** JOB 1234 ON node01 CANCELLED AT 2024-01-01T00:00:00 DUE TO TIME LIMIT ***",
         "Handling auto-requeue signal: 10",
