@@ -143,3 +143,20 @@ def test_a_job_whose_terminal_closed_is_told_to_detach_it() -> None:
     case = next((REPO / "corpus" / "cases").glob("341-*"))
     verdict = diagnose_paths([str(case / "logs")]).verdict
     assert verdict.kind == "preempted" and "SIGHUP" in verdict.fix[0]
+
+
+def test_a_gpu_too_new_for_the_wheel_is_told_which_cuda_it_needs() -> None:
+    """CUDA105: torch's capability check names the architecture; the step names the first
+    CUDA release that compiles for it. Without an architecture, no such step."""
+    from ddpdoctor.rules.cuda import CUDA_LIBRARY_MISMATCH as CUDA_MISMATCH
+
+    line = (
+        "NVIDIA GeForce RTX 3090 with CUDA capability sm_86 is not compatible with the current "
+        "PyTorch installation."
+    )
+    m = CUDA_MISMATCH.match(line)
+    assert m is not None and m.group("arch") == "sm_86"
+    (step,) = CUDA_MISMATCH.fix_for_captures([{"arch": "sm_86"}])
+    assert "CUDA 11.1" in step
+    assert "12.8" in CUDA_MISMATCH.fix_for_captures([{"arch": "sm_120"}])[0]
+    assert CUDA_MISMATCH.fix_for_captures([{}]) == []

@@ -82,6 +82,7 @@ CAPTURES: dict[str, str] = {
     "after": "how long the rank tried before giving up",
     "ifname": "a network interface name",
     "pci": "a PCI bus id",
+    "arch": "a GPU's compute capability as CUDA names it (sm_86)",
     "busid": "a GPU bus id",
     "xid": "an NVIDIA Xid error number",
     "severity": "a severity word of the message",

@@ -182,7 +182,13 @@ CUDA_LIBRARY_MISMATCH = Rule(
     signatures=(
         Signature(r"the provided PTX was compiled with an unsupported toolchain"),
         Signature(r"no kernel image is available for execution on the device"),
-        Signature(r"is not compatible with the current PyTorch installation"),
+        # "NVIDIA GeForce RTX 3090 with CUDA capability sm_86 is not compatible with the
+        # current PyTorch installation." (torch/cuda/__init__.py _check_capability)
+        Signature(
+            r"(?:CUDA capability (?P<arch>sm_\d{2,3}a?) )?is not compatible with the current "
+            r"PyTorch installation",
+            "is not compatible with the current PyTorch installation",
+        ),
         Signature(r"The NVIDIA driver on your system is too old"),
         Signature(r"CUDA driver version is insufficient for CUDA runtime version"),
         Signature(r"cuDNN version incompatibility"),
@@ -259,6 +265,25 @@ CUDA_LIBRARY_MISMATCH = Rule(
         "library this torch lacks (libtorch_cuda_cu.so) or an undefined symbol was built for "
         "another torch: rebuild it against the installed one (pip install --no-build-isolation "
         "--no-cache-dir ...), or install the wheel built for this torch and CUDA.",
+    ),
+    # the first CUDA release that compiles for each architecture (NVIDIA's CUDA release
+    # notes): an older torch wheel's toolkit cannot have a kernel for the GPU
+    capture_fix=tuple(
+        (
+            "arch",
+            arch,
+            f"{name} GPUs ({arch_name}) need a PyTorch built with CUDA {cuda} or newer: install "
+            f"a wheel for CUDA {cuda}+ (pytorch.org/get-started, e.g. `pip install torch "
+            f"--index-url https://download.pytorch.org/whl/{wheel}`) that the driver supports.",
+        )
+        for arch, arch_name, name, cuda, wheel in (
+            ("sm_80", "sm_80", "Ampere A100", "11.0", "cu118"),
+            ("sm_86", "sm_86", "Ampere (RTX 30xx, A10, A40)", "11.1", "cu118"),
+            ("sm_89", "sm_89", "Ada (RTX 40xx, L4, L40)", "11.8", "cu118"),
+            ("sm_90a?", "sm_90", "Hopper (H100, H200)", "11.8", "cu118"),
+            ("sm_100a?", "sm_100", "Blackwell (B200)", "12.8", "cu128"),
+            ("sm_120a?", "sm_120", "Blackwell (RTX 50xx)", "12.8", "cu128"),
+        )
     ),
     positive=(
         "NVIDIA A100-PCIE-40GB with CUDA capability sm_80 is not compatible with the current "
