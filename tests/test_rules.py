@@ -121,9 +121,11 @@ def test_a_captured_value_can_call_for_its_own_step() -> None:
     from ddpdoctor.rules.base import Rule, RuleDefinitionError
     from ddpdoctor.rules.launch import SLURM_TERMINATED
 
-    hup = SLURM_TERMINATED.fix_for_captures([{"signum": "1"}])
+    hup = SLURM_TERMINATED.fix_for_captures(
+        ["torch.distributed.elastic.multiprocessing.api.SignalException: Process 7 got signal: 1"]
+    )
     assert len(hup) == 1 and "nohup" in hup[0] and "SIGHUP" in hup[0]
-    assert SLURM_TERMINATED.fix_for_captures([{"signum": "15"}, {}]) == []
+    assert SLURM_TERMINATED.fix_for_captures(["SignalException: Process 7 got signal: 15"]) == []
     with pytest.raises(RuleDefinitionError):
         Rule(
             code="X1",
@@ -156,7 +158,19 @@ def test_a_gpu_too_new_for_the_wheel_is_told_which_cuda_it_needs() -> None:
     )
     m = CUDA_MISMATCH.match(line)
     assert m is not None and m.group("arch") == "sm_86"
-    (step,) = CUDA_MISMATCH.fix_for_captures([{"arch": "sm_86"}])
+    (step,) = CUDA_MISMATCH.fix_for_captures([line])
     assert "CUDA 11.1" in step
-    assert "12.8" in CUDA_MISMATCH.fix_for_captures([{"arch": "sm_120"}])[0]
-    assert CUDA_MISMATCH.fix_for_captures([{}]) == []
+    assert "12.8" in CUDA_MISMATCH.fix_for_captures([line.replace("sm_86", "sm_120")])[0]
+    assert CUDA_MISMATCH.fix_for_captures(["no kernel image is available for execution"]) == []
+
+
+def test_a_port_in_use_is_told_to_find_its_holder() -> None:
+    """LCH108 on a real run (twentieth port-busy: rank 0's TCPStore cannot bind, EADDRINUSE):
+    the scan matched the line as a DistNetworkError, the step comes from the EADDRINUSE
+    signature all the same."""
+    from ddpdoctor.analysis.diagnose import diagnose_paths
+
+    verdict = diagnose_paths([str(REPO / "tests/fixtures/real/twentieth-port-busy")]).verdict
+    assert verdict.rule == "LCH108" and "already taken" in verdict.fix[0]
+    timeout = diagnose_paths([str(REPO / "tests/fixtures/real/twentythird-world-four")]).verdict
+    assert not any("already taken" in step for step in timeout.fix)

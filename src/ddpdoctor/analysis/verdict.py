@@ -56,13 +56,18 @@ def build_verdict(decision: Decision, findings: list[Finding], job: JobView) -> 
         culprit=Culprit(ranks=decision.culprit_ranks, hosts=decision.culprit_hosts),
         summary=_summary(decision, rule, findings, job, category, root_hits),
         fix=list(decision.fix)
-        + rule.fix_for_captures([h.captures for h in root_hits])
+        + rule.fix_for_captures([h.record.text for h in root_hits[:MAX_FIX_LINES]])
         + rule.fix_for(_frameworks(findings))
         + list(rule.fix),
         evidence=evidence[:MAX_VERDICT_EVIDENCE],
         next_steps=decision.next_steps,
         basis=decision.basis,
     )
+
+
+MAX_FIX_LINES = 16
+"""Root lines searched for the values a fix depends on (every rank's copy of one error is
+the same text)."""
 
 
 def _frameworks(findings: list[Finding]) -> list[str]:

@@ -47,6 +47,9 @@ class Marker(StrEnum):
     """Stack dumps taken while the job made no progress."""
 
 
+MAX_FIX_LINE = 8192
+"""Only a root line's first characters are searched again for the values its fix depends on."""
+
 CAPTURES: dict[str, str] = {
     # who a line is about
     "rank": "the global rank the message is about (its subject), when the line names it",
@@ -248,9 +251,18 @@ class Rule:
         """The fix steps in the terms of these frameworks (those the job ran under)."""
         return [step for name, step in self.framework_fix if name in frameworks]
 
-    def fix_for_captures(self, captures: list[dict[str, str]]) -> list[str]:
-        """The steps a captured value calls for (a signal number that says who sent it), in
-        the rule's order, each once."""
+    def fix_for_captures(self, lines: list[str]) -> list[str]:
+        """The steps a captured value of these lines calls for (a signal number that says who
+        sent it), in the rule's order, each once. Every signature is tried on each line: the
+        one the scan matched first may not be the one that captures the value."""
+        if not self.capture_fix:
+            return []
+        captures = [
+            {k: v for k, v in m.groupdict().items() if v is not None}
+            for line in lines
+            for sig in self.signatures
+            if (m := sig.compiled.search(line[:MAX_FIX_LINE]))
+        ]
         return [
             step
             for name, value, step in self.capture_fix

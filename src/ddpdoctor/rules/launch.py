@@ -654,13 +654,13 @@ RENDEZVOUS_FAILURE = Rule(
             "DistNetworkError: ",
             echo=Echo.LOST_PEER,
         ),
+        Signature(r"(?P<what>EADDRINUSE|[Aa]ddress already in use)", "ddress already in use"),
         # the exception, not its constructor's frame in a C++ backtrace ("c10::DistNetworkError::")
         Signature(
             r"(?<!::)DistNetworkError(?!::|: Failed to (?:recv|send), got 0 bytes"
             r"|: [^\n]{0,200}?(?:[Cc]onnection (?:was )?reset by peer|Broken pipe))",
             "DistNetworkError",
         ),
-        Signature(r"EADDRINUSE|[Aa]ddress already in use", "ddress already in use"),
         # torch/distributed/elastic/rendezvous (c10d/etcd backends): two jobs on one --rdzv-id
         # or a stale store; static_tcp_rendezvous.py / launcher/api.py: a malformed endpoint
         Signature(r"RendezvousStateError"),
@@ -686,8 +686,8 @@ RENDEZVOUS_FAILURE = Rule(
         ),
         # accelerate utils/launch.py checks MASTER_PORT before starting torchrun
         Signature(
-            r"Tried to launch distributed communication on port `(?P<port>\d+)`, but another "
-            r"process is utilizing it",
+            r"Tried to launch distributed communication on port `(?P<port>\d+)`, but "
+            r"(?P<what>another process is utilizing it)",
             "but another process is utilizing it",
         ),
         # TCPStore's server (rank 0, or the agent) waiting for the clients to connect: the rank
@@ -714,6 +714,18 @@ RENDEZVOUS_FAILURE = Rule(
         "Check MASTER_ADDR/--rdzv-endpoint is the master's address reachable from every node "
         "(nc -zv ADDR PORT) and the port is free (ss -ltnp | grep PORT).",
         "Use the same --nnodes/--nproc-per-node/--rdzv-id on every node; start them together.",
+    ),
+    # a port in use: another process holds the store's port (a previous run still alive, a
+    # second job on the node with the default 29500)
+    capture_fix=(
+        (
+            "what",
+            r"EADDRINUSE|[Aa]ddress already in use|another process is utilizing it",
+            "The store's port is already taken (a previous run still alive, or a second job on "
+            "this node with the default 29500): find the holder with `ss -ltnp | grep PORT` and "
+            "stop it, or give each job its own port (torchrun --master_port / --rdzv-endpoint "
+            "HOST:PORT, MASTER_PORT).",
+        ),
     ),
     positive=(
         "[E socket.cpp:860] [c10d] The client socket has timed out after 60s while trying to "
