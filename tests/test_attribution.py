@@ -56,3 +56,13 @@ def test_a_process_name_that_is_not_a_spawned_child_names_no_rank() -> None:
     spawned = LOGURU_CAUGHT.search(header.replace("MainProcess", "SpawnProcess-3"))
     assert spawned and spawned.group("n") == "3"
     assert not LOGURU_CAUGHT.search(header.replace("MainProcess", "SpawnProcess-3:1")).group("n")
+
+
+def test_the_store_that_cannot_listen_is_the_master_ranks() -> None:
+    """'The server socket has failed to listen' is printed by the process hosting the TCPStore:
+    rank 0 when the traceback is a training process's (a python launch, twentieth port-busy),
+    nobody's when torchrun's agent hosted it (twelfth port-taken: its frames are run.py's)."""
+    busy = diagnose_paths([str(REAL / "twentieth-port-busy")]).verdict
+    assert (busy.kind, busy.culprit.ranks) == ("rendezvous-failure", [0])
+    taken = diagnose_paths([str(REAL / "twelfth-port-taken")]).verdict
+    assert (taken.kind, taken.culprit.ranks) == ("rendezvous-failure", [])

@@ -528,8 +528,20 @@ class Scanner:
             suggests = target.signature is not None and target.signature.suggests
             echo = rule.echo_of(target.signature)
             handled = carried_on([p.text for _, p in context])
+            # any signature of the rule may say so, not only the one the scan matched first
+            store_host = any(p.search(parsed.text) for p in rule.store_host_patterns)
             result.hits.append(
-                Hit(rule.code, record, captures, ctx_records, order, suggests, echo, handled)
+                Hit(
+                    rule.code,
+                    record,
+                    captures,
+                    ctx_records,
+                    order,
+                    suggests,
+                    echo,
+                    handled,
+                    store_host,
+                )
             )
 
     def _sample(

@@ -40,6 +40,20 @@ LOGURU_CAUGHT = re.compile(
 )
 
 
+STORE_HOST_RANK = 0
+"""init_process_group's env:// and tcp:// rendezvous start the TCPStore server in the process
+of rank 0 (is_master = rank == 0)."""
+AGENT_FRAME = re.compile(r"torch[/\\]distributed[/\\](?:run\.py|elastic[/\\]agent[/\\])")
+"""A frame of torchrun's agent, which hosts the store itself for its workers."""
+
+
+def _in_a_worker(hit: Hit) -> bool:
+    """The hit's traceback shows it was raised in a training process: frames, none of them
+    torchrun's agent's (a bare line says nothing of its process)."""
+    frames = [r.text for r in hit.context if 'File "' in r.text]
+    return bool(frames) and not any(AGENT_FRAME.search(f) for f in frames)
+
+
 def rank_of(hit: Hit, resolve: Resolver, single_node: bool, sole_host: str | None) -> int | None:
     """The global rank a hit is about, or None when nothing says it."""
     rank = resolve(hit.record.origin)
@@ -66,6 +80,8 @@ def rank_of(hit: Hit, resolve: Resolver, single_node: bool, sole_host: str | Non
     subject = _number(captures.get("rank"))
     if subject is not None:
         return subject
+    if hit.store_host and _in_a_worker(hit):
+        return STORE_HOST_RANK  # the store's server: the master rank's, not the agent's
     pid = _number(captures.get("pid"))
     if pid is not None:
         # "Sending process 23939 closing signal", "Killed process 23939": a worker named by

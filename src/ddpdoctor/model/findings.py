@@ -53,6 +53,9 @@ class Hit:
     """Its traceback is one Python printed and carried on from (ingest.tracebacks.carried_on:
     logging's own error, an unraisable exception, an exit-time finalizer): the error did not
     end the process."""
+    store_host: bool = False
+    """The matching signature is printed only by the rendezvous store's host (rules.base.
+    Signature.store_host)."""
 
 
 @dataclass(slots=True)

@@ -124,6 +124,10 @@ class Signature:
     echo: Echo | None = None
     """Overrides the rule's echo for this signature (e.g. Ctrl-C's KeyboardInterrupt among the
     generic exceptions is what a stopped process prints, not a bug)."""
+    store_host: bool = False
+    """Only the process that hosts the rendezvous store prints it (the TCPStore server that
+    cannot listen): rank 0, the master, when no line names its writer, unless its traceback
+    shows that torchrun's agent hosted the store."""
 
     @cached_property
     def compiled(self) -> re.Pattern[str]:
@@ -282,6 +286,11 @@ class Rule:
             if m:
                 return m
         return None
+
+    @cached_property
+    def store_host_patterns(self) -> tuple[re.Pattern[str], ...]:
+        """The signatures only the rendezvous store's host prints (Signature.store_host)."""
+        return tuple(s.compiled for s in self.signatures if s.store_host)
 
     @cached_property
     def context_all_compiled(self) -> tuple[re.Pattern[str], ...]:

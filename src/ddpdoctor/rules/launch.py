@@ -655,6 +655,12 @@ RENDEZVOUS_FAILURE = Rule(
             echo=Echo.LOST_PEER,
         ),
         Signature(r"(?P<what>EADDRINUSE|[Aa]ddress already in use)", "ddress already in use"),
+        # the TCPStore server that cannot listen (socket.cpp): printed by the store's host only
+        Signature(
+            r"The server socket has failed to listen on any local network address",
+            "The server socket has failed to listen",
+            store_host=True,
+        ),
         # the exception, not its constructor's frame in a C++ backtrace ("c10::DistNetworkError::")
         Signature(
             r"(?<!::)DistNetworkError(?!::|: Failed to (?:recv|send), got 0 bytes"
