@@ -280,8 +280,38 @@ TEARDOWN_HANG_DUMP = Rule(
     ),
 )
 
+FP16_MASTER_WEIGHTS = Rule(
+    code="PY102",
+    kind="python-exception",
+    title="GradScaler found FP16 gradients: the trained parameters are FP16",
+    sources="torch/amp/grad_scaler.py (GradScaler.unscale_), torch.cuda.amp before 2.3",
+    specificity=60,
+    signatures=(Signature(r"Attempting to unscale FP16 gradients"),),
+    explanation=Explanation(
+        what="GradScaler.unscale_ (or step) refused gradients in FP16.",
+        why="Mixed precision keeps the weights the optimizer updates in FP32 and only runs the "
+        "forward in FP16; here the trained parameters themselves are FP16: a model.half(), a "
+        "model loaded with torch_dtype=torch.float16 and then trained (a PEFT/LoRA adapter "
+        "created on an FP16 base is FP16 too), or a framework flag that casts the whole model.",
+        fix="Keep the trained parameters in FP32 and let autocast run the forward in FP16: do "
+        "not .half() the model; load in float32 or cast the trainable parameters to float32; "
+        "or train in bf16 without a GradScaler.",
+        false_positives="None: the message names this condition.",
+    ),
+    fix=(
+        "Keep the parameters the optimizer trains in fp32: drop model.half() / torch_dtype="
+        "torch.float16 for them, or cast them: `for p in model.parameters(): p.data = "
+        "p.data.float() if p.requires_grad else p.data`; run the forward under "
+        "torch.autocast('cuda', dtype=torch.float16) with the GradScaler.",
+        "Or use bf16 (torch.autocast(dtype=torch.bfloat16), --bf16) and no GradScaler.",
+    ),
+    positive=("ValueError: Attempting to unscale FP16 gradients.",),
+    negative=("GradScaler: unscale_() has already been called on this optimizer",),
+)
+
 RULES = (
     PYTHON_EXCEPTION,
+    FP16_MASTER_WEIGHTS,
     EARLY_STOP,
     TEARDOWN_WITHOUT_DESTROY,
     ZERO3_STAGE,
