@@ -306,9 +306,13 @@ HOROVOD_STALL = Rule(
             "[ready ranks: ",
         ),
         # Horovod >= 0.20: "Missing ranks:" then one line per missing rank with the ops it
-        # has not submitted
+        # has not submitted (under horovodrun's own "[0] " or "[0]<stderr>:" prefix, which a
+        # parse may take with the "0: " after it for an srun label: read on the raw line too)
         *(
-            Signature(rf"^(?P<missing>\d{{1,5}}): \[{op}\.", f": [{op}.")
+            Signature(
+                rf"^(?:\[\d{{1,5}}\](?:<std(?:out|err)>)?:? ?)?(?P<missing>\d{{1,5}}): \[{op}\.",
+                f": [{op}.",
+            )
             for op in ("allreduce", "allgather", "broadcast", "alltoall", "reducescatter")
         ),
     ),
@@ -338,6 +342,7 @@ HOROVOD_STALL = Rule(
         "different ranks are trying to submit different tensors or that only subset of ranks is "
         "submitting tensors, which will cause deadlock.",
         "allreduce.conv1.weight [missing ranks: 1, 5]",
+        "[0] 1: [broadcast.head_in.0.bias, broadcast.head_in.0.weight ...]",
     ),
     negative=("Reducer buckets have been rebuilt in this iteration.",),
 )
