@@ -94,7 +94,7 @@ def make_data(path: str, n: int, seed: int = 3) -> None:
     x = torch.randn(n, FEATURES, generator=g)
     y = (x[:, :4].argmax(1)).tolist()
     with open(path, "w") as f:
-        for row, label in zip(x.tolist(), y):
+        for row, label in zip(x.tolist(), y, strict=True):
             f.write(json.dumps({"x": [round(v, 4) for v in row], "y": CLASSES[label]}) + "\n")
 
 
@@ -151,7 +151,7 @@ def training(local_rank: int, cfg: dict) -> None:
     trainer.logger = setup_logger("trainer", distributed_rank=rank)
     metrics = {"accuracy": Accuracy(), "loss": Loss(criterion)}
 
-    def eval_step(engine: Engine, batch: tuple[torch.Tensor, torch.Tensor]):  # noqa: ANN202
+    def eval_step(engine: Engine, batch: tuple[torch.Tensor, torch.Tensor]):
         model.eval()
         with torch.no_grad():
             x, y = batch
@@ -193,13 +193,18 @@ def training(local_rank: int, cfg: dict) -> None:
         )
 
     if rank == 0:
-        ProgressBar(persist=True).attach(trainer, metric_names="all", output_transform=lambda o: {"loss": o})
+        ProgressBar(persist=True).attach(
+            trainer, metric_names="all", output_transform=lambda o: {"loss": o}
+        )
         if cfg["logger"] == "tensorboard":
             from ignite.handlers import TensorboardLogger
 
             tb_logger = TensorboardLogger(log_dir=os.path.join(cfg["output"], "tb"))
             tb_logger.attach_output_handler(
-                trainer, Events.ITERATION_COMPLETED, tag="training", output_transform=lambda o: {"loss": o}
+                trainer,
+                Events.ITERATION_COMPLETED,
+                tag="training",
+                output_transform=lambda o: {"loss": o},
             )
 
     to_save = {"model": model, "optimizer": optimizer, "trainer": trainer}
@@ -227,7 +232,9 @@ def training(local_rank: int, cfg: dict) -> None:
         logger.info(f"Resumed from {cfg['resume']} at epoch {trainer.state.epoch}")
 
     trainer.run(train_loader, max_epochs=cfg["epochs"])
-    logger.info(f"Training done: epoch {trainer.state.epoch}, last checkpoint {checkpoint.last_checkpoint}")
+    logger.info(
+        f"Training done: epoch {trainer.state.epoch}, last checkpoint {checkpoint.last_checkpoint}"
+    )
 
 
 def main() -> None:
@@ -251,9 +258,17 @@ def main() -> None:
         make_data(os.path.join(args.data, "train.jsonl"), args.make_data)
         make_data(os.path.join(args.data, "val.jsonl"), args.make_data // 4, seed=4)
         return
-    cfg = {k: v for k, v in vars(args).items() if k not in ("nproc_per_node", "master_port", "make_data")}
+    cfg = {
+        k: v
+        for k, v in vars(args).items()
+        if k not in ("nproc_per_node", "master_port", "make_data")
+    }
     if args.nproc_per_node:  # ignite spawns the ranks itself
-        spawn = {"nproc_per_node": args.nproc_per_node, "master_port": args.master_port, "timeout": TIMEOUT}
+        spawn = {
+            "nproc_per_node": args.nproc_per_node,
+            "master_port": args.master_port,
+            "timeout": TIMEOUT,
+        }
         with idist.Parallel(backend="gloo", **spawn) as parallel:
             parallel.run(training, cfg)
     else:  # under torchrun: join the group with a short timeout, run in place
