@@ -84,17 +84,11 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "tidy-spawn": "unknown, hang with no culprit (INF212, 0.3): 'the log ends in the middle of "
-    "training, without an end': ignite's end of the run ('ignite.distributed.launcher.Parallel "
-    "INFO: End of run', printed once the training function returned) is not read as an end",
     "agreed-halt": "failed, native-crash on rank 1 (LCH104, 0.9): rank 1's SIGABRT at "
-    "interpreter exit is read as a crash of training: neither ignite's 'End of run' nor every "
-    "rank's 'EarlyStopping: Stop training' before it is read as the end of training",
-    "nodes-clean": "unknown, hang with no culprit (INF212, 0.3): ignite's 'End of run' on node 0 "
-    "is not read as the end of training",
-    "zero-halts": "failed, nccl-network with no culprit (NET101, 0.3): ranks 1 and 2 lost their "
-    "peer ('Connection closed by peer'), but rank 0's exit 0 after its 'EarlyStopping: Stop "
-    "training' and ignite's 'End of run' is not seen as a rank that left on its own",
+    "interpreter exit ('terminate called without an active exception', exitcode -6) is read as "
+    "a crash of training: rank 1 prints nothing (ignite's logger is silent on ranks above 0, "
+    "and the console has no rank prefixes), so nothing shows that it had stopped with rank 0 "
+    "('EarlyStopping: Stop training', 'End of run' are rank 0's)",
     "short-r1": "failed, collective-mismatch on rank 1 (COL101, 0.9): the culprit is right, but "
     "gloo's 'Received data size doesn't match expected size' (rank 1's evaluator all-reduce "
     "against the others' gradient all-reduce) is read as a collective in a rank-dependent "
