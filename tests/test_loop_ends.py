@@ -5,8 +5,11 @@ healthy runs (tests/test_thirteenth_style_runs.py) shows the positive side; here
 
 from __future__ import annotations
 
+import pytest
+
 from ddpdoctor.analysis.behaviour import build_evidence
 from ddpdoctor.analysis.events import Event
+from ddpdoctor.analysis.facts import FACT_PATTERNS
 from ddpdoctor.analysis.job import JobView
 from ddpdoctor.model.findings import Finding, Hit, JobInfo
 from ddpdoctor.model.records import Origin, Record
@@ -50,3 +53,37 @@ def test_an_end_above_its_writers_own_traceback_is_its_way_out_too() -> None:
 def test_another_ranks_error_does_not_cancel_it() -> None:
     for line in (30, 50):
         assert build_evidence(_job(), [_error_at(line, rank=0)]).completed_at == {SOURCE: 40}
+
+
+# PyTorch-Ignite's idist.Parallel.run after the training function returned (census
+# ignite-parallel-end-of-run): the end of training; an engine's own end is not (an evaluator
+# prints it after every validation), nor a script's own "End of run 3"
+IGNITE_END = [f for f in FACT_PATTERNS if f.name == "completed" and "ignite" in f.regex]
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "ignite.distributed.launcher.Parallel INFO: End of run",
+        "2024-05-02 10:00:02,481 ignite.distributed.launcher.Parallel INFO: End of run",
+    ],
+)
+def test_ignites_end_of_run_is_an_end_of_training(line: str) -> None:
+    assert len(IGNITE_END) == 1
+    assert IGNITE_END[0].compiled.search(line)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "trainer INFO: Engine run finished. Time taken: 00:00:01.193",
+        "evaluator INFO: Engine run finished. Time taken: 00:00:00.027",
+        "ignite.distributed.launcher.Parallel INFO: - Run '<function training>' in 2 processes",
+        "ignite.distributed.launcher.Parallel INFO: Initialized processing group with backend: "
+        "'gloo'",
+        "ignite.distributed.launcher.Parallel INFO: End of run 3 of 5, next: lr=0.01",
+        "End of run",
+    ],
+)
+def test_an_engines_end_or_another_end_of_run_is_not(line: str) -> None:
+    assert not any(f.compiled.search(line) for f in FACT_PATTERNS if f.name == "completed")

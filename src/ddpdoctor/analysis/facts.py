@@ -215,6 +215,15 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
         r"Training of experiment is done and the best AP is",
         "Training of experiment is done",
     ),
+    # PyTorch-Ignite's idist.Parallel.run once the training function returned (rank 0's logger;
+    # under its own spawn, the parent's after every process joined): "2024-01-02 10:00:00,123
+    # ignite.distributed.launcher.Parallel INFO: End of run". Not an engine's "Engine run
+    # finished" (an evaluator prints it after every validation)
+    FactPattern(
+        "completed",
+        r"\bignite\.distributed\.launcher\.Parallel\b[^\n]{0,40}\bEnd of run$",
+        "End of run",
+    ),
     # Megatron-LM's training loop: "[after training is done] datetime: ..."
     FactPattern("completed", r"\[after training is done\]", "after training is done"),
     # torchelastic's agent when every worker of the group exited 0 (agent/server/api.py)

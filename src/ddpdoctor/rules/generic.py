@@ -79,6 +79,14 @@ EARLY_STOP = Rule(
         ),
         # Lightning EarlyStopping: "... did not improve ... Signaling Trainer to stop."
         Signature(r"Signaling Trainer to stop"),
+        # PyTorch-Ignite's handlers when they end the trainer's run (engine.terminate()):
+        # EarlyStopping's "EarlyStopping: Stop training" and TerminateOnNan's "TerminateOnNan:
+        # Output 'nan' contains NaN or Inf. Stop training" (their logger's own words; not a
+        # config dump's "EarlyStopping(patience=3)")
+        Signature(
+            r"\b(?:EarlyStopping|TerminateOnNan): (?:[^\n]{0,200}?\. )?Stop training$",
+            "Stop training",
+        ),
         # ddpdoctor.instrument.agree_to_stop (probe/stop.py): one line for every rank
         Signature(
             r"early stopping agreed by all (?P<agreed_ranks>\d+) ranks",
@@ -105,6 +113,10 @@ EARLY_STOP = Rule(
         "[R1/3] early stop agreed by all ranks at epoch 1 (best 0.6723)",
         "validation loss 1.4621 below target: stopping early",
         "Loss is nan, stopping training",
+        # PyTorch-Ignite's handlers (ignite/handlers/early_stopping.py, terminate_on_nan.py)
+        "2024-05-02 10:00:01,123 ignite.handlers.early_stopping.EarlyStopping INFO: "
+        "EarlyStopping: Stop training",
+        "TerminateOnNan: Output 'nan' contains NaN or Inf. Stop training",
     ),
     negative=(
         "Epoch 3: val_loss improved to 0.21",
@@ -116,6 +128,11 @@ EARLY_STOP = Rule(
         "early stopping required metric_for_best_model, but did not find eval_accuracy so early "
         "stopping is disabled",
         "FloatingPointError: Loss is inf at epoch 1 batch 2: stopping training",
+        # a handler's settings, and the engine's own note that a stop was asked for
+        "handlers: [EarlyStopping(patience=3), TerminateOnNan()]",
+        "EarlyStopping: patience=3, min_delta=0.0; Stop training after 3 epochs without gain",
+        "2024-05-02 10:00:01,124 trainer INFO: Terminate signaled. Engine will stop after "
+        "current iteration is finished.",
     ),
 )
 
