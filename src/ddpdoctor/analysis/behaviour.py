@@ -366,9 +366,9 @@ def left_early(job: JobView, events: list[Event]) -> set[int]:
             if not (in_backward(hit) or in_ddp_forward(hit)):
                 continue
             early |= {r for r, end in done.items() if _later(hit.record, end)}
-            if any(
-                end.source == hit.record.source and end.line < hit.record.line for end in unranked
-            ):
+            # as for a rank's own announcement: not shown before it (per-writer files without
+            # times have no common order)
+            if any(_later(hit.record, end) for end in unranked):
                 waited_after_unranked.add(event.rank)
     world = job.info.world_size
     if waited_after_unranked and not done and world and world <= MAX_WORLD_FOR_ANNOUNCER:
