@@ -89,9 +89,6 @@ MISSES: dict[str, str] = {
     "noisy-ok": "failed/python-exception [0] (PY101 at the third dashboard push; the first two "
     "are survived, rank 0 trained on after them): after the third, only the unranked, untimed "
     "'train: 100%' and 'done: 30 steps' follow, and the agent reported no failed worker",
-    "abba": "failed/slow-rank-timeout [1] (INF201, first step: look at its stack): rank 1 right, but "
-    "deadlocked, not busy; it announced no long task and stopped before the periodic status "
-    "line ranks 0 and 2 printed at step 3",
     "gpu-pin": "failed/cuda-library-mismatch [0, 1] (CUDA105, as 'Torch not compiled with CUDA "
     "enabled'): AttributeError 'torch._C' has no '_cuda_setDevice' raised in "
     "torch.cuda.set_device on a CPU-only build (the ranks' state says MULTI_CPU, gloo, cpu:0)",

@@ -80,11 +80,7 @@ EXPECTED: dict[str, Expected] = {
 }
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
-MISSES: dict[str, str] = {
-    "cache-lock": "failed, slow-rank-timeout on rank 1 (INF201, 0.6): the culprit is right, but "
-    "the rank blocked on the lock rank 0 never released is read as busy ('raise the timeout'), "
-    "not as stuck",
-}
+MISSES: dict[str, str] = {}
 
 
 RUNS = RunSet("fourteenth-", EXPECTED, MISSES, label_nowhere=True)

@@ -78,11 +78,7 @@ EXPECTED: dict[str, Expected] = {
 }
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
-MISSES: dict[str, str] = {
-    "relock": "failed/slow-rank-timeout [2] (INF201; its first step now says to look at the "
-    "rank's stack, a longer timeout helps no blocked rank): rank 2 right, but deadlocked, not "
-    "busy; it printed nothing after start-up, announced no long task",
-}
+MISSES: dict[str, str] = {}
 
 
 RUNS = RunSet("fourth-", EXPECTED, MISSES, label_nowhere=True)

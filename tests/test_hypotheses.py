@@ -79,6 +79,11 @@ POSITIVE = {
         # "... will be overwritten. Continue? [y/N] " and rank 0, still running when the agent
         # stopped the job, never reached DDP's first collective: waiting for an answer
         (lambda t: real("eighth-ask-overwrite"), [0]),
+        # rank 1 (not the main process) blocked on a lock file rank 0 never released: alive
+        # (the agent had to SIGTERM it), silent, no work of its own announced, while rank 0
+        # timed out waiting for it
+        (lambda t: real("fourteenth-cache-lock"), [1]),
+        (lambda t: real("twentyfourth-stuck-r1"), [1]),
     ],
     "INF202": [
         (lambda t: scenario("uncoordinated-exit"), [1]),
@@ -183,7 +188,16 @@ NEAR_MISS = {
     "INF201": [lambda t: scenario("uncoordinated-exit"), lambda t: real("healthy-plain")],
     # the handler stood on a sleep (sixth-slow-ckpt) or a busy loop's line (sixth-busy-prep):
     # the rank was slow, not blocked on a lock
-    "INF211": [lambda t: real("sixth-slow-ckpt"), lambda t: real("sixth-busy-prep")],
+    "INF211": [
+        lambda t: real("sixth-slow-ckpt"),
+        lambda t: real("sixth-busy-prep"),
+        # the main process, silent while it evaluates alone past the timeout: busy (work only
+        # one rank does is the main process's)
+        lambda t: real("twentyfourth-slow-zero"),
+        # rank 2 (not the main process) but announcing its own work, part by part ('building
+        # feature cache: part 3/5'): busy
+        lambda t: real("twentythird-cache-drag"),
+    ],
     "INF202": [
         lambda t: scenario("slow-rank-timeout"),
         lambda t: scenario("early-stop"),

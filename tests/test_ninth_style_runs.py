@@ -94,8 +94,6 @@ MISSES: dict[str, str] = {
     "of rank 0'): the early stop is not named",
     "eval-skew": "failed/collective-mismatch [1] (COL101, gloo's size-mismatch enforce and "
     "SIGABRT on rank 1), not uneven-inputs",
-    "stale-lock": "failed/slow-rank-timeout [1] (INF201: 'one rank was busy outside "
-    "collectives'), not a hang",
     "stop-file": "failed/uneven-inputs [2, 3] (INF209: 'ranks iterated over different numbers "
     "of batches'), not uncoordinated-exit",
 }

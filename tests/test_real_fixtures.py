@@ -80,8 +80,10 @@ MULTINODE = HEALTHY
     [
         # rank 3 logs its error without a rank prefix: the only rank of node1 not waiting
         ("multinode-data-error", "data-error", [3], ["node1"]),
-        # rank 3 is SIGTERMed by its agent before its error is printed: still busy, never joined
-        ("multinode-silent-rank", "slow-rank-timeout", [3], []),
+        # rank 3 sleeps in a finally block and is SIGTERMed by its agent before its error is
+        # printed: alive, silent, not the main process and announcing no work of its own, it
+        # was stuck outside the collective (it slept), not busy with work only it does
+        ("multinode-silent-rank", "hang", [3], []),
     ],
 )
 def test_two_node_jobs(case: str, kind: str, ranks: list[int], hosts: list[str]) -> None:

@@ -97,8 +97,6 @@ MISSES: dict[str, str] = {
     "(it received the bigger buffer) is named, not rank 0 that sent it",
     "val-extra": "failed, collective-mismatch on rank 0 (COL101, 0.9): the rank gloo aborted in "
     "its third validation batch is named, not that ranks 1 and 2 had no third batch",
-    "index-wait": "failed, slow-rank-timeout on rank 1 (INF201, 0.6): the culprit is right, "
-    "but a rank silent from its start until the agent's SIGTERM is said to be busy, not stuck",
 }
 
 

@@ -102,9 +102,6 @@ MISSES: dict[str, str] = {
     "push-slow": "failed, nccl-timeout with no culprit (TMO102, 0.3): rank 2's 25 s gap between "
     "step 4 and its first error, with its heartbeat still at step 5 while ranks 0 and 1 timed "
     "out, is not read as a busy rank",
-    "push-stuck": "failed, uncoordinated-exit on rank 2 (INF202, 0.6): the culprit is right, but "
-    "rank 2 did not leave: its heartbeat repeats 'step=5' (17 times, and 3 more after its pod's "
-    "SIGTERM) until the pod is SIGKILLed, a rank blocked outside any collective",
 }
 
 

@@ -99,10 +99,6 @@ MISSES: dict[str, str] = {
     "culprit is machine 1's spawn report 'Process 0 terminated' (a local index; global rank 2) "
     "read as global rank 0, and rank 3 (its log.txt.rank3 stops at 'Loading from "
     ".../model_final.pth') is not named",
-    "all-crowd": "failed, slow-rank-timeout on ranks 2 and 3 (INF201, 0.4): the culprits are right and "
-    "alive (gloo would have reported them leaving), but stuck in an endless loop over an "
-    "empty sampler is read as busy, not hung; their log.txt.rank files say 'Removed 64 "
-    "images ... 0 images left.'",
     "voted-halt": "ok with no kind (status right since rank 0's 'Total training time' ends "
     "training): every rank's 'Found .../STOP: stopping after iteration 4' is not read as an "
     "agreed early stop",

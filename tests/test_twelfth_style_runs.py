@@ -84,8 +84,6 @@ MISSES: dict[str, str] = {
     "FileNotFoundError lines of DCP's metadata fallback carry no rank, and the culprit comes "
     "from the agent's first failed local rank, not from 'CheckpointException ranks:"
     "dict_keys([0, 1])'",
-    "stager-relock": "failed, slow-rank-timeout on rank 1 (INF201, 0.6): the rank blocked on "
-    "its own lock is read as busy ('raise the timeout'), not as stuck",
     "flusher-stuck": "hung, exit-teardown-crash with no culprit (INF210, 0.6): the kind and "
     "status are right, but rank 0 (the one process still alive after 'Training completed', the "
     "only one the agent had to SIGTERM, by pid) is not named: nothing maps that pid to a rank",

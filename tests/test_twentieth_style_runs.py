@@ -86,9 +86,6 @@ MISSES: dict[str, str] = {
     "stop and 'Training finished', one process printed 'terminate called without an active "
     "exception' (gloo's abort at interpreter exit; the program never destroys the process "
     "group): the capture holds a teardown crash the expectation did not foresee",
-    "flock-stale": "failed, slow-rank-timeout on rank 1 (INF201, 0.6): the culprit is right, but "
-    "a rank silent after its seed line, that never reached fabric.setup and left no traceback "
-    "when the agent SIGTERMed it, is said to be busy, not stuck",
 }
 
 

@@ -99,9 +99,6 @@ MISSES: dict[str, str] = {
     "inf-hop": "failed, nccl-timeout with no culprit (TMO102, 0.3): rank 1's WARNING \"NaN or "
     'Inf found in loss (inf), skip this iteration" (a skipped backward, so a skipped '
     "all-reduce) is not read as the rank whose collectives fell behind",
-    "worker-frozen": "failed, slow-rank-timeout on rank 1 (INF201, 0.4): the culprit is right, "
-    "but a rank silent from its stuck batch until the agent's SIGTERM 27 s after rank 0 left is "
-    "said to be busy, not stuck",
     "anno-json-cut": "failed, data-error with no culprit (DATA101, 0.9): the kind and host "
     "(node1) are right, and loguru's \"process 'SpawnProcess-1'\" header says local rank 0, but "
     "nothing the job printed maps machine 1's local ranks to global ones (YOLOX's \"Rank 2 "

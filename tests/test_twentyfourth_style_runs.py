@@ -93,8 +93,6 @@ MISSES: dict[str, str] = {
     "gloo's 'Received data size doesn't match expected size' (rank 1's evaluator all-reduce "
     "against the others' gradient all-reduce) is read as a collective in a rank-dependent "
     "branch, not a rank that ran out of batches",
-    "stuck-r1": "failed, slow-rank-timeout on rank 1 (INF201, 0.6): the culprit is right, but a "
-    "rank silent from its epoch start until the agent's SIGTERM is said to be busy, not stuck",
 }
 
 

@@ -84,11 +84,7 @@ EXPECTED: dict[str, Expected] = {
 }
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
-MISSES: dict[str, str] = {
-    "locked-cache": "failed, slow-rank-timeout on rank 1 (INF201, 0.4): the culprit is right, but "
-    "a rank silent from 'process group ready' until the launcher's SIGTERM is said to be busy, "
-    "not stuck",
-}
+MISSES: dict[str, str] = {}
 
 
 RUNS = RunSet("twentythird-", EXPECTED, MISSES, label_nowhere=True)

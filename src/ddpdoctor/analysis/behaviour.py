@@ -49,7 +49,8 @@ BUSY_PHASE = re.compile(
     r"|(?:evaluation|validation|eval) (?:start|begin|loop|dataloader|epoch|step|batch|on )"
     r"|^(?:validation|evaluation|eval|testing)\b.{0,40}\d+%\|"
     r"|tokeniz|preprocess|download|loading (?:the )?(?:dataset|data|checkpoint|model)"
-    r"|building (?:the )?index|consolidat|gather(?:ing)? (?:the )?(?:full )?state"
+    r"|building (?:the |a |its )?(?:[\w-]+ ){0,2}(?:index|cache|vocab\w*|dataset|features?\b)"
+    r"|consolidat|gather(?:ing)? (?:the )?(?:full )?state"
     r"|running (?:on|the) (?:dataset|eval)|rebuilding"
     r"|(?:can|may|might|will) take (?:a while|a (?:few )?minutes?|some time|long)"
 )

@@ -8,7 +8,12 @@ from __future__ import annotations
 from ddpdoctor.model.evidence import JobEvidence
 from ddpdoctor.rules.base import Explanation, Rule
 from ddpdoctor.rules.hypotheses.base import Assessment, ranks_text
-from ddpdoctor.rules.hypotheses.stalled_rank import blocked_ranks, prompted_ranks
+from ddpdoctor.rules.hypotheses.stalled_rank import (
+    blocked_ranks,
+    from_silent_rank,
+    not_main_and_silent,
+    prompted_ranks,
+)
 
 RULE = Rule(
     code="INF201",
@@ -78,13 +83,17 @@ def assess(job: JobEvidence) -> Assessment | None:
         # tokenizing the shard") were busy; the others were stopped while waiting with the rest
         phased = {r for r in busy if job.ranks[r].busy_phase}
         culprit = (busy & named) or phased or busy
+        # the launcher's termination shows a rank alive outside the collective; a
+        # transport's silence only that it was alive (busy, stuck, or in another
+        # collective whose own evidence then weighs more)
+        score = 0.7 if busy & named else 0.6 if culprit - running else 0.4
+        if not (busy & named) and not phased and not_main_and_silent(job, culprit):
+            found.append(from_silent_rank(job, culprit, waiting, score))
+            return max(found, key=lambda a: a.score)
         found.append(
             Assessment(
                 RULE,
-                # the launcher's termination shows a rank alive outside the collective; a
-                # transport's silence only that it was alive (busy, stuck, or in another
-                # collective whose own evidence then weighs more)
-                0.7 if busy & named else 0.6 if culprit - running else 0.4,
+                score,
                 sorted(culprit),
                 [
                     "".join(

@@ -10,7 +10,13 @@ from __future__ import annotations
 from ddpdoctor.model.evidence import PROMPTS, Activity, JobEvidence
 from ddpdoctor.model.taxonomy import Category, Status
 from ddpdoctor.rules.base import Explanation, Rule
-from ddpdoctor.rules.hypotheses.base import Assessment, ranks_text, stall_evidence, stall_note
+from ddpdoctor.rules.hypotheses.base import (
+    MAIN_PROCESS,
+    Assessment,
+    ranks_text,
+    stall_evidence,
+    stall_note,
+)
 
 STUCK = Rule(
     code="INF211",
@@ -111,6 +117,56 @@ def prompted_ranks(job: JobEvidence) -> set[int]:
         return {r for r in asked if r in job.ranks and not job.ranks[r].failed}
     alive = {r for r in job.quiet if job.ranks[r].terminated}
     return alive if len(alive) == 1 else set()
+
+
+def not_main_and_silent(job: JobEvidence, ranks: set[int]) -> bool:
+    """Ranks other than the main process that announced no work of their own and whose place
+    no stop signal showed: nothing says they were busy."""
+    return (
+        bool(ranks)
+        and MAIN_PROCESS not in ranks
+        and all(job.ranks[r].activity is None and not job.ranks[r].busy_phase for r in ranks)
+    )
+
+
+def from_silent_rank(
+    job: JobEvidence, silent: set[int], waiting: set[int], score: float
+) -> Assessment:
+    """Ranks other than the main process, alive (the launcher had to stop them, or the
+    transport showed them running), silent and with no work announced, while the others timed
+    out waiting: stuck, not busy. Work that only one rank does (evaluating, saving, uploading,
+    tokenising under main_process_first) is the main process's; a rank other than 0 has none
+    of its own to be busy with, and waits on something that never comes (a lock, a queue, a
+    data loader, a file)."""
+    one = len(silent) == 1
+    return Assessment(
+        STUCK,
+        score,
+        sorted(silent),
+        [
+            f"{ranks_text(silent)} printed no error and "
+            + ("was" if one else "were")
+            + f" still running while {ranks_text(waiting)} timed out waiting for "
+            + ("it" if one else "them")
+            + ", and "
+            + ("it" if one else "they")
+            + " announced no work of "
+            + ("its" if one else "their")
+            + " own: work only one rank does (evaluation, saving, preprocessing) is the main "
+            "process's, so a rank other than 0 that falls silent outside the collectives is "
+            "most likely blocked (a lock, a queue, the data loader, a file), not busy."
+        ],
+        against=["nothing in the logs shows where it was: it may also have been slow"],
+        evidence=[e for r in sorted(silent) for e in job.ranks[r].evidence[:1]],
+        fix=[
+            f"Find where {ranks_text(silent)} waited: run the job under `ddpdoctor run` (it "
+            "dumps every rank's stack when progress stops) or `py-spy dump --pid <pid>` on it. "
+            "Look for what only that rank waits on: a file lock or a lock file left by an "
+            "earlier run, a queue or event nobody feeds, a data loader worker that stopped; a "
+            "longer timeout will not help a blocked rank.",
+        ],
+        status=Status.HUNG,
+    )
 
 
 def _from_prompt(job: JobEvidence) -> Assessment | None:
