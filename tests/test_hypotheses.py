@@ -47,6 +47,17 @@ def launcher_only(name: str, tmp: Path) -> list[str]:
     return [str(out)]
 
 
+def case_cut_before(prefix: str, marker: str, tmp: Path) -> list[str]:
+    """A training corpus case's single log cut just before the first line holding `marker`:
+    the same report as a paste that stopped one line earlier."""
+    (log,) = [p for p in Path(case(prefix)[0]).rglob("*") if p.is_file()]
+    lines = log.read_text().splitlines(keepends=True)
+    end = next(i for i, ln in enumerate(lines) if marker in ln)
+    out = tmp / "cut.log"
+    out.write_text("".join(lines[:end]))
+    return [str(out)]
+
+
 def cut_before(name: str, marker: str, tmp: Path) -> list[str]:
     """A real console cut just before the first line holding `marker`, as a paste that stops
     early or a log truncated when its disk filled up."""
@@ -153,6 +164,12 @@ POSITIVE = {
     "INF227": [(lambda t: case("500"), [])],
     # the ranks' barrier in main_process_first while the main process tokenised, cut
     "INF228": [(lambda t: case("426"), [])],
+    # torch.load restoring every rank's optimizer state onto cuda:0 (two reports): the pastes
+    # cut before their CUDA out of memory
+    "INF232": [
+        (lambda t: case_cut_before("052", "RuntimeError: CUDA out of memory", t), None),
+        (lambda t: case_cut_before("488", "RuntimeError: CUDA out of memory", t), None),
+    ],
     # two nodes whose output stops after NCCL set up its channels: a hang, not peer-to-peer
     "INF206": [
         (lambda t: case("449"), []),
@@ -254,6 +271,8 @@ NEAR_MISS = {
     "INF227": [lambda t: case("232"), lambda t: real("healthy-plain")],
     # a cut traceback in another place (torch.save inside a checkpoint engine)
     "INF228": [lambda t: case("235")],
+    # cut inside torch.save's frames of the same file: writing, not restoring
+    "INF232": [lambda t: case("235")],
     # the same stop on one node: GPU peer-to-peer is the classic cause there (INF205)
     "INF206": [lambda t: case("070")],
     # rank 1's watchdog timeout, then frames no rank owns: the timeout's own trace

@@ -1,9 +1,9 @@
-"""INF218-INF223, INF228: where a cut traceback stopped says what the process was doing when it
-raised, and for a few places that is nearly what went wrong: selecting its GPU, importing a
-module, reading a launcher's variable, waiting for a DataLoader worker, the NCCL watchdog (a
-C++ backtrace), writing a checkpoint, waiting in main_process_first for the main process. Each
-is a guess from the place (the exception's line is missing), worth more than "an exception"
-and said as one."""
+"""INF218-INF223, INF228, INF232: where a cut traceback stopped says what the process was
+doing when it raised, and for a few places that is nearly what went wrong: selecting its GPU,
+importing a module, reading a launcher's variable, waiting for a DataLoader worker, the NCCL
+watchdog (a C++ backtrace), writing a checkpoint, putting a loaded checkpoint's tensors on their
+device, waiting in main_process_first for the main process. Each is a guess from the place (the
+exception's line is missing), worth more than "an exception" and said as one."""
 
 from __future__ import annotations
 
@@ -166,6 +166,30 @@ MAIN_PROCESS_FIRST = Rule(
     ),
 )
 
+CHECKPOINT_RESTORE = Rule(
+    code="INF232",
+    kind="checkpoint-load-device",
+    title="The output ends where torch.load puts a checkpoint's tensors on their device",
+    signatures=(),
+    explanation=Explanation(
+        what="A cut traceback whose last frame is torch.load restoring a tensor's storage "
+        "onto the device it was saved from (persistent_load, restore_location, "
+        "_cuda_deserialize, validate_cuda_device).",
+        why="Without map_location, torch.load puts every tensor back on the GPU it was saved "
+        "from: every rank loads onto cuda:0 (out of memory there, or busy), or onto a GPU "
+        "index this machine or this process does not have, or onto CUDA where none is "
+        "available. The file was already read: it is the device placement that fails.",
+        fix="Load with map_location: the rank's own device "
+        "(torch.load(path, map_location=f'cuda:{local_rank}')) or 'cpu', then move the model.",
+        false_positives="A checkpoint whose bytes are corrupt fails in the same frames: the "
+        "missing exception line would say so.",
+    ),
+    fix=(
+        "torch.load(path, map_location='cpu') (or f'cuda:{local_rank}') on every rank, then "
+        "load_state_dict and move the model to the rank's device.",
+    ),
+)
+
 RULES = (
     SET_DEVICE,
     IMPORT,
@@ -174,6 +198,7 @@ RULES = (
     WATCHDOG,
     CHECKPOINT_SAVE,
     MAIN_PROCESS_FIRST,
+    CHECKPOINT_RESTORE,
 )
 
 WATCHDOG_FRAME = re.compile(r"ncclCommWatchdog|watchdogHandler")
@@ -187,6 +212,17 @@ def native_site_rule(where: str, tail: tuple[str, ...]) -> Rule | None:
 IMPORT_STATEMENT = re.compile(r"^(?:from\s+[\w.]+\s+)?import\s+[\w.]")
 SAVE_CALL = re.compile(r"\btorch\.save\(|\bsave_checkpoint\(|\bcheckpoint_engine\.save\(")
 SAVE_FUNCS = frozenset(("save", "_save", "_open_zipfile_writer", "_with_file_like"))
+RESTORE_FUNCS = frozenset(
+    (
+        "persistent_load",
+        "load_tensor",
+        "restore_location",
+        "default_restore_location",
+        "_cuda_deserialize",
+        "validate_cuda_device",
+    )
+)
+"""torch/serialization.py's frames that put a loaded storage on its device (torch 0.4-2.x)."""
 LAUNCHER_ENV = re.compile(
     r"environ\s*\[\s*['\"](?:RANK|LOCAL_RANK|WORLD_SIZE|MASTER_ADDR|MASTER_PORT)['\"]\s*\]"
 )
@@ -227,7 +263,22 @@ def site_rule(tail: tuple[str, ...]) -> Rule | None:
         return DATALOADER_WAIT
     if any("main_process_first" in t for t in tail):
         return MAIN_PROCESS_FIRST
+    if _restoring(site, tail):
+        return CHECKPOINT_RESTORE
     in_torch_save = site.func in SAVE_FUNCS and site.path.endswith("serialization.py")
     if in_torch_save or SAVE_CALL.search(site.code):
         return CHECKPOINT_SAVE
     return None
+
+
+def _restoring(site: Site, tail: tuple[str, ...]) -> bool:
+    """The last frame is torch's own code (serialization.py, or _utils.py where a storage is
+    moved to its GPU) under one of torch.load's restore frames."""
+    path = site.path.replace("\\", "/")
+    if not path.endswith(("torch/serialization.py", "torch/_utils.py")):
+        return False
+    for line in tail:
+        m = FRAME.match(line)
+        if m and m["path"].endswith("serialization.py") and m["func"] in RESTORE_FUNCS:
+            return True
+    return False
