@@ -375,8 +375,14 @@ def relate_completion(graph: CausalGraph, ctx: Context) -> None:
             if view is not None and view.waited_after_end:
                 return False
         # in a console shared by ranks, another rank's end says nothing about this one, nor
-        # does an end no rank can be tied to (one rank may have finished early, alone)
-        return event.rank is None or event.rank in finished
+        # does an end no rank can be tied to (one rank may have finished early, alone); but
+        # an abort only a process's own teardown prints (its threads destroyed at exit) came
+        # after whatever work that process did
+        return (
+            event.rank is None
+            or event.rank in finished
+            or any("at_exit" in h.captures for h in event.hits)
+        )
 
     crashes = [
         e

@@ -63,6 +63,8 @@ CAPTURES: dict[str, str] = {
     "rank_a": "the first of two ranks the message names together",
     "rank_b": "the second of two ranks the message names together",
     "agreed_ranks": "how many ranks agreed to an early stop (one line for all of them)",
+    "at_exit": "the message is printed only while a process tears itself down (a thread "
+    "destroyed while still joinable): whatever that process did, it had done",
     # what a collective was doing
     "timeout_ms": "the collective timeout the rank waited for, in milliseconds",
     "ran_ms": "how long the timed-out collective ran, in milliseconds",

@@ -296,8 +296,12 @@ NATIVE_CRASH = Rule(
         # torch/csrc/DataLoader.cpp: a worker's SIGFPE handler (a native library in the data
         # path, not shared memory)
         Signature(r"Unexpected floating-point exception encountered in worker"),
-        # libstdc++ vterminate.cc when threads are destroyed joinable at exit
-        Signature(r"terminate called without an active exception"),
+        # libstdc++ vterminate.cc when threads are destroyed joinable at exit (a process
+        # group's gloo/NCCL threads left to interpreter exit): teardown, whatever came before
+        Signature(
+            r"terminate called (?P<at_exit>without) an active exception",
+            "terminate called without an active exception",
+        ),
         # srun/launch.c (strsignal of a task), torch/multiprocessing/spawn.py, and the
         # kernel's own record of a SIGSEGV (arch/x86/mm/fault.c show_signal_msg)
         Signature(r": tasks? [\d,\-\[\]]+: Bus error", ": Bus error"),
