@@ -34,8 +34,12 @@ training split (334-336, 339, 375, 465, 817, 876) from OK to unknown for three f
 log ends on it and a clean W&B summary, its thread says the processes never exited (nothing in
 the log shows it), while four healthy runs of the fourteenth set that end the same way went
 from 'unknown' to OK."""
-SHARED_KIND_FLOOR = 28
-"""Of the 29 cases in ../shared/corpus (all training)."""
+SHARED_KIND_FLOOR = 27
+"""Of the 29 cases in ../shared/corpus (all training). 28 until 2026-12-03: case 070 (one
+node, a log that stops at start-up with no NCCL line) was called nccl-p2p, an infrastructure
+kind, with nothing in the log to show it; it is now a hang with the peer-to-peer bisection as
+the next step (nccl-p2p only where NCCL's own lines show GPUs connected peer-to-peer, as in
+case 467)."""
 
 
 def test_corpus_scoreboard(capsys: pytest.CaptureFixture[str]) -> None:

@@ -123,7 +123,8 @@ POSITIVE = {
     # rank 0 hosts the store and timed out waiting for its clients ("3/4 clients joined"),
     # the pod of rank 3 never started: the others lost the store's host when it gave up
     "INF230": [(lambda t: real("sixteenth-pod-pending"), [3])],
-    "INF205": [(lambda t: case("070"), [])],
+    # NCCL connected the 4 GPUs of one node "via P2P/IPC", Init COMPLETE, then nothing
+    "INF205": [(lambda t: case("467"), [])],
     # torchrun saw rank 0 exit 1 first and SIGTERMed rank 1 (the real culprit) while it was
     # going down: from the launcher alone the culprit cannot be told, so it is not checked
     "INF208": [
@@ -173,6 +174,9 @@ POSITIVE = {
     # two nodes whose output stops after NCCL set up its channels: a hang, not peer-to-peer
     "INF206": [
         (lambda t: case("449"), []),
+        # one node, but no NCCL line at all: nothing shows peer-to-peer (an infrastructure
+        # kind is not said without evidence; its bisection is the next step)
+        (lambda t: case("070"), []),
         # one node's paste only, but its rank 8 connects its ring "via NET/Socket": two nodes
         (lambda t: case("507"), []),
     ],
@@ -273,8 +277,8 @@ NEAR_MISS = {
     "INF228": [lambda t: case("235")],
     # cut inside torch.save's frames of the same file: writing, not restoring
     "INF232": [lambda t: case("235")],
-    # the same stop on one node: GPU peer-to-peer is the classic cause there (INF205)
-    "INF206": [lambda t: case("070")],
+    # the same stop on one node after NCCL connected its GPUs peer-to-peer (INF205)
+    "INF206": [lambda t: case("467")],
     # rank 1's watchdog timeout, then frames no rank owns: the timeout's own trace
     "INF216": [lambda t: case("403"), lambda t: real("rendezvous-no-master")],
 }

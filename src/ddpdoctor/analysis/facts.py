@@ -146,6 +146,15 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
     # [receive] via NET/Socket/0", "Channel 00/0 : 7[7] -> 8[0] [send] via NET/IB/0/GDRDMA").
     # Ranks on one node connect by P2P or SHM: this connection crosses nodes.
     FactPattern("net_channel", r"\[(?:send|receive)\] via NET/", "] via NET/", distinct=VALUE),
+    # ... and one connected GPU to GPU inside a node ("Channel 00 : 0[1000] -> 1[21000] via
+    # P2P/IPC", "Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM/read"): NCCL got as far as
+    # peer-to-peer. Channel 00's line only: each rank prints one per channel (32 and more)
+    FactPattern(
+        "p2p_transport",
+        r"Channel 00(?:/\d+)? : [^\n]{0,80}? via P2P/",
+        "Channel 00",
+        distinct=VALUE,
+    ),
     # the end of training as frameworks announce it (Lightning, HF Trainer, scripts)
     FactPattern(
         "completed",

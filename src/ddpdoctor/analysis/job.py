@@ -210,7 +210,7 @@ def build_job(
                 completions.append((done, fact.record))
                 src = fact.record.source
                 completed_at[src] = min(completed_at.get(src, fact.record.line), fact.record.line)
-            elif fact.name in ("socket_transport", "ib_transport"):
+            elif fact.name in ("socket_transport", "ib_transport", "p2p_transport"):
                 transports.add(fact.name.split("_")[0])
                 normal_seen = True
             elif fact.name in ("normal", "nccl_comm"):

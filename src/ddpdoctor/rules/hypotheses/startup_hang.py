@@ -1,9 +1,9 @@
 """INF205 / INF226: the output stops during distributed start-up: no error, no training step, no
-exit. Where it stops says which part of start-up never finished: after the process group formed
-(NCCL connecting the GPUs), on one node the classic cause is broken GPU peer-to-peer, across
-nodes the network transport (a hang, since nothing in the logs proves the fabric); while every
-writer's last words still announce joining the group (INF226), the rendezvous never completed:
-some members never arrived."""
+exit. Where it stops says which part of start-up never finished: right after NCCL connected
+the GPUs of one node peer-to-peer (its own "via P2P/..." lines), broken GPU peer-to-peer is the
+classic cause; without such lines nothing in the logs points at the fabric, and it is a hang
+(the bisection is the next step); while every writer's last words still announce joining the
+group (INF226), the rendezvous never completed: some members never arrived."""
 
 from __future__ import annotations
 
@@ -22,7 +22,8 @@ RULE = Rule(
     title="Output stopped during distributed start-up with no error",
     signatures=(),
     explanation=Explanation(
-        what="The log ends at distributed initialisation: no error, no training step, no exit.",
+        what="The log ends at distributed initialisation right after NCCL connected the GPUs "
+        "of one node peer-to-peer ('via P2P/IPC'): no error, no training step, no exit.",
         why="A hang while NCCL connects the GPUs. On one node the classic cause is broken "
         "peer-to-peer (ACS/IOMMU, a driver change); across nodes the network transport.",
         fix="Bisect: NCCL_P2P_DISABLE=1 (one node) or NCCL_IB_DISABLE=1 (several nodes) with "
@@ -81,13 +82,22 @@ def assess(job: JobEvidence) -> Assessment | None:
     joining = [w for w in job.last_words if JOINING.search(w.text)]
     if joining and len(joining) == len(job.last_words):
         return _joining(job, joining)
+    # broken peer-to-peer only where NCCL's own lines show it connecting GPUs that way
+    p2p = job.single_node and "p2p" in job.transports
     return Assessment(
-        RULE if job.single_node else HANG,
+        RULE if p2p else HANG,
         0.3,
         [],
         [
             "the output stops during distributed start-up: no error, no training step, no "
-            "exit. On one node, broken GPU peer-to-peer is the classic cause."
+            "exit."
+            + (
+                " NCCL connected the GPUs peer-to-peer on one node and nothing followed: "
+                "broken GPU peer-to-peer is the classic cause."
+                if p2p
+                else " Nothing says where it waited: a rank that never arrived, or NCCL "
+                "connecting the GPUs (peer-to-peer inside a node, the network across nodes)."
+            )
         ],
         next_steps=[
             "Re-run with NCCL_DEBUG=INFO NCCL_P2P_DISABLE=1; or run `ddpdoctor check "
