@@ -98,9 +98,6 @@ MISSES: dict[str, str] = {
     "cuda-pin": "failed/cuda-library-mismatch [0, 1] (CUDA105): AttributeError 'torch._C' has no "
     "'_cuda_setDevice' raised in torch.cuda.set_device called from a callback's setup, on a "
     "CPU-only build whose Lightning lines say 'GPU available: False, used: False'",
-    "profiler-node": "failed/missing-module [] (ENV101 on host node1): kind right, no rank; the "
-    "tracebacks have no rank prefix (the import fails before Lightning or the process group), "
-    "but node1's agent summary names rank 2 (exit 1) and rank 3 on that node",
 }
 
 

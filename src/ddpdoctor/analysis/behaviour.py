@@ -153,6 +153,7 @@ def build_evidence(job: JobView, events: list[Event]) -> JobEvidence:
         view = ranks.setdefault(rank, RankView(rank=rank, present=True))
         view.exit_code, view.exit_signal = exit_.code, exit_.signal
         view.host = view.host or exit_.host
+        view.exit_source = job.exit_sources.get(rank)
         if exit_.code is not None and exit_.code != 0 and exit_.signal != "SIGTERM":
             evidence.failing_exits[rank] = exit_.code
 

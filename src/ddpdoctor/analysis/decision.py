@@ -261,9 +261,34 @@ def _each_failed_worker(roots: list[Event], evidence: JobEvidence) -> set[int]:
         and not view.echoes - {"stopped", "launcher"}  # its own failure, not a lost peer's
         and (None in hosts or view.host in hosts)
     }
-    if len(failed) < 2 or len(lines) != len(failed):
+    if len(failed) >= 2 and len(lines) == len(failed):
+        return failed
+    return _each_worker_of_the_host(lines, evidence)
+
+
+def _each_worker_of_the_host(lines: set[tuple[str, int]], evidence: JobEvidence) -> set[int]:
+    """The same root printed without a rank once by every worker of one node (two identical
+    ImportErrors in a node's console, before any process group), that node's workers known
+    from its launcher's lines in the same file: each of them failed on its own, even the one
+    the launcher stopped while it was exiting."""
+    sources = {source for source, _line in lines}
+    if len(sources) != 1 or len(lines) < 2:
         return set()
-    return failed
+    on_node = {r for r, v in evidence.ranks.items() if _files_of(v) and _files_of(v) <= sources}
+    workers = {r for r in on_node if evidence.ranks[r].present and not _waited(evidence.ranks[r])}
+    if len(workers) != len(lines) or workers != on_node:
+        return set()
+    return workers
+
+
+def _files_of(view: RankView) -> set[str]:
+    """The files holding the rank's own lines and its launcher's report of its exit."""
+    return view.sources | ({view.exit_source} if view.exit_source else set())
+
+
+def _waited(view: RankView) -> bool:
+    """It reported another rank's failure (a timeout, a lost peer), not only its own end."""
+    return bool(view.echoes - {"stopped", "launcher"})
 
 
 def _off_the_common_path(roots: list[Event]) -> set[int]:

@@ -48,6 +48,8 @@ class JobView:
     """Questions asked on the terminal, with the asking rank when known."""
     """Ranks that said they skip a step or a batch."""
     rank_map: dict[tuple[str, int], int] = field(default_factory=dict)
+    exit_sources: dict[int, str] = field(default_factory=dict)
+    """Where a launcher's summary reported each rank's exit: its node's console."""
     normal_seen: bool = False
     """A message of normal operation was read (facts.py "normal"): something healthy to read."""
     cut_tracebacks: list[CutTrace] = field(default_factory=list)
@@ -139,6 +141,7 @@ def build_job(
     root_cause_rank: int | None = None
     progress: list[FactHit] = []
     transports: set[str] = set()
+    exit_sources: dict[int, str] = {}
     completed_at: dict[str, int] = {}
     completed_ranks: set[int] = set()
     completions: list[tuple[int | None, Record]] = []
@@ -162,6 +165,7 @@ def build_job(
             elif fact.name == "summary_exit":
                 rank, exit_ = parse_summary_entry(fact.before, fact.record.text)
                 if rank is not None:
+                    exit_sources.setdefault(rank, fact.record.source)
                     known = per_rank.get(rank)
                     if known is None or known.host is None:  # richer than the "failed" line
                         per_rank[rank] = exit_
@@ -301,6 +305,7 @@ def build_job(
         stopped=any(e.stopped for e in run_events or []),
         rank_map=rank_map,
         completed_at=completed_at,
+        exit_sources=exit_sources,
         completed_ranks=completed_ranks,
         completions=completions,
         loop_ends=loop_ends,

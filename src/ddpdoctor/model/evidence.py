@@ -132,6 +132,8 @@ class RankView:
     """Lines that show what this rank did last (quoted when it is blamed)."""
     sources: set[str] = field(default_factory=set)
     """The sources (files, stdin) holding lines this rank wrote."""
+    exit_source: str | None = None
+    """The source where a launcher's summary reported its exit (its node's console)."""
 
     @property
     def waiting(self) -> bool:
