@@ -86,9 +86,6 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "nan-quiet": "failed, python-exception on rank 1 (INF208, 0.5): the culprit is right, but "
-    "an exit code 1 with no traceback (print silenced by setup_for_distributed) is read as an "
-    "error whose output went elsewhere, not as rank 1 leaving on its own",
     "shard-uneven": "failed, collective-mismatch on rank 2 (INF203, 0.6): the culprit is "
     "right, but rank 2 waiting in the epoch-end barrier while ranks 0 and 1 still reduce "
     "gradients in the same loop is read as a rank-dependent collective, not a shorter shard",
