@@ -186,6 +186,9 @@ POSITIVE = {
     ],
     "INF209": [
         (lambda t: scenario("uneven-inputs"), [1]),
+        # one bar per node console: machine 1's 'Steps: 100%| 5/5', machine 0's 'Steps: 62%|
+        # 5/8'; the ranks are each console's (its agent's summary)
+        (lambda t: real("twentysecond-node1-fewer"), [2, 3]),
         (lambda t: real("abort-after-timeout"), [1]),
         # no counters: the ranks said how much data they had ("7 batches of 8 per epoch" on
         # rank 2, 10 on the others) before gloo's size check aborted a rank

@@ -84,11 +84,7 @@ EXPECTED: dict[str, Expected] = {
 }
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
-MISSES: dict[str, str] = {
-    "node1-fewer": "failed, collective-mismatch on ranks 0 and 1 (INF203, 0.4): the ranks still "
-    "training are named, not machine 1's ranks 2 and 3 that ran out first (machine 1's bar "
-    "ends at 'Steps: 100%| 5/5', machine 0's at 'Steps:  62%| 5/8')",
-}
+MISSES: dict[str, str] = {}
 
 
 RUNS = RunSet("twentysecond-", EXPECTED, MISSES, label_nowhere=True)

@@ -241,6 +241,7 @@ def build_evidence(job: JobView, events: list[Event]) -> JobEvidence:
     evidence.started_training = any(s.progress_lines for s in job.streams)
     evidence.normal_seen = job.normal_seen
     evidence.last_step = _last_step(job)
+    evidence.source_counters = _source_counters(job)
     evidence.ended_on_full_bar = any(
         s.last_line > 0 and s.last_line == s.last_progress_line and _full_bar(s.last_progress_text)
         for s in job.streams
@@ -491,6 +492,38 @@ EPOCH_WORD = re.compile(r"(?i)\bepoch")
 def _full_bar(text: str) -> bool:
     """A progress bar at its total that counts no epoch: the run's own loop finished."""
     return bool(FULL_BAR.search(text)) and not EPOCH_WORD.search(text)
+
+
+TQDM_COUNTER = re.compile(r"\d{1,3}%\|[^|\r\n]{0,200}\|\s*(?P<n>\d+)/(?P<total>\d+) \[")
+"""tqdm's bar counter: '62%|██▌   | 5/8 [00:03<00:01'."""
+OTHER_PHASE_BAR = re.compile(r"(?i)eval|valid|test|predict|infer|load|writ|sav|download|map")
+"""A bar label of another phase than training (its total is not the loop's)."""
+
+
+def _source_counters(job: JobView) -> dict[str, tuple[int, int]]:
+    """Each source's last training-bar counter, where one unranked writer drew it."""
+    found: dict[str, tuple[int, int] | None] = {}
+    for stream in job.streams:
+        if not stream.last_progress_text or job.resolve(stream.origin) is not None:
+            continue
+        counter = _last_counter(stream.last_progress_text)
+        if counter is not None:
+            # two unranked writers drawing bars in one source: no telling whose is whose
+            found[stream.source] = None if stream.source in found else counter
+    return {source: c for source, c in found.items() if c is not None}
+
+
+def _last_counter(text: str) -> tuple[int, int] | None:
+    """The last redraw's (done, total), unless its label names another phase."""
+    matches = list(TQDM_COUNTER.finditer(text))
+    if not matches:
+        return None
+    last = matches[-1]
+    label = text[max(0, last.start() - 40) : last.start()].rsplit("\r", 1)[-1]
+    n, total = _digits(last["n"]), _digits(last["total"])
+    if n is None or total is None or total < 2 or OTHER_PHASE_BAR.search(label):
+        return None
+    return n, total
 
 
 def _last_step(job: JobView) -> tuple[int, int] | None:

@@ -212,6 +212,9 @@ class JobEvidence:
     last_step: tuple[int, int] | None = None
     """(n, total) of the last progress counter, when the log stopped inside training."""
     started_training: bool = False
+    source_counters: dict[str, tuple[int, int]] = field(default_factory=dict)
+    """Per source, the (done, total) of the training bar its unranked writer showed last
+    (a node's console where one process draws the bar): which node ran out first."""
     ended_on_full_bar: bool = False
     """A writer's output ends on a progress bar at its total that counts no epoch (tqdm's
     "Steps: 100%|##| 10/10", the whole run's bar that diffusers and the transformers Trainer

@@ -1,8 +1,9 @@
 """INF209: the ranks iterated over different numbers of batches, so the one with the fewest
 left the loop while the others entered the next collective. Evidence: per-rank progress
-counters that run to different totals ("step 5/8" vs "step 5/6"), the amounts of data the ranks
-announced, or ranks that waited in the evaluation after the loop while the others still waited
-inside a training step."""
+counters that run to different totals ("step 5/8" vs "step 5/6"), or one bar per node console
+whose totals differ (drawn by each node's main process, without a rank: the ranks are that
+console's), the amounts of data the ranks announced, or ranks that waited in the evaluation
+after the loop while the others still waited inside a training step."""
 
 from __future__ import annotations
 
@@ -43,7 +44,24 @@ def assess(job: JobEvidence) -> Assessment | None:
         found = found or _fewest(
             job.data_sizes[unit], 0.62, "announced different amounts of data", f"{unit}: ", True
         )
-    return found or _from_phases(job)
+    return found or _from_sources(job) or _from_phases(job)
+
+
+def _from_sources(job: JobEvidence) -> Assessment | None:
+    """One bar per node console (drawn by its local main process, without a rank): the
+    nodes whose bar runs to a smaller total had fewer batches; their ranks, known from the
+    launcher's summary in that console or their own lines there, left the loop first."""
+    if len(set(job.source_counters.values())) < 2:
+        return None
+    totals: dict[int, int] = {}
+    for rank, view in job.ranks.items():
+        files = view.sources | ({view.exit_source} if view.exit_source else set())
+        counted = {job.source_counters[f][1] for f in files if f in job.source_counters}
+        if len(counted) == 1:
+            totals[rank] = counted.pop()
+    if len(totals) < len(job.ranks):
+        return None  # a rank no bar speaks for
+    return _fewest(totals, 0.6, "iterate over different numbers of batches", "")
 
 
 def _from_phases(job: JobEvidence) -> Assessment | None:
