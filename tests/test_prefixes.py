@@ -120,6 +120,23 @@ from ddpdoctor.ingest.prefixes import parse_line
             None,
         ),
         ("[titan] hello", "[titan] hello", None, None, None),
+        # Hydra's job logging glues time, logger and level (tests/fixtures/real/twentysixth-*),
+        # also behind torchrun's prefix; a bracketed time with text after it stays as before
+        (
+            "[2026-12-03 05:57:26,366][__main__][INFO] - epoch 1 step 4/12 loss 0.7",
+            "epoch 1 step 4/12 loss 0.7",
+            None,
+            None,
+            None,
+        ),
+        ("[rank1]:[2026-12-03 05:57:26,366][__main__][ERROR] - boom", "boom", 1, None, None),
+        (
+            "[2026-12-03 05:57:26,366][note] x",
+            "[2026-12-03 05:57:26,366][note] x",
+            None,
+            None,
+            None,
+        ),
         # horovodrun's gloo launcher tags lines with the rank alone
         ("[3]<stderr>:RuntimeError: x", "RuntimeError: x", 3, None, None),
         # a parenthesis of the program's own is not Ray's
@@ -399,3 +416,9 @@ def test_a_bar_without_a_carriage_return_keeps_its_progress() -> None:
     bar = "Map:  20%|##        | 281400/1402715 [33:12<2:12:38, 140.90 examples/s]"
     assert parse_line(bar + "Traceback (most recent call last):").text.startswith("Map:  20%")
     assert parse_line(bar + "\r" + bar).text == bar
+
+
+def test_hydra_job_logging_gives_time_and_level() -> None:
+    parsed = parse_line("[2026-12-03 05:57:26,366][torch.distributed][WARNING] - x", 2026)
+    assert (parsed.text, parsed.level) == ("x", "warning")
+    assert parsed.time is not None and parsed.time.isoformat().startswith("2026-12-03T05:57:26")

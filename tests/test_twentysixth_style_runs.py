@@ -137,10 +137,6 @@ MISSES: dict[str, str] = {
     "no worker that exited 0), so 'early stopping at epoch 1' and 'rank 0 finished' stay a "
     "rankless context (EXIT101) and rank 1, which exited 1 after 'Connection closed by peer', "
     "is taken for the rank that left",
-    "data-node0": "failed, data-error with no culprit rank (DATA101, 0.9): the kind and host "
-    "node1 are right, but node 1's two FileNotFoundError 'data/train.csv' tracebacks carry no "
-    "rank prefix, and node 1's agent reporting both its workers (ranks 2 and 3) exiting 1 is "
-    "not used to tie them to ranks 2 and 3",
 }
 
 

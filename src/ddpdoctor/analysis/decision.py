@@ -282,8 +282,8 @@ def _each_worker_of_the_host(lines: set[tuple[str, int]], evidence: JobEvidence)
 
 
 def _files_of(view: RankView) -> set[str]:
-    """The files holding the rank's own lines and its launcher's report of its exit."""
-    return view.sources | ({view.exit_source} if view.exit_source else set())
+    """The node console its launcher reported its exit in, else the files of its own lines."""
+    return {view.exit_source} if view.exit_source else view.sources
 
 
 def _waited(view: RankView) -> bool:

@@ -23,10 +23,13 @@ ANSI = re.compile(
 # Exactly one separator is consumed: the indentation of a traceback frame after it is content.
 RFC3339 = re.compile(r"(?P<ts>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)) ")
 # Python logging asctime and most other loggers: optional brackets, optional millis.
+# Hydra's job logging glues its fields: "[2026-12-03 05:57:26,366][__main__][INFO] - msg".
 ISO_TIME = re.compile(
-    r"\[?(?P<ts>\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[,.]\d{1,9})?)(?:Z|[+-]\d\d:?\d\d)?\]?"
-    r"(?: ?[:|-])? "
+    r"\[?(?P<ts>\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[,.]\d{1,9})?)(?:Z|[+-]\d\d:?\d\d)?"
+    r"(?:\](?=\[[\w.-]{1,80}\]\[[A-Z]{3,8}\] - )|\]?(?: ?[:|-])? )"
 )
+# ... and the logger and level fields that follow it there: "[__main__][INFO] - ".
+HYDRA_FIELDS = re.compile(r"\[[\w.-]{1,80}\]\[(?P<level>[A-Z]{3,8})\] - ")
 # The transformers examples' logging format (datefmt "%m/%d/%Y %H:%M:%S"), copied by many
 # training scripts: "12/02/2026 04:17:54 - WARNING - name - message".
 US_TIME = re.compile(
@@ -336,6 +339,11 @@ def parse_line(raw: str, year: int = 1970, with_time: bool = True) -> ParsedLine
             continue
         m = LOGGER_TAG.match(text, pos) if bracket and nxt.isalpha() else None
         if m:
+            pos = m.end()
+            continue
+        m = HYDRA_FIELDS.match(text, pos) if bracket and platform_ok else None
+        if m:
+            out.level = LEVEL_NAMES.get(m.group("level")[0], out.level)
             pos = m.end()
             continue
         m = (
