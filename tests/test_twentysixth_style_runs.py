@@ -108,23 +108,6 @@ MISSES: dict[str, str] = {
     "as in tidy: 'epoch 1 step 4/6' (0-based, logged every 4) is read as an epoch cut short and "
     "the four ranks' 'rank N finished, best val_loss ...' lines, on both nodes' consoles and in "
     "every rank's train.log, are not read as an end; neither agent prints an exit on success",
-    "config-missing": "failed, python-exception on rank 1 only (INF208, 0.5: 'a worker exited "
-    "with an error and its own output is not in the logs'): omegaconf.errors."
-    "MissingMandatoryValue, printed whole on both ranks (HYDRA_FULL_ERROR=1, '[rankN]: ' "
-    "prefixed by torch's excepthook), is not read as an exception line because the class name "
-    "ends in neither Error nor Exception (renamed ...ValueError the verdict is PY101 on [0, 1]); "
-    "only the agent's exit 1 for rank 1 counts, and rank 0's SIGTERM, sent after rank 0 had "
-    "printed the same error, is taken for a cascade",
-    "override-typo": "failed, python-exception on rank 0 only (INF208, 0.5): Hydra's "
-    "composition error (\"Could not override 'trainer.epoch'. ... Key 'epoch' is not in struct\" "
-    "and the HYDRA_FULL_ERROR hint), printed by both ranks before the app ran, has no exception "
-    "class and no traceback and no rule reads it; the agent's exit 1 for rank 0 is the root and "
-    "rank 1's SIGTERM (it had printed the same error) a cascade",
-    "no-module": "failed, python-exception on ranks 0 and 1 (INF208, 0.5: 'a worker exited with "
-    "an error and its own output is not in the logs'): the culprits are right, but Hydra's "
-    "trimmed \"Error locating target 'toy_models.TinyTransformer', set env var "
-    'HYDRA_FULL_ERROR=1 to see chained exception." (the ModuleNotFoundError is chained and not '
-    "printed) is read by no rule, so only the agent's exit codes speak",
     "upload-r0": "failed, python-exception on rank 1 (INF208, 0.5): rank 1's gloo 'Timed out "
     "waiting 15000ms for recv operation' traceback (Hydra's, no rank prefix on the console) is "
     "a rankless cascade and the agent's exit 1 for rank 1 becomes the root, as a worker whose "

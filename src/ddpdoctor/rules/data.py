@@ -340,6 +340,9 @@ MISSING_MODULE = Rule(
             r"ImportError: cannot import name '(?P<name>[^']+)'", "ImportError: cannot import name"
         ),
         Signature(r"ImportError: No module named (?P<module>\S+)", "ImportError: No module named"),
+        # Hydra's instantiate (hydra/_internal/utils.py _locate) when the _target_ cannot be
+        # imported; the ImportError is chained and printed only with HYDRA_FULL_ERROR=1
+        Signature(r"Error locating target '(?P<module>[\w.]{1,200})'", "Error locating target '"),
         # transformers utils/import_utils.py: an optional dependency missing
         Signature(
             # a bounded name: `.+?` from every "requires the " of a long line was quadratic
@@ -376,6 +379,8 @@ MISSING_MODULE = Rule(
         "ModuleNotFoundError: No module named 'tensorboard'",
         "ImportError: Please install bitsandbytes to use 8-bit Adam. You can do so by running "
         "`pip install bitsandbytes`",
+        "Error locating target 'toy_models.TinyTransformer', set env var HYDRA_FULL_ERROR=1 to "
+        "see chained exception.",
     ),
     negative=(
         "/usr/bin/python3: No module named trainer_missing",

@@ -326,9 +326,51 @@ FP16_MASTER_WEIGHTS = Rule(
     negative=("GradScaler: unscale_() has already been called on this optimizer",),
 )
 
+HYDRA_JOB_ERROR = Rule(
+    code="PY103",
+    kind="python-exception",
+    title="Hydra could not compose the job's configuration",
+    sources="hydra/_internal/config_loader_impl.py (hydra-core 1.1-1.3), omegaconf/errors.py",
+    specificity=40,
+    signatures=(
+        # an override of a key the config does not have (config_loader_impl.py)
+        Signature(r"^Could not override '(?P<name>[^'\n]{1,200})'\.", "Could not override '"),
+        # OmegaConf's error for a '???' value nobody set: its class name ends in neither
+        # Error nor Exception
+        Signature(
+            r"^(?:omegaconf\.errors\.)?MissingMandatoryValue: Missing mandatory value",
+            "MissingMandatoryValue: Missing mandatory value",
+        ),
+    ),
+    explanation=Explanation(
+        what="A Hydra application's configuration could not be composed or read: an override "
+        "of a key that does not exist, a mandatory value ('???') nobody set. Hydra prints the "
+        "message without its traceback unless HYDRA_FULL_ERROR=1.",
+        why="Every rank runs the same Hydra app with the same overrides, so a configuration "
+        "error stops every rank at start-up, before any process group.",
+        fix="Read the message above Hydra's note; re-run with HYDRA_FULL_ERROR=1 for the whole "
+        "traceback; fix the override (add it with +key=value if it is new) or set the value.",
+        false_positives="None: these are Hydra's and OmegaConf's own errors.",
+    ),
+    fix=(
+        "Re-run with HYDRA_FULL_ERROR=1 to see the whole traceback of the error above.",
+        "For a configuration error: check the key against the config (`python app.py "
+        "--cfg job`), use +key=value to add a new key, set every '???' value.",
+    ),
+    positive=(
+        "Could not override 'trainer.epoch'.",
+        "omegaconf.errors.MissingMandatoryValue: Missing mandatory value: model.blocks",
+    ),
+    negative=(
+        "Set the environment variable HYDRA_FULL_ERROR=1 for a complete stack trace.",
+        "omegaconf.errors.ConfigKeyError: Missing key epoch",
+    ),
+)
+
 RULES = (
     PYTHON_EXCEPTION,
     FP16_MASTER_WEIGHTS,
+    HYDRA_JOB_ERROR,
     EARLY_STOP,
     TEARDOWN_WITHOUT_DESTROY,
     ZERO3_STAGE,
