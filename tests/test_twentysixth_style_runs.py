@@ -108,12 +108,6 @@ MISSES: dict[str, str] = {
     "as in tidy: 'epoch 1 step 4/6' (0-based, logged every 4) is read as an epoch cut short and "
     "the four ranks' 'rank N finished, best val_loss ...' lines, on both nodes' consoles and in "
     "every rank's train.log, are not read as an end; neither agent prints an exit on success",
-    "upload-r0": "failed, python-exception on rank 1 (INF208, 0.5): rank 1's gloo 'Timed out "
-    "waiting 15000ms for recv operation' traceback (Hydra's, no rank prefix on the console) is "
-    "a rankless cascade and the agent's exit 1 for rank 1 becomes the root, as a worker whose "
-    "output is missing; rank 0's five 'uploading checkpoints/epoch0.pt to the artifact store "
-    "(attempt k/5)' lines 5 s apart, still going past rank 1's timeout, are not read as a busy "
-    "rank (Hydra's stamps are not parsed, so no timeout arithmetic)",
     "halt-r0": "failed, uncoordinated-exit on rank 1 (INF202, 0.75): the kind is right, the "
     "culprit is the agent's first failure: rank 0 is not among the ranks seen (the console has "
     "no rank prefixes, the shared outputs/shared/train.log names no rank, and the agent lists "

@@ -136,7 +136,7 @@ def attribute_by_elimination(events: list[Event], evidence: JobEvidence) -> bool
     present = {r for r, v in evidence.ranks.items() if v.present}
     waiting = evidence.waiting
     failing = set(evidence.failing_exits)
-    changed = False
+    changed = _attribute_wait(events, waiting, failing)
     for event in events:
         if event.rank is not None or not (
             event.primary or event.rule.exit_path or event.marker == Marker.STOP
@@ -165,6 +165,34 @@ def attribute_by_elimination(events: list[Event], evidence: JobEvidence) -> bool
             event.rank = candidates.pop()
             changed = True
     return changed
+
+
+def _attribute_wait(events: list[Event], waiting: set[int], failing: set[int]) -> bool:
+    """A timeout or lost peer printed without a rank, when no rank is seen waiting, is the one
+    failed worker's: the launcher saw it exit with an error (the exception this traceback
+    raised), while the others it stopped (SIGTERM) printed none. One such echo only: two
+    unranked waits may be two ranks'."""
+    echoes = [
+        e
+        for e in events
+        if e.rank is None and e.echo in (Echo.WAITING, Echo.LOST_PEER) and e.rule.severity == "error"
+    ]
+    if waiting or len(failing) != 1 or len(echoes) != 1 or _tracebacks(echoes[0]) != 1:
+        return False
+    echoes[0].rank = next(iter(failing))
+    return True
+
+
+def _tracebacks(event: Event) -> int:
+    """How many separate reports its hits make (lines far apart are separate tracebacks)."""
+    starts = 0
+    last: dict[str, int] = {}
+    for h in sorted(event.hits, key=lambda h: (h.record.source, h.record.line)):
+        prev = last.get(h.record.source)
+        if prev is None or h.record.line - prev > SAME_REPORT_LINES:
+            starts += 1
+        last[h.record.source] = h.record.line
+    return starts
 
 
 SAME_REPORT_LINES = 4
