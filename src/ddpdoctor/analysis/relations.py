@@ -175,7 +175,9 @@ def _attribute_wait(events: list[Event], waiting: set[int], failing: set[int]) -
     echoes = [
         e
         for e in events
-        if e.rank is None and e.echo in (Echo.WAITING, Echo.LOST_PEER) and e.rule.severity == "error"
+        if e.rank is None
+        and e.echo in (Echo.WAITING, Echo.LOST_PEER)
+        and e.rule.severity == "error"
     ]
     if waiting or len(failing) != 1 or len(echoes) != 1 or _tracebacks(echoes[0]) != 1:
         return False
