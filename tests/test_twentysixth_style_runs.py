@@ -108,12 +108,6 @@ MISSES: dict[str, str] = {
     "as in tidy: 'epoch 1 step 4/6' (0-based, logged every 4) is read as an epoch cut short and "
     "the four ranks' 'rank N finished, best val_loss ...' lines, on both nodes' consoles and in "
     "every rank's train.log, are not read as an end; neither agent prints an exit on success",
-    "halt-r0": "failed, uncoordinated-exit on rank 1 (INF202, 0.75): the kind is right, the "
-    "culprit is the agent's first failure: rank 0 is not among the ranks seen (the console has "
-    "no rank prefixes, the shared outputs/shared/train.log names no rank, and the agent lists "
-    "no worker that exited 0), so 'early stopping at epoch 1' and 'rank 0 finished' stay a "
-    "rankless context (EXIT101) and rank 1, which exited 1 after 'Connection closed by peer', "
-    "is taken for the rank that left",
 }
 
 

@@ -151,12 +151,18 @@ def attribute_by_elimination(events: list[Event], evidence: JobEvidence) -> bool
         sources = {h.record.source for h in event.hits}
         in_source = {r for r in present if evidence.ranks[r].sources & sources}
         candidates = (on_host or present) - waiting
-        if candidates & failing:
+        if event.marker == Marker.STOP:
+            # a stop is announced by a rank that then leaves (exit 0), not by one the launcher
+            # saw fail or had to stop (those went on and were left waiting)
+            stopped = {r for r in candidates if evidence.ranks[r].terminated}
+            if candidates - failing - stopped:
+                candidates -= failing | stopped
+        elif candidates & failing:
             candidates &= failing
         elif in_source:
             candidates &= in_source
         if len(candidates) != 1:
-            candidates = failing if len(failing) == 1 else set()
+            candidates = set(failing) if len(failing) == 1 else set()
         if not candidates and waiting >= present and not failing and len(evidence.missing) == 1:
             # every rank that wrote was left waiting: the error is the silent one's, the one
             # rank of the world with no line of its own (its abort printed no prefix)
