@@ -22,6 +22,7 @@ from ddpdoctor.analysis.frames import (
 )
 from ddpdoctor.analysis.job import JobView
 from ddpdoctor.analysis.relations import survived
+from ddpdoctor.analysis.scanner import StreamSummary
 from ddpdoctor.ingest.tracebacks import EXCEPTION_LINE
 from ddpdoctor.model.evidence import (
     COLLECTIVE_FUNCTIONS,
@@ -175,8 +176,8 @@ def build_evidence(job: JobView, events: list[Event]) -> JobEvidence:
             view.progress_total = stream.progress_total
         if stream.last_line >= 0 and stream.last_text:
             view.last_text = stream.last_text
-            if not stream.error_lines and busy_phase(stream.last_text):
-                view.busy_phase = stream.last_text[:80]
+            if not stream.error_lines:
+                view.busy_phase = _announced_phase(stream)
 
     for rank, on_step in ended_on_step.items():
         ranks[rank].ended_on_step = on_step
@@ -254,6 +255,17 @@ def build_evidence(job: JobView, events: list[Event]) -> JobEvidence:
         (s.source, s.last_line) for s in job.streams if s.last_line == s.closed_traceback_line
     }
     return evidence
+
+
+def _announced_phase(stream: StreamSummary) -> str | None:
+    """The long phase a writer's last words announce, or the line before them when its last
+    line is not progress (a stop signal's handler printed after 'saving a checkpoint')."""
+    if busy_phase(stream.last_text):
+        return stream.last_text[:80]
+    on_progress = stream.last_progress_line == stream.last_line
+    if stream.prev_text and not on_progress and busy_phase(stream.prev_text):
+        return stream.prev_text[:80]
+    return None
 
 
 def _last_words(job: JobView) -> list[Evidence]:

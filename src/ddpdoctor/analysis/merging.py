@@ -139,6 +139,7 @@ def merge(acc: SourceScan, part: SourceScan) -> SourceScan:
             acc.streams[key] = s
             continue
         a.lines_seen += s.lines_seen
+        a.prev_text = s.prev_text or a.last_text
         a.last_line, a.last_text = s.last_line, s.last_text
         a.open_traceback_line, a.open_traceback_at = s.open_traceback_line, s.open_traceback_at
         a.open_traceback_text, a.open_trace_native = s.open_traceback_text, s.open_trace_native

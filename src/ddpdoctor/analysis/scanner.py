@@ -94,6 +94,9 @@ class StreamSummary:
     first_line: int = 0
     last_line: int = 0
     last_text: str = ""
+    prev_text: str = ""
+    """The line before its last: what it was doing when its last words were a handler's (a
+    stop signal's 'dumped', 'terminating')."""
     progress_lines: int = 0
     last_progress_line: int = 0
     last_init_line: int = 0
@@ -582,6 +585,7 @@ class Scanner:
             summary.lines_seen += 1
             summary.last_line = line_no
             message = parsed.text
+            summary.prev_text = summary.last_text
             summary.last_text = message
             if parsed.level in ERROR_LEVELS or RAISED.match(message):
                 summary.error_lines += 1  # an error logged, or an exception it printed
