@@ -94,9 +94,6 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "oom-forward": "failed, python-exception on rank 1 (INF208, 0.5): the caught OOM is now context, but "
-    "the gloo size mismatch that aborted rank 1 (its lines carry no rank) is not made the "
-    "root: rank 1 is said to have failed with an error its output does not hold",
     "restore-node0": "failed, collective-mismatch on ranks 0 and 1 (INF203, 0.4): the culprits "
     "are right, but not that ranks 0 and 1 had finished ('done training') and waited in the "
     "closing barrier while ranks 2 and 3 trained on",

@@ -42,6 +42,13 @@ class Context:
     """First line per source where training announced its end."""
     intended: dict[str, Rule] = field(default_factory=dict)
     """The rules of intended ends: 'agreed-stop', 'teardown', 'stopped' (rules/registry.py)."""
+    caught_ids: set[int] | None = None
+    """The events the program caught and went on from (_caught), found once per job."""
+
+    def caught(self, graph: CausalGraph) -> set[int]:
+        if self.caught_ids is None:
+            self.caught_ids = {id(e) for e in graph.events if _caught(e, graph.events)}
+        return self.caught_ids
 
 
 def precedes(a: Event, b: Event, slack_s: float = 0.0) -> bool | None:
@@ -212,7 +219,10 @@ def relate_same_report(graph: CausalGraph, ctx: Context) -> None:
     or of one message printed over a few lines (an error and the hints printed under it), the
     more specific explains the other."""
     reports = [e for e in graph.events if failing(e)]
+    caught = ctx.caught(graph)
     for a in reports:
+        if id(a) in caught:
+            continue  # the program went on from it: what it printed next is another report
         block = {(c.source, c.line) for h in a.hits for c in h.context}
         block |= {(h.record.source, h.record.line) for h in a.hits}
         for b in reports:
@@ -250,10 +260,11 @@ def relate_exit_path(graph: CausalGraph, ctx: Context) -> None:
     for event in graph.events:
         if event.rank is not None and (failing(event) or event.rule.exit_path):
             by_rank.setdefault(event.rank, []).append(event)
+    caught = ctx.caught(graph)
     for rank, events in by_rank.items():
         for a in events:
-            if not failing(a):
-                continue
+            if not failing(a) or id(a) in caught:
+                continue  # a failure the program caught and went on from ended nothing
             for b in events:
                 if a is b or precedes(a, b) is not True:
                     continue
@@ -266,7 +277,7 @@ def relate_exit_path(graph: CausalGraph, ctx: Context) -> None:
     # an abort of a rank that failed, where nothing orders the two: still its exit path
     for rank, events in by_rank.items():
         crashes = [e for e in events if e.rule.exit_path]
-        firsts = [e for e in events if failing(e) and not e.rule.exit_path]
+        firsts = [e for e in events if failing(e) and not e.rule.exit_path and id(e) not in caught]
         for crash in crashes:
             if not graph.explained(crash) and firsts:
                 graph.add(firsts[0], crash, "exit path", f"how rank {rank} died after failing")
@@ -444,7 +455,8 @@ def relate_survived(graph: CausalGraph, ctx: Context) -> None:
     same output) explains nothing and accuses nobody: the job outlived it."""
     gone = [e for e in graph.events if survived(e, ctx.evidence)]
     gone_ids = {id(e) for e in gone}  # not `e in gone`: field-wise equality, 16,000 events
-    caught = [e for e in graph.events if id(e) not in gone_ids and _caught(e, graph.events)]
+    caught_ids = ctx.caught(graph)
+    caught = [e for e in graph.events if id(e) not in gone_ids and id(e) in caught_ids]
     if not gone and not caught:
         return
     node = graph.add_node(Node("went on", None))
