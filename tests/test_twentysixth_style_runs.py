@@ -97,18 +97,7 @@ EXPECTED: dict[str, Expected] = {
 }
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
-MISSES: dict[str, str] = {
-    "tidy": "unknown, hang (INF212, 0.3): 'The log ends at step 8 of 12 without an end': the "
-    "last progress line 'epoch 2 step 8/12' (a 0-based step of a 12-batch epoch, logged every "
-    "4) is read as an epoch cut short, and every rank's own end ('rank N finished, best "
-    "val_loss ...' after the last epoch's validation, in the console and each rank's train.log) "
-    "is not read as an end of training; torchrun prints nothing on success, and Hydra's "
-    "'[2026-12-03 05:57:26,366]' stamps are not read as times (the timeline is in line order)",
-    "nodes-clean": "unknown, hang (INF212, 0.3): 'The log ends at step 4 of 6 without an end', "
-    "as in tidy: 'epoch 1 step 4/6' (0-based, logged every 4) is read as an epoch cut short and "
-    "the four ranks' 'rank N finished, best val_loss ...' lines, on both nodes' consoles and in "
-    "every rank's train.log, are not read as an end; neither agent prints an exit on success",
-}
+MISSES: dict[str, str] = {}
 
 
 RUNS = RunSet("twentysixth-", EXPECTED, MISSES, label_nowhere=True)

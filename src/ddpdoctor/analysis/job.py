@@ -64,6 +64,18 @@ class JobView:
         return resolve_rank(origin, self.single_node, self.rank_map)
 
 
+def _every_rank_finished(
+    finished: list[tuple[int | None, Record]], ranks: set[int], world_hints: list[int]
+) -> list[tuple[int, Record]]:
+    """Ranks' own 'rank N finished' lines, when every rank of the world said it: one rank
+    saying so may have left the others alone (an early stop of its own), all of them cannot."""
+    said = {r for r, _ in finished if r is not None}
+    world = max([*world_hints, *(r + 1 for r in ranks | said)], default=0)
+    if world < 2 or said != set(range(world)):
+        return []
+    return [(r, record) for r, record in finished if r is not None]
+
+
 def resolve_rank(
     origin: Origin, single_node: bool, rank_map: dict[tuple[str, int], int] | None = None
 ) -> int | None:
@@ -151,6 +163,7 @@ def build_job(
     prompts: list[tuple[int | None, Record]] = []
     normal_seen = False
     failed_exits: list[FactHit] = []
+    finished: list[tuple[int | None, Record]] = []
     summaries = 0
     for scan in scans:
         expect_root = False
@@ -214,12 +227,23 @@ def build_job(
                 completions.append((done, fact.record))
                 src = fact.record.source
                 completed_at[src] = min(completed_at.get(src, fact.record.line), fact.record.line)
+            elif fact.name == "rank_finished":
+                finished.append((rank_number(fact.captures.get("rank")), fact.record))
             elif fact.name in ("socket_transport", "ib_transport", "p2p_transport"):
                 transports.add(fact.name.split("_")[0])
                 normal_seen = True
             elif fact.name in ("normal", "nccl_comm"):
                 normal_seen = True
 
+    all_done: dict[str, int] = {}
+    for rank, record in _every_rank_finished(finished, ranks, world_hints):
+        completed_ranks.add(rank)
+        completions.append((rank, record))
+        # training ended when the last rank said so: what a rank printed before its own
+        # word is no teardown
+        all_done[record.source] = max(all_done.get(record.source, 0), record.line)
+    for src, line in all_done.items():
+        completed_at[src] = min(completed_at.get(src, line), line)
     recovered_at = _recovered_at(failed_exits, completions, summaries)
     if recovered_at is not None:  # the exits of failed attempts are not how the job ended
         for fact in failed_exits:
