@@ -90,9 +90,6 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "cfg-node1": "failed, ddp-model-mismatch on ranks 0 and 2 (DDP104, 0.9): the kind is right, "
-    "but the culprits are the two ranks each message names, not node 1's ranks 2 and 3 whose "
-    "model has 29 parameters",
     "bnbuf-zero": "failed, collective-mismatch on rank 1 (COL101, 0.9): the rank gloo aborted "
     "(it received the bigger buffer) is named, not rank 0 that sent it",
     "val-extra": "failed, collective-mismatch on rank 0 (COL101, 0.9): the rank gloo aborted in "

@@ -226,6 +226,9 @@ def _who(event: Event) -> str:
 
 
 def _culprits(roots: list[Event], evidence: JobEvidence, graph: CausalGraph) -> set[int]:
+    odd = _odd_group(roots)
+    if odd:
+        return odd
     blamed = [
         int(n)
         for e in roots
@@ -246,6 +249,26 @@ def _culprits(roots: list[Event], evidence: JobEvidence, graph: CausalGraph) -> 
     if len(evidence.failing_exits) == 1:
         return set(evidence.failing_exits)
     return _each_failed_worker(roots, evidence) or _only_rank_not_waiting(roots, evidence)
+
+
+def _odd_group(roots: list[Event]) -> set[int]:
+    """Messages where each rank states its own count (DDP's 'Rank 2 has 29 params, while
+    rank 0 has inconsistent 20'): the ranks group by what they have, and the smaller group is
+    the odd one; of two equal groups, the one without rank 0 (DDP builds on rank 0's model,
+    and it is the one launched as the reference)."""
+    own: dict[int, str] = {}
+    for e in roots:
+        for h in e.hits:
+            said, count = h.captures.get("rank_a", ""), h.captures.get("count_a", "")
+            if said.isdigit() and len(said) <= 7 and count:
+                own[int(said)] = count
+    groups: dict[str, set[int]] = {}
+    for rank, count in own.items():
+        groups.setdefault(count, set()).add(rank)
+    if len(groups) != 2:
+        return set()
+    a, b = sorted(groups.values(), key=lambda g: (len(g), 0 in g))
+    return a if len(a) < len(b) or 0 not in a else set()
 
 
 def _each_failed_worker(roots: list[Event], evidence: JobEvidence) -> set[int]:
