@@ -88,7 +88,7 @@ def assess(job: JobEvidence) -> Assessment | None:
         # collective whose own evidence then weighs more)
         score = 0.7 if busy & named else 0.6 if culprit - running else 0.4
         if not (busy & named) and not phased and not_main_and_silent(job, culprit):
-            found.append(from_silent_rank(job, culprit, waiting, score))
+            found.append(from_silent_rank(job, culprit, waiting, score, not culprit - running))
             return max(found, key=lambda a: a.score)
         found.append(
             Assessment(

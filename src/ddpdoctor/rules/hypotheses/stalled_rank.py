@@ -130,7 +130,7 @@ def not_main_and_silent(job: JobEvidence, ranks: set[int]) -> bool:
 
 
 def from_silent_rank(
-    job: JobEvidence, silent: set[int], waiting: set[int], score: float
+    job: JobEvidence, silent: set[int], waiting: set[int], score: float, by_transport: bool
 ) -> Assessment:
     """Ranks other than the main process, alive (the launcher had to stop them, or the
     transport showed them running), silent and with no work announced, while the others timed
@@ -146,7 +146,15 @@ def from_silent_rank(
         [
             f"{ranks_text(silent)} printed no error and "
             + ("was" if one else "were")
-            + f" still running while {ranks_text(waiting)} timed out waiting for "
+            + " still running"
+            + (
+                " (the transport would have reported "
+                + ("it" if one else "them")
+                + " leaving as a closed connection; nobody did)"
+                if by_transport
+                else " (the launcher had to stop " + ("it" if one else "them") + ")"
+            )
+            + f" while {ranks_text(waiting)} timed out waiting for "
             + ("it" if one else "them")
             + ", and "
             + ("it" if one else "they")
