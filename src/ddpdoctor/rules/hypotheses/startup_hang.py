@@ -99,6 +99,8 @@ def assess(job: JobEvidence) -> Assessment | None:
                 "connecting the GPUs (peer-to-peer inside a node, the network across nodes)."
             )
         ],
+        # where start-up stopped is not known: the transport bisection comes first
+        fix=[] if p2p else list(RULE.fix),
         next_steps=[
             "Re-run with NCCL_DEBUG=INFO NCCL_P2P_DISABLE=1; or run `ddpdoctor check "
             "--nproc-per-node N` on the node.",
