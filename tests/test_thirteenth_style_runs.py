@@ -99,9 +99,6 @@ MISSES: dict[str, str] = {
     "culprit is machine 1's spawn report 'Process 0 terminated' (a local index; global rank 2) "
     "read as global rank 0, and rank 3 (its log.txt.rank3 stops at 'Loading from "
     ".../model_final.pth') is not named",
-    "voted-halt": "ok with no kind (status right since rank 0's 'Total training time' ends "
-    "training): every rank's 'Found .../STOP: stopping after iteration 4' is not read as an "
-    "agreed early stop",
 }
 
 

@@ -77,6 +77,13 @@ EARLY_STOP = Rule(
             r"(?i:\bstopping training)\b(?! early| at step)(?![_=(-])",
             "topping training",
         ),
+        # a stop at a named point without the word early: detectron2-style hooks' "Found
+        # .../STOP: stopping after iteration 4.", "stopping at epoch 3: patience used up"
+        # (not the Trainer's "stopping training at step 1200!": its data ran out)
+        Signature(
+            r"(?i:\bstopping (?:after|at) (?:iteration|iter|epoch|step)) \d",
+            "topping ",
+        ),
         # Lightning EarlyStopping: "... did not improve ... Signaling Trainer to stop."
         Signature(r"Signaling Trainer to stop"),
         # PyTorch-Ignite's handlers when they end the trainer's run (engine.terminate()):
@@ -107,6 +114,7 @@ EARLY_STOP = Rule(
     ),
     positive=(
         "Early stopping at epoch 3: val_loss did not improve",
+        "Found /tmp/runs/STOP: stopping after iteration 4.",
         "Early stopping: val_loss did not improve for 5 epochs",
         "ddpdoctor: early stopping agreed by all 2 ranks at step 3 (asked by ranks 1)",
         # a program's own agreed stop (tests/fixtures/real/third-early-stop-all)
@@ -127,6 +135,8 @@ EARLY_STOP = Rule(
         "train.py --early-stop --patience 3",
         "early stopping required metric_for_best_model, but did not find eval_accuracy so early "
         "stopping is disabled",
+        "There seems not to be a single sample in your epoch_iterator, stopping training at step "
+        "1200!",
         "FloatingPointError: Loss is inf at epoch 1 batch 2: stopping training",
         # a handler's settings, and the engine's own note that a stop was asked for
         "handlers: [EarlyStopping(patience=3), TerminateOnNan()]",
