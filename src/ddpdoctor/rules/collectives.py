@@ -31,6 +31,11 @@ COLLECTIVE_MISMATCH = Rule(
             r"message truncated : receiving \d+ bytes instead of \d+",
             "message truncated : receiving",
         ),
+        # NCCL bootstrap.cc / socket.cc: a peer's message of another size than this rank expects
+        Signature(
+            r"Message truncated : received \d+ bytes instead of \d+",
+            "Message truncated : received",
+        ),
         # accelerate utils/operations.py (ACCELERATE_DEBUG_MODE=1) compares shapes first
         Signature(r"Cannot apply desired operation due to shape mismatches"),
     ),
@@ -384,8 +389,56 @@ WATCHDOG_STUCK = Rule(
     negative=("Watchdog caught collective operation timeout",),
 )
 
+NCCL_REJECTED_CALL = Rule(
+    code="COL105",
+    kind="python-exception",
+    title="NCCL rejected a collective's arguments (invalid argument, no algorithm for the dtype)",
+    sources="NCCL src/init.cc ncclGetErrorString (ncclInvalidArgument), src/enqueue.cc "
+    "(2.3.5-2.30.7) via torch/csrc/distributed/c10d/NCCLUtils.hpp",
+    specificity=60,
+    signatures=(
+        # ncclGetErrorString(ncclInvalidArgument), as torch's "NCCL error in: ..." quotes it
+        Signature(
+            r"invalid argument \(run with NCCL_DEBUG=WARN for details\)",
+            "invalid argument (run with NCCL_DEBUG=WARN",
+        ),
+        # enqueue.cc: no algorithm/protocol pair can run this op on this dtype (NCCL_ALGO or
+        # NCCL_PROTO forcing an impossible one, an unsupported dtype such as fp8 on old NCCL)
+        Signature(
+            r"No algorithm/protocol available for function (?P<op>\w+) with datatype",
+            "No algorithm/protocol available for function",
+        ),
+    ),
+    explanation=Explanation(
+        what="NCCL refused the call itself: an argument it cannot use (a tensor on another "
+        "device than the communicator's, a null or misaligned buffer, a count that does not "
+        "fit), or no algorithm and protocol that can run the op on that data type.",
+        why="The program passed something NCCL does not accept (a CPU or wrong-device tensor, "
+        "a dtype this NCCL version cannot reduce), or NCCL_ALGO / NCCL_PROTO force a "
+        "combination that is not available.",
+        fix="Re-run with NCCL_DEBUG=WARN: the WARN line says which argument; move tensors to "
+        "the rank's own device, use a dtype NCCL supports for the op, unset NCCL_ALGO and "
+        "NCCL_PROTO.",
+        false_positives="None: NCCL returns these only for the call's arguments.",
+    ),
+    fix=(
+        "Re-run with NCCL_DEBUG=WARN to see which argument NCCL rejected.",
+        "Check the tensors of the collective: on torch.cuda.current_device() (set_device(local "
+        "rank) before init), contiguous, of a dtype NCCL reduces; unset NCCL_ALGO/NCCL_PROTO.",
+    ),
+    positive=(
+        "torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/"
+        "ProcessGroupNCCL.cpp:2006, invalid argument (run with NCCL_DEBUG=WARN for details), "
+        "NCCL version 2.20.5",
+        "node07:2291:2384 [3] enqueue.cc:2063 NCCL WARN No algorithm/protocol available for "
+        "function AllReduce with datatype ncclFloat8e4m3.",
+    ),
+    negative=("NCCL INFO NCCL_PROTO set by environment to simple",),
+)
+
 RULES = (
     COLLECTIVE_MISMATCH,
+    NCCL_REJECTED_CALL,
     NCCL_WATCHDOG_TIMEOUT,
     GLOO_TIMEOUT,
     MONITORED_BARRIER,

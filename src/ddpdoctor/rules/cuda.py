@@ -135,9 +135,12 @@ GPU_HARDWARE = Rule(
     proves_infrastructure=True,
     signatures=(
         Signature(r"uncorrectable ECC error encountered"),
-        Signature(r"NVRM: Xid \(PCI:(?P<pci>[\w:.]+)\): (?P<xid>\d+)", "NVRM: Xid"),
+        # not Xid 13 and 31: a kernel's out-of-range access and a GPU page fault, mostly the
+        # application's own (CUDA109)
+        Signature(r"NVRM: Xid \(PCI:(?P<pci>[\w:.]+)\): (?P<xid>(?!(?:13|31)\b)\d+)", "NVRM: Xid"),
         Signature(r"GPU has fallen off the bus"),
-        Signature(r"PCIe Bus Error: severity=(?P<severity>\w+)", "PCIe Bus Error"),
+        # not a corrected error: the link retried and nothing was lost
+        Signature(r"PCIe Bus Error: severity=(?P<severity>(?!Correct)\w+)", "PCIe Bus Error"),
         Signature(r"unrecoverable.{0,20}(?:ECC|NVLink)", "unrecoverable"),
         # NVML_ERROR_GPU_IS_LOST, as nvidia-smi and NVML users print it ("Unable to determine
         # the device handle for GPU ...: GPU is lost. Reboot the system to recover this GPU")
@@ -169,8 +172,13 @@ GPU_HARDWARE = Rule(
         "Unable to determine the device handle for GPU 0000:41:00.0: GPU is lost. Reboot the "
         "system to recover this GPU",
         "Unable to determine the device handle for GPU0000:62:00.0: Unknown Error",
+        "NVRM: Xid (PCI:0000:3b:00): 79, pid=2150, name=python, GPU has fallen off the bus.",
     ),
-    negative=("CUDA error: device-side assert triggered",),
+    negative=(
+        "CUDA error: device-side assert triggered",
+        "nvidia 0000:83:00.0: PCIe Bus Error: severity=Correctable, type=Data Link Layer",
+        "NVRM: Xid (PCI:0000:07:00): 13, pid=2150, name=python, Graphics SM Warp Exception",
+    ),
 )
 
 CUDA_LIBRARY_MISMATCH = Rule(
@@ -477,6 +485,9 @@ CUDA_KERNEL_FAULT = Rule(
         # adds "ncclUnhandledCudaError: Call to CUDA function failed." below it
         Signature(r"unhandled cuda error"),
         Signature(r"ncclUnhandledCudaError"),
+        # the driver's record of the same (dmesg): Xid 13 (an out-of-range access in a kernel)
+        # and 31 (a GPU memory page fault), which NVIDIA lists as the application's first
+        Signature(r"NVRM: Xid \(PCI:(?P<pci>[\w:.]+)\): (?P<xid>13|31)\b", "NVRM: Xid"),
     ),
     explanation=Explanation(
         what="A GPU kernel accessed memory it must not (illegal memory access, misaligned "
@@ -507,6 +518,7 @@ CUDA_KERNEL_FAULT = Rule(
         "NCCLUtils.hpp:275, unhandled cuda error (run with NCCL_DEBUG=INFO for details), NCCL "
         "version 2.20.5",
         "node01:4242:4300 [3] NCCL WARN Cuda failure 'an illegal memory access was encountered'",
+        "[5521.003311] NVRM: Xid (PCI:0000:3b:00): 31, pid=12345, name=python, Ch 00000010",
     ),
     negative=(
         "RuntimeError: NCCL error in: /pytorch/torch/lib/c10d/ProcessGroupNCCL.cpp:410, "

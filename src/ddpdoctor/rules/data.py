@@ -533,8 +533,39 @@ SAMPLE_FETCH = Rule(
     negative=("INFO: loss=0.31 RuntimeError count=0",),
 )
 
+DATALOADER_TIMEOUT = Rule(
+    code="DL104",
+    kind="hang",
+    title="The DataLoader's own timeout expired: no worker delivered a batch in time",
+    sources="torch/utils/data/dataloader.py _try_get_data (DataLoader(timeout=...))",
+    specificity=75,
+    signatures=(
+        Signature(
+            r"DataLoader timed out after (?P<after>\d{1,9}) seconds", "DataLoader timed out after"
+        ),
+    ),
+    explanation=Explanation(
+        what="DataLoader(timeout=N) was set and no batch came from its workers for N seconds.",
+        why="The workers are alive but stuck: reading from a network filesystem or object "
+        "store that stalls, a deadlock in the dataset (a lock, a thread pool inside the "
+        "worker), or far too many workers for the node's CPUs and I/O.",
+        fix="Dump a stuck worker's stack (py-spy dump --pid WORKER_PID) to see what it waits on; "
+        "run once with num_workers=0 to get the dataset's own error or slowness.",
+        false_positives="A timeout set much shorter than a slow but healthy first batch.",
+    ),
+    fix=(
+        "Take the stacks of the DataLoader worker processes while they stall (py-spy dump "
+        "--pid PID): they show the read or lock they wait on.",
+        "Run once with num_workers=0; check the storage the dataset reads from (a network "
+        "filesystem, an object store) and lower num_workers.",
+    ),
+    positive=("RuntimeError: DataLoader timed out after 600 seconds",),
+    negative=("DataLoader(timeout=600, num_workers=8)",),
+)
+
 RULES = (
     DATA_ERROR,
+    DATALOADER_TIMEOUT,
     SAMPLE_FETCH,
     CHECKPOINT_UNREADABLE,
     DISK_FULL,

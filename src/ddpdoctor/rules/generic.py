@@ -377,8 +377,46 @@ HYDRA_JOB_ERROR = Rule(
     ),
 )
 
+COMMAND_LINE_REJECTED = Rule(
+    code="PY104",
+    kind="python-exception",
+    title="The training script rejected its command line (argparse)",
+    sources="CPython Lib/argparse.py ArgumentParser.error",
+    specificity=30,
+    signatures=(
+        # "train.py: error: the following arguments are required: --data_dir", "... error:
+        # argument --lr: invalid float value: 'x'", "... error: unrecognized arguments: --foo"
+        # (--local_rank's own cases are LCH105's, more specific)
+        Signature(
+            r"^[\w./-]{1,200}: error: (?:the following arguments are required: |argument "
+            r"[^\n]{1,80}: (?:invalid|expected|ambiguous|not allowed)|unrecognized arguments: )",
+            ": error: ",
+        ),
+    ),
+    explanation=Explanation(
+        what="argparse stopped the script at start-up: a required argument missing, a value "
+        "of the wrong type, or an argument it does not know; it prints the usage and exits 2.",
+        why="The launch command and the script disagree: an argument renamed or removed, a "
+        "value the launcher (or a config template) filled in wrongly, an option meant for the "
+        "launcher placed after the script's name.",
+        fix="Run the script with --help and fix the command line; put launcher options before "
+        "the script's name.",
+        false_positives="None: argparse prints it only when it rejects the command line.",
+    ),
+    fix=(
+        "Fix the argument the message names (`python train.py --help` lists them); launcher "
+        "options go before the script's name, the script's after it.",
+    ),
+    positive=(
+        "train.py: error: the following arguments are required: --data_dir",
+        "main.py: error: argument --lr: invalid float value: 'fast'",
+    ),
+    negative=("ERROR: could not find a version that satisfies the requirement",),
+)
+
 RULES = (
     PYTHON_EXCEPTION,
+    COMMAND_LINE_REJECTED,
     FP16_MASTER_WEIGHTS,
     HYDRA_JOB_ERROR,
     EARLY_STOP,

@@ -969,8 +969,41 @@ STORE_ERROR = Rule(
     negative=("torch.distributed.DistNetworkError: The server socket has failed to listen",),
 )
 
+SLURM_STEP_REFUSED = Rule(
+    code="LCH117",
+    kind="rendezvous-failure",
+    title="srun could not create the job step: the ranks never started",
+    sources="Slurm src/srun/step_ctx.c, src/api/step_launch.c (16.05-26.05)",
+    specificity=75,
+    signatures=(
+        Signature(
+            r"srun: error: Unable to create step for job (?P<job>\d+): (?P<reason>[^\n]{1,200})",
+            "Unable to create step for job",
+        ),
+    ),
+    explanation=Explanation(
+        what="srun asked the allocation for a job step it cannot hold (more tasks, CPUs, GPUs "
+        "or memory than the job was given, or nodes it does not have): no rank started.",
+        why="The srun line and the #SBATCH lines disagree: --ntasks-per-node, --cpus-per-task "
+        "or --gpus-per-task times the tasks exceed the allocation, or a step still holds the "
+        "resources.",
+        fix="Make the srun request fit the allocation (same --ntasks, --cpus-per-task and "
+        "--gpus as #SBATCH, or fewer), or free the resources another step holds.",
+        false_positives="None: srun prints it only when it could not create the step.",
+    ),
+    fix=(
+        "Compare the srun options with the allocation (`scontrol show job $SLURM_JOB_ID`): "
+        "tasks x --cpus-per-task and the GPUs per task must fit what #SBATCH asked for.",
+    ),
+    positive=(
+        "srun: error: Unable to create step for job 4242: More processors requested than permitted",
+    ),
+    negative=("srun: Job 4242 step creation temporarily disabled, retrying",),
+)
+
 RULES = (
     INTERRUPTED,
+    SLURM_STEP_REFUSED,
     STORE_ERROR,
     RENDEZVOUS_RETRY,
     HOST_OOM_KILL,

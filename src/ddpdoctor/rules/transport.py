@@ -184,7 +184,9 @@ P2P_ERROR = Rule(
     split_gpus_configure=True,
     specificity=70,
     signatures=(
-        Signature(r"transport/p2p\.cc:\d+ NCCL WARN", "p2p.cc"),
+        # not an allocation that ran out of memory there (NCCL's "Cuda failure 'out of
+        # memory'" while the P2P transport allocates its buffers: an OOM)
+        Signature(r"transport/p2p\.cc:\d+ NCCL WARN(?! Cuda failure 'out of memory')", "p2p.cc"),
         Signature(r"peer access is not supported between these two devices"),
         Signature(r"cudaIpcOpenMemHandle"),
         Signature(r"P2P/IPC.{0,60}(?:failed|error)", "P2P/IPC"),
@@ -334,8 +336,48 @@ NCCL_SHM_SEGMENT = Rule(
     ),
 )
 
+NCCL_INTERNAL_ERROR = Rule(
+    code="NET108",
+    kind="nccl-network",
+    title="NCCL reported an internal error (most often the network or topology at init)",
+    sources="NCCL src/init.cc ncclGetErrorString (ncclInternalError, 2.3.5-2.30.7) via "
+    "torch/csrc/distributed/c10d/NCCLUtils.hpp",
+    specificity=40,
+    signatures=(
+        Signature(
+            r"internal error - please report this issue to the NCCL developers",
+            "internal error - please report this issue to the NCCL developers",
+            suggests=True,
+        ),
+    ),
+    explanation=Explanation(
+        what="An NCCL call returned ncclInternalError.",
+        why="Despite the wording, it is mostly the environment NCCL found at init: a network "
+        "plugin or an IB/RoCE device that fails, a topology NCCL cannot use, mismatched NCCL "
+        "versions across nodes; a real NCCL bug is rarer. The WARN lines NCCL prints before "
+        "it (NCCL_DEBUG=WARN) say which.",
+        fix="Re-run with NCCL_DEBUG=WARN (or INFO) and read the WARN line before the error; "
+        "bisect the transport (NCCL_IB_DISABLE=1, NCCL_P2P_DISABLE=1, NCCL_SOCKET_IFNAME).",
+        false_positives="A genuine NCCL bug: the WARN line then names NCCL's own code.",
+    ),
+    fix=(
+        "Re-run with NCCL_DEBUG=WARN and read the WARN line NCCL prints before this error.",
+        "Check that every node runs the same NCCL (torch wheel), then bisect: "
+        "NCCL_IB_DISABLE=1, NCCL_P2P_DISABLE=1, NCCL_SOCKET_IFNAME=<interface>.",
+    ),
+    confirm="the WARN line NCCL prints before the error (NCCL_DEBUG=WARN): it names the "
+    "network, topology or plugin call that failed",
+    positive=(
+        "torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/"
+        "NCCLUtils.hpp:317, internal error - please report this issue to the NCCL developers, "
+        "NCCL version 2.20.5",
+    ),
+    negative=("NCCL INFO Using network Socket",),
+)
+
 RULES = (
     PEER_CLOSED,
+    NCCL_INTERNAL_ERROR,
     IB_ERROR,
     IB_RETRY_EXCEEDED,
     P2P_ERROR,
