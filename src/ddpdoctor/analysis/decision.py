@@ -69,6 +69,8 @@ def decide(
         relation(graph, ctx)
     _relate_symptoms(graph, evidence, hypotheses)
     decision = _choose(graph, evidence, job, hypotheses, ctx)
+    if decision.status == Status.OK:
+        decision.next_steps.extend(_advice_on_warnings(graph))
     _weigh_flight_recorder(decision, evidence)
     _assign_roles(findings, graph, decision)
     return decision
@@ -442,6 +444,29 @@ def _intended_end(graph: CausalGraph, ctx: Context) -> Decision | None:
         decision.basis = ["+ every rank announced the stop"]
         return decision
     return None
+
+
+MAX_ADVICE = 3
+"""Warnings of a healthy run whose advice is given (one each, the first distinct rules)."""
+
+
+def _advice_on_warnings(graph: CausalGraph) -> list[str]:
+    """A healthy run's warnings cost nothing to fix and are what its user came to ask about
+    ('find_unused_parameters=True found nothing unused', 'destroy_process_group() was not
+    called'): each one's first step, said as advice, not as a cause."""
+    steps: list[str] = []
+    seen: set[str] = set()
+    for event in graph.events:
+        rule = event.rule
+        if rule.severity == "error" or event.echo is not None or rule.code in seen:
+            continue
+        if not rule.fix or rule.marker not in (None, Marker.TEARDOWN):
+            continue
+        seen.add(rule.code)
+        steps.append(f"Not a failure, but worth fixing ({rule.title}): {rule.fix[0]}")
+        if len(steps) == MAX_ADVICE:
+            break
+    return steps
 
 
 def _stopped_after_end(effects: list[Event]) -> bool:
