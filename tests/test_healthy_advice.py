@@ -27,6 +27,10 @@ def _case(prefix: str) -> str:
         # Megatron's run ends with torch's "destroy_process_group() was not called" warning
         ("271", "destroy_process_group"),
         ("453", "destroy_process_group"),
+        # the Trainer's needless find_unused_parameters=True (DDP108)
+        ("334", "find_unused_parameters=False"),
+        # NCCL's barrier guessing the rank's GPU (DDP109)
+        ("375", "device_id"),
     ],
 )
 def test_an_ok_verdict_gives_the_advice_of_its_warnings(prefix: str, advice: str) -> None:

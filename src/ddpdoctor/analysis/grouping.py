@@ -33,7 +33,9 @@ def dedupe(
 
     explained: set[tuple[str, int]] = set()
     for hit in kept:
-        if rules[hit.rule].specificity > GENERIC_SPECIFICITY:
+        # a notice (severity info) explains no traceback around it: the warning a run prints
+        # before its error is not that error
+        if rules[hit.rule].specificity > GENERIC_SPECIFICITY and rules[hit.rule].severity != "info":
             explained.add(_line_key(hit.record))
             explained.update(_line_key(c) for c in hit.context)
     known = sources or {}

@@ -287,8 +287,86 @@ UNEVEN_INPUTS = Rule(
     negative=("Epoch 3: 100%|##########| 250/250 [00:10<00:00]",),
 )
 
+FIND_UNUSED_NEEDLESS = Rule(
+    code="DDP108",
+    kind="ddp-unused-parameters",
+    title="find_unused_parameters=True, but no parameter was unused (a cost every step)",
+    sources="torch/csrc/distributed/c10d/reducer.cpp (torch 1.x-2.13)",
+    severity="info",
+    specificity=10,
+    signatures=(
+        Signature(
+            r"find_unused_parameters=True was specified in DDP constructor, but did not find any "
+            r"unused parameters",
+            "but did not find any unused parameters",
+        ),
+    ),
+    explanation=Explanation(
+        what="DDP was built with find_unused_parameters=True and found every parameter used.",
+        why="The flag makes DDP walk the autograd graph after every forward to find "
+        "parameters without a gradient: wasted time when there are none. Never a failure.",
+        fix="Turn the flag off unless some steps really leave parameters unused.",
+        false_positives="A model whose later steps take branches that leave parameters unused "
+        "needs the flag (the warning is printed from the first steps).",
+    ),
+    fix=(
+        "Set find_unused_parameters=False (DistributedDataParallel(..., "
+        "find_unused_parameters=False); HF Trainer: --ddp_find_unused_parameters False; "
+        "Lightning: strategy='ddp') unless some steps really leave parameters unused.",
+    ),
+    positive=(
+        "[W reducer.cpp:1300] Warning: find_unused_parameters=True was specified in DDP "
+        "constructor, but did not find any unused parameters in the forward pass.",
+    ),
+    negative=("find_unused_parameters=True",),
+)
+
+BARRIER_DEVICE_UNKNOWN = Rule(
+    code="DDP109",
+    kind="device-assignment",
+    title="barrier() guessed the rank's GPU (no device_id given)",
+    sources="torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp (torch 2.4-2.6), "
+    "torch/distributed/distributed_c10d.py barrier (2.7-2.13)",
+    severity="info",
+    specificity=10,
+    signatures=(
+        Signature(
+            r"to perform barrier as devices used by this process are currently unknown",
+            "to perform barrier as devices used by this process are currently unknown",
+        ),
+        Signature(
+            r"barrier\(\): using the device under current context", "using the device under current"
+        ),
+    ),
+    explanation=Explanation(
+        what="NCCL's barrier did not know which GPU the rank uses and picked one (the rank's "
+        "index, or the current device).",
+        why="The process group was created without device_id and no collective had run on a "
+        "GPU yet. Harmless when each rank has already called torch.cuda.set_device(local "
+        "rank); a hang when two ranks end up on one GPU.",
+        fix="Create the process group with device_id, or call torch.cuda.set_device(local "
+        "rank) first and barrier(device_ids=[local_rank]).",
+        false_positives="None: it is a notice; only a wrong GPU mapping makes it a fault.",
+    ),
+    fix=(
+        "init_process_group('nccl', device_id=torch.device(f'cuda:{local_rank}')) (torch >= "
+        "2.3), or torch.cuda.set_device(local_rank) before it and barrier(device_ids="
+        "[local_rank]).",
+    ),
+    positive=(
+        "[PG 0 Rank 4]  using GPU 4 to perform barrier as devices used by this process are "
+        "currently unknown. This can potentially cause a hang if this rank to GPU mapping is "
+        "incorrect.",
+        "UserWarning: barrier(): using the device under current context. You can specify "
+        "`device_id` in `init_process_group` to mute this warning.",
+    ),
+    negative=("dist.barrier(device_ids=[local_rank])",),
+)
+
 RULES = (
     DDP_UNUSED_PARAMETERS,
+    FIND_UNUSED_NEEDLESS,
+    BARRIER_DEVICE_UNKNOWN,
     DDP_PARAMETERS_WITHOUT_GRAD,
     DDP_MARK_READY_TWICE,
     DDP_GRAD_STRIDES,
