@@ -422,3 +422,28 @@ def test_hydra_job_logging_gives_time_and_level() -> None:
     parsed = parse_line("[2026-12-03 05:57:26,366][torch.distributed][WARNING] - x", 2026)
     assert (parsed.text, parsed.level) == ("x", "warning")
     assert parsed.time is not None and parsed.time.isoformat().startswith("2026-12-03T05:57:26")
+
+
+@pytest.mark.parametrize(
+    ("line", "text"),
+    [
+        # rich.traceback (rich 15) as a program with rich.traceback.install() prints it
+        (
+            "╭──────────── Traceback (most recent call last) ────────────╮",
+            "Traceback (most recent call last):",
+        ),
+        (
+            "│ /tmp/richtb.py:8 in main                                   │",
+            '  File "/tmp/richtb.py", line 8, in main',
+        ),
+        (
+            '[rank1]:│ ❱  8 │   load("/data/missing/train.csv")             │',
+            '    ❱  8 │   load("/data/missing/train.csv")',
+        ),
+        ("╰────────────────────────────────────────────────────────────╯", ""),
+        # a box of the program's own that is no traceback keeps its text
+        ("╭─── Summary ───╮", "╭─── Summary ───╮"),
+    ],
+)
+def test_rich_boxed_traceback_lines_read_as_pythons(line: str, text: str) -> None:
+    assert parse_line(line, 2026).text == text

@@ -445,6 +445,36 @@ def parse_line(raw: str, year: int = 1970, with_time: bool = True) -> ParsedLine
         if m and (local := rank_number(m.group("local"))) is not None:
             origin.local_rank = local
             out.rank_from_text = True
+    if message[:1] in RICH_BOX_CHARS:
+        message = rich_traceback_line(message)
     out.text = message
     out.prefix = " ".join(prefix_parts)
     return out
+
+
+RICH_BOX_CHARS = frozenset("│╭╰")
+"""The first character of the lines of rich's boxed traceback (rich.traceback.install,
+RichHandler(rich_tracebacks=True), Typer)."""
+RICH_FRAME = re.compile(r"(?P<path>\S+?):(?P<line>\d{1,9}) in (?P<func>\S+)")
+
+
+def rich_traceback_line(message: str) -> str:
+    """rich's boxed traceback read as Python's own: its title is the traceback's head, a
+    frame's "/path/train.py:42 in main" is 'File "/path/train.py", line 42, in main', the
+    code shown under it an indented line, the box's bottom border nothing (the exception
+    line below the box is printed as Python prints it)."""
+    if message[0] == "╭":
+        return TRACEBACK_HEAD_TEXT if "Traceback (most recent call last)" in message else message
+    if message[0] == "╰":
+        return "" if message.rstrip().endswith("╯") else message
+    inner = message[1:].rstrip()
+    if not inner.endswith("│"):
+        return message
+    inner = inner[:-1].strip()
+    m = RICH_FRAME.fullmatch(inner)
+    if m:
+        return f'  File "{m["path"]}", line {m["line"]}, in {m["func"]}'
+    return "    " + inner if inner else "  "
+
+
+TRACEBACK_HEAD_TEXT = "Traceback (most recent call last):"
