@@ -447,3 +447,33 @@ def test_hydra_job_logging_gives_time_and_level() -> None:
 )
 def test_rich_boxed_traceback_lines_read_as_pythons(line: str, text: str) -> None:
     assert parse_line(line, 2026).text == text
+
+
+def test_rich_handler_records_give_time_level_and_rank_without_the_caller_column() -> None:
+    """rich.logging.RichHandler (rich 15, COLUMNS=100): the time column, blank when the time
+    repeats, the level column, the caller's file:line right-aligned; under a record, the
+    traceback box and the exception line are indented by both columns."""
+    head = parse_line(
+        "[12/03/26 06:30:02] INFO     [rank 0] epoch 1 step 4/12 loss 0.71"
+        "                       richlog.py:5",
+        2026,
+    )
+    assert (head.text, head.level, head.origin.rank) == (
+        "[rank 0] epoch 1 step 4/12 loss 0.71",
+        "info",
+        0,
+    )
+    assert head.time is not None and head.time.isoformat().startswith("2026-12-03T06:30:02")
+    same_second = parse_line(
+        "                    ERROR    [rank 0] failed to read the batch"
+        "                         richlog.py:11",
+        2026,
+    )
+    assert (same_second.text, same_second.level) == ("[rank 0] failed to read the batch", "error")
+    box = " " * 29 + "╭────────── Traceback (most recent call last) ──────────╮" + " " * 14
+    assert parse_line(box, 2026).text == "Traceback (most recent call last):"
+    exc = " " * 29 + "KeyError: 'x'" + " " * 60
+    assert parse_line(exc, 2026).text == "KeyError: 'x'"
+    # a code line of a Python traceback indented as deep is left alone
+    code = " " * 29 + "loss = model(batch)"
+    assert parse_line(code, 2026).text == code

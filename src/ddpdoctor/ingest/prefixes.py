@@ -35,6 +35,18 @@ HYDRA_FIELDS = re.compile(r"\[[\w.-]{1,80}\]\[(?P<level>[A-Z]{3,8})\] - ")
 US_TIME = re.compile(
     r"(?P<mo>\d\d)/(?P<d>\d\d)/(?P<y>\d{4}) (?P<hms>\d\d:\d\d:\d\d)(?:[,.]\d{1,6})?(?: ?[:|-])? "
 )
+# rich's RichHandler (rich.logging): "[12/03/26 06:30:02] INFO     message      train.py:42",
+# its time column left blank when the time repeats, both columns blank under a record (a
+# traceback's box, the exception line), and the caller's file:line right-aligned at the end.
+RICH_LOG_HEAD = re.compile(
+    r"\[(?P<mo>\d\d)/(?P<d>\d\d)/(?P<y>\d\d) (?P<hms>\d\d:\d\d:\d\d)\] "
+    r"(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) +"
+)
+RICH_LOG_LEVEL = re.compile(r" {20}(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) +")
+RICH_LOG_BODY = re.compile(
+    r" {29}(?=[╭│╰]|[A-Za-z_][\w.]{0,200}(?:Error|Exception|Interrupt|Exit|Warning)\b)"
+)
+RICH_CALLER = re.compile(r"[\w.-]{1,80}\.py:\d{1,6}")
 # torchrun: `[rank3]:`, `[default0]:`, custom role `[trainer1]:`; TORCHELASTIC prefixes.
 TORCHRUN = re.compile(r"\[(?P<role>[A-Za-z_][A-Za-z_-]*?)(?P<num>\d+)\]:\s?")
 # glog as torch prints it: `E1130 12:00:00.123456 1234 ProcessGroupNCCL.cpp:616] `
@@ -176,6 +188,33 @@ def _us_time(m: re.Match[str]) -> datetime | None:
     return plausible_time(value)
 
 
+def _without_caller(message: str) -> str:
+    """A RichHandler record without the padding and the caller's file:line it right-aligns
+    (split on the last run of spaces: a regex anchored at the end would try every space)."""
+    message = message.rstrip()
+    head, gap, tail = message.rpartition("  ")
+    if gap and RICH_CALLER.fullmatch(tail):
+        return head.rstrip()
+    return message
+
+
+def _rich_time(m: re.Match[str]) -> datetime | None:
+    """RichHandler's default "[%x %X]" in the C locale: month/day/two-digit year."""
+    hms = m.group("hms")
+    try:
+        value = datetime(
+            2000 + int(m.group("y")),
+            int(m.group("mo")),
+            int(m.group("d")),
+            int(hms[0:2]),
+            int(hms[3:5]),
+            int(hms[6:8]),
+        )
+    except ValueError:
+        return None
+    return plausible_time(value)
+
+
 def _glog_time(md: str, hms: str, year: int) -> datetime | None:
     """glog's MMDD and HH:MM:SS.ffffff(fff), parsed by hand: strptime is 10x slower."""
     try:
@@ -287,6 +326,7 @@ def parse_line(raw: str, year: int = 1970, with_time: bool = True) -> ParsedLine
     pos = 0
     platform_tags = 0
     platform_ok = False  # job platforms put their tags right after an ISO timestamp
+    rich_record = False  # RichHandler's columns: its caller's file:line ends the line
     end = len(text)
     for _ in range(8):
         if pos >= end:
@@ -308,6 +348,14 @@ def parse_line(raw: str, year: int = 1970, with_time: bool = True) -> ParsedLine
                 pos = us.end()
                 continue
         elif bracket and nxt.isdigit():
+            rich = RICH_LOG_HEAD.match(text, pos)
+            if rich:
+                if with_time:
+                    out.time = out.time or _rich_time(rich)
+                out.level = rich.group("level").lower()
+                rich_record = True
+                pos = rich.end()
+                continue
             mpi = OPENMPI.match(text, pos)
             if mpi:
                 origin.rank = int(mpi.group("rank"))
@@ -321,6 +369,18 @@ def parse_line(raw: str, year: int = 1970, with_time: bool = True) -> ParsedLine
             platform_ok = True
             pos = m.end()
             continue
+        if c == " " and nxt == " ":
+            rich = RICH_LOG_LEVEL.match(text, pos)
+            if rich:
+                out.level = rich.group("level").lower()
+                rich_record = True
+                pos = rich.end()
+                continue
+            rich = RICH_LOG_BODY.match(text, pos)
+            if rich:
+                rich_record = True  # padded to the console's width
+                pos = rich.end()
+                continue
         m = KUBECTL.match(text, pos) if bracket and nxt == "p" else None
         if m:
             origin.host = origin.host or m.group("pod")
@@ -413,6 +473,8 @@ def parse_line(raw: str, year: int = 1970, with_time: bool = True) -> ParsedLine
             continue
         break
     message = text[pos:]
+    if rich_record:
+        message = _without_caller(message)
     if message[:1] == "{":
         _json_fields(message, out, with_time)
     if "\r" in message:  # a progress bar redrawn in place: keep its last state
@@ -455,7 +517,7 @@ def parse_line(raw: str, year: int = 1970, with_time: bool = True) -> ParsedLine
 RICH_BOX_CHARS = frozenset("│╭╰")
 """The first character of the lines of rich's boxed traceback (rich.traceback.install,
 RichHandler(rich_tracebacks=True), Typer)."""
-RICH_FRAME = re.compile(r"(?P<path>\S+?):(?P<line>\d{1,9}) in (?P<func>\S+)")
+RICH_FRAME = re.compile(r"^(?P<path>\S{1,4000}?):(?P<line>\d{1,9}) in (?P<func>\S{1,400})$")
 
 
 def rich_traceback_line(message: str) -> str:
@@ -471,7 +533,7 @@ def rich_traceback_line(message: str) -> str:
     if not inner.endswith("│"):
         return message
     inner = inner[:-1].strip()
-    m = RICH_FRAME.fullmatch(inner)
+    m = RICH_FRAME.match(inner)
     if m:
         return f'  File "{m["path"]}", line {m["line"]}, in {m["func"]}'
     return "    " + inner if inner else "  "
