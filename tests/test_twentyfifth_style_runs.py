@@ -17,6 +17,8 @@ a mode ddpdoctor gets wrong today is a strict xfail whose reason says what it sa
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from tests.program_runs import Expected, RunSet
@@ -98,3 +100,92 @@ def test_twentyfifth_style_fixture_is_small_rewritten_and_unlabelled(mode: str) 
     RUNS.check_fixture(mode)
     for f in RUNS.files(mode):
         assert "TRAIN_FX" not in f.read_text(errors="replace"), f
+
+
+def _text(mode: str, pattern: str = "*") -> str:
+    return "\n".join(f.read_text(errors="replace") for f in RUNS.files(mode) if f.match(pattern))
+
+
+def test_two_agents_write_one_console_each() -> None:
+    RUNS.check_two_agents("labels-node0")
+    for mode in ("pair-nodes", "wait-r3"):
+        names = sorted(f.name for f in RUNS.files(mode))
+        assert names == ["node0.log", "node1.log"], names
+
+
+@pytest.mark.parametrize(
+    ("mode", "world"),
+    [("halt-agreed", 2), ("nullptr-r2", 3), ("gate-r0", 2), ("local-stop", 3), ("tracker-r0", 2)],
+)
+def test_the_log_dir_holds_each_local_rank_stdout_and_stderr(mode: str, world: int) -> None:
+    names = {"/".join(f.relative_to(RUNS.folder(mode)).parts[-2:]) for f in RUNS.files(mode)}
+    assert names == {"console.log"} | {
+        f"{r}/std{s}.log" for r in range(world) for s in ("out", "err")
+    }, names
+
+
+def test_rich_handler_lines_carry_the_time_the_level_and_the_caller_at_the_right_edge() -> None:
+    """RichHandler: "[MM/DD/YY HH:MM:SS] LEVEL    message   file.py:NN", the time left blank
+    while it repeats, the message wrapped in its own column (continuation lines are indented),
+    the rank only where the program wrote "[rank N]"."""
+    text = RUNS.console("plain-ok")
+    assert re.search(r"^\[\d\d/\d\d/\d\d \d\d:\d\d:\d\d\] INFO     \[rank 1\] ", text, re.M)
+    assert re.search(
+        r"^ {20}INFO     epoch 1 step 4/12 .*twentyfifth_style_train\.py:\d+$", text, re.M
+    )
+    assert re.search(r"^ {29}loss 1\.\d+ +$", text, re.M), "80 columns: the message wraps"
+    assert "─ Epoch 1/3 ─" in text  # console.rule
+    assert not re.search(r"\[rank \d\] epoch \d step", text)
+
+
+def test_rich_tracebacks_are_boxed_and_torch_prefixes_each_line_with_the_rank() -> None:
+    """rich.traceback.install's hook, wrapped by torch's after init_process_group: every line
+    of the box and of the wrapped exception message starts with "[rank1]: "."""
+    text = RUNS.console("cat-r1")
+    assert "[rank1]: ╭─" in text and "Traceback (most recent call last)" in text
+    assert "[rank1]: │ ❱" in text and "[rank1]: ╰─" in text
+    # the message is wrapped at 80 columns: no line holds all of it
+    assert re.search(
+        r"^\[rank1\]: RuntimeError: Sizes of tensors must match except in dimension 0\. ",
+        text,
+        re.M,
+    )
+    assert "Expected size 16 but got size 8" not in text
+    assert re.search(r"^\[rank0\]: Connection closed by peer \[127\.0\.0\.1\]:\d+", text, re.M)
+
+
+def test_a_logged_exception_is_a_narrow_box_inside_the_message_column() -> None:
+    """pickle-r0: log.exception renders rich's traceback in RichHandler's message column (18
+    columns at 80): the box folds paths and words; torch.multiprocessing.spawn reports process
+    0's plain traceback inside the parent's own rich box."""
+    text = RUNS.console("pickle-r0")
+    assert re.search(r"^ {29}╭─ Traceback \(most─╮", text, re.M)
+    assert re.search(r"^ {29}TypeError: cannot +$", text, re.M)
+    assert "-- Process 0 terminated with the following error:" in text
+    assert "TypeError: cannot pickle '_thread.RLock' object" in text
+
+
+def test_the_progress_bar_is_on_rank_zero_only() -> None:
+    assert "━━━━" in _text("gate-r0", "*/0/stdout.log")
+    assert "━━━━" not in _text("gate-r0", "*/1/std*.log")
+
+
+def test_the_launchers_report_what_happened() -> None:
+    assert ("-9", "1") in RUNS.agent_exits("kill-r1")
+    assert ("-11", "2") in RUNS.agent_exits("nullptr-r2")
+    assert "EADDRINUSE" in RUNS.console("port-held")
+    assert "No module named 'wandb'" in RUNS.console("tracker-r0")
+    term = RUNS.console("term-limit")
+    assert "Received 15 death signal, shutting down workers" in term
+    assert re.search(r"WARNING  \[rank 0\] SIGTERM", term) and re.search(
+        r"\[rank 1\] SIGTERM", term
+    )
+
+
+def test_only_rank_two_stopped_on_its_own_accuracy() -> None:
+    text = RUNS.console("local-stop")
+    assert "[rank 2] early stopping after epoch 2" in text
+    assert not re.search(r"\[rank [01]\] early stopping", text)
+    agreed = RUNS.console("halt-agreed")
+    assert "[rank 0] early stopping after epoch 2" in agreed
+    assert "[rank 1] early stopping after epoch 2" in agreed
