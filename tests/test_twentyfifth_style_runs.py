@@ -92,19 +92,6 @@ MISSES: dict[str, str] = {
     "/ 'tch.py:54 in <listcomp>', then '...twentyfifth_style_train.py:105 in __getitem__') and "
     "the line after it, \"[rank1]: ValueError: could not convert string to float: 'n/a'\", are "
     "never read as a traceback, so nothing says the failure is in the dataset's input",
-    "gate-r0": "failed, python-exception on rank 0 (INF208, 0.5): no timeout is found on either "
-    "rank, because rich wrapped gloo's message at the console width: '[rank0]: RuntimeError: "
-    "[/__w/.../unbound_buffer.cc:78] Timed' / '[rank0]: out waiting 15000ms for recv operation "
-    "to complete' (COLUMNS=100, torch's [rankN]: prefix on each piece); the boxed frames that "
-    "show rank 0 in dist.barrier() (c10d barrier) and rank 1 in loss.backward() are not read "
-    "either, so both ranks' 15 s timeouts in different collectives are invisible and the "
-    "agent's exitcode 1 for rank 0 becomes an unseen python exception",
-    "local-stop": "failed, python-exception on rank 0 (INF208, 0.5), with rank 2's '[rank 2] "
-    "early stopping after epoch 2' only as context (EXIT101 early-stop): ranks 0 and 1's lost "
-    "peer is wrapped by rich as '[rank0]: RuntimeError: [/__w/.../pair.cc:553] Connection' / "
-    "'[rank0]: closed by peer [127.0.0.1]:N. This is typically caused by ...', so no lost peer "
-    "is read, and rank 2, which stopped alone and exited 0 (the agent lists only ranks 0 and 1 "
-    "as failed), is not seen as the rank that left",
     "pickle-r0": "failed, python-exception with no culprit (INF208, 0.4): the spawn parent's "
     "exception is printed by rich's hook as 'ProcessRaisedException: ' then '-- Process 0 "
     "terminated with the following error:' (rich names the class without its module, and "
@@ -118,19 +105,6 @@ MISSES: dict[str, str] = {
     "spawn parent's 'ProcessRaisedException: ' / '-- Process 0 terminated with the following "
     "error:' (rich's short class name), so process 0, rank 0 whose TCPStore could not bind, is "
     "not named",
-    "shard-r1": "failed, collective-mismatch on rank 1 (COL101, 0.9): the culprit is right, but "
-    "gloo's 'op.preamble.length <= op.nbytes. 676 vs 4. Received data size doesn't match "
-    "expected size' (rank 1's 3-float evaluation all-reduce against rank 0's 676-float gradient "
-    "bucket) is read as a collective in a rank-dependent branch, not a rank that ran out of "
-    "batches; the ranks said so at the start ('[rank 0] 12 batches' / '[rank 1] 6 batches', "
-    "each wrapped before 'an epoch')",
-    "wait-r3": "failed, preempted with no culprit (LCH109, 0.6): the program's SIGTERM handler "
-    "line '[rank 3] SIGTERM received, stopping' (logged when node 1's agent stopped rank 3 after "
-    "rank 2 failed: 'Sending process N closing signal SIGTERM' just before it) is read as the "
-    "scheduler ending the job, though no agent logged 'Received 15 death signal'; ranks 0-2's "
-    "15 s timeouts are wrapped by rich ('... unbound_buffer.cc:78] Timed' / 'out waiting "
-    "15000ms for recv operation to complete') and not read, so rank 3, the one rank that never "
-    "timed out and printed nothing between its first line and the SIGTERM, is not found",
 }
 
 
@@ -238,13 +212,8 @@ def test_only_rank_two_stopped_on_its_own_accuracy() -> None:
     assert "[rank 1] early stopping after epoch 2" in agreed
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="cat-r1's verdict is right (python-exception, rank 1) only by inference (INF208, 'its "
-    "own output is not in the logs', from the agent's exitcode 1): the evidence quotes no line "
-    "of rank 1's rich box or of its wrapped '[rank1]: RuntimeError: Sizes of tensors must "
-    "match except in dimension 0. Expected size' / '[rank1]: 16 but got size 8 ...'",
-)
 def test_the_boxed_exception_of_the_culprit_is_quoted() -> None:
+    """cat-r1: rank 1's RuntimeError is printed under rich's box (read as a traceback) and
+    quoted as the evidence, not inferred from the agent's exit code."""
     verdict = RUNS.report("cat-r1").verdict
     assert any("Sizes of tensors must match" in e.text for e in verdict.evidence)

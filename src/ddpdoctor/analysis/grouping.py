@@ -3,6 +3,8 @@ python-exception hit when a specific rule explains the same traceback, and group
 
 from __future__ import annotations
 
+import re
+
 from ddpdoctor.model.findings import Evidence, Finding, Hit
 from ddpdoctor.model.records import Record
 from ddpdoctor.rules.base import Rule
@@ -46,9 +48,12 @@ def dedupe(
         event = _event_key(hit)
         if event not in chosen or rank < chosen[event]:
             chosen[event] = rank
+    wrapped = _wrapped_messages(kept, rules)
     out: list[Hit] = []
     for hit in kept:
         if chosen[_event_key(hit)][3] != hit.record.source:
+            continue
+        if id(hit) in wrapped:
             continue
         if (
             rules[hit.rule].specificity <= GENERIC_SPECIFICITY
@@ -59,6 +64,32 @@ def dedupe(
                 continue
         out.append(hit)
     return out
+
+
+EMPTY_EXCEPTION = re.compile(r"^\**[A-Za-z_][\w.]{0,200}(?:Error|Exception):\s*$")
+"""An exception line whose message went to the next lines (rich's traceback and narrow
+terminals wrap a long message right after 'RuntimeError: ')."""
+WRAP_LINES = 3
+
+
+def _wrapped_messages(hits: list[Hit], rules: dict[str, Rule]) -> set[int]:
+    """Generic exception hits with an empty message that a more specific rule reads in the
+    same writer's next lines: the message itself, wrapped."""
+    specific: dict[tuple[str, str], list[int]] = {}
+    for hit in hits:
+        if rules[hit.rule].specificity > GENERIC_SPECIFICITY:
+            key = (hit.record.source, hit.record.stream_key)
+            specific.setdefault(key, []).append(hit.record.line)
+    drop: set[int] = set()
+    for hit in hits:
+        if rules[hit.rule].specificity > GENERIC_SPECIFICITY:
+            continue
+        if not EMPTY_EXCEPTION.match(hit.record.text):
+            continue
+        lines = specific.get((hit.record.source, hit.record.stream_key), [])
+        if any(0 < line - hit.record.line <= WRAP_LINES for line in lines):
+            drop.add(id(hit))
+    return drop
 
 
 def _event_key(hit: Hit) -> tuple[str, int | None, int | None, str]:

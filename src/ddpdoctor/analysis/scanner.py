@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, MutableSequence, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from functools import lru_cache
 
@@ -31,7 +31,7 @@ from ddpdoctor.ingest.elastic_error import ErrorFileChunks, is_error_file
 from ddpdoctor.ingest.filenames import origin_from_path
 from ddpdoctor.ingest.prefixes import MAX_TEXT, ParsedLine, parse_line, rank_before
 from ddpdoctor.ingest.sources import ChunkStream, Input
-from ddpdoctor.ingest.tracebacks import carried_on, walk_back
+from ddpdoctor.ingest.tracebacks import carried_on, is_traceback_line, walk_back
 from ddpdoctor.model.findings import Hit
 from ddpdoctor.model.records import Origin, Record, SourceInfo
 from ddpdoctor.rules.base import Rule, Signature
@@ -58,6 +58,14 @@ ERROR_LEVELS = frozenset(("error", "fatal", "critical"))
 # UnknownError: ..."): a writer that printed one is not quiet, even when no rule knows it.
 # Warnings ("UserWarning: ...") are not exceptions raised.
 RAISED = re.compile(r"[A-Za-z_][\w.]{0,200}(?:Error|Exception)(?::\s|:?$)")
+EXCEPTION_HEAD = re.compile(r"^\**[A-Za-z_][\w.]{0,200}(?:Error|Exception):")
+"""An exception line with a message (possibly wrapped by rich or a terminal onto the next
+lines)."""
+WRAP_LINES = 3
+MAX_WRAPPED_TEXT = 4000
+MAX_WRAPPED_READS = 200
+GENERIC_SPECIFICITY = 5
+"""Rules at or below this prior are catch-alls (events.GENERIC_SPECIFICITY)."""
 MAX_HITS_PER_PATTERN = 2000
 """After this many confirmed hits of one signature in one source, further lines of it are not
 looked at (the engine stops reporting the pattern for the source): memory stays bounded and a
@@ -275,6 +283,9 @@ class _Source:
     """Per rule, the budget's hits of earlier ranges and files, read once per chunk."""
     touched: set[int] = field(default_factory=set)
     """Rules with new hits since the budget was last told."""
+    wrapped_reads: int = 0
+    """Exception messages read again joined with their next lines (at most MAX_WRAPPED_READS:
+    each is a pass of every rule over the message)."""
 
 
 class Scanner:
@@ -544,6 +555,76 @@ class Scanner:
                     echo,
                     handled,
                     store_host,
+                )
+            )
+            if rule.specificity <= GENERIC_SPECIFICITY and EXCEPTION_HEAD.match(parsed.text):
+                self._confirm_wrapped(
+                    src, chunk, end, parsed, record, ctx_records, order, handled, rules_done
+                )
+
+    def _confirm_wrapped(
+        self,
+        src: _Source,
+        chunk: bytes,
+        end: int,
+        parsed: ParsedLine,
+        record: Record,
+        ctx_records: list[Record],
+        order: int,
+        handled: bool,
+        rules_done: set[str],
+    ) -> None:
+        """An exception line only the catch-all read, whose message goes on in the next
+        lines (rich's traceback and narrow terminals wrap a long message, even right after
+        'RuntimeError: '): the message is read again joined with the same writer's next lines
+        that carry no header of their own, by every specific rule, and a rule that reads it
+        there claims the exception's line."""
+        if src.wrapped_reads >= MAX_WRAPPED_READS:
+            return
+        pieces: list[str] = []
+        pos = end + 1
+        for _ in range(WRAP_LINES):
+            if pos >= len(chunk):
+                break
+            nl = chunk.find(b"\n", pos)
+            stop = len(chunk) if nl < 0 else nl
+            nxt = src.parse(chunk[pos : min(stop, pos + 4096)].decode("utf-8", errors="replace"))
+            pos = stop + 1
+            if nxt.prefix != parsed.prefix or not nxt.text.strip():
+                break
+            if nxt.time is not None or nxt.level is not None or is_traceback_line(nxt.text):
+                break  # a record of its own, or the next traceback's lines
+            pieces.append(nxt.text.strip())
+        if not pieces:
+            return
+        src.wrapped_reads += 1
+        head = parsed.text.rstrip()
+        joined = head + " " + " ".join(pieces)
+        done = set(rules_done)  # what read the line alone keeps it
+        for target in self._targets:
+            rule, signature = target.rule, target.signature
+            if rule is None or signature is None or rule.code in done:
+                continue
+            if rule.specificity <= GENERIC_SPECIFICITY:
+                continue
+            m = signature.compiled.search(joined)
+            # what the rule reads must begin in the exception's own line and run on past it
+            # (a message of its own on the next line is read there, as itself)
+            if m is None or not m.start() < len(head) < m.end() or not rule.context_ok(joined):
+                continue
+            done.add(rule.code)
+            wrapped = replace(record, text=joined[:MAX_WRAPPED_TEXT])
+            src.result.hits.append(
+                Hit(
+                    rule.code,
+                    wrapped,
+                    _captures(m),
+                    ctx_records,
+                    order,
+                    signature.suggests,
+                    rule.echo_of(signature),
+                    handled,
+                    False,
                 )
             )
 
