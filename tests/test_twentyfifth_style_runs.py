@@ -85,13 +85,10 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "bad-row": "failed, python-exception on rank 1 (INF208, 0.5: 'A worker exited with an error "
-    "and its own output is not in the logs'): the culprit comes from the agent's exitcode 1 for "
-    "local rank 1; rank 1's rich box ('[rank1]: ╭──── Traceback (most recent call last) ────╮', "
-    "frames '│ path:NN in func │', one of them folded by rich: '.../torch/utils/data/_utils/fe' "
-    "/ 'tch.py:54 in <listcomp>', then '...twentyfifth_style_train.py:105 in __getitem__') and "
-    "the line after it, \"[rank1]: ValueError: could not convert string to float: 'n/a'\", are "
-    "never read as a traceback, so nothing says the failure is in the dataset's input",
+    "bad-row": "failed, python-exception on rank 1 (PY101, 0.6): the kind misses the input: rank "
+    "1's rich box is read as a traceback now, but rich folded the DataLoader's frame over two "
+    "box lines ('.../torch/utils/data/_utils/fe' / 'tch.py:54 in <listcomp>'), so no fetch "
+    "frame stands above the dataset's '__getitem__' and the ValueError is not read as bad data",
     "pickle-r0": "failed, python-exception with no culprit (INF208, 0.4): the spawn parent's "
     "exception is printed by rich's hook as 'ProcessRaisedException: ' then '-- Process 0 "
     "terminated with the following error:' (rich names the class without its module, and "
