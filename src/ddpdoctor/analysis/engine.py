@@ -172,7 +172,11 @@ def _sampled_hits(chunk: bytes, sampled: list[tuple[bytes, list[int]]]) -> list[
 def plain_line(line: bytes) -> bool:
     """ASCII without control bytes and no longer than a parsed text: cleaning leaves it as it
     is, so its parsed message is a suffix of it and a regex finds there what it finds in the
-    bytes (Python's str and bytes classes agree on ASCII without control bytes)."""
+    bytes (Python's str and bytes classes agree on ASCII without control bytes). Not a line
+    whose end parsing may cut: trailing padding, or a caller's file:line column (rich's
+    RichHandler right-aligns 'train.py:42' after the message)."""
+    if line.endswith(b" ") or (line[-1:].isdigit() and b".py:" in line[-100:]):
+        return False
     return len(line) <= MAX_TEXT and _NOT_PLAIN.search(line) is None
 
 
