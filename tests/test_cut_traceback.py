@@ -72,7 +72,12 @@ def test_cut_after_a_frame_the_writer_is_inside_a_traceback(console: Path, tmp_p
     output ends inside it, and the frame quoted is the one before the cut."""
     lines = _text(console).splitlines(keepends=True)
     header = max(i for i, ln in enumerate(lines) if _is_header(ln))
-    frame = next(i for i in range(header, len(lines)) if 'File "' in lines[i])
+    # the frame as parsed: rich's boxed traceback prints "path:line in func" for it
+    frame = next(
+        i
+        for i in range(header, len(lines))
+        if 'File "' in parse_line(lines[i], with_time=False).text
+    )
     cut = tmp_path / "cut.log"
     cut.write_text("".join(lines[: frame + 1]), encoding="utf-8")
     found = _open(_scan(cut))

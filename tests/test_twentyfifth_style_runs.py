@@ -97,11 +97,6 @@ MISSES: dict[str, str] = {
     "'_thread.RLock' object\" are not tied to a rank, and rank 0's own log.exception box (in "
     "RichHandler's 18-column message column, under an unranked 'ERROR    could not write' / "
     "'checkpoint' / 'checkpoints/epoch001' / '.pt') has no rank either",
-    "port-held": "failed, rendezvous-failure with no culprit (LCH108, 0.9): the kind is right "
-    "(DistNetworkError ... EADDRINUSE), but it is read only from the child traceback inside the "
-    "spawn parent's 'ProcessRaisedException: ' / '-- Process 0 terminated with the following "
-    "error:' (rich's short class name), so process 0, rank 0 whose TCPStore could not bind, is "
-    "not named",
 }
 
 

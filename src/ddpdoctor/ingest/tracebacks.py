@@ -31,6 +31,12 @@ RAY_TASK_HEAD = re.compile(
 'Traceback (most recent call last):' (python/ray/exceptions.py): the head of that worker's
 traceback, naming its process."""
 FRAME_LINE = re.compile(r'^(?:> )?File "[^"]{1,4000}", line \d{1,9}')
+WRAPPED_FRAME = re.compile(
+    r'^(?:"[^"\s]{1,4000}|[^"\s]{0,4000}", line \d{1,9}, in \S{1,400}|[A-Za-z_<][\w<>.]{0,200})$'
+)
+"""The pieces of a frame line a console wrapped at its width (rich prints a child's traceback
+so): the quoted path's start, the path's end with the line number and function, the function
+name alone."""
 MAX_WALK_LINES = 400
 MAX_TRACEBACK_LINES = 120
 MAX_WALK_BYTES = 1024 * 1024
@@ -61,6 +67,7 @@ def is_traceback_line(text: str) -> bool:
         or EXCEPTION_LINE.match(text)
         or RAY_TASK_HEAD.match(text)
         or FRAME_LINE.match(text)
+        or WRAPPED_FRAME.match(text)
     )
 
 
