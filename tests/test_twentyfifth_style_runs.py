@@ -89,14 +89,6 @@ MISSES: dict[str, str] = {
     "1's rich box is read as a traceback now, but rich folded the DataLoader's frame over two "
     "box lines ('.../torch/utils/data/_utils/fe' / 'tch.py:54 in <listcomp>'), so no fetch "
     "frame stands above the dataset's '__getitem__' and the ValueError is not read as bad data",
-    "pickle-r0": "failed, python-exception with no culprit (INF208, 0.4): the spawn parent's "
-    "exception is printed by rich's hook as 'ProcessRaisedException: ' then '-- Process 0 "
-    "terminated with the following error:' (rich names the class without its module, and "
-    "wraps the child's plain traceback: '  File ' / '\"/repo/.venv/.../spawn.py\", ' / 'line 87, "
-    "in _wrap'); the process index that names rank 0 and the final \"TypeError: cannot pickle "
-    "'_thread.RLock' object\" are not tied to a rank, and rank 0's own log.exception box (in "
-    "RichHandler's 18-column message column, under an unranked 'ERROR    could not write' / "
-    "'checkpoint' / 'checkpoints/epoch001' / '.pt') has no rank either",
 }
 
 

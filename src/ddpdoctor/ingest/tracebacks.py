@@ -32,11 +32,12 @@ RAY_TASK_HEAD = re.compile(
 traceback, naming its process."""
 FRAME_LINE = re.compile(r'^(?:> )?File "[^"]{1,4000}", line \d{1,9}')
 WRAPPED_FRAME = re.compile(
-    r'^(?:"[^"\s]{1,4000}|[^"\s]{0,4000}", line \d{1,9}, in \S{1,400}|[A-Za-z_<][\w<>.]{0,200})$'
+    r'^(?:"[^"\s]{1,4000}(?:", line)?|[^"\s]{0,4000}", line \d{1,9}, in \S{1,400}'
+    r"|\d{1,9}, in \S{1,400}|[A-Za-z_<][\w<>.]{0,200})$"
 )
 """The pieces of a frame line a console wrapped at its width (rich prints a child's traceback
-so): the quoted path's start, the path's end with the line number and function, the function
-name alone."""
+so): the quoted path's start (with ', line' when the number was wrapped), the path's end with
+the line number and function, the number and function, the function name alone."""
 MAX_WALK_LINES = 400
 MAX_TRACEBACK_LINES = 120
 MAX_WALK_BYTES = 1024 * 1024
