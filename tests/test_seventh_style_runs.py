@@ -89,10 +89,6 @@ MISSES: dict[str, str] = {
     "sits in queue.get() and rank 0 in ZeRO's gradient all_reduce, which runs on DeepSpeed's "
     "data-parallel group (torch's 30 min default, not init_distributed's 20 s), so nothing timed "
     "out; the capture's timeout ended it and launch.py's sigkill_handler lines are the only end",
-    "tag-one-node": "failed/python-exception [2, 3] (INF208, 'its own output is not in the "
-    "logs'): ranks right; their tracebacks end in a bare AssertionError from DeepSpeed's "
-    "check_ckpt_list ('assert len(self.ckpt_list) > 0') under engine.load_checkpoint: no "
-    "checkpoint file was found on node 1",
     "width-skew": "failed/collective-mismatch [1] (COL101): rank 1 (node 0) is the one gloo "
     "aborted (SIGABRT, 'op.preamble.length <= op.nbytes. 7376 vs 4416') in DeepSpeed's "
     "broadcast of the model: it received node 1's larger tensors, built with hidden=48 from their "

@@ -563,8 +563,37 @@ DATALOADER_TIMEOUT = Rule(
     negative=("DataLoader(timeout=600, num_workers=8)",),
 )
 
+DEEPSPEED_NO_CHECKPOINT = Rule(
+    code="DATA106",
+    kind="data-error",
+    title="DeepSpeed found no checkpoint files to load on this rank",
+    sources="DeepSpeed runtime/state_dict_factory.py SDLoaderBase.check_ckpt_list (0.6-0.19)",
+    specificity=70,
+    signatures=(Signature(r"^\**AssertionError\s*$", "AssertionError"),),
+    # its bare assert on the list of model-state files engine.load_checkpoint found
+    context_all=(r"in check_ckpt_list\b",),
+    explanation=Explanation(
+        what="engine.load_checkpoint found no mp_rank_*_model_states.pt files for the tag it "
+        "was given: DeepSpeed's bare 'assert len(self.ckpt_list) > 0' failed.",
+        why="The checkpoint folder (or the tag in 'latest') is not there on this node: saved "
+        "on another node's local disk, a tag that was never written, a path relative to "
+        "another working directory.",
+        fix="Put the checkpoint on a filesystem every node sees (or copy it to each node), and "
+        "check the tag and the 'latest' file in the checkpoint folder.",
+        false_positives="None: the assert is this exact check.",
+    ),
+    fix=(
+        "Make the checkpoint folder readable on every node (shared storage, or copy it), and "
+        "check that the tag you pass (or 'latest') names a folder holding "
+        "mp_rank_00_model_states.pt.",
+    ),
+    positive=("AssertionError",),
+    negative=("AssertionError: batch size must be positive",),
+)
+
 RULES = (
     DATA_ERROR,
+    DEEPSPEED_NO_CHECKPOINT,
     DATALOADER_TIMEOUT,
     SAMPLE_FETCH,
     CHECKPOINT_UNREADABLE,
