@@ -87,9 +87,6 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "r2-done-early": "failed, nccl-network with no culprit (NET101, 0.3): ranks 0, 1 and 3 "
-    "losing their peer is the root; rank 2, which printed that its budget was reached and left "
-    "no traceback (the one rank of four without one), is only counted as missing",
     "file-shards": "failed, collective-mismatch on rank 3 (COL101, 0.75): the rank gloo aborted "
     "('1384 vs 4') is named, not that ranks 2 and 3 deal 8 batches against 12 and left the "
     "epoch first",

@@ -317,6 +317,7 @@ def _add_event(evidence: JobEvidence, event: Event) -> None:
         view.warned = True
     if event.marker == Marker.STOP:
         view.announced_stop = True
+        view.present = True  # its own words (told by elimination: the one rank without any)
     if event.echo in (Echo.WAITING, Echo.LOST_PEER):
         for hit in event.hits:  # where it was when the peer never came or went away
             view.wait_sites.append(wait_site(hit))

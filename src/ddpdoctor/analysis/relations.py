@@ -169,8 +169,15 @@ def attribute_by_elimination(events: list[Event], evidence: JobEvidence) -> bool
         elif in_source:
             candidates &= in_source
         if len(candidates) != 1:
-            candidates = set(failing) if len(failing) == 1 else set()
-        if not candidates and waiting >= present and not failing and len(evidence.missing) == 1:
+            # a failed worker printed the failure; a stop is not announced by one
+            one_failed = len(failing) == 1 and event.marker != Marker.STOP
+            candidates = set(failing) if one_failed else set()
+        if (
+            not candidates
+            and waiting >= present
+            and (not failing or event.marker == Marker.STOP)
+            and len(evidence.missing) == 1
+        ):
             # every rank that wrote was left waiting: the error is the silent one's, the one
             # rank of the world with no line of its own (its abort printed no prefix)
             candidates = set(evidence.missing)

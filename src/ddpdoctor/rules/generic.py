@@ -84,6 +84,9 @@ EARLY_STOP = Rule(
             r"(?i:\bstopping (?:after|at) (?:iteration|iter|epoch|step)) \d",
             "topping ",
         ),
+        # a limit of the program's own reached: "sample budget of 24 reached, stopping",
+        # "max_steps reached; stopping" (not "... reached, stopping training at step N!")
+        Signature(r"(?i:\breached[,;:]? stopping)(?:[.!]?$| early\b)", " stopping"),
         # Lightning EarlyStopping: "... did not improve ... Signaling Trainer to stop."
         Signature(r"Signaling Trainer to stop"),
         # PyTorch-Ignite's handlers when they end the trainer's run (engine.terminate()):
@@ -115,6 +118,7 @@ EARLY_STOP = Rule(
     positive=(
         "Early stopping at epoch 3: val_loss did not improve",
         "Found /tmp/runs/STOP: stopping after iteration 4.",
+        "sample budget of 24 reached, stopping",
         "Early stopping: val_loss did not improve for 5 epochs",
         "ddpdoctor: early stopping agreed by all 2 ranks at step 3 (asked by ranks 1)",
         # a program's own agreed stop (tests/fixtures/real/third-early-stop-all)
