@@ -31,3 +31,21 @@ def test_same_report_on_generated_multi_rank_log(tmp_path: Path) -> None:
     slow = report_to_dict(diagnose_paths([str(log)], engine="stdlib"))
     assert fast["verdict"]["status"] == "failed"
     assert fast == slow
+
+
+def test_a_signature_anchored_at_its_line_end_is_found_mid_chunk(tmp_path: Path) -> None:
+    """A short-literal signature goes to Hyperscan as a prefilter regex: its $ must end the
+    line, not the chunk. bash's 'Killed' (LCH101, '^Killed\\s*$') and Slurm's '*** STEP ... ON
+    node' (LCH109) in the middle of a log were read only when they closed a chunk."""
+    from ddpdoctor.analysis.scanner import Scanner
+    from ddpdoctor.ingest.inputs import Input
+    from ddpdoctor.rules.registry import all_rules
+
+    log = tmp_path / "console.log"
+    log.write_text(
+        "epoch 1 step 3\nKilled\nepoch 2\nsrun: error: *** STEP 4242.0 ON node1\nlast line\n"
+    )
+    for engine in ("auto", "python"):
+        scan = Scanner(list(all_rules()), engine=engine).scan(Input(str(log), str(log)))
+        found = {(h.rule, h.record.line) for h in scan.hits}
+        assert {("LCH101", 2), ("LCH109", 4)} <= found, (engine, found)

@@ -580,7 +580,9 @@ def _prefilter_form(pattern: Pattern) -> tuple[str, int]:
     assert _hs is not None
     if len(pattern.literal) >= LITERAL_SEARCH_MIN_CHARS:
         return re.escape(pattern.literal), _hs.HS_FLAG_CASELESS
-    return pattern.regex, _hs.HS_FLAG_PREFILTER | _hs.HS_FLAG_ALLOWEMPTY
+    # multiline: a signature's $ ends its line, not the chunk (without it "^Killed\s*$" was
+    # found only where the line closed a chunk: bash's "Killed" mid-log went unread)
+    return pattern.regex, _hs.HS_FLAG_PREFILTER | _hs.HS_FLAG_ALLOWEMPTY | _hs.HS_FLAG_MULTILINE
 
 
 def _compiled_database(expressions: list[tuple[str, int]], ids: list[int]) -> object:
