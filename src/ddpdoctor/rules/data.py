@@ -509,10 +509,12 @@ SAMPLE_FETCH = Rule(
     # as "Caught X in DataLoader worker process N": DATA101). Not the collate function: it
     # assembles samples already read, and its errors are the batching code's
     # (a map-style dataset's __getitem__(s), an iterable one's __iter__ / __next__, in a frame
-    # below the fetch's: the DataLoader's own __iter__ and __next__ are above it)
+    # below the fetch's: the DataLoader's own __iter__ and __next__ are above it), within 20
+    # lines (real ones: 3-6; a longer window reaches a peer's next traceback, and each
+    # fetch.py frame scans it, so its cost is the window times the line)
     context_all=(
         r"torch[/\\]utils[/\\]data[/\\]_utils[/\\]fetch\.py\", line \d{1,6}, in \w{1,40}"
-        r"(?:\n[^\n]{0,2000}){0,60}?\", line \d{1,6}, in __(?:getitems?|iter|next)__\b",
+        r"(?:\n[^\n]{0,2000}){0,20}?\", line \d{1,6}, in __(?:getitems?|iter|next)__\b",
     ),
     explanation=Explanation(
         what="A rank's traceback ends in an exception raised while the DataLoader fetched a "
