@@ -82,9 +82,6 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "agreed-stop": "ok/None [] (status right since 'training done' ends training): the stop is "
-    "not named; rank 0's 'below target on some rank, stopping' after the validation all_reduce "
-    "is an agreed early stop",
     "ack-wait": "unknown/hang [] ('the log ends after its training progress without an end'): rank 1 "
     "sits in queue.get() and rank 0 in ZeRO's gradient all_reduce, which runs on DeepSpeed's "
     "data-parallel group (torch's 30 min default, not init_distributed's 20 s), so nothing timed "

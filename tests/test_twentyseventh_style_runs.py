@@ -101,32 +101,11 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "steady-pair": "unknown, hang (INF212, 0.3): 'The log ends in the middle of training, "
-    "without an end': every rank's last line is the program's 'training done at step 24' and "
-    "torchrun prints nothing more on success, so nothing read as an end; the lines' asctime "
-    "('2026-12-03 07:35:.. INFO [rank 0] ...') is not read as time either (the timeline is "
-    "'in line order (the logs carry no timestamps)')",
-    "goal-halt": "unknown, hang (INF212, 0.3): as steady-pair: neither every rank's 'mean loss "
-    "0.4933 under 0.60 after epoch 1: stopping' (the agreed stop) nor their 'training done at "
-    "step 24' is read as an announced stop or an end, so a run that stopped on purpose and "
-    "exited 0 looks cut off mid-training",
-    "blip-r1": "failed, collective-mismatch on rank 0 (INF203, 0.4): attempt 0's failure is "
-    "taken for the job's end: rank 1's own ConnectionResetError raised in the program's "
-    "fetch_batch (line 143) is read as a rank waiting in a collective against rank 0's gradient "
-    "all-reduce ('The ranks waited in different collectives', rank 0 named as the main "
-    "process), with rank 0's teardown SIGSEGV (-11) as a cascade; attempt 1, which resumed from "
-    "step 4 and logged 'training done' on both ranks (logs/.../attempt_1/ holds no error.json, "
-    "no ChildFailedError follows), is not seen as a recovery",
     "late-node": "failed, python-exception, no rank (INF208, 0.4): node 0's agent stopping its "
     "world-2 workers when node 1 joined the --nnodes 1:2 job ('Sending process N closing signal "
     "SIGTERM', a membership change, no worker failed: no 'failed (exitcode' line anywhere) is "
     "read as the launcher terminating workers after a failure whose worker's output is missing; "
     "the world of 4 that followed and finished on every rank ('training done') is not weighed",
-    "reaped-r2": "failed, python-exception on rank 2 (INF208, 0.5): the agent's 'failed "
-    "(exitcode: -9) local_rank: 2' of attempt 0 is taken for the job's end (a worker that "
-    "'exited with an error and its own output is not in the logs', the SIGKILL only a host-oom "
-    "context finding), though attempt 1 resumed from step 4, all three ranks logged 'training "
-    "done' and no ChildFailedError followed",
     "thin-r2": "failed, collective-mismatch on rank 2 (COL101, 0.9): the culprit is right, but "
     "gloo's 'op.preamble.length <= op.nbytes. 452 vs 4' (rank 2's one-float epoch-end loss "
     "all-reduce against ranks 0-1's gradient bucket) is read as a collective in a rank-dependent "

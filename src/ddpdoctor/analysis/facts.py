@@ -9,10 +9,15 @@ from dataclasses import dataclass
 
 from ddpdoctor.analysis.engine import Distinct
 from ddpdoctor.ingest.bounds import exit_code_number, pid_number, rank_number
+from ddpdoctor.ingest.prefixes import LOG_HEADER
 from ddpdoctor.model.evidence import PROMPTS
 from ddpdoctor.model.findings import RankExit
 
 VALUE, WRITER = Distinct.VALUE, Distinct.WRITER
+MESSAGE_START = "^" + LOG_HEADER
+"""Where a program's own words start in a line's text: after the header Python's logging
+may leave before them once the line's prefixes are read ("INFO [rank 0] ", "root - INFO - ",
+"INFO:__main__:"). Facts that must be a message's first words anchor here, not at the line."""
 
 
 @dataclass(frozen=True)
@@ -174,7 +179,9 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
     FactPattern("completed", r"training finished", "training finished"),
     # the message's own words (after a "[Rank 0] " tag DeepSpeed's log_dist keeps), not one
     # epoch's "epoch 3 training done"
-    FactPattern("completed", r"^(?:\[Rank \d+\] )?[Tt]raining done\b", "raining done"),
+    FactPattern(
+        "completed", MESSAGE_START + r"(?:\[Rank \d+\] )?[Tt]raining done\b", "raining done"
+    ),
     # DeepSpeed launcher/launch.py, for each worker that exited 0
     FactPattern("completed", r"Process \d+ exits successfully\.", "exits successfully"),
     # a script's own last words: a finishing verb first (the message's first word, after the
@@ -184,7 +191,7 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
     *(
         FactPattern(
             "completed",
-            r"^(?:[Ff]inished|[Cc]ompleted|[Dd]one)\b:?\s{1,3}"
+            MESSAGE_START + r"(?:[Ff]inished|[Cc]ompleted|[Dd]one)\b:?\s{1,3}"
             r"(?:training\s{1,3})?"
             rf"\d{{1,9}}\s{{1,3}}{unit}\b",
             f" {unit}",
@@ -197,7 +204,7 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
     # world says it (job.py)
     FactPattern(
         "rank_finished",
-        r"^\[?(?:[Rr]ank|RANK) (?P<rank>\d{1,5})\]?:? (?:has )?finished"
+        MESSAGE_START + r"\[?(?:[Rr]ank|RANK) (?P<rank>\d{1,5})\]?:? (?:has )?finished"
         r"(?:[,.!]|$| in \d| after \d)",
         "finished",
     ),
@@ -224,7 +231,7 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
     # their epoch loop: print("Training time {}".format(str(timedelta(seconds=...)))), rank 0
     FactPattern(
         "completed",
-        r"^Training time (?:\d{1,9} days?, )?\d{1,2}:\d\d:\d\d$",
+        MESSAGE_START + r"Training time (?:\d{1,9} days?, )?\d{1,2}:\d\d:\d\d$",
         "Training time ",
     ),
     # YOLOX's Trainer.after_train, called from a `finally:` around the epoch loop (so after

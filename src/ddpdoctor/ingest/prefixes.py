@@ -85,12 +85,12 @@ C10D_RANK = re.compile(r"\[(?:PG \d+ (?:\([^)]{0,200}\) )?)?Rank (?P<rank>\d+)\]
 # Programs that name their rank at the start of a line: "Rank 3 finished", "[rank 1/4] step 10".
 # Python logging puts its header first: "INFO - trainer - [rank 1] ...", "[INFO] mmcv: rank 2 ...",
 # "INFO [proc 4211] rank 1 | ..." (up to two bracketed fields after the level).
-_LOG_HEADER = (
+LOG_HEADER = (
     r"(?:(?:\[?[\w.]{1,40}\]?\s*[-:|]\s*)?\[?(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\]?"
     r"(?:\s*[-:|]\s*|\s+)(?:\[?[\w.]{1,40}\]?\s*[-:|]\s*)?(?:\[[^\[\]]{1,40}\]\s*){0,2})?"
 )
 LEADING_RANK = re.compile(
-    _LOG_HEADER + r"\[?(?:[Rr]ank|RANK)[ =:#]?(?P<rank>\d{1,5})(?:/\d{1,5})?\]?[:,|]?\s"
+    LOG_HEADER + r"\[?(?:[Rr]ank|RANK)[ =:#]?(?P<rank>\d{1,5})(?:/\d{1,5})?\]?[:,|]?\s"
 )
 # A bracketed rank tag at the start: "[worker 1] ...", "[Worker 2/4] ...", "[R1/3] ..." (R with
 # the world size only), or after a host name
@@ -109,7 +109,7 @@ HOST_TAGGED_RANK = re.compile(
 # "[gpu 1] ...", "(cuda:1) ...". A separator must follow ("|", "-", a closing bracket), so a
 # listing such as "GPU 0: NVIDIA A100" is not read as a writer.
 LEADING_LOCAL_RANK = re.compile(
-    _LOG_HEADER + r"[\[(]?(?:[Gg][Pp][Uu]|cuda|local_rank|LOCAL_RANK|local rank)[ =:#]{0,2}"
+    LOG_HEADER + r"[\[(]?(?:[Gg][Pp][Uu]|cuda|local_rank|LOCAL_RANK|local rank)[ =:#]{0,2}"
     r"(?P<local>\d{1,3})(?:/\d{1,5})?(?:[\])]\s?|\s?[|-]\s)"
 )
 # ProcessGroupNCCL names the rank that waits for the NCCL id in brackets (census

@@ -84,9 +84,16 @@ EARLY_STOP = Rule(
             r"(?i:\bstopping (?:after|at) (?:iteration|iter|epoch|step)) \d",
             "topping ",
         ),
-        # a limit of the program's own reached: "sample budget of 24 reached, stopping",
-        # "max_steps reached; stopping" (not "... reached, stopping training at step N!")
-        Signature(r"(?i:\breached[,;:]? stopping)(?:[.!]?$| early\b)", " stopping"),
+        # a limit or target of the program's own, then the bare word as the message's end:
+        # "sample budget of 24 reached, stopping", "max_steps reached; stopping", "validation
+        # loss 1.18 below target, stopping", "mean loss 0.49 under 0.60 after epoch 1:
+        # stopping" (not "... reached, stopping training at step N!", nor a signal's "got
+        # SIGTERM, stopping": no limit or target is named)
+        Signature(
+            r"(?i:\b(?:reached|under|below|above|exceed(?:s|ed)?|target|threshold|patience"
+            r"|converged|no improvement)\b[^\n]{0,80}?[,;:]? stopping)(?:[.!]?$| early\b)",
+            " stopping",
+        ),
         # Lightning EarlyStopping: "... did not improve ... Signaling Trainer to stop."
         Signature(r"Signaling Trainer to stop"),
         # PyTorch-Ignite's handlers when they end the trainer's run (engine.terminate()):
@@ -119,6 +126,8 @@ EARLY_STOP = Rule(
         "Early stopping at epoch 3: val_loss did not improve",
         "Found /tmp/runs/STOP: stopping after iteration 4.",
         "sample budget of 24 reached, stopping",
+        # tests/fixtures/real/twentyseventh-goal-halt
+        "mean loss 0.4933 under 0.60 after epoch 1: stopping",
         "Early stopping: val_loss did not improve for 5 epochs",
         "ddpdoctor: early stopping agreed by all 2 ranks at step 3 (asked by ranks 1)",
         # a program's own agreed stop (tests/fixtures/real/third-early-stop-all)
