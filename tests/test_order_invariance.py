@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from ddpdoctor.analysis.diagnose import diagnose_paths
-from ddpdoctor.ingest.filenames import origin_from_path
+from ddpdoctor.ingest.filenames import attempt_of, origin_from_path
 from ddpdoctor.model.findings import Report
 from ddpdoctor.scenarios import catalog, runner
 from tests.conftest import REPO, corpus_cases
@@ -56,9 +56,20 @@ def _copy_as(files: list[Path], out: Path, names: list[str]) -> list[str]:
     for its node or pod (node1.log, trainer-0.log) goes into a folder of that name: the host it
     names is kept. A file named for its rank (rank2.log, a launcher's per-rank file whose lines
     carry no rank) keeps the rank in its new name: there the name is the only place the rank
-    is written."""
+    is written. A worker's file of a torchrun --log-dir attempt folder keeps its attempt and
+    local-rank folders and its stream's name (attempt_1/0/stderr.log): the layout is where the
+    attempt is written; the folder of its run gets the new name."""
     copied = []
+    runs: dict[str, str] = {}
     for src, name in zip(files, names, strict=True):
+        attempt = attempt_of(str(src))
+        if attempt is not None:
+            run = runs.setdefault(attempt[0], f"run-{name}")
+            target = out / run / Path(*Path(src).parts[-3:])
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src, target)
+            copied.append(str(target))
+            continue
         said = origin_from_path(str(src))
         host = said.host  # a pod or node the name or folder names
         parent = out / host if host else out
@@ -84,14 +95,7 @@ def test_reversed_and_renamed_inputs_give_the_same_verdict(
 RANK_PREFIX = re.compile(r"^\[(?:rank|default)(\d+)\]:")
 
 
-SPLIT_KNOWN: dict[str, str] = {
-    "real/twentyseventh-torn-save": "a known order dependence across restarts: in the one "
-    "console, rank 0's attempt-0 SIGKILL comes before its load errors of attempts 1 and 2 and "
-    "explains them as its exit path (data-error on rank 1 alone, the kill an independent "
-    "root); split per writer, nothing orders them and both ranks' load errors are the root "
-    "(data-error on ranks 0 and 1). An exit path must not cross a restart: the rank's later "
-    "attempts are other processes",
-}
+SPLIT_KNOWN: dict[str, str] = {}
 """Consoles whose split verdict differs today, each a strict xfail saying why (a fix turns it
 into a failure)."""
 

@@ -109,17 +109,7 @@ MISSES: dict[str, str] = {
     "thin-r2": "failed, collective-mismatch on rank 2 (COL101, 0.9): the culprit is right, but "
     "gloo's 'op.preamble.length <= op.nbytes. 452 vs 4' (rank 2's one-float epoch-end loss "
     "all-reduce against ranks 0-1's gradient bucket) is read as a collective in a rank-dependent "
-    "branch, not a rank whose own slice of the data ran out after 4 steps",
-    "torn-save": "failed, data-error on rank 1 (DATA104, 0.75): the kind is right and the "
-    "finding names ranks 0 and 1 (both ranks' torch.load fail with 'OSError: [Errno 22] Invalid "
-    "argument' in attempts 1 and 2), but the verdict keeps rank 1 alone: rank 0's errors are "
-    "counted as consequences of its own attempt-0 SIGKILL (host-oom, a second root called 'an "
-    "independent failure'), not as the same failed load in the later attempts",
-    "wedge-r1": "failed, python-exception on rank 0 (PY101, 0.6): attempt 0's OSError EIO on "
-    "rank 0 (recovered by the restart) is taken as the root, and attempt 1's end (rank 0's "
-    "'Timed out waiting 15000ms for recv' while rank 1 sat silent after 'resumed from "
-    "checkpoints/step_00004.pt') as its cascade; the hang that ended the job is not seen",
-}
+    "branch, not a rank whose own slice of the data ran out after 4 steps",}
 
 
 RUNS = RunSet("twentyseventh-", EXPECTED, MISSES, label_nowhere=True)

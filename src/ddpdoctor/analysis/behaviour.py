@@ -21,7 +21,7 @@ from ddpdoctor.analysis.frames import (
     phase,
 )
 from ddpdoctor.analysis.job import JobView
-from ddpdoctor.analysis.relations import survived
+from ddpdoctor.analysis.relations import in_earlier_attempt, survived
 from ddpdoctor.analysis.scanner import StreamSummary
 from ddpdoctor.ingest.tracebacks import EXCEPTION_LINE
 from ddpdoctor.model.evidence import (
@@ -164,13 +164,16 @@ def build_evidence(job: JobView, events: list[Event]) -> JobEvidence:
         if writer is None or writer not in ranks:
             continue
         view = ranks[writer]
+        view.host = view.host or stream.origin.host
+        if stream.source in job.earlier_attempt_sources:
+            continue  # how the writer was in an attempt the launcher restarted
         if stream.last_line > 0:
             on_step = stream.last_progress_line == stream.last_line
             ended_on_step[writer] = ended_on_step.get(writer, True) and on_step
         view.host = view.host or stream.origin.host
         if stream.source:
             view.sources.add(stream.source)
-        if stream.error_lines:
+        if stream.error_lines and not _errors_before_restart(stream, job):
             view.warned = True
         if stream.progress_total is not None:
             view.progress_total = stream.progress_total
@@ -205,6 +208,7 @@ def build_evidence(job: JobView, events: list[Event]) -> JobEvidence:
     evidence.prompts = [replace(Evidence.of(record), rank=rank) for rank, record in job.prompts]
     evidence.end_marks = [r for rank, r in job.completions if rank is None or rank not in early]
     evidence.restart_ended_at = job.recovered_at
+    _scope_to_last_attempt(evidence, job, events)
     for stream in job.streams:
         writer = job.resolve(stream.origin)
         if writer is not None and stream.last_progress_time is not None and stream.source:
@@ -255,6 +259,36 @@ def build_evidence(job: JobView, events: list[Event]) -> JobEvidence:
         (s.source, s.last_line) for s in job.streams if s.last_line == s.closed_traceback_line
     }
     return evidence
+
+
+def _errors_before_restart(stream: StreamSummary, job: JobView) -> bool:
+    """Every error the writer logged was in an attempt the launcher restarted (its console
+    above the agent's report, or an older attempt folder): in its last attempt it said none."""
+    if stream.source in job.earlier_attempt_sources:
+        return True
+    restart = job.last_restart
+    return (
+        restart is not None
+        and stream.source == restart.source
+        and stream.last_error_line < restart.line
+    )
+
+
+def _scope_to_last_attempt(evidence: JobEvidence, job: JobView, events: list[Event]) -> None:
+    """The job failed in an attempt after a restart: judge it by that attempt's failures, when
+    it had any of its own (an error, a timeout). A last attempt whose workers only lost each
+    other (the restarted group could not connect) never ran: the earlier attempts' failures
+    are all there is to read."""
+    evidence.last_restart = job.last_restart
+    evidence.earlier_attempt_sources = job.earlier_attempt_sources
+    if evidence.last_restart is None and not evidence.earlier_attempt_sources:
+        return
+    if not any(
+        (e.primary or e.echo is Echo.WAITING)
+        and not all(in_earlier_attempt(h.record, evidence) for h in e.hits)
+        for e in events
+    ):
+        evidence.last_restart, evidence.earlier_attempt_sources = None, frozenset()
 
 
 def _announced_phase(stream: StreamSummary) -> str | None:

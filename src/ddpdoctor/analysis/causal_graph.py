@@ -4,6 +4,7 @@ relation, rule code or kind is known here."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ddpdoctor.analysis.events import Event, Node
@@ -26,6 +27,9 @@ class Edge:
 @dataclass
 class CausalGraph:
     events: list[Event]
+    apart: Callable[[Event], int] | None = None
+    """Which part of the job an event belongs to, where parts cannot explain each other (the
+    attempts of a restarted job: their processes are others). None: one part."""
     nodes: list[Node] = field(default_factory=list)
     edges: list[Edge] = field(default_factory=list)
     # the edges of each cause and effect, in the order they were added: looking them up by a
@@ -37,6 +41,13 @@ class CausalGraph:
         self, cause: Cause, effect: Cause, relation: str, why: str = "", proof: bool = False
     ) -> None:
         if cause is effect:
+            return
+        if (
+            self.apart is not None
+            and isinstance(cause, Event)
+            and isinstance(effect, Event)
+            and self.apart(cause) != self.apart(effect)
+        ):
             return
         edge = Edge(cause, effect, relation, why, proof)
         self.edges.append(edge)

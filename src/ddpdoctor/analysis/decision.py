@@ -11,7 +11,14 @@ from ddpdoctor.analysis.causal_graph import CausalGraph
 from ddpdoctor.analysis.events import Event, Node, split
 from ddpdoctor.analysis.frames import in_backward, user_frame
 from ddpdoctor.analysis.job import JobView
-from ddpdoctor.analysis.relations import RELATIONS, Context, attribute_by_elimination, failing
+from ddpdoctor.analysis.relations import (
+    RELATIONS,
+    Context,
+    attempt_parts,
+    attribute_by_elimination,
+    failing,
+    split_at_restart,
+)
 from ddpdoctor.model.evidence import Activity, JobEvidence, RankView, Stall
 from ddpdoctor.model.findings import Evidence, Finding
 from ddpdoctor.model.taxonomy import Category, Role, Status
@@ -58,12 +65,12 @@ def decide(
     intended: dict[str, Rule],
 ) -> Decision:
     """The whole causal step: events, relations, roots, roles, decision."""
-    events = split(findings, rules)
+    events = split_at_restart(split(findings, rules), job.last_restart, job.earlier_attempt_sources)
     evidence = build_evidence(job, events)
     if attribute_by_elimination(events, evidence):
         evidence = build_evidence(job, events)
     events = [e for e in events if e.rule.applies is None or e.rule.applies(evidence)]
-    graph = CausalGraph(events)
+    graph = CausalGraph(events, apart=attempt_parts(evidence))
     ctx = Context(evidence=evidence, completed_at=evidence.completed_at, intended=intended)
     for relation in RELATIONS:
         relation(graph, ctx)

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
+from itertools import pairwise
 
 from ddpdoctor.analysis.facts import parse_mpi_exit, parse_summary_entry, signal_code, signal_name
 from ddpdoctor.analysis.scanner import FactHit, SourceScan, StreamSummary
 from ddpdoctor.ingest.bounds import count_number, exit_code_number, pid_number, rank_number
-from ddpdoctor.ingest.filenames import origin_from_path
+from ddpdoctor.ingest.filenames import attempt_of, origin_from_path
 from ddpdoctor.ingest.run_events import RunEvents, RunHang
-from ddpdoctor.model.evidence import CutTrace
+from ddpdoctor.model.evidence import CutTrace, Restart
 from ddpdoctor.model.findings import Evidence, JobInfo, RankExit
 from ddpdoctor.model.records import Origin, Record
 
@@ -59,9 +60,20 @@ class JobView:
     """The launcher restarted failed workers (torchrun --max-restarts) and a later attempt
     announced the end of training, with no failure summary after: what failed before this
     time belongs to an attempt the job recovered from."""
+    last_restart: Restart | None = None
+    """The end of the last attempt torchelastic's agent restarted (its failed-worker line):
+    what the workers printed before it belongs to an earlier attempt, not to how the job
+    ended."""
+    earlier_attempt_sources: frozenset[str] = frozenset()
+    """Workers' files of torchrun --log-dir attempt folders older than the newest one."""
 
     def resolve(self, origin: Origin) -> int | None:
         return resolve_rank(origin, self.single_node, self.rank_map)
+
+
+ATTEMPT_GAP = timedelta(seconds=1)
+"""An agent reports every failed worker of one attempt in the same pass of its monitor loop
+(milliseconds apart); a restarted worker group needs seconds to start and fail again."""
 
 
 def _every_rank_finished(
@@ -245,6 +257,9 @@ def build_job(
     for src, line in all_done.items():
         completed_at[src] = min(completed_at.get(src, line), line)
     recovered_at = _recovered_at(failed_exits, completions, summaries)
+    last_restart = None if recovered_at is not None else _last_restart(failed_exits)
+    if last_restart is not None:  # how each worker ended is how its last attempt ended
+        _keep_last_attempt_exits(per_rank, failed_exits, last_restart, single_node)
     if recovered_at is not None:  # the exits of failed attempts are not how the job ended
         for fact in failed_exits:
             local = rank_number(fact.captures.get("local_rank"))
@@ -344,6 +359,8 @@ def build_job(
         cut_tracebacks=cut_tracebacks,
         normal_seen=normal_seen,
         recovered_at=recovered_at,
+        last_restart=last_restart,
+        earlier_attempt_sources=_earlier_attempt_sources(scans),
     )
 
 
@@ -370,6 +387,85 @@ def _recovered_at(
         for _, end in completions
     )
     return last_failure + timedelta(microseconds=1) if untimed_after else None
+
+
+def _agent_exits(failed_exits: list[FactHit]) -> list[list[FactHit]]:
+    """torchelastic's failed-worker lines ("failed (exitcode: 1) local_rank: 0") of a non-zero
+    exit, all timed, per agent (its console, host and pid), in line order."""
+    agents: dict[tuple[str, str | None, int | None], list[FactHit]] = {}
+    for fact in failed_exits:
+        record = fact.record
+        if "failed (exitcode: " not in record.text or record.time is None:
+            continue
+        if (exit_code_number(fact.captures.get("code")) or 0) == 0:
+            continue
+        key = (record.source, record.origin.host, record.origin.pid)
+        agents.setdefault(key, []).append(fact)
+    return [sorted(exits, key=lambda f: f.record.line) for exits in agents.values()]
+
+
+def _last_restart(failed_exits: list[FactHit]) -> Restart | None:
+    """The last attempt an agent restarted: one agent reporting failed workers twice, seconds
+    apart, ran two worker groups (an agent without restarts left reports one). Agents of other
+    nodes report on their own schedule, so only one agent's own reports are compared."""
+    ends: list[Record] = []
+    for exits in _agent_exits(failed_exits):
+        for before, after in pairwise(exits):
+            assert before.record.time is not None and after.record.time is not None
+            if after.record.time - before.record.time > ATTEMPT_GAP:
+                ends.append(before.record)
+    if not ends:
+        return None
+    last = max(ends, key=lambda r: (r.time, r.source, r.line))
+    assert last.time is not None
+    return Restart(last.source, last.line, last.time)
+
+
+def _keep_last_attempt_exits(
+    per_rank: dict[int, RankExit],
+    failed_exits: list[FactHit],
+    restart: Restart,
+    single_node: bool,
+) -> None:
+    """Per local rank, the exit its agent reported after the last restart, not the first one
+    reported (which an earlier attempt's failure set)."""
+    if not single_node:
+        return
+    for fact in failed_exits:
+        local = rank_number(fact.captures.get("local_rank"))
+        if local is None or per_rank.get(local) is None or per_rank[local].host is not None:
+            continue  # a summary's entry (with its host) is the last attempt's already
+        record = fact.record
+        earlier = (
+            record.line <= restart.line
+            if record.source == restart.source
+            else record.time is not None and record.time <= restart.time
+        )
+        if earlier:
+            del per_rank[local]
+    for fact in failed_exits:
+        local = rank_number(fact.captures.get("local_rank"))
+        code = exit_code_number(fact.captures.get("code"))
+        record = fact.record
+        later = (
+            record.line > restart.line
+            if record.source == restart.source
+            else record.time is not None and record.time > restart.time
+        )
+        if later and local is not None and code is not None and local not in per_rank:
+            per_rank[local] = RankExit(code=code, signal=signal_name(code), local_rank=local)
+
+
+def _earlier_attempt_sources(scans: list[SourceScan]) -> frozenset[str]:
+    """Files of torchrun --log-dir attempt folders older than the newest of their run."""
+    attempts: dict[str, list[tuple[int, str]]] = {}
+    for scan in scans:
+        found = attempt_of(scan.info.path)
+        if found is not None:
+            attempts.setdefault(found[0], []).append((found[1], scan.info.path))
+    return frozenset(
+        source for runs in attempts.values() for n, source in runs if n < max(m for m, _ in runs)
+    )
 
 
 def _silent_rank_files(

@@ -151,6 +151,7 @@ def merge(acc: SourceScan, part: SourceScan) -> SourceScan:
             a.last_progress_line, a.last_progress_time = s.last_progress_line, s.last_progress_time
             a.step_s = s.step_s or a.step_s
         a.error_lines += s.error_lines
+        a.last_error_line = s.last_error_line or a.last_error_line
         a.progress_total = s.progress_total or a.progress_total
         if a.origin.rank is None and s.origin.rank is not None:
             a.origin = s.origin

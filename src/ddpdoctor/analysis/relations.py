@@ -21,12 +21,14 @@ job, documented by what it means for every rank; none names a rule or a kind. Wh
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
 from ddpdoctor.analysis.causal_graph import CausalGraph
 from ddpdoctor.analysis.events import Event, Node
-from ddpdoctor.model.evidence import JobEvidence
+from ddpdoctor.model.evidence import JobEvidence, Restart
+from ddpdoctor.model.records import Record
 from ddpdoctor.rules.base import Echo, Marker, Rule
 
 ECHO_SLACK_S = 5.0
@@ -127,11 +129,58 @@ def _before_restart(event: Event, evidence: JobEvidence) -> bool:
     """Every line of the event belongs to an attempt the launcher restarted and the job then
     completed: earlier by the clock than the end. A line without a time cannot belong to the
     last attempt unless that attempt survived it: a last attempt that failed would have ended
-    in the launcher's failure summary, and there is none."""
+    in the launcher's failure summary, and there is none. Or the job failed in a later
+    attempt: every line is of an earlier one."""
     ended_at = evidence.restart_ended_at
     if ended_at is None:
-        return False
+        return all(in_earlier_attempt(h.record, evidence) for h in event.hits)
     return all(h.record.time is None or h.record.time < ended_at for h in event.hits)
+
+
+def in_earlier_attempt(record: Record, evidence: JobEvidence) -> bool:
+    """The line was printed by an attempt the launcher restarted, before the last one."""
+    return before_attempt(record, evidence.last_restart, evidence.earlier_attempt_sources)
+
+
+def before_attempt(record: Record, restart: Restart | None, earlier: frozenset[str]) -> bool:
+    """In an older attempt folder, above the agent's report of the restarted attempt's failed
+    workers in the same console, or earlier by the clock elsewhere. A line without a time in
+    another file cannot be placed."""
+    if record.source in earlier:
+        return True
+    if restart is None:
+        return False
+    if record.source == restart.source:
+        return record.line <= restart.line  # the agent's report is the attempt's last word
+    return record.time is not None and record.time <= restart.time
+
+
+def attempt_parts(evidence: JobEvidence) -> Callable[[Event], int] | None:
+    """For a job judged by its last attempt: 0 for an event of an attempt the launcher
+    restarted, 1 for the last attempt's (events are split at the restart, so all of an
+    event's lines are on one side). Neither explains the other: a rank's later attempt is
+    another process, which its earlier one's kill or error did not reach."""
+    if evidence.last_restart is None and not evidence.earlier_attempt_sources:
+        return None
+    return lambda event: 0 if in_earlier_attempt(event.hits[0].record, evidence) else 1
+
+
+def split_at_restart(
+    events: list[Event], restart: Restart | None, earlier: frozenset[str]
+) -> list[Event]:
+    """A rank's lines of one finding before and after the last restart are two events: the
+    same error in every attempt is the last attempt's failure and an earlier one's."""
+    if restart is None and not earlier:
+        return events
+    out: list[Event] = []
+    for event in events:
+        old = [h for h in event.hits if before_attempt(h.record, restart, earlier)]
+        new = [h for h in event.hits if not before_attempt(h.record, restart, earlier)]
+        if old and new:
+            out.extend((replace(event, hits=old), replace(event, hits=new)))
+        else:
+            out.append(event)
+    return out
 
 
 def attribute_by_elimination(events: list[Event], evidence: JobEvidence) -> bool:

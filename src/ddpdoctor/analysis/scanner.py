@@ -110,6 +110,8 @@ class StreamSummary:
     last_init_line: int = 0
     error_lines: int = 0
     """Lines logged at error level (glog E/F, logging ERROR): this writer is not quiet."""
+    last_error_line: int = 0
+    """The last of them: a restart after it leaves the writer's new attempt quiet."""
     progress_total: int | None = None
     """The M of the last "step n/M" counter: ranks with different M have uneven inputs."""
     progress_done: int | None = None
@@ -670,6 +672,7 @@ class Scanner:
             summary.last_text = message
             if parsed.level in ERROR_LEVELS or RAISED.match(message):
                 summary.error_lines += 1  # an error logged, or an exception it printed
+                summary.last_error_line = line_no
             if _progress_line(message):
                 summary.progress_lines += 1
                 summary.last_progress_line = line_no

@@ -32,6 +32,15 @@ def _parts(path: str) -> list[str]:
     return [p for p in path.split(os.sep) if p and p != "."]
 
 
+def attempt_of(path: str) -> tuple[str, int] | None:
+    """torchrun --log-dir's attempt folder of a worker's file (RUN/attempt_N/LOCAL_RANK/
+    stdout.log): the run's folder and N. Each restart of the worker group writes a new one."""
+    parts = _parts(path)
+    if len(parts) >= 3 and STREAM_FILE.match(parts[-1]) and ATTEMPT_DIR.match(parts[-3]):
+        return os.sep.join(parts[:-3]), int(parts[-3].split("_", 1)[1])
+    return None
+
+
 def origin_from_path(path: str) -> Origin:
     """Best guess of rank/local rank/host from the path alone; unknown parts stay None.
 

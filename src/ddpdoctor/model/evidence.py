@@ -187,6 +187,15 @@ class Stall:
     """The job was stopped after it (that kill, or a signal `run` forwarded)."""
 
 
+@dataclass(frozen=True)
+class Restart:
+    """Where an agent reported the failed workers of an attempt it then restarted."""
+
+    source: str
+    line: int
+    time: datetime
+
+
 @dataclass(slots=True)
 class JobEvidence:
     """The whole job, for hypotheses."""
@@ -257,6 +266,13 @@ class JobEvidence:
     """The launcher restarted failed workers and a later attempt announced the end of training
     at this time (no failure summary after): earlier failures belong to attempts the job
     recovered from."""
+    last_restart: Restart | None = None
+    """The end of the last attempt the launcher restarted, when the job failed in a later one:
+    what failed before it is not how the job ended (set only when the later attempt has
+    failures of its own)."""
+    earlier_attempt_sources: frozenset[str] = frozenset()
+    """Workers' files of attempt folders older than the newest (torchrun --log-dir), under
+    the same condition."""
     survived: int = 0
     """Lost-peer or timeout events printed before training announced its end in the same
     output: the job went on from them."""
