@@ -93,3 +93,9 @@ def test_a_last_attempt_that_never_connected_keeps_the_first_attempts_cause() ->
     """torch 2.13's restarted gloo workers here often cannot form their group: attempt 1
     only loses its peers, attempt 0's SIGKILL of rank 1 stays the cause."""
     assert _verdict(REAL / "fourth-self-kill") == ("failed", "host-oom", [1])
+
+
+def test_a_node_joining_an_elastic_job_is_no_failure() -> None:
+    """--nnodes 1:2: node 0's agent stops its world-2 workers when node 1 joins (no worker
+    failed, no 'failed (exitcode' line); the world of 4 trains and every rank ends."""
+    assert _verdict(REAL / "twentyseventh-late-node") == ("ok", None, [])

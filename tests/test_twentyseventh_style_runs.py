@@ -101,11 +101,6 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "late-node": "failed, python-exception, no rank (INF208, 0.4): node 0's agent stopping its "
-    "world-2 workers when node 1 joined the --nnodes 1:2 job ('Sending process N closing signal "
-    "SIGTERM', a membership change, no worker failed: no 'failed (exitcode' line anywhere) is "
-    "read as the launcher terminating workers after a failure whose worker's output is missing; "
-    "the world of 4 that followed and finished on every rank ('training done') is not weighed",
     "thin-r2": "failed, collective-mismatch on rank 2 (COL101, 0.9): the culprit is right, but "
     "gloo's 'op.preamble.length <= op.nbytes. 452 vs 4' (rank 2's one-float epoch-end loss "
     "all-reduce against ranks 0-1's gradient bucket) is read as a collective in a rank-dependent "

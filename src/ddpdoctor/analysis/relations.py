@@ -88,7 +88,9 @@ def survived(event: Event, evidence: JobEvidence) -> bool:
     peer or a timeout printed before training announced its end (every step needs every rank:
     a connection retried, a peer that came back); any error of a rank that went on training
     after it (a traceback the program caught and logged, a retry that worked); any error of an
-    attempt the launcher restarted, when a later attempt completed. Later in the same output
+    attempt the launcher restarted, when a later attempt completed; the launcher stopping its
+    workers before training announced its end (a membership change of an elastic job: a node
+    joined or left, and the new group trained on). Later in the same output
     and later by the clock: lines without times prove no order (a process's buffered stdout
     reaches the console after the traceback it wrote to stderr), except above a failed
     attempt's exit in the same output."""
@@ -110,8 +112,8 @@ def survived(event: Event, evidence: JobEvidence) -> bool:
         for h in event.hits
     ):
         return True
-    if event.echo not in (Echo.WAITING, Echo.LOST_PEER):
-        return False
+    if event.echo not in (Echo.WAITING, Echo.LOST_PEER, Echo.LAUNCHER):
+        return False  # (the launcher stopping workers, then training ending: a new group)
     return all(
         any(
             end.source == h.record.source
