@@ -392,13 +392,25 @@ def _confidence_of_lines(decision: Decision, graph: CausalGraph) -> None:
     decision.basis = basis
 
 
+INTENDED_ENDS = ("agreed stop", "completion")
+"""The nodes of an intended end, in the order they are weighed."""
+
+
 def _intended_end(graph: CausalGraph, ctx: Context) -> Decision | None:
     """Every rank stopped on purpose, or training had announced its end: what followed is
-    the exit path."""
-    for node in graph.nodes:
-        if node.rule is None or node.name not in ("agreed stop", "completion"):
-            continue
-        effects = [e.effect for e in graph.effects_of(node) if isinstance(e.effect, Event)]
+    the exit path. An agreed stop first: a stop the program then calls the end of training
+    ('early stopping', then 'Training finished') is still an early stop, and a crash on the
+    way out of it is how the ranks exited (the taxonomy's early stop), not a teardown crash
+    of a completed run."""
+    ends = [n for n in graph.nodes if n.rule is not None and n.name in INTENDED_ENDS]
+    for node in sorted(ends, key=lambda n: INTENDED_ENDS.index(n.name)):
+        assert node.rule is not None
+        effects = [
+            e.effect
+            for end in (ends if node.name == "agreed stop" else [node])
+            for e in graph.effects_of(end)
+            if isinstance(e.effect, Event)
+        ]
         left = [
             e for e in graph.events if failing(e) and not graph.explained(e) and e not in effects
         ]
@@ -406,7 +418,7 @@ def _intended_end(graph: CausalGraph, ctx: Context) -> Decision | None:
             continue  # something failed before the end: not an intended end
         crashes = [e for e in effects if e.crash_like or (e.primary and not e.generic)]
         teardown = ctx.intended.get("teardown")
-        if node.name == "completion" or (crashes and teardown is not None):
+        if node.name == "completion":
             rule = teardown if teardown is not None else node.rule
             decision = Decision(status=rule.verdict_status, rule=rule, roots=crashes)
             decision.culprit_ranks = sorted(
@@ -448,9 +460,23 @@ def _intended_end(graph: CausalGraph, ctx: Context) -> Decision | None:
             if failed
             else "every rank announced the early stop and nothing failed."
         )
+        if crashes:  # the taxonomy's early stop: a failure only in how the ranks exited
+            decision.notes.append(
+                f"On the way out: {_crash_text(crashes)}. Training's work was done; end every "
+                "rank the same way (destroy_process_group(), then exit 0) so the platform sees "
+                "no failure."
+            )
         decision.basis = ["+ every rank announced the stop"]
         return decision
     return None
+
+
+def _crash_text(crashes: list[Event]) -> str:
+    """Who crashed after the stop, and how ('rank 1: Process aborted in teardown')."""
+    ranks = sorted({e.rank for e in crashes if e.rank is not None and not e.echo})
+    who = ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks)) if ranks else ""
+    titles = list(dict.fromkeys(e.rule.title for e in crashes))[:2]
+    return (who + ": " if who else "") + "; ".join(titles)
 
 
 MAX_ADVICE = 3
