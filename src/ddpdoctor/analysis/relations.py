@@ -588,7 +588,31 @@ def agreed_stop(graph: CausalGraph, ctx: Context) -> list[Event]:
         # failed after it: had the others not stopped with it, they would have waited for
         # it and timed out
         return stops
+    if (
+        announcers <= {0}
+        and _ended_after(stops, ctx.evidence)
+        and not ctx.evidence.echoes & {"waiting", "lost-peer"}
+    ):
+        # ... or the run announced its end below it in the same output (PyTorch-Ignite's
+        # 'EarlyStopping: Stop training', then 'End of run') and no rank lost or waited for
+        # the others after it (they stopped too): whatever crashed on the way out after
+        return stops
     return []
+
+
+def _ended_after(stops: list[Event], evidence: JobEvidence) -> bool:
+    """An announcement of the end of the whole run (by no rank: a launcher's, the parent's)
+    below a stop announcement in the same output. A rank's own 'training finished' after
+    its stop may be that rank leaving alone."""
+    return any(
+        end.origin.rank is None
+        and end.origin.local_rank is None
+        and end.source == h.record.source
+        and end.line > h.record.line
+        for stop in stops
+        for h in stop.hits
+        for end in evidence.end_marks
+    )
 
 
 def _announcements(stop: Event) -> int:
