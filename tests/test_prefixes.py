@@ -379,7 +379,7 @@ def test_a_ray_worker_prefix_names_its_process_and_node_not_a_rank() -> None:
 def test_a_json_log_line_gives_its_time_level_and_pod() -> None:
     """A structured line as the sixteenth set's pods wrote it (tests/fixtures/real/sixteenth-
     pod-evict): its own fields say when, how bad and which pod; its rank field names the
-    rank. The whole line stays the text the rules read."""
+    rank. Its message is the text the rules read (ingest/json_lines.py)."""
     line = (
         '{"ts": "2026-12-02T12:57:16.479+00:00", "level": "WARNING", "pod": '
         '"train-ddp-worker-1", "rank": 2, "logger": "trainer", "msg": "SIGTERM received: pod '
@@ -389,7 +389,7 @@ def test_a_json_log_line_gives_its_time_level_and_pod() -> None:
     assert parsed.time == datetime(2026, 12, 2, 12, 57, 16, 479000, tzinfo=UTC)
     assert parsed.level == "warning"
     assert parsed.origin.host == "train-ddp-worker-1" and parsed.origin.rank == 2
-    assert parsed.text == line
+    assert parsed.text == "SIGTERM received: pod is terminating, checkpointing before exit"
 
 
 def test_a_json_value_is_not_a_field_of_the_line() -> None:

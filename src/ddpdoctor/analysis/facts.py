@@ -14,10 +14,11 @@ from ddpdoctor.model.evidence import PROMPTS
 from ddpdoctor.model.findings import RankExit
 
 VALUE, WRITER = Distinct.VALUE, Distinct.WRITER
-MESSAGE_START = "^" + LOG_HEADER
+MESSAGE_START = "^" + LOG_HEADER + r"(?:\[[^\[\]\n]{1,40}\]:?\s{1,3})?"
 """Where a program's own words start in a line's text: after the header Python's logging
 may leave before them once the line's prefixes are read ("INFO [rank 0] ", "root - INFO - ",
-"INFO:__main__:"). Facts that must be a message's first words anchor here, not at the line."""
+"INFO:__main__:"), or a program's own tag of its writer ("[R0/3] "). Facts that must be a
+message's first words anchor here, not at the line."""
 
 
 @dataclass(frozen=True)

@@ -525,7 +525,7 @@ class Scanner:
             if rule is None or rule.code in rules_done:
                 continue
             if context is None:
-                context = walk_back(chunk, start, parsed.prefix, src.parse)
+                context = _logged_trace(parsed) or walk_back(chunk, start, parsed.prefix, src.parse)
             ctx_records = [_record(p, display, line_no - back, file_origin) for back, p in context]
             ctx_text = "\n".join(p.text for _, p in context) + "\n" + parsed.text
             if not rule.context_ok(ctx_text):
@@ -673,14 +673,17 @@ class Scanner:
             if parsed.level in ERROR_LEVELS or RAISED.match(message):
                 summary.error_lines += 1  # an error logged, or an exception it printed
                 summary.last_error_line = line_no
-            if _progress_line(message):
+            # a JSON record's fields are progress when they report a loss ('step: 5  loss:
+            # 3.9'); a step number alone rides on every record ('training finished', step 8)
+            told = f"{message} | {parsed.fields}" if "loss" in parsed.fields else message
+            if _progress_line(told):
                 summary.progress_lines += 1
                 summary.last_progress_line = line_no
-                summary.last_progress_text = message
+                summary.last_progress_text = told
                 if key in last_raw:
                     prev_raw[key] = last_raw[key]
                 last_raw[key] = raw
-                progress.setdefault(key, []).append(message)
+                progress.setdefault(key, []).append(told)
             if INIT_LINE.search(message) and not (
                 summary.progress_lines and PY_WARNING.search(message)
             ):
@@ -698,6 +701,15 @@ class Scanner:
                     streams[key].progress_total = count_number(counter.group("total"))
                     streams[key].progress_done = count_number(counter.group("n"))
                     break
+
+
+def _logged_trace(parsed: ParsedLine) -> list[tuple[int, ParsedLine]]:
+    """A JSON record's own traceback (logger.exception's exc_info) as the lines above its
+    exception line, on the record's line: its context, as a printed traceback's would be."""
+    return [
+        (0, ParsedLine(t, parsed.origin, parsed.time, parsed.level, parsed.prefix))
+        for t in parsed.trace
+    ]
 
 
 def _progress_line(message: str) -> bool:

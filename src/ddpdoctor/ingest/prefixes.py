@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from ddpdoctor.ingest.bounds import pid_number, plausible_time, rank_number
+from ddpdoctor.ingest.json_lines import read_json_record
 from ddpdoctor.model.records import Origin
 
 # Colours and cursor moves (CSI), then whole OSC/DCS strings (window title, hyperlinks) up to
@@ -162,6 +163,10 @@ class ParsedLine:
     """The stripped prefix that names the writer; lines of one writer share it."""
     rank_from_text: bool = False
     """The rank came from the message ("rank 3 ..."), not from a launcher prefix."""
+    fields: str = ""
+    """A JSON record's fields beside its message ('step: 5  loss: 3.9'): its progress."""
+    trace: tuple[str, ...] = ()
+    """A JSON record's logged traceback above its exception line: the line's context."""
 
 
 def _parse_iso(ts: str) -> datetime | None:
@@ -289,6 +294,15 @@ def _json_fields(message: str, out: ParsedLine, with_time: bool) -> None:
         out.level = JSON_LEVELS.get(level, level)
     if out.origin.host is None and (m := JSON_HOST.search(head)):
         out.origin.host = m.group("host")
+
+
+def _whole_json(message: str, raw: str) -> str:
+    """The JSON object a line's message starts, whole: a line cut to MAX_TEXT (a record with a
+    long escaped traceback) is taken again from the raw line, from its first '{"'."""
+    if len(message) < MAX_TEXT - 1 or len(raw) <= MAX_TEXT:
+        return message
+    start = raw.find('{"')
+    return raw[start:].rstrip("\r\n") if start >= 0 else message
 
 
 def _json_rank(text: str) -> re.Match[str] | None:
@@ -477,6 +491,13 @@ def parse_line(raw: str, year: int = 1970, with_time: bool = True) -> ParsedLine
         message = _without_caller(message)
     if message[:1] == "{":
         _json_fields(message, out, with_time)
+        record = read_json_record(_whole_json(message, raw))
+        if record is not None:
+            message, out.fields, out.trace = record.text, record.fields, record.trace
+            if origin.rank is None and record.rank is not None:
+                origin.rank, out.rank_from_text = record.rank, True
+            if origin.local_rank is None and record.local_rank is not None:
+                origin.local_rank = record.local_rank
     if "\r" in message:  # a progress bar redrawn in place: keep its last state
         parts = [p for p in message.split("\r") if p.strip()]
         message = parts[-1] if parts else ""

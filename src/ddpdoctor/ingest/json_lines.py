@@ -1,0 +1,122 @@
+"""JSON log records (structured logging on Kubernetes and cloud platforms, python-json-logger,
+docker's json-file driver): one object per line, read as the plain line a text logger would
+have printed: its message, and for an exception logged with it (logger.exception's exc_info,
+an excepthook's traceback as one escaped string) the exception's own line first, where the
+rules look for it. The fields a program logs beside the message ('step: 5  loss: 3.9') are
+kept apart, for progress (a message's end stays its end for the rules). The rank a record
+names is its writer's."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from ddpdoctor.ingest.bounds import rank_number
+
+MESSAGE_KEYS = ("msg", "message", "log", "event", "textPayload", "MESSAGE")
+"""Where loggers put the message (docker's json-file driver: "log", with its newline)."""
+EXCEPTION_KEYS = ("exc_info", "exc_text", "exception", "stack_trace", "traceback", "stack")
+"""Where they put a formatted traceback."""
+HEADER_KEYS = frozenset(
+    {
+        "ts", "time", "timestamp", "@timestamp", "asctime", "created", "date",
+        "level", "levelname", "severity", "levelno",
+        "logger", "name", "logger_name",
+        "rank", "global_rank", "local_rank",
+        "host", "hostname", "pod", "pod_name", "node",
+        "pid", "process", "processName", "thread", "threadName",
+        "module", "funcName", "lineno", "filename", "pathname", "stream",
+    }
+)  # fmt: skip
+"""The header a text logger prints before the message, parsed elsewhere (prefixes.py)."""
+MAX_FIELDS = 12
+MAX_VALUE = 200
+MAX_RECORD = 256 * 1024
+"""A record longer than this (an enormous escaped traceback) is not decoded."""
+
+
+@dataclass(frozen=True)
+class JsonRecord:
+    text: str
+    fields: str = ""
+    trace: tuple[str, ...] = ()
+    """The logged traceback's lines above its exception line (header and frames)."""
+    rank: int | None = None
+    local_rank: int | None = None
+
+
+def read_json_record(line: str) -> JsonRecord | None:
+    """The record a JSON log line stands for, or None for any other line (one that is not a
+    whole JSON object, or holds neither a message nor a logged exception nor a field)."""
+    body = line.strip()
+    if not body.startswith("{") or not body.endswith("}") or len(body) > MAX_RECORD:
+        return None
+    try:
+        doc = json.loads(body)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(doc, dict):
+        return None
+    message = _first_text(doc, MESSAGE_KEYS)
+    exception = _first_text(doc, EXCEPTION_KEYS)
+    if message and "Traceback (most recent call last)" in message and not exception:
+        exception = message  # logger.error(traceback.format_exc())
+        message = message.split("\n", 1)[0]
+    fields = _fields(doc)
+    if message is None and exception is None and not fields:
+        return None
+    parts = [_exception_line(exception)] if exception else []
+    if message:
+        parts.append(" ".join(message.split()))
+    return JsonRecord(
+        " | ".join(p for p in parts if p),
+        "  ".join(fields),
+        _trace(exception) if exception else (),
+        _number(doc.get("rank", doc.get("global_rank"))),
+        _number(doc.get("local_rank")),
+    )
+
+
+def _first_text(doc: dict[str, object], keys: tuple[str, ...]) -> str | None:
+    for key in keys:
+        value = doc.get(key)
+        if isinstance(value, str) and value.strip():
+            return value
+    return None
+
+
+def _fields(doc: dict[str, object]) -> list[str]:
+    """The record's own scalar fields ('step: 5'), in the order logged."""
+    out: list[str] = []
+    for key, value in doc.items():
+        if key in HEADER_KEYS or key in MESSAGE_KEYS or key in EXCEPTION_KEYS:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float | str):
+            continue
+        out.append(f"{key}: {str(value)[:MAX_VALUE]}")
+        if len(out) == MAX_FIELDS:
+            break
+    return out
+
+
+MAX_TRACE_LINES = 200
+
+
+def _trace(traceback: str) -> tuple[str, ...]:
+    """The traceback's lines above its exception line, the innermost frames kept."""
+    lines = [line.rstrip() for line in traceback.splitlines() if line.strip()]
+    return tuple(lines[:-1][-MAX_TRACE_LINES:])
+
+
+def _exception_line(traceback: str) -> str:
+    """A formatted traceback's last non-empty line: the exception and its message."""
+    lines = [line for line in traceback.splitlines() if line.strip()]
+    return lines[-1].strip() if lines else ""
+
+
+def _number(value: object) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | str):
+        return rank_number(str(value))
+    return None
