@@ -80,10 +80,6 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "meta-cut": "failed, data-error on rank 1 only (DATA101, 0.75): the unpickling and "
-    "FileNotFoundError lines of DCP's metadata fallback carry no rank, and the culprit comes "
-    "from the agent's first failed local rank, not from 'CheckpointException ranks:"
-    "dict_keys([0, 1])'",
     "flusher-stuck": "hung, exit-teardown-crash with no culprit (INF210, 0.6): the kind and "
     "status are right, but rank 0 (the one process still alive after 'Training completed', the "
     "only one the agent had to SIGTERM, by pid) is not named: nothing maps that pid to a rank",

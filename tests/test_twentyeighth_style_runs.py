@@ -103,11 +103,6 @@ _FRAGMENT = (
     "training progress; torchrun prints nothing when every worker exits 0, so no exit is seen"
 )
 MISSES: dict[str, str] = {
-    "lock-pickle": "failed, python-exception on ranks 0,1 (PY101, 0.6): both ranks print DCP's "
-    "CheckpointException with rank 1's TypeError (cannot pickle '_thread.lock') embedded, and "
-    "the error is put on every rank that printed it; 'CheckpointException "
-    "ranks:dict_keys([1])' and the embedded traceback's '(RANK 1)' header, which name the one "
-    "rank whose write failed, are not used",
     "short-part": "failed, collective-mismatch on ranks 0,2 (INF203, 0.6): rank 1's JSON "
     "'data part exhausted' then 'training finished' at step 6 (it exits 0) is read as the end "
     "of training, and ranks 0 and 2, which lost it in step 7's all-gather, are blamed for a "

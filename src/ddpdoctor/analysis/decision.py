@@ -234,7 +234,22 @@ def _who(event: Event) -> str:
     return f"rank {event.rank}" if event.rank is not None else "an unknown rank"
 
 
+def _named_as_failed(roots: list[Event], graph: CausalGraph) -> set[int]:
+    """The ranks a line of the root, or of what it directly explains, names as the ones that
+    failed (a checkpoint's exception re-raised on every rank lists them)."""
+    events = [*roots, *(e.effect for r in roots for e in graph.effects_of(r))]
+    named: set[int] = set()
+    for event in events:
+        for hit in getattr(event, "hits", ()):
+            listed = hit.captures.get("culprit_ranks", "")
+            named.update(int(n) for n in listed.split(", ") if n.isdigit() and len(n) <= 7)
+    return named
+
+
 def _culprits(roots: list[Event], evidence: JobEvidence, graph: CausalGraph) -> set[int]:
+    named = _named_as_failed(roots, graph)
+    if named:
+        return named
     odd = _odd_group(roots)
     if odd:
         return odd

@@ -477,6 +477,7 @@ class Scanner:
         plain: bool | None = None
         context: list[tuple[int, ParsedLine]] | None = None
         rules_done: set[str] = set()
+        hit_of: dict[str, Hit] = {}
         result, display, file_origin = src.result, src.display, src.file_origin
         for pid in pids:
             if pid in capped:
@@ -522,7 +523,13 @@ class Scanner:
                 _count(src.kept, pid, self._caps[pid], capped)
                 continue
             rule = target.rule
-            if rule is None or rule.code in rules_done:
+            if rule is None:
+                continue
+            if rule.code in rules_done:  # another signature of it on this line: what it
+                # names too (a specific one whose literal sits after a generic one's)
+                if rule.code in hit_of:
+                    for key, value in captures.items():
+                        hit_of[rule.code].captures.setdefault(key, value)
                 continue
             if context is None:
                 context = _logged_trace(parsed) or walk_back(chunk, start, parsed.prefix, src.parse)
@@ -546,19 +553,18 @@ class Scanner:
             handled = carried_on([p.text for _, p in context])
             # any signature of the rule may say so, not only the one the scan matched first
             store_host = any(p.search(parsed.text) for p in rule.store_host_patterns)
-            result.hits.append(
-                Hit(
-                    rule.code,
-                    record,
-                    captures,
-                    ctx_records,
-                    order,
-                    suggests,
-                    echo,
-                    handled,
-                    store_host,
-                )
+            hit_of[rule.code] = Hit(
+                rule.code,
+                record,
+                captures,
+                ctx_records,
+                order,
+                suggests,
+                echo,
+                handled,
+                store_host,
             )
+            result.hits.append(hit_of[rule.code])
             if rule.specificity <= GENERIC_SPECIFICITY and EXCEPTION_HEAD.match(parsed.text):
                 self._confirm_wrapped(
                     src, chunk, end, parsed, record, ctx_records, order, handled, rules_done

@@ -56,6 +56,8 @@ CAPTURES: dict[str, str] = {
     "local_rank": "the local rank of the worker the line is about (the global rank on one node)",
     "pid": "the process id of the worker the line is about (resolved through the job's pids)",
     "culprit_rank": "the rank the message itself blames (e.g. the one with another model)",
+    "culprit_ranks": "the ranks the message itself names as the ones that failed, a list "
+    "('1, 3': torch.distributed.checkpoint's CheckpointException on every rank)",
     "missing": "ranks the message names as never having arrived (a monitored barrier)",
     "ready": "ranks the message names as having arrived while others had not (the ranks "
     "below the highest one named that it leaves out never arrived)",

@@ -14,6 +14,14 @@ PYTHON_EXCEPTION = Rule(
     sources="CPython traceback printing",
     specificity=1,
     signatures=(
+        # torch.distributed.checkpoint re-raises the ranks' failures of a save or load on
+        # every rank, naming the ranks that failed ("CheckpointException ranks:dict_keys([1])",
+        # then each one's traceback headed "(RANK 1)"): the message's own culprits
+        Signature(
+            r"^\**(?P<exc>[\w.]{0,80}CheckpointException): CheckpointException "
+            r"ranks:dict_keys\(\[(?P<culprit_ranks>\d{1,7}(?:, \d{1,7}){0,255})\]\)",
+            "CheckpointException ranks:",
+        ),
         Signature(r"^\**(?P<exc>[A-Za-z_][\w.]*Error)(?::|$)", "Error"),
         Signature(r"^\**(?P<exc>[A-Za-z_][\w.]*Exception)(?::|$)", "Exception"),
         # Ctrl-C, or a stop forwarded as SIGINT: what a stopped process prints, not a bug
@@ -38,6 +46,9 @@ PYTHON_EXCEPTION = Rule(
     fix=("Fix the error at the deepest frame of your own code in the traceback.",),
     positive=(
         "AttributeError: 'DistributedDataParallel' object has no attribute 'model'",
+        # tests/fixtures/real/twentyeighth-lock-pickle
+        "torch.distributed.checkpoint.api.CheckpointException: CheckpointException "
+        "ranks:dict_keys([1])",
         "Exception: Current loss scale already at minimum - cannot decrease scale anymore. "
         "Exiting run.",
     ),
