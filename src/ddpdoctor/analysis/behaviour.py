@@ -181,6 +181,7 @@ def build_evidence(job: JobView, events: list[Event]) -> JobEvidence:
             view.last_text = stream.last_text
             if not stream.error_lines:
                 view.busy_phase = _announced_phase(stream)
+            view.data_ended = view.data_ended or _data_ended(stream)
 
     for rank, on_step in ended_on_step.items():
         ranks[rank].ended_on_step = on_step
@@ -289,6 +290,23 @@ def _scope_to_last_attempt(evidence: JobEvidence, job: JobView, events: list[Eve
         for e in events
     ):
         evidence.last_restart, evidence.earlier_attempt_sources = None, frozenset()
+
+
+DATA_ENDED = re.compile(
+    r"(?i)\b(?:data(?:set)?|shard|part|split|input|iterator|loader|stream|samples|batches)\b"
+    r"[^\n]{0,30}?\b(?:exhausted|ran out|(?:is |are )?empty|depleted|consumed)\b"
+    r"|\bran out of (?:data|batches|samples|input|tokens)\b"
+    r"|\bno more (?:data|batches|samples|input)\b|\bend of (?:the )?(?:data|dataset|shard)\b"
+)
+"""A writer's words that its own data ran out."""
+
+
+def _data_ended(stream: StreamSummary) -> str | None:
+    """Its last line, or the one before it, when it says the writer's data ran out."""
+    for text in (stream.last_text, stream.prev_text):
+        if text and DATA_ENDED.search(text):
+            return text[:80]
+    return None
 
 
 def _announced_phase(stream: StreamSummary) -> str | None:

@@ -34,10 +34,17 @@ def in_backward(hit: Hit) -> bool:
 
 def in_ddp_forward(hit: Hit) -> bool:
     """The hit's traceback passes through DDP's forward (its buffer broadcast, its pre-forward
-    bucket rebuild): like the backward pass, every rank runs it each training step."""
+    bucket rebuild) or FSDP's pre-forward (the all-gather of the parameters it shards): like
+    the backward pass, every rank runs it each training step."""
     return any(
-        (m := FRAME.search(r.text)) is not None and DDP_FORWARD.search(m["path"]) is not None
+        (m := FRAME.search(r.text)) is not None and _step_forward(m["path"], m["func"])
         for r in hit.context
+    )
+
+
+def _step_forward(path: str, func: str) -> bool:
+    return DDP_FORWARD.search(path) is not None or (
+        func in FSDP_FORWARD_FUNCS and FSDP_PATH.search(path) is not None
     )
 
 
@@ -47,6 +54,12 @@ def in_ddp_forward(hit: Hit) -> bool:
 EVALUATION_NAME = re.compile(r"(?i)valid|evaluat|(?:^|_)eval(?:$|_)|(?:^|_)test_step|predict")
 TRAINING_NAME = re.compile(r"(?i)(?:^|_)train")
 DDP_FORWARD = re.compile(r"torch/nn/parallel/distributed\.py$")
+FSDP_PATH = re.compile(r"torch/distributed/(?:_composable/)?fsdp/")
+FSDP_FORWARD_FUNCS = frozenset(
+    {"_pre_forward", "pre_forward", "_pre_forward_unshard", "_root_pre_forward"}
+)
+"""FSDP1's and FSDP2's hooks before a module's forward, which all-gather its parameters (not
+their unshard for a state dict or summon_full_params, which also runs outside any step)."""
 
 
 def phase(hit: Hit) -> str | None:
@@ -57,7 +70,7 @@ def phase(hit: Hit) -> str | None:
         if m is None:
             continue
         path, func = m["path"], m["func"]
-        if IN_BACKWARD.search(record.text) or DDP_FORWARD.search(path):
+        if IN_BACKWARD.search(record.text) or _step_forward(path, func):
             return TRAINING
         if "/torch/" in path:
             continue

@@ -111,6 +111,9 @@ class RankView:
     last_text: str = ""
     busy_phase: str | None = None
     """Its last words announce a long phase of its own (saving, evaluating, tokenising)."""
+    data_ended: str | None = None
+    """Its last words (or the line before them) say its data ran out ('data part
+    exhausted', 'no more batches'): a rank that then left had fewer batches."""
     ended_on_step: bool = False
     """Each of its writers' output ends on a training-progress line: nothing after its last
     step, not even a word of leaving (a process killed from outside says nothing)."""

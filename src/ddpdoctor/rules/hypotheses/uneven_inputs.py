@@ -44,7 +44,36 @@ def assess(job: JobEvidence) -> Assessment | None:
         found = found or _fewest(
             job.data_sizes[unit], 0.62, "announced different amounts of data", f"{unit}: ", True
         )
-    return found or _from_sources(job) or _from_phases(job)
+    return found or _from_sources(job) or _from_phases(job) or _from_data_end(job)
+
+
+def _from_data_end(job: JobEvidence) -> Assessment | None:
+    """Ranks that left the loop while the others went on (an announced end or stop of
+    their own), whose last words say their data ran out: they had fewer batches. Stronger
+    than a rank leaving on its own (INF202 at 0.75): it says why it left."""
+    left = {
+        r
+        for r, v in job.ranks.items()
+        if v.announced_stop and v.data_ended and not v.failed and not v.waiting
+    }
+    others = {r for r, v in job.ranks.items() if v.present} - left
+    if (
+        not left
+        or not others
+        or not any(job.ranks[r].waiting or "lost-peer" in job.ranks[r].echoes for r in others)
+    ):
+        return None
+    return Assessment(
+        RULE,
+        0.8,
+        sorted(left),
+        [
+            f"{ranks_text(left)} said its data ran out "
+            f'("{job.ranks[min(left)].data_ended}") and left the loop while '
+            f"{ranks_text(others)} went on to the next step and failed waiting for it."
+        ],
+        evidence=[e for r in sorted(left) for e in job.ranks[r].evidence[:1]],
+    )
 
 
 def _from_sources(job: JobEvidence) -> Assessment | None:
