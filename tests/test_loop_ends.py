@@ -87,3 +87,16 @@ def test_ignites_end_of_run_is_an_end_of_training(line: str) -> None:
 )
 def test_an_engines_end_or_another_end_of_run_is_not(line: str) -> None:
     assert not any(f.compiled.search(line) for f in FACT_PATTERNS if f.name == "completed")
+
+
+def test_an_end_then_the_warning_printed_at_exit_is_a_run_that_exited() -> None:
+    """Case 983: 'Training finished, exiting ...', then torch's warning that
+    destroy_process_group() was not called before program exit, which only a process on its
+    way out prints: it exited, not a fragment that cannot vouch for the run."""
+    from ddpdoctor.analysis.diagnose import diagnose_paths
+    from tests.conftest import REPO
+
+    case = next((REPO / "corpus/cases").glob("983-*"))
+    verdict = diagnose_paths([str(case / "logs")]).verdict
+    assert (verdict.status, verdict.kind) == ("ok", None)
+    assert any("destroy_process_group" in step for step in verdict.next_steps)

@@ -235,6 +235,7 @@ def build_evidence(job: JobView, events: list[Event]) -> JobEvidence:
         _add_event(evidence, event)
         if event.marker in (Marker.TEARDOWN, Marker.STOP):
             evidence.ended = True  # the program reached its end, or stopped on purpose
+        evidence.reached_exit |= event.marker == Marker.TEARDOWN
         if event.rank is not None and _waited_after_end(event, evidence.completed_at):
             ranks[event.rank].waited_after_end = True
 

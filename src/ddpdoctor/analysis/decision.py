@@ -786,6 +786,7 @@ def _quiet(evidence: JobEvidence) -> Decision:
     exits_seen = evidence.job_exit_code is not None or any(
         v.exit_code is not None for v in evidence.ranks.values()
     )
+    exits_seen = exits_seen or evidence.reached_exit  # its process got to its way out
     if evidence.completed_at and not (evidence.started_training or exits_seen):
         # a log that holds the end of training and nothing of the run before it is a fragment
         # (pasted because of what came after it): it cannot vouch for the run

@@ -276,6 +276,9 @@ class JobEvidence:
     earlier_attempt_sources: frozenset[str] = frozenset()
     """Workers' files of attempt folders older than the newest (torchrun --log-dir), under
     the same condition."""
+    reached_exit: bool = False
+    """A line only a process on its way out prints (torch's warning that
+    destroy_process_group() was not called before program exit): it got to its exit."""
     survived: int = 0
     """Lost-peer or timeout events printed before training announced its end in the same
     output: the job went on from them."""
