@@ -95,10 +95,6 @@ MISSES: dict[str, str] = {
     "master-restart": "failed, collective-mismatch on rank 0 (INF203, 0.6): the culprit is right, but the "
     "previous container's log that stops at step 14 with no error (a silent SIGKILL of "
     "the pod) is read as a rank in another collective, not as a killed rank",
-    "volume-empty": "failed, uncoordinated-exit on ranks 0 and 1 (INF202, 0.75): ranks 0 and 1 "
-    "'stopped early on their own', though they finished their 30 steps ('training finished: 10 "
-    "steps'); rank 2's 'no checkpoint ..., starting from step 0' beside the others' 'resuming "
-    "... at step 20' is not read as a different number of steps",
     "push-slow": "failed, nccl-timeout with no culprit (TMO102, 0.3): rank 2's 25 s gap between "
     "step 4 and its first error, with its heartbeat still at step 5 while ranks 0 and 1 timed "
     "out, is not read as a busy rank",

@@ -205,6 +205,7 @@ def build_evidence(job: JobView, events: list[Event]) -> JobEvidence:
             )
     evidence.completed_at = dict(job.completed_at)
     evidence.data_sizes = {u: dict(by_rank) for u, by_rank in job.data_sizes.items()}
+    evidence.resume_points = {u: dict(by_rank) for u, by_rank in job.resume_points.items()}
     evidence.skipped_ranks = set(job.skipped_ranks)
     evidence.prompts = [replace(Evidence.of(record), rank=rank) for rank, record in job.prompts]
     evidence.end_marks = [r for rank, r in job.completions if rank is None or rank not in early]

@@ -128,6 +128,20 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
         distinct=WRITER,
     ),
     FactPattern("data_size", r"\b(?P<n>\d{1,9}) (?P<unit>samples)\b", " samples", distinct=WRITER),
+    # where a rank starts or resumes training ("resuming from .../latest.pt at step 20",
+    # "no checkpoint ..., starting from step 0", "Starting training from iteration 0"): ranks
+    # that start at different points have different numbers of steps left
+    *(
+        FactPattern(
+            "resume_point",
+            r"(?i:\b(?:resum\w{0,6}|start\w{0,4}|continu\w{0,5})\b[^\n]{0,120}?\b"
+            rf"{prep} (?:global )?(?P<unit>{unit}) (?P<n>\d{{1,9}})\b)",
+            f"{prep} {unit} ",
+            distinct=WRITER,
+        )
+        for prep in ("from", "at")
+        for unit in ("step", "iteration", "iter", "epoch")
+    ),
     # a rank saying it skips a step or a batch ("skipping degenerate batch 5", "step 5: batch
     # has no labelled tokens, skipping"): if only it did, it issued fewer collectives
     FactPattern(

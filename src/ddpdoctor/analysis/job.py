@@ -43,6 +43,8 @@ class JobView:
     """Ends of the training loop that a framework prints after an exception too (in a
     `finally:`): completions only where their writer had not failed before them."""
     data_sizes: dict[str, dict[int, int]] = field(default_factory=dict)
+    resume_points: dict[str, dict[int, int]] = field(default_factory=dict)
+    """Per unit ('step', 'epoch'), where each rank said it started or resumed training."""
     """Per unit ('batches', 'samples'), how many each rank said it has, once."""
     skipped_ranks: set[int] = field(default_factory=set)
     prompts: list[tuple[int | None, Record]] = field(default_factory=list)
@@ -171,6 +173,7 @@ def build_job(
     completions: list[tuple[int | None, Record]] = []
     loop_ends: list[tuple[int | None, Record]] = []
     sizes: dict[str, dict[int, set[int]]] = {}
+    starts: dict[str, dict[int, set[int]]] = {}
     skipped: set[int] = set()
     prompts: list[tuple[int | None, Record]] = []
     normal_seen = False
@@ -222,6 +225,12 @@ def build_job(
                 skipper = resolve_rank(fact.record.origin, single_node, rank_map)
                 if skipper is not None:
                     skipped.add(skipper)
+            elif fact.name == "resume_point":
+                starter = resolve_rank(fact.record.origin, single_node, rank_map)
+                n = count_number(fact.captures.get("n"), 10**9)
+                if starter is not None and n is not None:
+                    unit = fact.captures.get("unit", "").lower().replace("iteration", "iter")
+                    starts.setdefault(unit, {}).setdefault(starter, set()).add(n)
             elif fact.name == "data_size":
                 sized = resolve_rank(fact.record.origin, single_node, rank_map)
                 n = count_number(fact.captures.get("n"), 10**9)
@@ -350,6 +359,11 @@ def build_job(
         loop_ends=loop_ends,
         skipped_ranks=skipped,
         prompts=prompts,
+        resume_points={
+            unit: {r: next(iter(ns)) for r, ns in by_rank.items()}
+            for unit, by_rank in starts.items()
+            if all(len(ns) == 1 for ns in by_rank.values())
+        },
         data_sizes={
             unit: {r: next(iter(ns)) for r, ns in by_rank.items()}
             for unit, by_rank in sizes.items()

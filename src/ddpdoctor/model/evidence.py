@@ -253,6 +253,8 @@ class JobEvidence:
     """Per rank, (source, line, time) of each of its writers' last progress lines that carry a
     time: an error it printed before such a line did not end its training."""
     data_sizes: dict[str, dict[int, int]] = field(default_factory=dict)
+    resume_points: dict[str, dict[int, int]] = field(default_factory=dict)
+    """Per unit ('step', 'epoch'), where each rank said it started or resumed training."""
     """Per unit ('batches', 'samples'), how much data each rank said it has."""
     skipped_ranks: set[int] = field(default_factory=set)
     prompts: list[Evidence] = field(default_factory=list)

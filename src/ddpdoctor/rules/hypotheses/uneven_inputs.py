@@ -44,7 +44,43 @@ def assess(job: JobEvidence) -> Assessment | None:
         found = found or _fewest(
             job.data_sizes[unit], 0.62, "announced different amounts of data", f"{unit}: ", True
         )
-    return found or _from_sources(job) or _from_phases(job) or _from_data_end(job)
+    return (
+        found
+        or _from_resume_points(job)
+        or _from_sources(job)
+        or _from_phases(job)
+        or _from_data_end(job)
+    )
+
+
+def _from_resume_points(job: JobEvidence) -> Assessment | None:
+    """Ranks that started or resumed training at different points ('resuming ... at step 20'
+    on two, 'starting from step 0' on the third: its checkpoint was not there) have different
+    numbers of steps left: the others finish and leave it waiting. The odd ones out are named
+    (of two equal groups, those that started earliest: they lost their checkpoint)."""
+    for unit, points in sorted(job.resume_points.items()):
+        if len(set(points.values())) < 2 or len(points) < 2:
+            continue
+        groups: dict[int, set[int]] = {}
+        for rank, n in points.items():
+            groups.setdefault(n, set()).add(rank)
+        odd = min(groups.items(), key=lambda item: (len(item[1]), item[0]))[1]
+        detail = ", ".join(f"rank {r}: {n}" for r, n in sorted(points.items()))
+        return Assessment(
+            RULE,
+            0.8,
+            sorted(odd),
+            [
+                f"the ranks started training at different {unit}s ({detail}): "
+                f"{ranks_text(odd)} had a different number of steps left, so one group "
+                "finished and left while the other still waited for it."
+            ],
+            next_steps=[
+                "Check that every rank resumes from the same checkpoint: one stored on a "
+                "node-local disk or a volume of its own is not there for the others."
+            ],
+        )
+    return None
 
 
 def _from_data_end(job: JobEvidence) -> Assessment | None:
