@@ -86,9 +86,6 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "noisy-ok": "failed/python-exception [0] (PY101 at the third dashboard push; the first two "
-    "are survived, rank 0 trained on after them): after the third, only the unranked, untimed "
-    "'train: 100%' and 'done: 30 steps' follow, and the agent reported no failed worker",
     "gpu-pin": "failed/cuda-library-mismatch [0, 1] (CUDA105, as 'Torch not compiled with CUDA "
     "enabled'): AttributeError 'torch._C' has no '_cuda_setDevice' raised in "
     "torch.cuda.set_device on a CPU-only build (the ranks' state says MULTI_CPU, gloo, cpu:0)",

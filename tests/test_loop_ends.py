@@ -100,3 +100,14 @@ def test_an_end_then_the_warning_printed_at_exit_is_a_run_that_exited() -> None:
     verdict = diagnose_paths([str(case / "logs")]).verdict
     assert (verdict.status, verdict.kind) == ("ok", None)
     assert any("destroy_process_group" in step for step in verdict.next_steps)
+
+
+def test_an_error_the_run_went_on_from_to_its_end_is_no_failure() -> None:
+    """Fifth set's noisy-ok (a real run): rank 0's dashboard push raises three times, caught
+    and printed by the program; training then announces its end ('done: 30 steps') in the
+    same output, no rank lost another and the agent reported no failed worker."""
+    from ddpdoctor.analysis.diagnose import diagnose_paths
+    from tests.conftest import REPO
+
+    verdict = diagnose_paths([str(REPO / "tests/fixtures/real/fifth-noisy-ok")]).verdict
+    assert (verdict.status, verdict.kind) == ("ok", None)

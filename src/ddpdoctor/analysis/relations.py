@@ -112,6 +112,8 @@ def survived(event: Event, evidence: JobEvidence) -> bool:
         for h in event.hits
     ):
         return True
+    if event.primary and _ended_well_after(event, evidence):
+        return True
     if event.echo not in (Echo.WAITING, Echo.LOST_PEER, Echo.LAUNCHER):
         return False  # (the launcher stopping workers, then training ending: a new group)
     return all(
@@ -122,6 +124,23 @@ def survived(event: Event, evidence: JobEvidence) -> bool:
             and h.record.time is not None
             and end.time > h.record.time
             for end in evidence.end_marks
+        )
+        for h in event.hits
+    )
+
+
+def _ended_well_after(event: Event, evidence: JobEvidence) -> bool:
+    """An error that training announced its end after, below it in the same output, in a job
+    where nothing else shows a failure: no rank lost or waited for another, no launcher
+    reacted, no exit failed. Had the error ended its rank, its peers would have lost it: the
+    program caught it and went on (a dashboard push retried, a metric skipped)."""
+    if evidence.failing_exits or evidence.job_exit_code not in (None, 0):
+        return False
+    if evidence.echoes & {"waiting", "lost-peer", "launcher", "stopped"}:
+        return False
+    return all(
+        any(
+            end.source == h.record.source and end.line > h.record.line for end in evidence.end_marks
         )
         for h in event.hits
     )
