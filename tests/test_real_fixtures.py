@@ -292,3 +292,11 @@ def test_the_agents_word_that_every_worker_finished_is_an_end() -> None:
     report = diagnose_paths([path])
     assert (report.verdict.status, report.verdict.kind) == ("ok", None), report.verdict.summary
     assert not [f for f in report.findings if f.role == "root"]
+
+
+def test_a_counter_glued_after_another_ranks_words_is_that_ranks() -> None:
+    """Real run (tests/fixtures/real/glued-counters): under load the two ranks' prints glue
+    ('rank 1: epoch done, waiting for the othersrank 0 step 5/8'): rank 1's total is its own
+    6, not rank 0's 8, and the shorter rank is named."""
+    report = diagnose_paths([str(HEALTHY / "glued-counters" / "console.log")])
+    assert (report.verdict.kind, report.verdict.culprit.ranks) == ("uneven-inputs", [1])

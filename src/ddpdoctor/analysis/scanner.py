@@ -24,6 +24,7 @@ from ddpdoctor.analysis.newlines import count_newlines
 from ddpdoctor.ingest.bounds import (
     MAX_NUMBER_DIGITS,
     count_number,
+    rank_number,
     safe_capture,
     time_from_epoch,
 )
@@ -701,8 +702,9 @@ class Scanner:
             if last is not None and before is not None and last > before:
                 streams[key].step_s = (last - before).total_seconds()
         for key, messages in progress.items():  # the last counter counts: search from the end
+            writer = streams[key].origin.rank
             for message in reversed(messages):
-                counter = "/" in message and PROGRESS_COUNTER.search(message)
+                counter = "/" in message and _own_counter(message, writer)
                 if counter:
                     streams[key].progress_total = count_number(counter.group("total"))
                     streams[key].progress_done = count_number(counter.group("n"))
@@ -716,6 +718,21 @@ def _logged_trace(parsed: ParsedLine) -> list[tuple[int, ParsedLine]]:
         (0, ParsedLine(t, parsed.origin, parsed.time, parsed.level, parsed.prefix))
         for t in parsed.trace
     ]
+
+
+COUNTER_RANK = re.compile(r"[Rr]ank[ =:]?(?P<rank>\d{1,5})[\]:,|]?\s{0,3}$")
+"""A rank named right before a counter ('rank 0 step 5/8'): whose counter it is."""
+
+
+def _own_counter(message: str, writer: int | None) -> re.Match[str] | None:
+    """The line's first progress counter of its own writer: where ranks' prints interleave
+    inside one console line ('rank 1: epoch done, waiting for the othersrank 0 step 5/8'), a
+    counter another rank is named right before is that rank's."""
+    for m in PROGRESS_COUNTER.finditer(message):
+        named = COUNTER_RANK.search(message, max(0, m.start() - 16), m.start())
+        if writer is None or named is None or rank_number(named.group("rank")) == writer:
+            return m
+    return None
 
 
 def _progress_line(message: str) -> bool:
