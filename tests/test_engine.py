@@ -49,3 +49,38 @@ def test_a_signature_anchored_at_its_line_end_is_found_mid_chunk(tmp_path: Path)
         scan = Scanner(list(all_rules()), engine=engine).scan(Input(str(log), str(log)))
         found = {(h.rule, h.record.line) for h in scan.hits}
         assert {("LCH101", 2), ("LCH109", 4)} <= found, (engine, found)
+
+
+@pytest.mark.skipif(not hyperscan_available(), reason="hyperscan not installed")
+def test_slow_subset_databases_are_cached_on_disk_and_bounded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A subset database that was slow to compile is written beside the database of all
+    patterns, and loaded by the next process (it finds the same candidates); a fast one is
+    not written, and none is once the cache holds CACHE_MAX_FILES files."""
+    import hyperscan
+
+    from ddpdoctor.analysis import engine
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    cache = tmp_path / "ddpdoctor"
+    forms = [(r"NET/IB.{0,40}(?:failed|error)", hyperscan.HS_FLAG_PREFILTER)]
+
+    def found(db: object) -> list[int]:
+        hits: list[int] = []
+        db.scan(  # type: ignore[attr-defined]
+            b"x NET/IB : ibv_poll_cq error\n",
+            match_event_handler=lambda pid, s, e, f, c: hits.append(pid),
+            scratch=hyperscan.Scratch(db),
+        )
+        return hits
+
+    engine._compiled_database(forms, [7], keep_slower_than_s=3600.0)
+    assert not cache.exists() or not list(cache.iterdir())
+    written = engine._compiled_database(forms, [7], keep_slower_than_s=1e-9)
+    assert len(list(cache.iterdir())) == 1
+    loaded = engine._compiled_database(forms, [7], keep_slower_than_s=1e-9)
+    assert found(loaded) == found(written) == [7]
+    monkeypatch.setattr(engine, "CACHE_MAX_FILES", 1)
+    engine._compiled_database(forms, [8], keep_slower_than_s=1e-9)
+    assert len(list(cache.iterdir())) == 1

@@ -477,3 +477,28 @@ def test_rich_handler_records_give_time_level_and_rank_without_the_caller_column
     # a code line of a Python traceback indented as deep is left alone
     code = " " * 29 + "loss = model(batch)"
     assert parse_line(code, 2026).text == code
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        "GPU 1 | loss 0.3",
+        "[cuda:1] step 3",
+        "LOCAL_RANK: 1 - CUDA_VISIBLE_DEVICES: [0,1]",
+        "local rank 3 ready",
+        "locally ranked",
+        "x" * 158 + "gpu",
+        "x" * 157 + "gpu",
+        "Loc\u212aal_ran\u212a 2 | step",  # Kelvin signs: folded into 'k' by (?i) only
+        "local_ran\u212a 2 | step",
+        "\u0130 gpu",
+        "nothing here",
+        "",
+    ],
+)
+def test_may_name_device_agrees_with_the_case_blind_search(message: str) -> None:
+    """The ASCII fast path finds the device words exactly where the case-blind regex does."""
+    from ddpdoctor.ingest import prefixes
+
+    expected = prefixes._DEVICE_WORDS.search(message, 0, 160) is not None
+    assert prefixes._may_name_device(message) is expected

@@ -18,6 +18,7 @@ import hashlib
 import os
 import platform
 import re
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from contextlib import suppress
@@ -57,6 +58,14 @@ SEPARATE_MAX = 3
 """Up to this many patterns to locate are scanned for one at a time, more with one database."""
 SUBSET_DATABASES = 64
 """Databases of a few patterns kept per process, the least recently used dropped first."""
+SUBSET_KEEP_MIN_S = 0.002
+"""A subset database that took at least this long to compile is kept in the on-disk cache
+beside the database of all patterns: a few signatures' prefilter regexes take 20-180 ms each
+(a bounded gap between two alternations, a lookbehind), and every process compiled each
+combination again: on a 1 GiB log at 20% candidates, 73 combinations took 0.67 s of the
+4.4 s scan in one process, and both workers of a diagnosis compiled theirs."""
+CACHE_MAX_FILES = 2000
+"""Subset databases are not written to a cache that holds this many files (see _cache_full)."""
 SPARSE_MAX = 256
 """A chunk is first scanned once with every pattern, keeping where each matched, until this
 many matches: a sparse chunk (most of a real log) is then done in one pass, as before the
@@ -556,20 +565,17 @@ class HyperscanMatcher(_Matcher):
         return hits
 
     def _subset_db(self, pids: tuple[int, ...]) -> tuple[object, object]:
-        """A database of just these patterns, compiled when first needed (0.2 ms a pattern)
-        and kept for the next chunks, which mostly want the same few (one scan of it: 0.5 ms
-        per 4 MB, against 4 ms for the database of all patterns)."""
+        """A database of just these patterns, compiled when first needed (0.2 ms a pattern,
+        up to 180 ms for a few prefilter regexes: those are loaded from the on-disk cache
+        when another process compiled them, see SUBSET_KEEP_MIN_S) and kept for the next
+        chunks, which mostly want the same few (one scan of it: 0.5 ms per 4 MB, against 4 ms
+        for the database of all patterns)."""
         got = self._subsets.pop(pids, None)
         if got is None:
             if _hs is None:
                 raise RuntimeError("hyperscan is not installed")
-            db = _hs.Database(mode=_hs.HS_MODE_BLOCK)
-            db.compile(
-                expressions=[self._forms[pid][0].encode() for pid in pids],
-                ids=list(pids),
-                elements=len(pids),
-                flags=[self._forms[pid][1] for pid in pids],
-            )
+            forms = [self._forms[pid] for pid in pids]
+            db = _compiled_database(forms, list(pids), keep_slower_than_s=SUBSET_KEEP_MIN_S)
             got = (db, _hs.Scratch(db))
             while len(self._subsets) >= SUBSET_DATABASES:
                 del self._subsets[next(iter(self._subsets))]  # the least recently used
@@ -588,9 +594,13 @@ def _prefilter_form(pattern: Pattern) -> tuple[str, int]:
     return pattern.regex, _hs.HS_FLAG_PREFILTER | _hs.HS_FLAG_ALLOWEMPTY | _hs.HS_FLAG_MULTILINE
 
 
-def _compiled_database(expressions: list[tuple[str, int]], ids: list[int]) -> object:
+def _compiled_database(
+    expressions: list[tuple[str, int]], ids: list[int], keep_slower_than_s: float = 0.0
+) -> object:
     """Compile, or load the same database compiled before: compiling takes ~0.3 s, loading
-    ~5 ms. The cache is keyed by everything that goes into the database."""
+    ~5 ms. The cache is keyed by everything that goes into the database. A database whose
+    compile took less than `keep_slower_than_s` is not written (a subset database of a few
+    literals costs less to compile again than a file in the cache)."""
     if _hs is None:
         raise RuntimeError("hyperscan is not installed")
     key = hashlib.sha256(
@@ -600,6 +610,7 @@ def _compiled_database(expressions: list[tuple[str, int]], ids: list[int]) -> ob
     path = cache / f"hs-{key}.db"
     with suppress(Exception):
         return _hs.loadb(path.read_bytes(), _hs.HS_MODE_BLOCK)
+    started = time.perf_counter()
     db = _hs.Database(mode=_hs.HS_MODE_BLOCK)
     db.compile(
         expressions=[rx.encode() for rx, _ in expressions],
@@ -607,12 +618,26 @@ def _compiled_database(expressions: list[tuple[str, int]], ids: list[int]) -> ob
         elements=len(ids),
         flags=[flags for _, flags in expressions],
     )
+    if keep_slower_than_s and (
+        time.perf_counter() - started < keep_slower_than_s or _cache_full(cache)
+    ):
+        return db
     with suppress(OSError):  # a read-only home only costs the compile next time
         cache.mkdir(parents=True, exist_ok=True)
         tmp = cache / f".hs-{key}.{os.getpid()}.tmp"
         tmp.write_bytes(_hs.dumpb(db))
         os.replace(tmp, path)
     return db
+
+
+def _cache_full(cache: Path) -> bool:
+    """Whether the cache holds CACHE_MAX_FILES files already: optional databases (subsets)
+    are then no longer written, so that the combinations many different logs ask for cannot
+    fill a disk."""
+    try:
+        return len(os.listdir(cache)) >= CACHE_MAX_FILES
+    except OSError:
+        return False
 
 
 def build_matcher(patterns: Sequence[Pattern], prefer: str = "auto") -> Matcher:

@@ -3,6 +3,7 @@ Thin: parse options, call the layers below, choose a renderer, map outcomes to e
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 from pathlib import Path
@@ -72,6 +73,17 @@ Exit codes:
   2  usage or input error (nothing readable, a bad option, an output folder that is missing)
   3  internal error (a bug in ddpdoctor: re-run with DDPDOCTOR_DEBUG=1 and report it)
 """
+
+
+CLI_GC_THRESHOLDS = (50_000, 10, 10)
+"""The cyclic collector's thresholds for `diagnose`, which exits after rendering: it runs after
+every 50,000 objects made net instead of 700. The scan keeps it off (parallel); the analysis and
+the report after it made hundreds of collections, each walking the young objects and every
+tenth the old ones: 0.25 s of the parent's 2.9 s CPU on 10,000 rank files (the timeline 0.64
+-> 0.30 s with it off). Cycles are still collected, 70 times less often. One full collection
+when the analysis is done finds no cycles there, but empties the interpreter's free lists and
+hands back emptied arenas (2-4 MiB on that set) before the view and the text are made: without
+it the rarer collections left the peak 1-2 MiB higher."""
 
 
 @cli.command(epilog=DIAGNOSE_HELP)
@@ -146,9 +158,13 @@ def diagnose(
     from ddpdoctor.report.render import render
     from ddpdoctor.report.view import shown
 
+    thresholds = gc.get_threshold()  # given back when the command ends (an in-process caller)
+    click.get_current_context().call_on_close(lambda: gc.set_threshold(*thresholds))
+    gc.set_threshold(*CLI_GC_THRESHOLDS)
     inputs, problems = expand_paths(list(paths), wait_s=pipe_wait)
     with scan_progress(list(paths)):
         found = diagnose_inputs(inputs, problems, engine=engine, jobs=jobs, named=list(paths))
+    gc.collect()  # free lists and emptied arenas back before the view and the text (see above)
     # what reaches stderr below (skipped paths) is cleaned like the report itself
     report = shown(found, redact=not no_redact)
     _printable_paths(report)

@@ -310,11 +310,25 @@ def _json_rank(text: str) -> re.Match[str] | None:
 
 
 _DEVICE_WORDS = re.compile(r"gpu|cuda|local.rank", re.IGNORECASE)
+_LOCAL_RANK_LOWER = re.compile(r"local.rank")
+DEVICE_WORDS_WITHIN = 160
 
 
 def _may_name_device(message: str) -> bool:
-    """A cheap test before LEADING_LOCAL_RANK: the words it needs are near the start."""
-    return _DEVICE_WORDS.search(message, 0, 160) is not None
+    """A cheap test before LEADING_LOCAL_RANK: the words it needs are near the start. It runs
+    on nearly every line of a log without a rank prefix (84% of the corpus' parses), where the
+    case-blind search took 2-4 us a line, half a parse: ASCII text is lower-cased and searched
+    for the words as they are (0.2-0.5 us; on ASCII, case folding only maps letters). Other
+    text is searched case-blind as before: (?i) also folds U+212A (Kelvin sign) into 'k'."""
+    head = message[:DEVICE_WORDS_WITHIN]
+    if head.isascii():
+        lower = head.lower()
+        return (
+            "gpu" in lower
+            or "cuda" in lower
+            or ("local" in lower and _LOCAL_RANK_LOWER.search(lower) is not None)
+        )
+    return _DEVICE_WORDS.search(message, 0, DEVICE_WORDS_WITHIN) is not None
 
 
 TEXT_RANK = re.compile(r"(?<![A-Za-z])[Rr]ank[ =:]?(?P<rank>\d{1,5})\b")
