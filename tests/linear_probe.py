@@ -48,6 +48,7 @@ ANCHORED = frozenset(
         "prefixes.PLATFORM_TAG",
         "prefixes.PY_LEVEL",
         "prefixes.LEADING_RANK",
+        "prefixes.CALLER_RANK",
         "prefixes.LEADING_LOCAL_RANK",
         "prefixes.TAGGED_RANK",
         "prefixes.HOST_TAGGED_RANK",

@@ -42,3 +42,11 @@ def test_a_rank_whose_data_part_ran_out_had_fewer_batches() -> None:
     finished' and exits 0; ranks 0 and 2 lose it in step 7's FSDP all-gather."""
     v = diagnose_paths([str(REPO / "tests/fixtures/real/twentyeighth-short-part")]).verdict
     assert (v.kind, v.culprit.ranks) == ("uneven-inputs", [1])
+
+
+def test_half_the_world_saying_its_data_ended_before_the_log_stops() -> None:
+    """Corpus case 997 (a re-enacted thread): ranks 4-7 of 8 log 'Reaches end of dataloader.'
+    and start validation, ranks 0-3 never do, and nothing follows: a hang of uneven inputs."""
+    case = next((REPO / "corpus/cases").glob("997-*"))
+    v = diagnose_paths([str(case / "logs")]).verdict
+    assert (v.status, v.kind, v.culprit.ranks) == ("hung", "uneven-inputs", [4, 5, 6, 7])

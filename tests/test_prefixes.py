@@ -502,3 +502,14 @@ def test_may_name_device_agrees_with_the_case_blind_search(message: str) -> None
 
     expected = prefixes._DEVICE_WORDS.search(message, 0, 160) is not None
     assert prefixes._may_name_device(message) is expected
+
+
+def test_a_caller_column_then_rank_and_world_names_the_rank() -> None:
+    """k2/icefall/lhotse's logging format (corpus case 997): '%(levelname)s [%(filename)s:
+    %(lineno)d] (%(rank)s/%(world_size)s) %(message)s'."""
+    parsed = parse_line(
+        "2023-04-12 21:37:44,208 INFO [trainer.py:650] (5/8) Reaches end of dataloader."
+    )
+    assert parsed.origin.rank == 5
+    # a bare '(1/3)' step count names no rank
+    assert parse_line("INFO (1/3) downloading the dataset").origin.rank is None

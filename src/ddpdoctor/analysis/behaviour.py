@@ -298,7 +298,8 @@ DATA_ENDED = re.compile(
     r"(?i)\b(?:data(?:set)?|shard|part|split|input|iterator|loader|stream|samples|batches)\b"
     r"[^\n]{0,30}?\b(?:exhausted|ran out|(?:is |are )?empty|depleted|consumed)\b"
     r"|\bran out of (?:data|batches|samples|input|tokens)\b"
-    r"|\bno more (?:data|batches|samples|input)\b|\bend of (?:the )?(?:data|dataset|shard)\b"
+    r"|\bno more (?:data|batches|samples|input)\b"
+    r"|\bend of (?:the )?(?:data|dataset|shard|data ?loader|iterator)\b"
 )
 """A writer's words that its own data ran out."""
 

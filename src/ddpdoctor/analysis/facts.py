@@ -78,6 +78,13 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
     ),
     # Lightning: "Initializing distributed: GLOBAL_RANK: 0, MEMBER: 1/8"
     FactPattern("world_size", r"MEMBER: \d+/(?P<n>\d+)", "MEMBER: ", distinct=VALUE),
+    # k2/icefall-style logging names rank and world after the caller: "[trainer.py:650] (5/8) "
+    FactPattern(
+        "world_size",
+        r"\[[\w.-]{1,80}:\d{1,6}\] \(\d{1,5}/(?P<n>\d{1,5})\) ",
+        "] (",
+        distinct=VALUE,
+    ),
     # torchelastic summary block (torch/distributed/elastic/multiprocessing/errors/__init__.py)
     FactPattern("summary_exit", r"^\s*exitcode\s*: (?P<code>-?\d+)", "exitcode", lines_before=5),
     FactPattern("root_cause", r"Root Cause \(first observed failure\)", "Root Cause"),

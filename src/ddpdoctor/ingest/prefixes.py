@@ -269,10 +269,17 @@ LOGGER_TAG = re.compile(r"\[[A-Za-z][\w.-]{0,30}\] (?=\d{4}-\d\d-\d\d[ T]\d\d:\d
 # A log pasted into a Markdown quote: "> [rank0]: Traceback ...", "> > nested".
 QUOTE = re.compile(r">+ ?")
 
+# k2/icefall/lhotse-style logging ('%(levelname)s [%(filename)s:%(lineno)d] (%(rank)s/%(world)s)
+# %(message)s'): "INFO [trainer.py:650] (5/8) Reaches end of dataloader."
+CALLER_RANK = re.compile(
+    r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \[[\w.-]{1,80}:\d{1,6}\] \((?P<rank>\d{1,5})/\d{1,5}\) "
+)
+
 RANK_MARKS: tuple[tuple[str, int, Callable[[str], re.Match[str] | None], bool], ...] = (
     # (text the mark needs within the line's first N characters (0: anywhere), the mark,
     # whether a logging level follows it); a plain `in` test first keeps the hot path cheap
     ("-- Process ", 11, SPAWN_PROCESS.match, False),
+    ("] (", 120, CALLER_RANK.match, False),
     ("store based barrier", 0, STORE_BARRIER_RANK.search, False),
     ("is setting up NCCL", 0, NCCL_ID_WAIT.search, False),
     ("[", 80, lambda t: TAGGED_RANK.match(t) or HOST_TAGGED_RANK.match(t), True),

@@ -8,6 +8,7 @@ after the loop while the others still waited inside a training step."""
 from __future__ import annotations
 
 from ddpdoctor.model.evidence import EVALUATION, TRAINING, JobEvidence
+from ddpdoctor.model.taxonomy import Status
 from ddpdoctor.rules.base import Explanation, Rule
 from ddpdoctor.rules.hypotheses.base import MAIN_PROCESS, Assessment, ranks_text
 
@@ -34,7 +35,7 @@ RULE = Rule(
 
 def assess(job: JobEvidence) -> Assessment | None:
     if not (job.waiting or any(v.failed for v in job.ranks.values())):
-        return None
+        return _from_data_end_alone(job)
     totals = {r: v.progress_total for r, v in job.ranks.items() if v.progress_total is not None}
     found = _fewest(totals, 0.6, "iterate over different numbers of batches", "")
     for unit in sorted(job.data_sizes):  # else what they said they have ('7 batches')
@@ -50,6 +51,35 @@ def assess(job: JobEvidence) -> Assessment | None:
         or _from_sources(job)
         or _from_phases(job)
         or _from_data_end(job)
+    )
+
+
+def _from_data_end_alone(job: JobEvidence) -> Assessment | None:
+    """No error and no end: the log stops after some ranks of the world said their data ran
+    out (and went on, to a validation or the next epoch) while the others never did. Those
+    left the loop first; with DistributedSampler every rank's data ends at the same step, so
+    ranks whose data ends alone had fewer batches, and wait for the others for ever."""
+    if job.ended or any(v.completed for v in job.ranks.values()):
+        return None
+    world = set(range(job.world_size)) if job.world_size else set(job.ranks)
+    ended = {r for r, v in job.ranks.items() if v.data_ended and not v.failed}
+    if not ended or not world - ended or not ended <= world:
+        return None
+    return Assessment(
+        RULE,
+        0.45,
+        sorted(ended),
+        [
+            f"{ranks_text(ended)} said its data ran out "
+            f'("{job.ranks[min(ended)].data_ended}"), and {ranks_text(world - ended)} never '
+            "did before the log stops: the ranks had different numbers of batches, and those "
+            "that ran out first wait for the others."
+        ],
+        against=[
+            "the log may stop just before the others' data ran out too (a copy taken at the "
+            "epoch's end)"
+        ],
+        status=Status.HUNG,  # nothing failed: the ranks wait for each other
     )
 
 
