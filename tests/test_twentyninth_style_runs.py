@@ -93,18 +93,6 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "calm-trio": "unknown, hang (INF212, 0.3): 'the log ends in the middle of training, without "
-    "an end'. On success neither srun nor slurmstepd prints a word and the program has no "
-    "logger's end line: each rank's last words, '[rank N] done' from all 3 ranks (after the "
-    "last val_loss and checkpoint), are not read as an end of training",
-    "plateau-vote": "unknown, hang (INF212, 0.3): neither '[rank N] early stopping: no "
-    "improvement for 1 epoch(s)' on both ranks nor their '[rank N] done' is read as an end; "
-    "with no srun/slurmstepd line and no exit code, the stop agreed by every rank reads as a "
-    "log that ends mid-training",
-    "relay-pair": "unknown, hang (INF212, 0.3), world size 2, ranks 0 and 1: srun --label "
-    "prefixes each line with the task of the torchrun agent (the node), not the rank, and the "
-    "prefix wins over the program's own '[rank 3]': four workers read as two ranks, and their "
-    "'[rank N] done' as no end at all",
     "warn-signal": "unknown, hang (INF212, 0.3): '[rank N] caught SIGUSR1 at epoch 8 it 22' on "
     "both ranks and rank 0's 'saved ckpt/last.pt; exiting so the job can be requeued' (the "
     "program's answer to sbatch --signal=USR1@45, before the time limit) are not read as a "
@@ -114,11 +102,6 @@ MISSES: dict[str, str] = {
     "cascade; rank 0's 'rebuilding feature cache part 1/5'..'4/5' (after epoch 0's val_loss, "
     "where the others went on to epoch 1's steps) and its 'part 5/5' printed after srun's "
     "'tasks 1-2: Exited with exit code 1' are not read as the busy rank the others waited for",
-    "null-read": "failed, host-oom on rank 2 (INF231, 0.5): rank 2 stopped printing mid-training "
-    "with no traceback and is read as killed from outside (OOM killer); srun's 'task 2: "
-    "Segmentation fault' is found (LCH104 native-crash) but only as context with no rank, so the "
-    "signal srun names for task 2 (= SLURM_PROCID 2 when srun starts python itself) does not "
-    "reach the rank it names",
 }
 
 

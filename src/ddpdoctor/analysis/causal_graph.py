@@ -71,6 +71,39 @@ class CausalGraph:
     def unexplained(self, items: list[Event]) -> list[Event]:
         return [e for e in items if not self.explained(e)]
 
+    def ungrounded(self, items: list[Event]) -> list[Event]:
+        """Items explained only from inside a cycle through themselves (A explains B, B
+        explains A, by two relations each right on its own): no member of their cycle has a
+        cause outside it. Empty without such cycles."""
+        out: list[Event] = []
+        for item in items:
+            if not self.causes_of(item):
+                continue
+            cycle = self.reachable_from([item]) & self._explaining(item)
+            if id(item) in cycle and all(
+                id(edge.cause) in cycle
+                for member in self._members(cycle)
+                for edge in self.causes_of(member)
+            ):
+                out.append(item)
+        return out
+
+    def _explaining(self, item: Cause) -> set[int]:
+        """Ids of everything that explains the item, directly or not, and the item."""
+        seen: set[int] = set()
+        stack: list[Cause] = [item]
+        while stack:
+            current = stack.pop()
+            if id(current) in seen:
+                continue
+            seen.add(id(current))
+            stack.extend(e.cause for e in self.causes_of(current))
+        return seen
+
+    def _members(self, ids: set[int]) -> list[Cause]:
+        everything: list[Cause] = [*self.events, *self.nodes]
+        return [x for x in everything if id(x) in ids]
+
     def reachable_from(self, roots: list[Cause]) -> set[int]:
         """Ids of every node and event that the roots explain, directly or not."""
         seen: set[int] = set()

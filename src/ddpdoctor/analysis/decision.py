@@ -150,7 +150,14 @@ def _choose(
         return slow
     if inferred is not None:  # a log that stops at start-up or mid-training, and nothing else
         return _from_hypothesis(graph, inferred)
-    return _quiet(evidence)
+    quiet = _quiet(evidence)
+    if quiet.status == Status.OK:
+        # failures that only explain each other (a cycle of two relations) are still
+        # failures: never "OK" for them
+        cycle = graph.ungrounded([e for e in graph.events if _accuses(graph, e)])
+        if cycle:
+            return _from_lines(graph, cycle, evidence, job)
+    return quiet
 
 
 def _accuses(graph: CausalGraph, event: Event) -> bool:

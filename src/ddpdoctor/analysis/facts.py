@@ -221,14 +221,20 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
         for unit in ("iters", "iterations", "steps", "epochs")
     ),
     # a rank's own word that it is done ("rank 0 finished, best val_loss 0.48", "Rank 3:
-    # finished."): not one phase's end ("rank 0 finished epoch 2", "... finished loading").
+    # finished.", "[rank 2] done"): not one phase's end ("rank 0 finished epoch 2", "...
+    # finished loading").
     # One rank saying so may have left alone: an end of training only when every rank of the
     # world says it (job.py)
-    FactPattern(
-        "rank_finished",
-        MESSAGE_START + r"\[?(?:[Rr]ank|RANK) (?P<rank>\d{1,5})\]?:? (?:has )?finished"
-        r"(?:[,.!]|$| in \d| after \d)",
-        "finished",
+    *(
+        FactPattern(
+            "rank_finished",
+            MESSAGE_START
+            + r"\[?(?:[Rr]ank|RANK) (?P<rank>\d{1,5})\]?:? (?:has )?"
+            + word
+            + r"(?:[,.!]|$| in \d| after \d)",
+            word,
+        )
+        for word in ("finished", "done")
     ),
     # timm's train.py after its epoch loop (and after a Ctrl-C it swallowed):
     # "*** Best metric: 76.3 (epoch 299)"

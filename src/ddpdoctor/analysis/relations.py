@@ -316,6 +316,9 @@ def relate_same_report(graph: CausalGraph, ctx: Context) -> None:
 
 
 def _same_report(a: Event, b: Event, block: set[tuple[str, int]]) -> bool:
+    if _subjects(a) != _subjects(b) and (_subjects(a) or _subjects(b)):
+        return False  # a launcher's lines about different ranks ('task 2: Segmentation
+        # fault', then 'tasks 0-1: Terminated') are reports of their own
     lines = {(h.record.source, h.record.line) for h in b.hits}
     near = {(c.source, c.line) for h in b.hits for c in h.context}
     if lines & block or near & {(h.record.source, h.record.line) for h in a.hits}:
@@ -327,6 +330,11 @@ def _same_report(a: Event, b: Event, block: set[tuple[str, int]]) -> bool:
         for ha in a.hits
         for hb in b.hits
     )
+
+
+def _subjects(event: Event) -> set[str]:
+    """The ranks the event's lines name as what they are about (their 'rank' capture)."""
+    return {r for h in event.hits if (r := h.captures.get("rank"))}
 
 
 def relate_exit_path(graph: CausalGraph, ctx: Context) -> None:

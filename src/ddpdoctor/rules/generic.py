@@ -71,7 +71,8 @@ EARLY_STOP = Rule(
         # event; "early_stopping: true" is not.
         Signature(
             r"(?<![=/-])(?i:\bearly[ -]stop(?:ping|ped)?)\b"
-            r"(?![_=(-]|:\s*(?i:true|false|yes|no|null|none|\d|\{|\[|$)| agreed by all \d"
+            r"(?![_=(-]|:\s*(?i:(?:true|false|yes|no|null|none)\b(?!\s+\w)|\d|\{|\[|$)"
+            r"| agreed by all \d"
             r"| required| is disabled)",
             "arly",
         ),
@@ -140,6 +141,8 @@ EARLY_STOP = Rule(
         # tests/fixtures/real/twentyseventh-goal-halt
         "mean loss 0.4933 under 0.60 after epoch 1: stopping",
         "Early stopping: val_loss did not improve for 5 epochs",
+        # tests/fixtures/real/twentyninth-plateau-vote
+        "[rank 1] early stopping: no improvement for 1 epoch(s)",
         "ddpdoctor: early stopping agreed by all 2 ranks at step 3 (asked by ranks 1)",
         # a program's own agreed stop (tests/fixtures/real/third-early-stop-all)
         "[R1/3] early stop agreed by all ranks at epoch 1 (best 0.6723)",
@@ -154,6 +157,7 @@ EARLY_STOP = Rule(
         "Epoch 3: val_loss improved to 0.21",
         "early_stopping_patience=3,",
         "early stopping: true",
+        "early stopping: no",
         # a setting's value or a flag, not an event
         "[R0/3] up: mode=early-stop-main pid=4242",
         "train.py --early-stop --patience 3",

@@ -305,6 +305,14 @@ NATIVE_CRASH = Rule(
         # srun/launch.c (strsignal of a task), torch/multiprocessing/spawn.py, and the
         # kernel's own record of a SIGSEGV (arch/x86/mm/fault.c show_signal_msg)
         Signature(r": tasks? [\d,\-\[\]]+: Bus error", ": Bus error"),
+        # srun names the one task a signal ended: srun starts each rank as its own task
+        # (SLURM_PROCID), so task N is rank N (torchrun under srun reports its workers' signals
+        # itself, and srun sees the agent exit 1)
+        Signature(
+            r"srun: error: \S+: task (?P<rank>\d{1,7}): (?:Segmentation fault|Bus error|Aborted"
+            r"|Floating point exception|Illegal instruction)",
+            "srun: error: ",
+        ),
         Signature(
             r"process (?P<local_rank>\d+) terminated with signal SIG(?:SEGV|ABRT|BUS|FPE|ILL)",
             "terminated with signal SIG",
