@@ -97,11 +97,6 @@ MISSES: dict[str, str] = {
     "both ranks and rank 0's 'saved ckpt/last.pt; exiting so the job can be requeued' (the "
     "program's answer to sbatch --signal=USR1@45, before the time limit) are not read as a "
     "handled scheduler warning: the job that stopped on purpose reads as one cut off mid-training",
-    "cache-rebuild": "failed, nccl-timeout with no culprit (TMO102, 0.3): ranks 1 and 2's gloo "
-    "'Timed out waiting 15000ms' are the root and rank 0's 'Connection closed by peer' their "
-    "cascade; rank 0's 'rebuilding feature cache part 1/5'..'4/5' (after epoch 0's val_loss, "
-    "where the others went on to epoch 1's steps) and its 'part 5/5' printed after srun's "
-    "'tasks 1-2: Exited with exit code 1' are not read as the busy rank the others waited for",
 }
 
 

@@ -156,6 +156,9 @@ def assess(job: JobEvidence) -> Assessment | None:
                 against=[f"{ranks_text(silent)} may also have died without printing anything"],
             )
         )
+    late = _arrived_late(job)
+    if late is not None:
+        found.append(late)
     phases = [v for r, v in sorted(job.ranks.items()) if r in quiet | missing and v.busy_phase]
     if waiting and phases:
         view = phases[0]
@@ -187,3 +190,31 @@ def assess(job: JobEvidence) -> Assessment | None:
             )
         )
     return max(found, key=lambda a: a.score) if found else None
+
+
+def _arrived_late(job: JobEvidence) -> Assessment | None:
+    """Ranks that announced a long phase of their own and then only lost their peers, while
+    the others timed out waiting: they reached the collective after the others had given up
+    (a timeout ends its rank, and its peers then find the connection closed)."""
+    timed_out = {r for r, v in job.ranks.items() if "waiting" in v.echoes}
+    late = {
+        r
+        for r, v in job.ranks.items()
+        if v.busy_phase and "lost-peer" in v.echoes and "waiting" not in v.echoes and not v.failed
+    }
+    if not late or not timed_out:
+        return None
+    first = job.ranks[min(late)]
+    return Assessment(
+        RULE,
+        0.6,
+        sorted(late),
+        [
+            f'{ranks_text(late)} announced a long phase of its own ("{first.busy_phase}") '
+            f"while {ranks_text(timed_out)} timed out waiting in a collective; "
+            + ("it" if len(late) == 1 else "they")
+            + " reached the collective only after they had given up, and found the "
+            "connection closed: busy past the timeout, not failed."
+        ],
+        evidence=[e for r in sorted(late) for e in job.ranks[r].evidence[:1]],
+    )
