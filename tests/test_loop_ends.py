@@ -8,12 +8,14 @@ from __future__ import annotations
 import pytest
 
 from ddpdoctor.analysis.behaviour import build_evidence
+from ddpdoctor.analysis.diagnose import diagnose_paths
 from ddpdoctor.analysis.events import Event
 from ddpdoctor.analysis.facts import FACT_PATTERNS
 from ddpdoctor.analysis.job import JobView
 from ddpdoctor.model.findings import Finding, Hit, JobInfo
 from ddpdoctor.model.records import Origin, Record
 from ddpdoctor.rules.registry import all_rules
+from tests.conftest import REPO
 
 RULES = {r.code: r for r in all_rules()}
 SOURCE = "node0/log.txt.rank1"
@@ -93,9 +95,6 @@ def test_an_end_then_the_warning_printed_at_exit_is_a_run_that_exited() -> None:
     """Case 983: 'Training finished, exiting ...', then torch's warning that
     destroy_process_group() was not called before program exit, which only a process on its
     way out prints: it exited, not a fragment that cannot vouch for the run."""
-    from ddpdoctor.analysis.diagnose import diagnose_paths
-    from tests.conftest import REPO
-
     case = next((REPO / "corpus/cases").glob("983-*"))
     verdict = diagnose_paths([str(case / "logs")]).verdict
     assert (verdict.status, verdict.kind) == ("ok", None)
@@ -106,8 +105,5 @@ def test_an_error_the_run_went_on_from_to_its_end_is_no_failure() -> None:
     """Fifth set's noisy-ok (a real run): rank 0's dashboard push raises three times, caught
     and printed by the program; training then announces its end ('done: 30 steps') in the
     same output, no rank lost another and the agent reported no failed worker."""
-    from ddpdoctor.analysis.diagnose import diagnose_paths
-    from tests.conftest import REPO
-
     verdict = diagnose_paths([str(REPO / "tests/fixtures/real/fifth-noisy-ok")]).verdict
     assert (verdict.status, verdict.kind) == ("ok", None)

@@ -99,3 +99,10 @@ def test_a_node_joining_an_elastic_job_is_no_failure() -> None:
     """--nnodes 1:2: node 0's agent stops its world-2 workers when node 1 joins (no worker
     failed, no 'failed (exitcode' line); the world of 4 trains and every rank ends."""
     assert _verdict(REAL / "twentyseventh-late-node") == ("ok", None, [])
+
+
+def test_the_report_says_the_job_was_restarted() -> None:
+    summary = diagnose_paths([str(REAL / "twentyseventh-torn-save")]).verdict.summary
+    assert "restarted the workers" in summary and "last attempt" in summary
+    # a job without restarts says nothing of them
+    assert "restarted" not in diagnose_paths([str(REAL / "glued-counters")]).verdict.summary

@@ -170,7 +170,6 @@ def build_evidence(job: JobView, events: list[Event]) -> JobEvidence:
         if stream.last_line > 0:
             on_step = stream.last_progress_line == stream.last_line
             ended_on_step[writer] = ended_on_step.get(writer, True) and on_step
-        view.host = view.host or stream.origin.host
         if stream.source:
             view.sources.add(stream.source)
         if stream.error_lines and not _errors_before_restart(stream, job):
@@ -273,7 +272,7 @@ def _errors_before_restart(stream: StreamSummary, job: JobView) -> bool:
     return (
         restart is not None
         and stream.source == restart.source
-        and stream.last_error_line < restart.line
+        and (stream.last_error_line < restart.line)
     )
 
 

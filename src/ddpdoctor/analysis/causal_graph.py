@@ -75,43 +75,39 @@ class CausalGraph:
         """Items explained only from inside a cycle through themselves (A explains B, B
         explains A, by two relations each right on its own): no member of their cycle has a
         cause outside it. Empty without such cycles."""
+        everything: list[Cause] = [*self.events, *self.nodes]
+        by_id = {id(x): x for x in everything}
         out: list[Event] = []
         for item in items:
-            if not self.causes_of(item):
-                continue
-            cycle = self.reachable_from([item]) & self._explaining(item)
-            if id(item) in cycle and all(
+            causes = self.causes_of(item)
+            if not causes or any(isinstance(e.cause, Node) for e in causes):
+                continue  # unexplained, or explained by an inferred cause: no cycle of events
+            cycle = self.reachable_from([item]) & self._walk(item, backward=True)
+            if all(
                 id(edge.cause) in cycle
-                for member in self._members(cycle)
-                for edge in self.causes_of(member)
+                for member in cycle
+                for edge in self.causes_of(by_id[member])
             ):
                 out.append(item)
         return out
 
-    def _explaining(self, item: Cause) -> set[int]:
-        """Ids of everything that explains the item, directly or not, and the item."""
-        seen: set[int] = set()
-        stack: list[Cause] = [item]
-        while stack:
-            current = stack.pop()
-            if id(current) in seen:
-                continue
-            seen.add(id(current))
-            stack.extend(e.cause for e in self.causes_of(current))
-        return seen
-
-    def _members(self, ids: set[int]) -> list[Cause]:
-        everything: list[Cause] = [*self.events, *self.nodes]
-        return [x for x in everything if id(x) in ids]
-
     def reachable_from(self, roots: list[Cause]) -> set[int]:
         """Ids of every node and event that the roots explain, directly or not."""
         seen: set[int] = set()
-        stack = list(roots)
+        for root in roots:
+            seen |= self._walk(root, backward=False, seen=seen)
+        return seen
+
+    def _walk(self, start: Cause, backward: bool, seen: set[int] | None = None) -> set[int]:
+        """Ids of what `start` explains (or, backward, what explains it), directly or not,
+        and `start` itself; `seen` is skipped."""
+        done = set(seen) if seen else set()
+        stack: list[Cause] = [start]
         while stack:
             item = stack.pop()
-            if id(item) in seen:
+            if id(item) in done:
                 continue
-            seen.add(id(item))
-            stack.extend(e.effect for e in self.effects_of(item))
-        return seen
+            done.add(id(item))
+            edges = self.causes_of(item) if backward else self.effects_of(item)
+            stack.extend(e.cause if backward else e.effect for e in edges)
+        return done

@@ -79,6 +79,13 @@ def decide(
     if decision.status == Status.OK:
         decision.next_steps.extend(_advice_on_warnings(graph))
     _weigh_flight_recorder(decision, evidence)
+    if evidence.last_restart is not None or evidence.earlier_attempt_sources:
+        decision.notes.append(
+            "The launcher restarted the workers after a failure (torchrun --max-restarts); "
+            "the verdict is how the last attempt ended. What the earlier attempts printed "
+            "is not taken as the job's end (their processes are gone), though the same cause "
+            "may have ended them too."
+        )
     _assign_roles(findings, graph, decision)
     return decision
 

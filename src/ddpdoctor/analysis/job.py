@@ -43,9 +43,9 @@ class JobView:
     """Ends of the training loop that a framework prints after an exception too (in a
     `finally:`): completions only where their writer had not failed before them."""
     data_sizes: dict[str, dict[int, int]] = field(default_factory=dict)
+    """Per unit ('batches', 'samples'), how many each rank said it has, once."""
     resume_points: dict[str, dict[int, int]] = field(default_factory=dict)
     """Per unit ('step', 'epoch'), where each rank said it started or resumed training."""
-    """Per unit ('batches', 'samples'), how many each rank said it has, once."""
     skipped_ranks: set[int] = field(default_factory=set)
     prompts: list[tuple[int | None, Record]] = field(default_factory=list)
     """Questions asked on the terminal, with the asking rank when known."""
@@ -359,17 +359,8 @@ def build_job(
         loop_ends=loop_ends,
         skipped_ranks=skipped,
         prompts=prompts,
-        resume_points={
-            unit: {r: next(iter(ns)) for r, ns in by_rank.items()}
-            for unit, by_rank in starts.items()
-            if all(len(ns) == 1 for ns in by_rank.values())
-        },
-        data_sizes={
-            unit: {r: next(iter(ns)) for r, ns in by_rank.items()}
-            for unit, by_rank in sizes.items()
-            # a rank that says several numbers counts something as it goes: not a size
-            if all(len(ns) == 1 for ns in by_rank.values())
-        },
+        resume_points=_said_once(starts),
+        data_sizes=_said_once(sizes),
         cut_tracebacks=cut_tracebacks,
         normal_seen=normal_seen,
         recovered_at=recovered_at,
@@ -401,6 +392,16 @@ def _recovered_at(
         for _, end in completions
     )
     return last_failure + timedelta(microseconds=1) if untimed_after else None
+
+
+def _said_once(by_unit: dict[str, dict[int, set[int]]]) -> dict[str, dict[int, int]]:
+    """Per unit, each rank's one number; a unit where some rank said several is dropped (it
+    counts something as it goes: not a size, not where it started)."""
+    return {
+        unit: {r: next(iter(ns)) for r, ns in by_rank.items()}
+        for unit, by_rank in by_unit.items()
+        if all(len(ns) == 1 for ns in by_rank.values())
+    }
 
 
 def _agent_exits(failed_exits: list[FactHit]) -> list[list[FactHit]]:
@@ -449,25 +450,15 @@ def _keep_last_attempt_exits(
         local = rank_number(fact.captures.get("local_rank"))
         if local is None or per_rank.get(local) is None or per_rank[local].host is not None:
             continue  # a summary's entry (with its host) is the last attempt's already
-        record = fact.record
-        earlier = (
-            record.line <= restart.line
-            if record.source == restart.source
-            else record.time is not None and record.time <= restart.time
-        )
-        if earlier:
+        if restart.precedes(fact.record):
             del per_rank[local]
     for fact in failed_exits:
         local = rank_number(fact.captures.get("local_rank"))
         code = exit_code_number(fact.captures.get("code"))
-        record = fact.record
-        later = (
-            record.line > restart.line
-            if record.source == restart.source
-            else record.time is not None and record.time > restart.time
-        )
-        if later and local is not None and code is not None and local not in per_rank:
-            per_rank[local] = RankExit(code=code, signal=signal_name(code), local_rank=local)
+        if restart.precedes(fact.record) is False and local is not None and code is not None:
+            per_rank.setdefault(
+                local, RankExit(code=code, signal=signal_name(code), local_rank=local)
+            )
 
 
 def _earlier_attempt_sources(scans: list[SourceScan]) -> frozenset[str]:

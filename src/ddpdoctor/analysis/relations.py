@@ -169,11 +169,7 @@ def before_attempt(record: Record, restart: Restart | None, earlier: frozenset[s
     another file cannot be placed."""
     if record.source in earlier:
         return True
-    if restart is None:
-        return False
-    if record.source == restart.source:
-        return record.line <= restart.line  # the agent's report is the attempt's last word
-    return record.time is not None and record.time <= restart.time
+    return restart is not None and restart.precedes(record) is True
 
 
 def attempt_parts(evidence: JobEvidence) -> Callable[[Event], int] | None:

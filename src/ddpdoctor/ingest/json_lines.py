@@ -49,7 +49,9 @@ def read_json_record(line: str) -> JsonRecord | None:
     """The record a JSON log line stands for, or None for any other line (one that is not a
     whole JSON object, or holds neither a message nor a logged exception nor a field)."""
     body = line.strip()
-    if not body.startswith("{") or not body.endswith("}") or len(body) > MAX_RECORD:
+    # a JSON object's first key is quoted with '"' (the Trainer's printed dicts, "{'loss':
+    # ...}" on every logging step, are Python's repr: not decoded at all)
+    if not body.startswith('{"') or not body.endswith("}") or len(body) > MAX_RECORD:
         return None
     try:
         doc = json.loads(body)

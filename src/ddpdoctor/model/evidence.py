@@ -198,6 +198,14 @@ class Restart:
     line: int
     time: datetime
 
+    def precedes(self, record: Record) -> bool | None:
+        """Whether the line was printed before (or as) the agent's report: by line in the
+        same console (the report is the attempt's last word), else by the clock; None for
+        an untimed line of another file, which cannot be placed."""
+        if record.source == self.source:
+            return record.line <= self.line
+        return None if record.time is None else record.time <= self.time
+
 
 @dataclass(slots=True)
 class JobEvidence:
