@@ -513,3 +513,24 @@ def test_a_caller_column_then_rank_and_world_names_the_rank() -> None:
     assert parsed.origin.rank == 5
     # a bare '(1/3)' step count names no rank
     assert parse_line("INFO (1/3) downloading the dataset").origin.rank is None
+
+
+@pytest.mark.parametrize(
+    ("line", "rank", "local"),
+    [
+        # one task a rank: the label is the rank
+        ("1: epoch 0 it 10 loss 0.52", 1, None),
+        ("1: [rank 1] epoch 0 it 10 loss 0.52", 1, None),
+        # one torchrun agent a task (a node each, tests/fixtures/real/twentyninth-relay-pair):
+        # the worker's own prefix or rank tag names the writer, the label only its node
+        ("0: [rank 1] epoch 0 it 10 loss 0.52", 1, None),
+        ("1: [rank3]: FileNotFoundError: ckpt/last.pt", 3, None),
+        ("1: [default0]:Traceback (most recent call last):", None, 0),
+    ],
+)
+def test_an_srun_label_is_the_rank_unless_the_line_names_another(
+    line: str, rank: int | None, local: int | None
+) -> None:
+    parsed = parse_line(line)
+    assert (parsed.origin.rank, parsed.origin.local_rank) == (rank, local)
+    assert parsed.prefix.startswith(line.split(":")[0])

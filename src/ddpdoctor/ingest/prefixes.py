@@ -360,6 +360,7 @@ def parse_line(raw: str, year: int = 1970, with_time: bool = True) -> ParsedLine
     prefix_parts: list[str] = []
     pos = 0
     platform_tags = 0
+    slurm_task: int | None = None  # srun --label's task: the rank, unless the line says another
     platform_ok = False  # job platforms put their tags right after an ISO timestamp
     rich_record = False  # RichHandler's columns: its caller's file:line ends the line
     end = len(text)
@@ -492,7 +493,7 @@ def parse_line(raw: str, year: int = 1970, with_time: bool = True) -> ParsedLine
             continue
         m = SLURM.match(text) if pos == 0 and (digit or c == " ") else None
         if m:
-            origin.rank = rank_number(m.group("task"))
+            slurm_task = rank_number(m.group("task"))
             prefix_parts.append(m.group(0).strip())
             pos = m.end()
             continue
@@ -540,10 +541,12 @@ def parse_line(raw: str, year: int = 1970, with_time: bool = True) -> ParsedLine
             if m is None or (rank := rank_number(m.group("rank"))) is None:
                 continue
             origin.rank = rank
-            out.rank_from_text = True
+            out.rank_from_text = slurm_task is None
             if level_follows and out.level is None and (lv := PY_LEVEL.match(message, m.end())):
                 out.level = lv.group("level").lower()
             break
+    if slurm_task is not None and origin.rank is None and origin.local_rank is None:
+        origin.rank = slurm_task
     if origin.rank is None and origin.local_rank is None and _may_name_device(message):
         m = LEADING_LOCAL_RANK.match(message)
         if m and (local := rank_number(m.group("local"))) is not None:
