@@ -92,12 +92,7 @@ EXPECTED: dict[str, Expected] = {
 }
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
-MISSES: dict[str, str] = {
-    "warn-signal": "unknown, hang (INF212, 0.3): '[rank N] caught SIGUSR1 at epoch 8 it 22' on "
-    "both ranks and rank 0's 'saved ckpt/last.pt; exiting so the job can be requeued' (the "
-    "program's answer to sbatch --signal=USR1@45, before the time limit) are not read as a "
-    "handled scheduler warning: the job that stopped on purpose reads as one cut off mid-training",
-}
+MISSES: dict[str, str] = {}
 
 
 RUNS = RunSet("twentyninth-", EXPECTED, MISSES, label_nowhere=True)

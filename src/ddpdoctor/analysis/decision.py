@@ -474,20 +474,23 @@ def _intended_end(graph: CausalGraph, ctx: Context) -> Decision | None:
                 )
                 decision.basis.append("+ after the end only a stop from outside, no crash")
             return decision
-        stops = [e for e in graph.events if e.marker == Marker.STOP]
+        stops = [e for e in graph.events if e.marker in (Marker.STOP, Marker.WARNED)]
         failed = (
             bool(effects)
             or bool(ctx.evidence.failing_exits)
             or (ctx.evidence.job_exit_code not in (None, 0))
         )
         decision = Decision(
-            status=Status.FAILED if failed else Status.OK, rule=node.rule, roots=stops
+            status=Status.FAILED if failed else Status.OK,
+            rule=_stop_rule(stops, node.rule),
+            roots=stops,
         )
         decision.confidence = 0.7
+        what = "the early stop" if decision.rule is node.rule else "its stop"
         decision.notes.append(
-            "every rank announced the early stop; only the exit path looks like a failure."
+            f"every rank announced {what}; only the exit path looks like a failure."
             if failed
-            else "every rank announced the early stop and nothing failed."
+            else f"every rank announced {what} and nothing failed."
         )
         if crashes:  # the taxonomy's early stop: a failure only in how the ranks exited
             decision.notes.append(
@@ -498,6 +501,18 @@ def _intended_end(graph: CausalGraph, ctx: Context) -> Decision | None:
         decision.basis = ["+ every rank announced the stop"]
         return decision
     return None
+
+
+def _stop_rule(stops: list[Event], agreed: Rule) -> Rule:
+    """The verdict of an agreed stop: the announcements' own rule where all of them are one
+    rule of another kind (every rank caught the scheduler's warning signal: preempted, not an
+    early stop), else the agreed early stop's."""
+    rules = {e.rule.code: e.rule for e in stops}
+    if len(rules) == 1:
+        (own,) = rules.values()
+        if own.kind != agreed.kind:
+            return own
+    return agreed
 
 
 def _crash_text(crashes: list[Event]) -> str:

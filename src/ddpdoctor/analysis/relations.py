@@ -583,12 +583,16 @@ def relate_teardown_marker(graph: CausalGraph, ctx: Context) -> None:
 
 
 def agreed_stop(graph: CausalGraph, ctx: Context) -> list[Event]:
-    """The stop announcements, when every rank announced (or agreed to) the early stop."""
+    """The stop announcements, when every rank announced (or agreed to) the early stop, or
+    caught the scheduler's warning signal."""
     stops = [e for e in graph.events if e.marker == Marker.STOP]
+    warned = [e for e in graph.events if e.marker == Marker.WARNED]
+    if not stops and warned and _every_rank_said(warned, ctx):
+        return warned
     if not stops:
         return []
     announcers = {e.rank for e in stops if e.rank is not None}
-    ranks = {r for r, v in ctx.evidence.ranks.items() if v.present}
+    ranks = _present(ctx)
     agreed = [
         int(n)
         for e in stops
@@ -621,6 +625,19 @@ def agreed_stop(graph: CausalGraph, ctx: Context) -> list[Event]:
         # the others after it (they stopped too): whatever crashed on the way out after
         return stops
     return []
+
+
+def _present(ctx: Context) -> set[int]:
+    return {r for r, v in ctx.evidence.ranks.items() if v.present}
+
+
+def _every_rank_said(events: list[Event], ctx: Context) -> bool:
+    """Every rank that wrote said it (by rank, or counted where no line names its rank)."""
+    said = {e.rank for e in events if e.rank is not None}
+    ranks = _present(ctx)
+    if said:
+        return said >= ranks
+    return sum(_announcements(e) for e in events) >= max(2, len(ranks))
 
 
 def _ended_after(stops: list[Event], evidence: JobEvidence) -> bool:

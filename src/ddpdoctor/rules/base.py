@@ -45,6 +45,9 @@ class Marker(StrEnum):
     """The program reached its end with the process group alive: later crashes are teardown."""
     STALLED = "stalled"
     """Stack dumps taken while the job made no progress."""
+    WARNED = "warned"
+    """A rank caught the scheduler's warning signal: a stop when every rank caught it (the
+    scheduler signals every task of the step), else only context."""
 
 
 MAX_FIX_LINE = 8192

@@ -20,6 +20,8 @@ MARKER_MEANING = {
     Marker.TEARDOWN: "marks the end of the program with the process group alive: a crash "
     "after it is teardown",
     Marker.STALLED: "marks a stalled job (stack dumps): the root when nothing failed before",
+    Marker.WARNED: "marks the scheduler's warning signal caught by a rank: a stop on purpose "
+    "when every rank caught it, else context (a signal reaches every task, not one)",
 }
 
 

@@ -4,7 +4,7 @@ Per-rank exit codes themselves are job facts (analysis/facts.py); these rules gi
 
 from __future__ import annotations
 
-from ddpdoctor.rules.base import Echo, Explanation, Rule, Signature
+from ddpdoctor.rules.base import Echo, Explanation, Marker, Rule, Signature
 
 HOST_OOM_KILL = Rule(
     code="LCH101",
@@ -881,6 +881,58 @@ SLURM_TERMINATED = Rule(
     ),
 )
 
+WARNING_SIGNAL_HANDLED = Rule(
+    code="LCH118",
+    kind="preempted",
+    title="The ranks caught the scheduler's warning signal and stopped on purpose",
+    sources="training programs' signal handlers (Slurm sbatch --signal=USR1@N, LSF, SGE)",
+    severity="info",
+    marker=Marker.WARNED,
+    specificity=10,
+    signatures=(
+        # a program's own handler of the signal a scheduler sends before the time limit or a
+        # preemption (sbatch --signal=[B:]USR1@120; SIGUSR2 for submitit and LSF): "caught
+        # SIGUSR1 at epoch 8", "Received SIGUSR2, saving a checkpoint", "got signal USR1".
+        # Not Lightning's "Handling auto-requeue signal" (LCH109: it requeues the job itself),
+        # nor a handler being installed ("registering handler for SIGUSR1")
+        *(
+            Signature(
+                r"(?i:\b(?:caught|received|got|trapped|handling))\s+(?:the\s+)?(?:signal\s+)?"
+                rf"(?P<sig>(?:SIG)?{name})\b(?![_=(])",
+                name,
+            )
+            for name in ("USR1", "USR2")
+        ),
+    ),
+    explanation=Explanation(
+        what="Every rank's handler of the scheduler's warning signal (SIGUSR1/SIGUSR2) stopped "
+        "training: the time limit or a preemption was near.",
+        why="A batch job asked the scheduler for a signal before its end (Slurm's "
+        "--signal=USR1@120); the program saved its state and left, so the job can be requeued "
+        "and resumed. When every rank stops together and exits 0, nothing failed.",
+        fix="Nothing, if the job is requeued and resumes from the checkpoint; if a rank stops "
+        "alone, agree on the stop across ranks (all-reduce the flag) before leaving the loop.",
+        false_positives="A program that sends itself SIGUSR1 for another purpose (a stack dump, "
+        "a log rotation) and carries on.",
+    ),
+    fix=(
+        "Resume from the checkpoint saved on the signal (requeue the job: sbatch --requeue, or "
+        "`scontrol requeue $SLURM_JOB_ID` in the handler).",
+        "Give the handler time: --signal=USR1@SECONDS larger than one step plus a checkpoint.",
+    ),
+    positive=(
+        "[rank 0] caught SIGUSR1 at epoch 8 it 22",
+        "Received SIGUSR2: saving checkpoint before the time limit",
+        "got signal USR1, stopping after this step",
+    ),
+    negative=(
+        "Handling auto-requeue signal: 10",
+        "registering a handler for SIGUSR1",
+        "signal.signal(signal.SIGUSR1, handler)",
+        "caught SIGUSR1_flag=0",
+    ),
+)
+
 INTERRUPTED = Rule(
     code="LCH112",
     kind="hang",
@@ -1027,4 +1079,5 @@ RULES = (
     LAUNCH_LINE_CUT,
     RENDEZVOUS_FAILURE,
     SLURM_TERMINATED,
+    WARNING_SIGNAL_HANDLED,
 )
