@@ -21,7 +21,7 @@ from ddpdoctor.analysis.frames import (
     phase,
 )
 from ddpdoctor.analysis.job import JobView
-from ddpdoctor.analysis.relations import in_earlier_attempt, survived
+from ddpdoctor.analysis.relations import before_attempt, in_earlier_attempt, survived
 from ddpdoctor.analysis.scanner import StreamSummary
 from ddpdoctor.ingest.tracebacks import EXCEPTION_LINE
 from ddpdoctor.model.evidence import (
@@ -137,6 +137,32 @@ def _interrupted_activity(site: str, code: str) -> Activity:
     return Activity("compute", "", site, code)
 
 
+def _spoke_after_waits(job: JobView, events: list[Event], ranks: dict[int, RankView]) -> None:
+    """Ranks whose last line in a console comes after another rank's timeout or lost peer in
+    that console (a paste cut on a rank's own timeout line, a rank that went on printing
+    while the others gave up on it) were there when the others gave up: they did not leave
+    first."""
+    waits: dict[str, list[tuple[int, int | None]]] = {}
+    for event in events:
+        if event.echo not in (Echo.WAITING, Echo.LOST_PEER):
+            continue
+        for hit in event.hits:
+            if not before_attempt(hit.record, job.last_restart, job.earlier_attempt_sources):
+                waits.setdefault(hit.record.source, []).append((hit.record.line, event.rank))
+    if not waits:
+        return
+    for stream in job.streams:
+        writer = job.resolve(stream.origin)
+        view = ranks.get(writer) if writer is not None else None
+        if view is None or stream.source in job.earlier_attempt_sources:
+            continue
+        if any(
+            line < stream.last_line and rank is not None and rank != writer
+            for line, rank in waits.get(stream.source, ())
+        ):
+            view.spoke_after_waits = True
+
+
 def build_evidence(job: JobView, events: list[Event]) -> JobEvidence:
     job = _with_clean_loop_ends(job, events)
     info = job.info
@@ -184,6 +210,7 @@ def build_evidence(job: JobView, events: list[Event]) -> JobEvidence:
 
     for rank, on_step in ended_on_step.items():
         ranks[rank].ended_on_step = on_step
+    _spoke_after_waits(job, events, ranks)
 
     flight = info.flight
     if flight is not None:

@@ -124,6 +124,9 @@ class RankView:
     waited_on_live_peers: bool = False
     """It timed out on a transport that reports a peer process that exits as a lost
     connection at once (rules.base.Rule.peers_alive): its peers were still running."""
+    spoke_after_waits: bool = False
+    """Its last line in a console comes after another rank's timeout or lost peer there: it
+    was still there when they gave up on it, so it did not leave first."""
     waited_after_end: bool = False
     """It waited (or lost its peer) in a collective its own code called after training had
     announced its end: still distributed work (an evaluation, a save, a barrier), not

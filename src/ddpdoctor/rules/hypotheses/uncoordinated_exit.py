@@ -75,6 +75,8 @@ def assess(job: JobEvidence) -> Assessment | None:
         and not job.ranks[r].busy_phase
         # it stopped mid-step without a word: killed from outside (killed_rank), not left
         and not stopped_on_a_step(job, r)
+        # it still printed after the others gave up on it: it had not left
+        and not job.ranks[r].spoke_after_waits
     }
     if waiting and all(job.ranks[r].waited_after_end for r in waiting):
         left = set()
