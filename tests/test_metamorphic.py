@@ -1,6 +1,6 @@
 """Metamorphic tests on the real corpus: wrapping every line the way launchers and log
 collectors do (torchrun rank prefix, Slurm label, pdsh host, Kubernetes timestamps, CRLF,
-gzip) must not change the diagnosed kind. The log text itself is never altered."""
+gzip, a Markdown quote, journald, a CloudWatch export) must not change the diagnosed kind. The log text itself is never altered."""
 
 from __future__ import annotations
 
@@ -25,6 +25,12 @@ TRANSFORMS: dict[str, Callable[[str], str]] = {
     "k8s-time": lambda line: f"2024-05-01T10:00:00.123456789Z {line}",
     "kubectl-prefix": lambda line: f"[pod/train-worker-1/pytorch] {line}",
     "crlf": lambda line: f"{line}\r",
+    # a log pasted into an issue as a Markdown quote
+    "markdown-quote": lambda line: f"> {line}",
+    # `journalctl -u train.service`: syslog time (no year), host, the service's process
+    "journald": lambda line: f"Dec 03 16:45:33 node7 python3[4242]: {line}",
+    # an export of CloudWatch Logs: the event's time, then a tab
+    "cloudwatch-tab": lambda line: f"2024-05-01T10:00:00.123Z\t{line}",
 }
 
 

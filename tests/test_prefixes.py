@@ -534,3 +534,35 @@ def test_an_srun_label_is_the_rank_unless_the_line_names_another(
     parsed = parse_line(line)
     assert (parsed.origin.rank, parsed.origin.local_rank) == (rank, local)
     assert parsed.prefix.startswith(line.split(":")[0])
+
+
+@pytest.mark.parametrize(
+    ("line", "text", "rank", "host"),
+    [
+        # journalctl (syslog time without a year, host, the service's process)
+        (
+            "Dec 03 16:45:33 node7 python3[4242]: [rank1]: RuntimeError: x",
+            "RuntimeError: x",
+            1,
+            "node7",
+        ),
+        # moreutils' ts, a day padded with a space
+        ("Dec  3 16:45:33 [rank1]: RuntimeError: x", "RuntimeError: x", 1, None),
+        # journalctl -o short-iso
+        ("2024-12-03T16:45:33+0000 node7 python3[4242]: [rank2]: x", "x", 2, "node7"),
+        # a CloudWatch export: a tab after the time
+        ("2024-05-01T10:00:00.123Z\t[rank1]: RuntimeError: x", "RuntimeError: x", 1, None),
+        # an srun label inside a Markdown quote
+        ("> 3: Traceback (most recent call last):", "Traceback (most recent call last):", 3, None),
+        # near misses: a month in prose, a time without a month
+        ("May 5 was a good day", "May 5 was a good day", None, None),
+        ("Dec 03 was a good day", "Dec 03 was a good day", None, None),
+    ],
+)
+def test_syslog_journald_and_exported_lines_are_read(
+    line: str, text: str, rank: int | None, host: str | None
+) -> None:
+    parsed = parse_line(line, 2026)
+    assert (parsed.text, parsed.origin.rank, parsed.origin.host) == (text, rank, host)
+    if "16:45:33" in line:
+        assert parsed.time is not None and parsed.time.hour == 16

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from ddpdoctor.analysis.diagnose import diagnose_paths
 from ddpdoctor.analysis.scanner import _parser
 from ddpdoctor.ingest import tracebacks
+from ddpdoctor.ingest.prefixes import parse_line
 from ddpdoctor.ingest.tracebacks import walk_back
 
 REAL = Path(__file__).parent / "fixtures" / "real" / "both-fail" / "console.log"
@@ -96,3 +97,23 @@ def test_skipping_other_writers_unparsed_changes_no_stitch(
     with patch.object(tracebacks, "_writer_needles", lambda key: ()):
         slow = walk_back(chunk, start, key, parse)
     assert [(n, p.text, p.prefix) for n, p in fast] == [(n, p.text, p.prefix) for n, p in slow]
+
+
+def test_a_traceback_whose_indentation_was_trimmed_is_still_one_traceback() -> None:
+    """Corpus case 352 pasted its traceback with every line's leading spaces gone: the code
+    under a frame and Python 3.11's carets are still the frame's."""
+    text = (
+        "-- Process 0 terminated with the following error:\n"
+        "Traceback (most recent call last):\n"
+        'File "/w/train.py", line 9, in main\n'
+        "loss.backward()\n"
+        "^^^^^^^^^^^^^^^\n"
+        'File "/w/train.py", line 4, in step\n'
+        "store = TCPStore(host, port)\n"
+        "ValueError: host not found: Name or service not known\n"
+    )
+    data = text.encode()
+    last = data.rindex(b"ValueError")
+    lines = [p.text for _, p in walk_back(data, last, "", parse_line)]
+    assert lines[0].startswith("-- Process 0") and "loss.backward()" in lines
+    assert lines[-1] == "store = TCPStore(host, port)"

@@ -83,6 +83,10 @@ MAX_SHARED_KEYS = 256
 values passed on only leave more lines to confirm, and merging drops their facts)."""
 
 
+QUOTE_BLANK = " \t\r>"
+"""What an empty line of a log pasted as a Markdown quote is made of."""
+
+
 @dataclass(slots=True)
 class FactHit:
     name: str
@@ -515,7 +519,10 @@ class Scanner:
             if target.fact is not None:
                 if not target.fact.text_read:  # read by captures and writer only
                     record.text, record.stream_key, record.time = "", "", None
-                before = _raw_lines_before(chunk, start, target.fact.lines_before)
+                before = [
+                    src.parse(line).text
+                    for line in _raw_lines_before(chunk, start, target.fact.lines_before)
+                ]
                 fact = FactHit(target.fact.name, captures, record, before)
                 if target.fact.name == "progress":
                     src.progress.offer(fact)
@@ -653,8 +660,8 @@ class Scanner:
         last_raw: dict[str, str] = {}
         prev_raw: dict[str, str] = {}
         for offset, raw in enumerate(text.split("\n")):
-            if not raw or raw.isspace():
-                continue
+            if not raw or raw.isspace() or not raw.strip(QUOTE_BLANK):
+                continue  # an empty line, also inside a Markdown quote ('> ')
             parsed = parse_line(raw, with_time=False)  # writers and last words, not times
             said = parsed.origin
             key = parsed.prefix

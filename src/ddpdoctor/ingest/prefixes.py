@@ -22,13 +22,24 @@ ANSI = re.compile(
 
 # Kubernetes `kubectl logs --timestamps` / fluentd: RFC 3339 at the start of the line.
 # Exactly one separator is consumed: the indentation of a traceback frame after it is content.
-RFC3339 = re.compile(r"(?P<ts>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)) ")
+# A tab instead of the space: CloudWatch and other collectors' exports.
+RFC3339 = re.compile(r"(?P<ts>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d))[ \t]")
 # Python logging asctime and most other loggers: optional brackets, optional millis.
 # Hydra's job logging glues its fields: "[2026-12-03 05:57:26,366][__main__][INFO] - msg".
 ISO_TIME = re.compile(
     r"\[?(?P<ts>\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[,.]\d{1,9})?)(?:Z|[+-]\d\d:?\d\d)?"
-    r"(?:\](?=\[[\w.-]{1,80}\]\[[A-Z]{3,8}\] - )|\]?(?: ?[:|-])? )"
+    r"(?:\](?=\[[\w.-]{1,80}\]\[[A-Z]{3,8}\] - )|\]?(?: ?[:|-])?[ \t])"
 )
+# syslog and `journalctl` (and moreutils' `ts`): "Dec  3 16:45:33 " (no year), then, from the
+# journal, the host and the process that wrote: "node7 python3[4242]: ". That pid is the
+# service's (a launcher's, whose workers share its stdout), not the writer's: only the host
+# is kept.
+SYSLOG_TIME = re.compile(
+    r"(?P<mon>Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) {1,2}(?P<d>\d{1,2}) "
+    r"(?P<hms>\d\d:\d\d:\d\d)(?:\.\d{1,6})? "
+)
+SYSLOG_SOURCE = re.compile(r"(?P<host>[\w.-]{1,63}) [\w./@:-]{1,80}\[\d{1,9}\]: ")
+MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
 # ... and the logger and level fields that follow it there: "[__main__][INFO] - ".
 HYDRA_FIELDS = re.compile(r"\[[\w.-]{1,80}\]\[(?P<level>[A-Z]{3,8})\] - ")
 # The transformers examples' logging format (datefmt "%m/%d/%Y %H:%M:%S"), copied by many
@@ -203,6 +214,23 @@ def _without_caller(message: str) -> str:
     return message
 
 
+def _syslog_time(m: re.Match[str], year: int) -> datetime | None:
+    """syslog's "Mon DD HH:MM:SS": the year is the log's (as glog's)."""
+    hms = m.group("hms")
+    try:
+        value = datetime(
+            year,
+            MONTHS.index(m.group("mon")) + 1,
+            int(m.group("d")),
+            int(hms[0:2]),
+            int(hms[3:5]),
+            int(hms[6:8]),
+        )
+    except ValueError:
+        return None
+    return plausible_time(value)
+
+
 def _rich_time(m: re.Match[str]) -> datetime | None:
     """RichHandler's default "[%x %X]" in the C locale: month/day/two-digit year."""
     hms = m.group("hms")
@@ -360,6 +388,7 @@ def parse_line(raw: str, year: int = 1970, with_time: bool = True) -> ParsedLine
     prefix_parts: list[str] = []
     pos = 0
     platform_tags = 0
+    line_start = 0  # where the line starts: after a Markdown quote's '> ' when pasted in one
     slurm_task: int | None = None  # srun --label's task: the rank, unless the line says another
     platform_ok = False  # job platforms put their tags right after an ISO timestamp
     rich_record = False  # RichHandler's columns: its caller's file:line ends the line
@@ -370,7 +399,7 @@ def parse_line(raw: str, year: int = 1970, with_time: bool = True) -> ParsedLine
         # each format starts with known characters: try only the ones that can match there
         c = text[pos]
         if c == ">" and pos == 0:
-            pos = QUOTE.match(text, pos).end()  # type: ignore[union-attr]
+            pos = line_start = QUOTE.match(text, pos).end()  # type: ignore[union-attr]
             continue
         bracket, digit = c == "[", c.isdigit()
         nxt = text[pos + 1] if pos + 1 < end else ""
@@ -404,6 +433,18 @@ def parse_line(raw: str, year: int = 1970, with_time: bool = True) -> ParsedLine
                 out.time = out.time or _parse_iso(m.group("ts"))
             platform_ok = True
             pos = m.end()
+            if source := SYSLOG_SOURCE.match(text, pos):  # journalctl -o short-iso
+                origin.host = origin.host or source.group("host")
+                pos = source.end()
+            continue
+        if c in "ADFJMNOS" and pos == line_start and (syslog := SYSLOG_TIME.match(text, pos)):
+            if with_time:
+                out.time = out.time or _syslog_time(syslog, year)
+            platform_ok = True
+            pos = syslog.end()
+            if source := SYSLOG_SOURCE.match(text, pos):
+                origin.host = origin.host or source.group("host")
+                pos = source.end()
             continue
         if c == " " and nxt == " ":
             rich = RICH_LOG_LEVEL.match(text, pos)
@@ -485,13 +526,13 @@ def parse_line(raw: str, year: int = 1970, with_time: bool = True) -> ParsedLine
             prefix_parts.append(m.group(0).strip())
             pos = m.end()
             continue
-        m = PDSH_ADDRESS.match(text) if pos == 0 and digit else None
+        m = PDSH_ADDRESS.match(text, pos) if pos == line_start and digit else None
         if m:
             origin.host = m.group("host")
             prefix_parts.append(m.group(0).strip())
             pos = m.end()
             continue
-        m = SLURM.match(text) if pos == 0 and (digit or c == " ") else None
+        m = SLURM.match(text, pos) if pos == line_start and (digit or c == " ") else None
         if m:
             slurm_task = rank_number(m.group("task"))
             prefix_parts.append(m.group(0).strip())

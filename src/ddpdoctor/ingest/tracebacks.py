@@ -30,6 +30,9 @@ RAY_TASK_HEAD = re.compile(
 """Where Ray's driver re-raises a worker's exception it prints this line in place of
 'Traceback (most recent call last):' (python/ray/exceptions.py): the head of that worker's
 traceback, naming its process."""
+CARETS = re.compile(r"^[\^~]+ *$")
+"""Python 3.11's markers under a frame's code ('^^^^^^^^'), when a paste trimmed their
+indentation."""
 FRAME_LINE = re.compile(r'^(?:> )?File "[^"]{1,4000}", line \d{1,9}')
 WRAPPED_FRAME = re.compile(
     r'^(?:"[^"\s]{1,4000}(?:", line)?|[^"\s]{0,4000}", line \d{1,9}, in \S{1,400}'
@@ -64,7 +67,8 @@ def is_traceback_line(text: str) -> bool:
     ):
         return True
     return bool(
-        CHAINED.match(text)
+        CARETS.match(text)
+        or CHAINED.match(text)
         or EXCEPTION_LINE.match(text)
         or RAY_TASK_HEAD.match(text)
         or FRAME_LINE.match(text)
@@ -130,7 +134,7 @@ def walk_back(
             ):
                 found.append((walked, dated))
             break
-        if not is_traceback_line(parsed.text):
+        if not is_traceback_line(parsed.text) and not _frame_above(chunk, floor, end, key):
             break
         found.append((walked, parse(raw)))
         after_head = parsed.text.startswith(TRACEBACK_HEAD) or bool(
@@ -138,6 +142,20 @@ def walk_back(
         )
     found.reverse()
     return found
+
+
+def _frame_above(chunk: bytes, floor: int, end: int, key: str) -> bool:
+    """The writer's line above (ending at `end`) is a frame line: the line below it is that
+    frame's code, whatever its indentation (a paste or a viewer that trimmed every line's
+    leading spaces leaves 'loss.backward()' bare under 'File "train.py", line 9, in step')."""
+    if end <= floor:
+        return False
+    start = chunk.rfind(b"\n", floor, end) + 1
+    above = parse_line(
+        chunk[start : min(end, start + LINE_PARSE_BYTES)].decode("utf-8", errors="replace"),
+        with_time=False,
+    )
+    return above.prefix == key and FRAME_LINE.match(above.text) is not None
 
 
 def carried_on(context: list[str]) -> bool:
