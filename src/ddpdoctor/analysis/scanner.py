@@ -4,6 +4,7 @@ lines with a candidate (and a bounded head and tail, for job facts) are parsed i
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Callable, Iterable, MutableSequence, Sequence
 from dataclasses import dataclass, field, replace
@@ -33,6 +34,7 @@ from ddpdoctor.ingest.filenames import origin_from_path
 from ddpdoctor.ingest.prefixes import MAX_TEXT, ParsedLine, parse_line, rank_before
 from ddpdoctor.ingest.sources import ChunkStream, Input
 from ddpdoctor.ingest.tracebacks import carried_on, is_traceback_line, walk_back
+from ddpdoctor.ingest.unwrap import original_line
 from ddpdoctor.model.findings import Hit
 from ddpdoctor.model.records import Origin, Record, SourceInfo
 from ddpdoctor.rules.base import Rule, Signature
@@ -351,7 +353,7 @@ class Scanner:
         stream: ChunkStream | ErrorFileChunks = (
             ErrorFileChunks(item.path, item.display)
             if "error.json" in item.path and is_error_file(item.path)  # pathlib costs 20 us
-            else ChunkStream(item)
+            else ChunkStream(item, join_wrapped=sample_head)  # not among many rank files
         )
         result = SourceScan(info=stream.info)
         file_origin = origin_from_path(item.path) if item.path != "-" else Origin()
@@ -421,6 +423,9 @@ class Scanner:
                 self._sample(
                     result, last_chunk[pos:], head_lines, file_origin, item.display, src.parse
                 )
+        merges = getattr(stream, "merges", ())
+        if merges:
+            _renumber(result, merges)
         return result
 
     def _take_keys(self, seen: Seen, shared: dict[int, set[object]]) -> None:
@@ -846,6 +851,36 @@ def _parser(year: int) -> _Parse:
         return parse_line(raw, year)
 
     return parse
+
+
+STREAM_LINES = tuple(
+    f.name for f in dataclasses.fields(StreamSummary) if f.name.endswith(("_line", "_at"))
+)
+"""The line numbers a writer's summary holds."""
+
+
+def _renumber(result: SourceScan, merges: tuple[int, ...]) -> None:
+    """The file's own line numbers for a source whose hard-wrapped lines were joined
+    (ingest/unwrap): evidence quotes the line a person finds in the file."""
+    done: set[int] = set()
+
+    def fix(record: Record) -> None:
+        if id(record) not in done:
+            done.add(id(record))
+            record.line = original_line(record.line, merges)
+
+    for hit in result.hits:
+        fix(hit.record)
+        for earlier in hit.context:
+            fix(earlier)
+    for fact in result.facts:
+        fix(fact.record)
+    for summary in result.streams.values():
+        for name in STREAM_LINES:
+            value = getattr(summary, name)
+            if value > 0:
+                setattr(summary, name, original_line(value, merges))
+    result.info.lines += len(merges)
 
 
 def _record(parsed: ParsedLine, display: str, line_no: int, file_origin: Origin) -> Record:

@@ -16,6 +16,7 @@ from typing import BinaryIO, cast
 
 from ddpdoctor.ingest.inputs import PIPE_WAIT_S, STDIN_NAME, Input, expand_paths, reason_for
 from ddpdoctor.ingest.pipes import QuietPipe, WaitedReader, open_waited
+from ddpdoctor.ingest.unwrap import unwrap
 from ddpdoctor.model.records import SourceInfo
 
 __all__ = ["PIPE_WAIT_S", "STDIN_NAME", "ChunkStream", "Input", "expand_paths", "looks_binary"]
@@ -108,8 +109,14 @@ class ChunkStream:
     """Newline-aligned chunks of one input. After iteration, `info` says how it went; its
     `lines` are left to the reader, which counts them in the same pass that numbers its hits."""
 
-    def __init__(self, item: Input, chunk_bytes: int = CHUNK_BYTES) -> None:
+    def __init__(
+        self, item: Input, chunk_bytes: int = CHUNK_BYTES, join_wrapped: bool = True
+    ) -> None:
         self.item = item
+        self.join_wrapped = join_wrapped
+        """Join lines a terminal hard-wrapped (ingest/unwrap) in a file read whole: a paste.
+        Not among thousands of rank files, which programs wrote (and where looking costs
+        ~50 us a file)."""
         self.chunk_bytes = chunk_bytes
         self.info = SourceInfo(path=item.display)
         self.mtime: float | None = None
@@ -117,6 +124,9 @@ class ChunkStream:
         self._waited = False
         self._gzip = False
         self._pending: BaseException | None = None
+        self.merges: tuple[int, ...] = ()
+        """Lines a terminal had hard-wrapped, joined (ingest/unwrap): the joined lines that
+        took in the next line of the file, known once the first chunk is out."""
 
     def _skip(self, reason: str) -> None:
         self.info.status, self.info.reason = "skipped", reason
@@ -223,6 +233,8 @@ class ChunkStream:
             self._skip("binary data, not a log")
             return b""
         self.info.bytes = size
+        if self.join_wrapped:
+            data, self.merges = unwrap(data)
         return data if data.endswith(b"\n") else data + b"\n"
 
     def _read(self, stream: BinaryIO, size: int) -> bytes:

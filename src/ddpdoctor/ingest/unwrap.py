@@ -1,0 +1,107 @@
+"""Lines a terminal hard-wrapped at its width, joined again. A log copied from a terminal (a
+Windows console, tmux, an SSH client) or a fixed-width viewer comes back with every long line
+cut into pieces of exactly the screen's width: 'Watchdog caught collective operation timeo' /
+'ut: WorkNCCL(...)', and no rule finds the words the cut split. Programs write whole lines,
+so only a small file (a paste) is looked at. Pure functions over bytes; no I/O."""
+
+from __future__ import annotations
+
+import bisect
+import re
+from collections import Counter
+
+from ddpdoctor.ingest.prefixes import parse_line
+from ddpdoctor.ingest.tracebacks import EXCEPTION_LINE
+
+MIN_WIDTH = 60
+"""Narrower than any terminal a log is read in: lines this short are not cut by one."""
+MIN_JOINS = 2
+"""A width is the terminal's only when at least this many of its lines go on in the next."""
+NEAR = 15
+"""How far below the width a line counts as falling just short of it."""
+SAME_START = 6
+"""A next line that starts as the cut line did is a line of the same kind, not its rest."""
+MESSAGE_START = re.compile(r"[A-Z][a-z]{2,} ")
+"""A capitalised word and a space: how messages start ('Extracting ../data'), not how the rest
+of a cut one goes on ('t=4718592, Timeout', 'DataParallel`. If', 'timing out.')."""
+LINE_STARTS = ("Traceback (most recent", 'File "', "frame #", "During handling", "The above ")
+
+
+def unwrap(data: bytes) -> tuple[bytes, tuple[int, ...]]:
+    """The text with each hard-wrapped line joined to its rest, and the (joined) line numbers
+    that took in a line of the file: see original_line. The text as it is, and no joins, when
+    its lines do not look cut at one width."""
+    lines = data.split(b"\n")
+    if b"\r\n" in data:  # CRLF: the lines' lengths without their \r (slower, rarer)
+        lines = [line.removesuffix(b"\r") for line in lines]
+    width = _width(lines)
+    if width is None:
+        return data, ()
+    joined: list[list[bytes]] = []  # each line's pieces (joined once: += was quadratic)
+    merged_into: list[int] = []
+    head = b""  # the start of the line the pieces being joined belong to
+    last = b""  # the last piece, with the joined length it ends
+    length = 0
+    for body in lines:
+        if joined and _goes_on(last, width, head, body, length):
+            joined[-1].append(body)
+            merged_into.append(len(joined))
+            length += len(body)
+        else:
+            joined.append([body])
+            head, length = body[:SAME_START], len(body)
+        last = body
+    if len(merged_into) < MIN_JOINS:
+        return data, ()
+    return b"\n".join(b"".join(pieces) for pieces in joined), tuple(merged_into)
+
+
+def original_line(line: int, merges: tuple[int, ...]) -> int:
+    """The file's own number of the first piece of joined line `line` (1-based): the lines
+    merged into the joined lines above it come before it in the file."""
+    return line + bisect.bisect_left(merges, line)
+
+
+def _width(lines: list[bytes]) -> int | None:
+    """The width the file's lines were cut at: its longest lines' length, when several of
+    them go on in the next line, cut inside a word or number (a terminal cuts at its width,
+    wherever that falls; the longest lines of a log that was not cut end where messages end);
+    None for a file whose long lines are whole."""
+    lengths = Counter(map(len, lines))  # counted in C: ~10 us for a 25 KB rank file
+    width = max(lengths, default=0)
+    if width < MIN_WIDTH or lengths[width] < MIN_JOINS:
+        return None
+    cut = 0
+    for i, body in enumerate(lines[:-1]):
+        nxt = lines[i + 1]
+        inside_a_word = body[-1:].isalnum() and nxt[:1].isalnum()
+        if len(body) == width and inside_a_word and _goes_on(body, width, body[:SAME_START], nxt):
+            cut += 1
+    # cut at one width, the long lines pile up at it: fewer lines fall just short of it than
+    # reach it (a log's longest whole lines spread over their lengths)
+    near = sum(lengths[n] for n in range(width - NEAR, width))
+    return width if cut >= MIN_JOINS and near <= lengths[width] else None
+
+
+def _goes_on(line: bytes, width: int, head: bytes, nxt: bytes, length: int = -1) -> bool:
+    """`line` was cut at `width` and `nxt` is its rest: the cut fell inside the text (no
+    terminal pads a cut line), and the next line starts as no line of a log does: no prefix,
+    time or level of its own, no traceback's line, not the start of the line it would join.
+    `line` is the last piece; `length` the length of the line joined so far (-1: the piece's)."""
+    length = len(line) if length < 0 else length
+    if length % width or not line or line[-1:].isspace() or not nxt or len(set(line)) < 3:
+        return False
+    if nxt[:SAME_START] == head:
+        return False
+    text = nxt.decode("utf-8", errors="replace")
+    parsed = parse_line(text)
+    if parsed.prefix or parsed.time is not None or parsed.level is not None:
+        return False
+    if parsed.origin.rank is not None or parsed.origin.local_rank is not None:
+        return False
+    stripped = parsed.text.lstrip()
+    return (
+        not stripped.startswith(LINE_STARTS)
+        and EXCEPTION_LINE.match(stripped) is None
+        and MESSAGE_START.match(stripped) is None
+    )

@@ -1,0 +1,72 @@
+"""Lines a terminal hard-wrapped at its width are joined again (ingest/unwrap), on real pastes
+of the corpus whose watchdog lines were cut mid-number, and never on logs whose longest lines
+are whole (the same long NCCL line printed by several ranks, a download log's lines, prose)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ddpdoctor.analysis.diagnose import diagnose_paths
+from ddpdoctor.ingest.unwrap import original_line, unwrap
+from tests.conftest import REPO
+
+CASES = REPO / "corpus" / "cases"
+
+
+def _log(prefix: str) -> Path:
+    return next(p for p in (next(CASES.glob(prefix)) / "logs").iterdir() if p.is_file())
+
+
+@pytest.mark.parametrize("prefix", ["824-*", "878-*", "482-*"])
+def test_watchdog_lines_cut_at_the_terminal_width_are_joined(prefix: str) -> None:
+    data = _log(prefix).read_bytes()
+    joined, merges = unwrap(data)
+    assert merges
+    lines = joined.decode().split("\n")
+    watchdog = [line for line in lines if "Watchdog caught collective operation timeout" in line]
+    assert watchdog and all("milliseconds before timing out" in line for line in watchdog)
+    # each joined line is numbered as the file's line its first piece is on
+    physical = data.decode().split("\n")
+    for number, line in enumerate(lines, start=1):
+        first = physical[original_line(number, merges) - 1]
+        assert line.startswith(first.removesuffix("\r")), (number, line[:60], first[:60])
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        # the longest lines are two whole 'Downloading ... .gz' lines, each followed by a whole
+        # 'Extracting ...' line
+        _log("444-*"),
+        # two ranks' identical 'NCCL INFO 24 coll channels ...' lines, each followed by a
+        # UCX 'Caught signal 7' line
+        _log("224-*"),
+        # prose wrapped at word boundaries by an editor
+        REPO / "tests" / "fixtures" / "real" / "accelerate-worker-killed-reset" / "README.md",
+    ],
+    ids=["downloads", "same-nccl-line", "prose"],
+)
+def test_whole_long_lines_are_not_joined(path: Path) -> None:
+    data = path.read_bytes()
+    assert unwrap(data) == (data, ())
+
+
+def test_evidence_quotes_the_joined_line_at_its_own_line_number() -> None:
+    report = diagnose_paths([str(next(CASES.glob("878-*")) / "logs")])
+    quoted = [e for f in report.findings for e in f.evidence if "Watchdog caught" in e.text]
+    assert quoted and quoted[0].line == 13
+    assert "NumelIn=185614592" in quoted[0].text
+
+
+def test_among_many_rank_files_nothing_is_joined(tmp_path: Path) -> None:
+    """Thousands of files are a program's own logs, never a terminal's paste: not looked at."""
+    from ddpdoctor.ingest.sources import ChunkStream, Input
+
+    log = tmp_path / "rank0.log"
+    log.write_bytes(_log("824-*").read_bytes())
+    kept = ChunkStream(Input(str(log), str(log)), join_wrapped=False)
+    assert list(kept) == [log.read_bytes()] and kept.merges == ()
+    joined = ChunkStream(Input(str(log), str(log)))
+    assert list(joined) != [log.read_bytes()] and joined.merges
