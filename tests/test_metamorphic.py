@@ -106,3 +106,22 @@ def test_console_split_into_rank_files_keeps_the_verdict(scenario: str, tmp_path
         (tmp_path / name).write_text("\n".join(lines) + "\n")
     split = diagnose_paths([str(tmp_path)]).verdict
     assert (split.kind, split.culprit.ranks) == (whole.kind, whole.culprit.ranks)
+
+
+REAL = Path(__file__).parent / "fixtures" / "real"
+COLOURED = ["twentyninth-calm-trio", "twentysecond-chatty-finish", "ninth-rss-kill", "both-fail"]
+
+
+@pytest.mark.parametrize("capture", COLOURED)
+def test_colour_codes_around_every_line_keep_the_verdict(capture: str, tmp_path: Path) -> None:
+    """A coloured logger's codes around each line (and its empty lines: only codes) leave the
+    verdict of a real capture as it was: '[rank 1] done' still ends training."""
+    source = REAL / capture
+    want = diagnose_paths([str(source)]).verdict
+    for f in (p for p in source.rglob("*") if p.is_file()):
+        target = tmp_path / f.relative_to(source)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        lines = f.read_bytes().split(b"\n")
+        target.write_bytes(b"\n".join(b"\x1b[31m" + line + b"\x1b[0m" for line in lines))
+    got = diagnose_paths([str(tmp_path)]).verdict
+    assert (got.status, got.kind, got.culprit.ranks) == (want.status, want.kind, want.culprit.ranks)

@@ -85,6 +85,15 @@ MAX_SHARED_KEYS = 256
 values passed on only leave more lines to confirm, and merging drops their facts)."""
 
 
+ANSI_BYTES = re.compile(
+    rb"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\x1b\n]*+(?:\x07|\x1b\\)"
+    rb"|\x1b[PX^_][^\x1b\n]*+\x1b\\|\x1b[@-_]"
+)
+"""prefixes.ANSI over a chunk's bytes, never across a line end: a coloured logger's codes
+('\x1b[31m[rank 1] done\x1b[0m') stood between the bytes a pattern reads (the end of the
+line after 'done', a level before a message) and the engine never handed such lines on. They
+hold no newline, so lines keep their numbers."""
+
 QUOTE_BLANK = " \t\r>"
 """What an empty line of a log pasted as a Markdown quote is made of."""
 
@@ -368,6 +377,8 @@ class Scanner:
         head_left = sample_bytes if item.start == 0 and sample_head else 0
         last_chunk = b""
         for chunk in stream:
+            if b"\x1b" in chunk:  # colour codes out first: the patterns run on the bytes
+                chunk = ANSI_BYTES.sub(b"", chunk)
             if line_base == 0 and order == 0 and is_own_output(chunk[:600]):
                 result.info.status = "skipped"
                 result.info.reason = "a ddpdoctor report, not a log"
@@ -668,6 +679,8 @@ class Scanner:
             if not raw or raw.isspace() or not raw.strip(QUOTE_BLANK):
                 continue  # an empty line, also inside a Markdown quote ('> ')
             parsed = parse_line(raw, with_time=False)  # writers and last words, not times
+            if not parsed.text.strip() and not parsed.fields:
+                continue  # an empty line behind a prefix or colour codes: no words of anyone
             said = parsed.origin
             key = parsed.prefix
             if parsed.rank_from_text or not key:  # the program names its rank in the text
