@@ -1,6 +1,6 @@
 """Metamorphic tests on the real corpus: wrapping every line the way launchers and log
 collectors do (torchrun rank prefix, Slurm label, pdsh host, Kubernetes timestamps, CRLF,
-gzip, a Markdown quote, journald, a CloudWatch export) must not change the diagnosed kind. The log text itself is never altered."""
+gzip, a Markdown quote or indented block, journald, a CloudWatch export) must not change the diagnosed kind. The log text itself is never altered."""
 
 from __future__ import annotations
 
@@ -31,6 +31,8 @@ TRANSFORMS: dict[str, Callable[[str], str]] = {
     "journald": lambda line: f"Dec 03 16:45:33 node7 python3[4242]: {line}",
     # an export of CloudWatch Logs: the event's time, then a tab
     "cloudwatch-tab": lambda line: f"2024-05-01T10:00:00.123Z\t{line}",
+    # a Markdown code block made by indenting every line four spaces
+    "markdown-indent": lambda line: f"    {line}",
 }
 
 

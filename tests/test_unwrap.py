@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from ddpdoctor.analysis.diagnose import diagnose_paths
-from ddpdoctor.ingest.unwrap import original_line, unwrap
+from ddpdoctor.ingest.unwrap import dedent, original_line, unwrap
 from tests.conftest import REPO
 
 CASES = REPO / "corpus" / "cases"
@@ -70,3 +70,21 @@ def test_among_many_rank_files_nothing_is_joined(tmp_path: Path) -> None:
     assert list(kept) == [log.read_bytes()] and kept.merges == ()
     joined = ChunkStream(Input(str(log), str(log)))
     assert list(joined) != [log.read_bytes()] and joined.merges
+
+
+@pytest.mark.parametrize(
+    ("text", "want"),
+    [
+        # a Markdown code block indented by four spaces (a blank line inside keeps its own)
+        (b"    [rank1]: Traceback\n\n      File 'x'\n", b"[rank1]: Traceback\n\n  File 'x'\n"),
+        (b"\tINFO step 1\n\tINFO step 2\n", b"INFO step 1\nINFO step 2\n"),
+        # a traceback's frames pasted without their head share only two spaces: kept
+        (b'  File "a.py", line 1\n    f()\n', b'  File "a.py", line 1\n    f()\n'),
+        # a log whose first line is not indented, blanks only, tabs and spaces mixed: kept
+        (b"step 1\n    step 2\n", b"step 1\n    step 2\n"),
+        (b" \n\t\n  \n", b" \n\t\n  \n"),
+        (b"    a\n\tb\n", b"    a\n\tb\n"),
+    ],
+)
+def test_the_indentation_every_line_shares_is_removed(text: bytes, want: bytes) -> None:
+    assert dedent(text) == want

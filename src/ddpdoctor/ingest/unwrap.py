@@ -13,6 +13,8 @@ from collections import Counter
 from ddpdoctor.ingest.prefixes import parse_line
 from ddpdoctor.ingest.tracebacks import EXCEPTION_LINE
 
+MIN_INDENT = 4
+"""A Markdown code block's indentation; a traceback's frames share only two spaces."""
 MIN_WIDTH = 60
 """Narrower than any terminal a log is read in: lines this short are not cut by one."""
 MIN_JOINS = 2
@@ -54,6 +56,27 @@ def unwrap(data: bytes) -> tuple[bytes, tuple[int, ...]]:
     if len(merged_into) < MIN_JOINS:
         return data, ()
     return b"\n".join(b"".join(pieces) for pieces in joined), tuple(merged_into)
+
+
+def dedent(data: bytes) -> bytes:
+    """The text without the indentation every one of its lines shares: a log pasted as a
+    Markdown code block indented by four spaces (or a tab), where every line then looked like
+    a traceback's frame and no line started where a log line starts. Programs never indent
+    every line they write. Lines keep their numbers."""
+    first = data.lstrip(b"\r\n")[:1]
+    if first not in (b" ", b"\t"):
+        return data  # the first line is not indented (nearly every log): one look
+    lines = data.split(b"\n")
+    filled = [line for line in lines if line.strip()]
+    if not filled:
+        return data  # only blanks
+    common = min(len(line) - len(line.lstrip(b" \t")) for line in filled)
+    if common < MIN_INDENT and not filled[0].startswith(b"\t"):
+        return data  # two spaces: a traceback's frames pasted without their head
+    prefix = filled[0][:common]
+    if not all(line.startswith(prefix) for line in filled):
+        return data  # mixed tabs and spaces: left as they are
+    return b"\n".join(line[common:] if line.strip() else line for line in lines)
 
 
 def original_line(line: int, merges: tuple[int, ...]) -> int:
