@@ -566,3 +566,28 @@ def test_syslog_journald_and_exported_lines_are_read(
     assert (parsed.text, parsed.origin.rank, parsed.origin.host) == (text, rank, host)
     if "16:45:33" in line:
         assert parsed.time is not None and parsed.time.hour == 16
+
+
+@pytest.mark.parametrize(
+    ("line", "text", "rank", "local"),
+    [
+        # grep -rn over torchrun's --log-dir: the folder names the local rank
+        ("logs/job/attempt_0/3/stderr.log:12:RuntimeError: x", "RuntimeError: x", None, 3),
+        # grep -r over per-rank files and a Slurm output with its own label
+        (
+            "rank2.log:Traceback (most recent call last):",
+            "Traceback (most recent call last):",
+            2,
+            None,
+        ),
+        ("slurm-88.out:0: [rank 1] done", "[rank 1] done", 1, None),
+        # near misses: Python's warning location, a context line of grep -C
+        ("train.py:42: UserWarning: x", "train.py:42: UserWarning: x", None, None),
+        ("out.log-12-context line", "out.log-12-context line", None, None),
+    ],
+)
+def test_a_grep_path_names_the_file_and_its_writer(
+    line: str, text: str, rank: int | None, local: int | None
+) -> None:
+    parsed = parse_line(line)
+    assert (parsed.text, parsed.origin.rank, parsed.origin.local_rank) == (text, rank, local)

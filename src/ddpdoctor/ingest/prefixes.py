@@ -8,8 +8,10 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import lru_cache
 
 from ddpdoctor.ingest.bounds import pid_number, plausible_time, rank_number
+from ddpdoctor.ingest.filenames import origin_from_path
 from ddpdoctor.ingest.json_lines import read_json_record
 from ddpdoctor.model.records import Origin
 
@@ -30,6 +32,21 @@ ISO_TIME = re.compile(
     r"\[?(?P<ts>\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[,.]\d{1,9})?)(?:Z|[+-]\d\d:?\d\d)?"
     r"(?:\](?=\[[\w.-]{1,80}\]\[[A-Z]{3,8}\] - )|\]?(?: ?[:|-])?[ \t])"
 )
+# `grep -r` (or -rn, -C) over a folder of logs: each line after the path of its file (and its
+# line number): "logs/attempt_0/3/stderr.log:12:RuntimeError: ...", "slurm-88.out:..." (the
+# writer is told by the path as by a file's name). Only a log's names: not Python's own
+# "train.py:42: UserWarning" nor a host's "node-1: ".
+GREP_PATH = re.compile(
+    r"(?P<path>(?:[\w.-]{1,100}/){0,12}(?:[\w.-]{0,100}\.(?:log|txt|out|err)|std(?:out|err)))"
+    r"(?::\d{1,9}[:-]|:)(?=\S)"
+)
+
+
+@lru_cache(maxsize=256)
+def _path_origin(path: str) -> Origin:
+    return origin_from_path(path)
+
+
 # syslog and `journalctl` (and moreutils' `ts`): "Dec  3 16:45:33 " (no year), then, from the
 # journal, the host and the process that wrote: "node7 python3[4242]: ". That pid is the
 # service's (a launcher's, whose workers share its stdout), not the writer's: only the host
@@ -531,6 +548,19 @@ def parse_line(raw: str, year: int = 1970, with_time: bool = True) -> ParsedLine
             origin.host = m.group("host")
             prefix_parts.append(m.group(0).strip())
             pos = m.end()
+            continue
+        m = (
+            GREP_PATH.match(text, pos)
+            if pos == line_start and not prefix_parts and (c.isalpha() or c in "._/")
+            else None
+        )
+        if m:
+            told = _path_origin(m.group("path"))
+            origin.rank = told.rank if origin.rank is None else origin.rank
+            origin.local_rank = told.local_rank if origin.local_rank is None else origin.local_rank
+            origin.host = origin.host or told.host
+            prefix_parts.append(m.group("path") + ":")
+            pos = line_start = m.end()
             continue
         m = SLURM.match(text, pos) if pos == line_start and (digit or c == " ") else None
         if m:
