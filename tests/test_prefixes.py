@@ -591,3 +591,12 @@ def test_a_grep_path_names_the_file_and_its_writer(
 ) -> None:
     parsed = parse_line(line)
     assert (parsed.text, parsed.origin.rank, parsed.origin.local_rank) == (text, rank, local)
+
+
+def test_a_sagemaker_mpi_tag_names_the_rank_and_the_instance() -> None:
+    parsed = parse_line("[1,mpirank:3,algo-2]<stderr>:Traceback (most recent call last):")
+    assert (parsed.text, parsed.origin.rank, parsed.origin.host) == (
+        "Traceback (most recent call last):",
+        3,
+        "algo-2",
+    )

@@ -293,8 +293,13 @@ def clean(raw: str) -> str:
 
 
 # OpenMPI's mpirun --tag-output: "[1,3]<stderr>:" is job 1, rank 3 (MPI_COMM_WORLD rank);
-# horovodrun's own launcher (gloo) tags "[3]<stderr>:" with the rank alone.
-OPENMPI = re.compile(r"\[(?:\d+,)?(?P<rank>\d{1,7})\]<(?:stdout|stderr|stddiag)>: ?")
+# horovodrun's own launcher (gloo) tags "[3]<stderr>:" with the rank alone; SageMaker's MPI
+# jobs (smdistributed, the training toolkit's mpirun) name the rank and the instance:
+# "[1,mpirank:3,algo-2]<stdout>:".
+OPENMPI = re.compile(
+    r"\[(?:\d+,)?(?:mpirank:)?(?P<rank>\d{1,7})(?:,(?P<host>[\w.-]{1,63}))?\]"
+    r"<(?:stdout|stderr|stddiag)>: ?"
+)
 
 # Ray's log monitor on the driver's console: "(RayTrainWorker pid=4242, ip=10.0.0.7) ",
 # "(WorkerDict pid=88) ", "(pid=91) " for a task, "(raylet) " / "(raylet, ip=...) " for its
@@ -441,6 +446,7 @@ def parse_line(raw: str, year: int = 1970, with_time: bool = True) -> ParsedLine
             mpi = OPENMPI.match(text, pos)
             if mpi:
                 origin.rank = int(mpi.group("rank"))
+                origin.host = origin.host or mpi.group("host")
                 prefix_parts.append(mpi.group(0).strip())
                 pos = mpi.end()
                 continue
