@@ -24,6 +24,8 @@ from ddpdoctor.ingest.filenames import origin_from_path
         ("out/1/rank.3/stdout", 3, None, None),
         ("node-2/rank1.log", 1, None, "node-2"),
         ("worker-3.log", None, None, "worker-3"),
+        # Azure ML: one file of prints per MPI process
+        ("user_logs/std_log_process_01.txt", 1, None, None),
     ],
 )
 def test_the_path_names_the_writer(
@@ -35,7 +37,13 @@ def test_the_path_names_the_writer(
 
 @pytest.mark.parametrize(
     "path",
-    ["ranking.log", "franky.rank.log", "debug-rank0-runs/train.log", "logs/3.log"],
+    [
+        "ranking.log",
+        "franky.rank.log",
+        "debug-rank0-runs/train.log",
+        "logs/3.log",
+        "std_log_processor_1.txt",
+    ],
 )
 def test_names_that_only_look_like_a_rank(path: str) -> None:
     origin = origin_from_path(path)

@@ -9,7 +9,11 @@ import re
 from ddpdoctor.ingest.bounds import rank_number
 from ddpdoctor.model.records import Origin
 
-RANK_NAME = re.compile(r"(?:^|[^a-z])(?:global_?)?rank[-_.]?(\d{1,5})(?!\d)", re.IGNORECASE)
+# a rank in the name; Azure ML keeps each MPI process's (rank's) prints in
+# user_logs/std_log_process_<N>.txt (std_log_process_01.txt)
+RANK_NAME = re.compile(
+    r"(?:^|[^a-z])(?:(?:global_?)?rank[-_.]?|std_log_process_)(\d{1,5})(?!\d)", re.IGNORECASE
+)
 LOCAL_RANK_NAME = re.compile(r"local_?rank[-_.]?(\d{1,5})(?!\d)", re.IGNORECASE)
 HOST_NAME = re.compile(
     r"^((?:node|worker|host|gpu|compute|pod|trainer|machine)[-_]?\d+[\w-]*)", re.IGNORECASE
