@@ -365,7 +365,7 @@ class Scanner:
             else ChunkStream(item, join_wrapped=sample_head)  # not among many rank files
         )
         result = SourceScan(info=stream.info)
-        file_origin = origin_from_path(item.path) if item.path != "-" else Origin()
+        file_origin = origin_from_path(item.named or item.path) if item.path != "-" else Origin()
         year = datetime.now(UTC).year
         src = _Source(result, item.display, file_origin, _parser(year), [0] * self.n_rules, budget)
         if shared_keys is not None:
@@ -374,7 +374,9 @@ class Scanner:
         line_base = 0
         order = 0
         # no head for a later part of a split file, or when sampling tails only
-        head_left = sample_bytes if item.start == 0 and sample_head else 0
+        # (a section of a paste is a whole source: its head and tail are sampled)
+        whole = item.named is not None
+        head_left = sample_bytes if (item.start == 0 or whole) and sample_head else 0
         last_chunk = b""
         for chunk in stream:
             if b"\x1b" in chunk:  # colour codes out first: the patterns run on the bytes
@@ -409,7 +411,7 @@ class Scanner:
             result.facts.append(src.progress.fact)
         if shared_keys is not None:
             self._give_keys(src.seen, shared_keys)
-        if last_chunk and line_base > 0 and item.end is None:
+        if last_chunk and line_base > 0 and (item.end is None or whole):
             tail_start = max(0, len(last_chunk) - sample_bytes)
             tail_start = last_chunk.find(b"\n", tail_start - 1) + 1 if tail_start else 0
             head_lines = sum(s.lines_seen for s in result.streams.values())
@@ -436,7 +438,10 @@ class Scanner:
                 )
         merges = getattr(stream, "merges", ())
         if merges:
-            _renumber(result, merges)
+            _renumber(result, lambda line: original_line(line, merges))
+            result.info.lines += len(merges)
+        if item.first_line:  # a section of a paste: numbered as the paste's lines
+            _renumber(result, lambda line: line + item.first_line)
         return result
 
     def _take_keys(self, seen: Seen, shared: dict[int, set[object]]) -> None:
@@ -872,15 +877,16 @@ STREAM_LINES = tuple(
 """The line numbers a writer's summary holds."""
 
 
-def _renumber(result: SourceScan, merges: tuple[int, ...]) -> None:
+def _renumber(result: SourceScan, renumbered: Callable[[int], int]) -> None:
     """The file's own line numbers for a source whose hard-wrapped lines were joined
-    (ingest/unwrap): evidence quotes the line a person finds in the file."""
+    (ingest/unwrap) or that is a section of a paste (ingest/sections): evidence quotes the
+    line a person finds in the file."""
     done: set[int] = set()
 
     def fix(record: Record) -> None:
         if id(record) not in done:
             done.add(id(record))
-            record.line = original_line(record.line, merges)
+            record.line = renumbered(record.line)
 
     for hit in result.hits:
         fix(hit.record)
@@ -892,8 +898,7 @@ def _renumber(result: SourceScan, merges: tuple[int, ...]) -> None:
         for name in STREAM_LINES:
             value = getattr(summary, name)
             if value > 0:
-                setattr(summary, name, original_line(value, merges))
-    result.info.lines += len(merges)
+                setattr(summary, name, renumbered(value))
 
 
 def _record(parsed: ParsedLine, display: str, line_no: int, file_origin: Origin) -> Record:

@@ -34,6 +34,11 @@ class Input:
     start: int = 0
     end: int | None = None
     wait_s: float | None = PIPE_WAIT_S
+    named: str | None = None
+    """A section of a paste under tail's '==> path <==' (ingest/sections): that path, whose
+    name tells the writer as a file's would."""
+    first_line: int = 0
+    """Lines of the file above the section: its lines keep the file's numbers."""
 
 
 def reason_for(exc: OSError, what: str = "cannot read") -> str:
@@ -187,6 +192,9 @@ def expand_paths(
                 out.skip(raw, "no file matches")
             continue
         _expand_one(out, raw)
+    from ddpdoctor.ingest.sections import split_sections  # it reads Input
+
+    out.inputs = split_sections(out.inputs)
     problems: list[SourceInfo] = []
     seen: set[tuple[str, str | None]] = set()
     for problem in out.problems:  # a loop met by a folder and by a glob over it is one problem
