@@ -587,7 +587,10 @@ def _prefilter_form(pattern: Pattern) -> tuple[str, int]:
     """The expression and flags Hyperscan searches for `pattern` (see LITERAL_SEARCH_MIN_CHARS);
     either way every line the regex matches is found."""
     assert _hs is not None
-    if len(pattern.literal) >= LITERAL_SEARCH_MIN_CHARS:
+    # a regex with characters beyond ASCII (a shell's message in the user's language) would
+    # be read byte by byte, its classes too (a class holding a full-width parenthesis is a
+    # class of that character's 3 bytes): its literal, whose bytes are what they are, instead
+    if len(pattern.literal) >= LITERAL_SEARCH_MIN_CHARS or not pattern.regex.isascii():
         return re.escape(pattern.literal), _hs.HS_FLAG_CASELESS
     # multiline: a signature's $ ends its line, not the chunk (without it "^Killed\s*$" was
     # found only where the line closed a chunk: bash's "Killed" mid-log went unread)

@@ -5,6 +5,7 @@ Per-rank exit codes themselves are job facts (analysis/facts.py); these rules gi
 from __future__ import annotations
 
 from ddpdoctor.rules.base import Echo, Explanation, Marker, Rule, Signature
+from ddpdoctor.rules.localized import CRASHED, KILLED, shell_signatures
 
 HOST_OOM_KILL = Rule(
     code="LCH101",
@@ -74,6 +75,8 @@ HOST_OOM_KILL = Rule(
             suggests=True,
         ),
         Signature(r"srun: error: \S+: tasks? [\d,\-\[\]]+: Killed\s*$", ": Killed", suggests=True),
+        # the shell's "Killed" in the user's language (rules/localized.py)
+        *shell_signatures(KILLED, suggests=True),
         # torch/multiprocessing/spawn.py (mp.spawn, Lightning ddp_spawn)
         Signature(
             r"process (?P<local_rank>\d+) terminated with signal SIGKILL",
@@ -121,8 +124,15 @@ HOST_OOM_KILL = Rule(
         "[launcher] rank 2 exited with code -9",
         "ray.exceptions.OutOfMemoryError: Task was killed due to the node running low on memory.",
         "1 worker(s) were killed due to the node running low on memory.",
+        # bash in a zh_CN locale, after a progress bar without its newline (corpus case 980),
+        # and a script's job message in Korean and in German
+        "[>>>>>>>>>>          ] 1022/5000, 1.5 task/s, elapsed: 681s, ETA:  2652s已杀死",
+        "./train.sh: 줄 3: 48213 죽었음                 python train.py",
+        "Getötet",
     ),
     negative=(
+        "rank 0: 已杀死的进程数 3",
+        "Morto di sonno, riprendo domani",
         "ERROR:torch.distributed.elastic.multiprocessing.api:failed (exitcode: 1) local_rank: 0 "
         "(pid: 6067)",
         "Worker exit type: INTENDED_USER_EXIT Worker exit detail: Worker exits by an user request.",
@@ -278,6 +288,8 @@ NATIVE_CRASH = Rule(
             "failed (exitcode: -",
         ),
         Signature(r"Segmentation fault"),
+        # the shell's name of the signal in the user's language (rules/localized.py)
+        *shell_signatures(CRASHED, suggests=False),
         Signature(r"Fatal Python error: (?P<what>\w+)", "Fatal Python error"),
         Signature(r"terminate called after throwing an instance of"),
         Signature(r"exits with return code = -(?:11|6|7)", "exits with return code = -"),
@@ -339,6 +351,9 @@ NATIVE_CRASH = Rule(
         "Rebuild compiled extensions against the installed torch; check for two CUDA/NCCL copies.",
     ),
     positive=(
+        # bash in zh_CN (corpus case 222) and fr locales
+        "已放弃 (核心已转储)",
+        "run.sh: ligne 3 : 48213 Erreur de segmentation (core dumped) python train.py",
         "traceback : Signal 11 (SIGSEGV) received by PID 4242",
         "Fatal Python error: Segmentation fault",
         "subprocess.CalledProcessError: Command '['/usr/bin/python', '-u', 'train.py']' died "
@@ -346,6 +361,8 @@ NATIVE_CRASH = Rule(
         "[node3:2874 :0:2931] Caught signal 7 (Bus error: nonexistent physical address)",
     ),
     negative=(
+        "训练段错误率 0.3",
+        "Abgebrochen wurde nichts, weiter mit Schritt 4",
         "traceback : Signal 9 (SIGKILL) received by PID 4242",
         "[launcher] rank 2 exited with code -9",
     ),
