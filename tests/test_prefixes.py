@@ -299,6 +299,9 @@ def test_the_rank_waiting_for_the_nccl_id_is_the_one_named_in_brackets() -> None
         ("[rank1/4] step 10 loss 0.5", 1, None),
         ("rank#3 saving", 3, None),
         ("INFO [proc 12070] rank 2 | step 5", 2, None),
+        # Lightning's rank_prefixed_message, and a colon and a space before the number
+        ("[rank: 1] Received SIGTERM: 15", 1, None),
+        ("Rank: 3 | step 10", 3, None),
         # the device index in the rank's place is its local rank (mp.spawn's `gpu` argument)
         ("gpu 1 | evaluating on the held-out set", None, 1),
         ("INFO [proc 12070] gpu 2 | epoch 0 step 4 loss 0.69", None, 2),

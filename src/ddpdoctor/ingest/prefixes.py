@@ -119,14 +119,14 @@ LOG_HEADER = (
     r"(?:\s*[-:|]\s*|\s+)(?:\[?[\w.]{1,40}\]?\s*[-:|]\s*)?(?:\[[^\[\]]{1,40}\]\s*){0,2})?"
 )
 LEADING_RANK = re.compile(
-    LOG_HEADER + r"\[?(?:[Rr]ank|RANK)[ =:#]?(?P<rank>\d{1,5})(?:/\d{1,5})?\]?[:,|]?\s"
+    LOG_HEADER + r"\[?(?:[Rr]ank|RANK)(?:[ =:#]|: )?(?P<rank>\d{1,5})(?:/\d{1,5})?\]?[:,|]?\s"
 )
 # A bracketed rank tag at the start: "[worker 1] ...", "[Worker 2/4] ...", "[R1/3] ..." (R with
 # the world size only), or after a host name
 # when a logging level follows: "vm [worker 1] WARNING ...". Only in brackets is "worker" a
 # rank (a DataLoader names its workers by pid, in prose).
 _RANK_TAG = (
-    r"\[(?:(?:[Rr]ank|RANK|[Ww]orker|WORKER)[ :=#]?|R(?=\d{1,5}/))"
+    r"\[(?:(?:[Rr]ank|RANK|[Ww]orker|WORKER)(?:[ :=#]|: )?|R(?=\d{1,5}/))"
     r"(?P<rank>\d{1,5})(?:/\d{1,5})?\]\s"
 )
 TAGGED_RANK = re.compile(_RANK_TAG)
