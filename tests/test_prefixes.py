@@ -603,3 +603,13 @@ def test_a_sagemaker_mpi_tag_names_the_rank_and_the_instance() -> None:
         3,
         "algo-2",
     )
+
+
+def test_nemo_logger_header_gives_level_and_time() -> None:
+    parsed = parse_line("0: [NeMo E 2023-04-11 16:22:07 exp_manager:423] multi-node without SLURM")
+    assert (parsed.text, parsed.origin.rank, parsed.level) == (
+        "multi-node without SLURM",
+        0,
+        "error",
+    )
+    assert parsed.time is not None and parsed.time.year == 2023

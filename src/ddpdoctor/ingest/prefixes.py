@@ -316,6 +316,14 @@ RAY = re.compile(
 # "[titan] 2025-09-02 16:40:17,305 - root - INFO - step: 10 ..."
 LOGGER_TAG = re.compile(r"\[[A-Za-z][\w.-]{0,30}\] (?=\d{4}-\d\d-\d\d[ T]\d\d:\d\d)")
 
+# A logger's name, its level's letter, the time and the caller in one bracket, as NeMo's
+# logger writes every line: "[NeMo W 2023-04-11 16:22:07 exp_manager:423] message".
+NAMED_LEVEL_TIME = re.compile(
+    r"\[[A-Za-z][\w.-]{0,20} (?P<level>[DIWEC]) "
+    r"(?P<ts>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:[,.]\d{1,6})?)(?: [\w.<>-]{1,80}:\d{1,6})?\] "
+)
+NAMED_LEVELS = {"D": "debug", "I": "info", "W": "warning", "E": "error", "C": "critical"}
+
 # A log pasted into a Markdown quote: "> [rank0]: Traceback ...", "> > nested".
 QUOTE = re.compile(r">+ ?")
 
@@ -499,6 +507,14 @@ def parse_line(raw: str, year: int = 1970, with_time: bool = True) -> ParsedLine
             continue
         m = LOGGER_TAG.match(text, pos) if bracket and nxt.isalpha() else None
         if m:
+            pos = m.end()
+            continue
+        m = NAMED_LEVEL_TIME.match(text, pos) if bracket and nxt.isalpha() else None
+        if m:
+            out.level = NAMED_LEVELS[m.group("level")]
+            if with_time:
+                out.time = out.time or _parse_iso(m.group("ts"))
+            platform_ok = True
             pos = m.end()
             continue
         m = HYDRA_FIELDS.match(text, pos) if bracket and platform_ok else None
