@@ -613,3 +613,58 @@ def test_nemo_logger_header_gives_level_and_time() -> None:
         "error",
     )
     assert parsed.time is not None and parsed.time.year == 2023
+
+
+@pytest.mark.parametrize(
+    ("line", "text", "level"),
+    [
+        # transformers' examples and LLaMA-Factory
+        (
+            "[INFO|trainer.py:2128] 2024-05-01 10:00:00,123 >> ***** Running training *****",
+            "***** Running training *****",
+            "info",
+        ),
+        (
+            "[WARNING|2024-12-01 10:00:00] llamafactory.train:143 >> Training done",
+            "Training done",
+            "warning",
+        ),
+        # ms-swift
+        ("[INFO:swift] Training done", "Training done", "info"),
+        # DeepSpeed's logger after its time
+        (
+            "[2024-05-01 10:00:00,123] [INFO] [logging.py:96:log_dist] [Rank 0] step=10",
+            "[Rank 0] step=10",
+            "info",
+        ),
+        # loguru's default format
+        (
+            "2024-05-01 10:00:00.123 | ERROR    | __main__:main:42 - Training done",
+            "Training done",
+            "error",
+        ),
+        # OpenMMLab's mmengine and detectron2 (no year)
+        (
+            "05/01 10:00:00 - mmengine - INFO - Epoch(train) [1][10/100]",
+            "Epoch(train) [1][10/100]",
+            "info",
+        ),
+        ("[05/01 10:00:00 d2.engine.train_loop]: Starting training", "Starting training", None),
+        (
+            "[05/01 10:00:00] d2.engine.hooks WARNING: Total training time",
+            "Total training time",
+            "warning",
+        ),
+        # torch's own (c10) logging does not pad the month: March 7 is 307
+        ("[rank1]:[E307 04:12:51.218331904 ProcessGroupNCCL.cpp:616] x", "x", "error"),
+        # a near miss: a bracketed level alone
+        ("[INFO] plain", "[INFO] plain", None),
+    ],
+)
+def test_training_frameworks_logger_headers_are_read(
+    line: str, text: str, level: str | None
+) -> None:
+    parsed = parse_line(line, 2024)
+    assert (parsed.text, parsed.level) == (text, level)
+    if text != line and not line.startswith("[INFO"):
+        assert parsed.time is not None

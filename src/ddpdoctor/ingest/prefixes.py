@@ -83,10 +83,11 @@ GLOG = re.compile(
     r"(?P<level>[IWEF])(?P<md>\d{4}) (?P<hms>\d\d:\d\d:\d\d(?:\.\d+)?)\s+(?P<pid>\d+)\s+"
     r"(?P<file>[\w./<>-]+:\d+)\]\s?"
 )
-# older torch: `[E ProcessGroupNCCL.cpp:475] `, `[W reducer.cpp:313] `, also with glog date.
+# older torch: `[E ProcessGroupNCCL.cpp:475] `, `[W reducer.cpp:313] `, also with glog date;
+# torch >= 2.4's own (c10) logging leaves the month unpadded: `[E307 04:12:51.218331904 ...`.
 GLOG_BRACKET = re.compile(
-    r"\[(?P<level>[IWEF])(?:(?P<md>\d{4}) (?P<hms>\d\d:\d\d:\d\d(?:\.\d+)?)(?:\s+(?P<pid>\d+))?\s+"
-    r"|\s)"
+    r"\[(?P<level>[IWEF])(?:(?P<md>\d{3,4}) (?P<hms>\d\d:\d\d:\d\d(?:\.\d+)?)"
+    r"(?:\s+(?P<pid>\d+))?\s+|\s)"
     r"(?P<file>[\w./<>-]+:\d+)\]\s?"
 )
 # NCCL debug lines: `host:pid:tid [dev] NCCL INFO ...` (kept in the text, origin taken).
@@ -266,13 +267,15 @@ def _rich_time(m: re.Match[str]) -> datetime | None:
 
 
 def _glog_time(md: str, hms: str, year: int) -> datetime | None:
-    """glog's MMDD and HH:MM:SS.ffffff(fff), parsed by hand: strptime is 10x slower."""
+    """glog's MMDD and HH:MM:SS.ffffff(fff), parsed by hand: strptime is 10x slower. torch's
+    own logging (c10, torch >= 2.4: '[E307 04:12:51.218331904 ProcessGroupNCCL.cpp:616]')
+    does not pad the month: MDD."""
     try:
         frac = hms[9:15] if len(hms) > 8 else ""
         return datetime(
             year,
-            int(md[:2]),
-            int(md[2:4]),
+            int(md[:-2]),
+            int(md[-2:]),
             int(hms[0:2]),
             int(hms[3:5]),
             int(hms[6:8]),
@@ -323,6 +326,55 @@ NAMED_LEVEL_TIME = re.compile(
     r"(?P<ts>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:[,.]\d{1,6})?)(?: [\w.<>-]{1,80}:\d{1,6})?\] "
 )
 NAMED_LEVELS = {"D": "debug", "I": "info", "W": "warning", "E": "error", "C": "critical"}
+
+# The headers of training frameworks' own loggers, each read as a level and a time so that the
+# message starts where the program's words do:
+LEVELS = r"(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)"
+HMS = r"\d\d:\d\d:\d\d(?:[,.]\d{1,6})?"
+# transformers' examples and LLaMA-Factory: "[INFO|trainer.py:2128] 2024-05-01 10:00:00,123 >> "
+# and "[INFO|2024-12-01 10:00:00] llamafactory.train.tuner:42 >> "; ms-swift: "[INFO:swift] "
+BRACKET_LEVEL = re.compile(
+    r"\[" + LEVELS + r"(?:\|[\w.-]{1,80}:\d{1,6}\] (?P<ts>\d{4}-\d\d-\d\d " + HMS + r") >> "
+    r"|\|(?P<ts2>\d{4}-\d\d-\d\d " + HMS + r")\] [\w.-]{1,120}(?::\d{1,6})? >> "
+    r"|:[\w.-]{1,40}\] )"
+)
+# DeepSpeed's logger after its time: "[INFO] [logging.py:96:log_dist] "
+BRACKET_LEVEL_CALLER = re.compile(r"\[" + LEVELS + r"\] \[[\w.-]{1,80}:\d{1,6}:\w{1,80}\] ")
+# detectron2 (no year): "[05/01 10:00:00 d2.engine.train_loop]: ", its file format
+# "[05/01 10:00:00] d2.engine.hooks INFO: "
+D2_HEAD = re.compile(
+    r"\[(?P<mo>\d\d)/(?P<d>\d\d) (?P<hms>" + HMS + r")"
+    r"(?: [\w.-]{1,120}\]: |\] [\w.-]{1,120} " + LEVELS + r": )"
+)
+# OpenMMLab's mmengine (no year): "05/01 10:00:00 - mmengine - INFO - "
+MM_HEAD = re.compile(
+    r"(?P<mo>\d\d)/(?P<d>\d\d) (?P<hms>" + HMS + r") - [\w.-]{1,80} - " + LEVELS + r" - "
+)
+# loguru's default after its time: "INFO     | __main__:main:42 - "
+LOGURU_HEAD = re.compile(
+    r"(?P<level>TRACE|DEBUG|INFO|SUCCESS|WARNING|ERROR|CRITICAL) *\| "
+    r"[\w.<>-]{1,120}:[\w.<>-]{1,120}:\d{1,6} - "
+)
+
+
+def _short_time(m: re.Match[str], year: int) -> datetime | None:
+    """A month/day and a time without the year (detectron2, mmengine): the log's year."""
+    hms = m.group("hms")
+    try:
+        value = datetime(
+            year, int(m.group("mo")), int(m.group("d")), int(hms[0:2]), int(hms[3:5]), int(hms[6:8])
+        )
+    except ValueError:
+        return None
+    return plausible_time(value)
+
+
+def _level_of(m: re.Match[str]) -> str | None:
+    level = m.group("level")
+    if level is None:
+        return None
+    return {"WARN": "warning", "SUCCESS": "info", "TRACE": "debug"}.get(level, level.lower())
+
 
 # A log pasted into a Markdown quote: "> [rank0]: Traceback ...", "> > nested".
 QUOTE = re.compile(r">+ ?")
@@ -436,6 +488,13 @@ def parse_line(raw: str, year: int = 1970, with_time: bool = True) -> ParsedLine
         m = None
         if digit:
             m = RFC3339.match(text, pos) or ISO_TIME.match(text, pos)
+            if m is None and (mm := MM_HEAD.match(text, pos)):
+                if with_time:
+                    out.time = out.time or _short_time(mm, year)
+                out.level = _level_of(mm)
+                platform_ok = True
+                pos = mm.end()
+                continue
             if m is None and (us := US_TIME.match(text, pos)):
                 if with_time:
                     out.time = out.time or _us_time(us)
@@ -450,6 +509,14 @@ def parse_line(raw: str, year: int = 1970, with_time: bool = True) -> ParsedLine
                 out.level = rich.group("level").lower()
                 rich_record = True
                 pos = rich.end()
+                continue
+            d2 = D2_HEAD.match(text, pos)
+            if d2:
+                if with_time:
+                    out.time = out.time or _short_time(d2, year)
+                out.level = _level_of(d2) or out.level
+                platform_ok = True
+                pos = d2.end()
                 continue
             mpi = OPENMPI.match(text, pos)
             if mpi:
@@ -507,6 +574,25 @@ def parse_line(raw: str, year: int = 1970, with_time: bool = True) -> ParsedLine
             continue
         m = LOGGER_TAG.match(text, pos) if bracket and nxt.isalpha() else None
         if m:
+            pos = m.end()
+            continue
+        m = BRACKET_LEVEL.match(text, pos) if bracket and nxt in "DIWEC" else None
+        if m:
+            out.level = _level_of(m)
+            ts = m.group("ts") or m.group("ts2")
+            if with_time and ts:
+                out.time = out.time or _parse_iso(ts)
+            platform_ok = True
+            pos = m.end()
+            continue
+        m = LOGURU_HEAD.match(text, pos) if platform_ok and c in "TDISWEC" else None
+        if m:
+            out.level = _level_of(m)
+            pos = m.end()
+            continue
+        m = BRACKET_LEVEL_CALLER.match(text, pos) if bracket and platform_ok else None
+        if m:
+            out.level = _level_of(m)
             pos = m.end()
             continue
         m = NAMED_LEVEL_TIME.match(text, pos) if bracket and nxt.isalpha() else None
