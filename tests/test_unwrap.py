@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from ddpdoctor.analysis.diagnose import diagnose_paths
-from ddpdoctor.ingest.unwrap import dedent, original_line, unwrap
+from ddpdoctor.ingest.unwrap import dedent, original_line, unnumber, unwrap
 from tests.conftest import REPO
 
 CASES = REPO / "corpus" / "cases"
@@ -88,3 +88,35 @@ def test_among_many_rank_files_nothing_is_joined(tmp_path: Path) -> None:
 )
 def test_the_indentation_every_line_shares_is_removed(text: bytes, want: bytes) -> None:
     assert dedent(text) == want
+
+
+@pytest.mark.parametrize(
+    ("text", "want"),
+    [
+        # cat -n (blank lines numbered too), less -N (a line that starts with a tab), nl (blank
+        # lines not numbered)
+        (b"     7\tW1130 step\n     8\t\n     9\tINFO x\n", b"W1130 step\n\nINFO x\n"),
+        (b"      1 a\n      2 \tb\n      3 c\n", b"a\n\tb\nc\n"),
+        (b"     1\ta\n\n     2\tb\n     3\tc\n", b"a\n\nb\nc\n"),
+        # numbers that do not count the lines: srun labels, a log's own counters; too few
+        (b"0: a\n1: b\n0: c\n1: d\n", b"0: a\n1: b\n0: c\n1: d\n"),
+        (
+            b"10 step loss 0.5\n20 step loss 0.4\n30 step loss 0.3\n",
+            b"10 step loss 0.5\n20 step loss 0.4\n30 step loss 0.3\n",
+        ),
+        (b"1 a\n2 b\n", b"1 a\n2 b\n"),
+    ],
+)
+def test_a_viewers_line_numbers_are_removed(text: bytes, want: bytes) -> None:
+    assert unnumber(text) == want
+
+
+def test_a_capture_shown_with_line_numbers_keeps_its_verdict(tmp_path: Path) -> None:
+    """A real capture as `cat -n` shows it: the verdict of the capture itself."""
+    source = REPO / "tests" / "fixtures" / "real" / "fifth-abba" / "console.log"
+    lines = source.read_bytes().split(b"\n")
+    numbered = tmp_path / "console.log"
+    numbered.write_bytes(b"\n".join(b"%6d\t%s" % (n, line) for n, line in enumerate(lines, 1)))
+    want = diagnose_paths([str(source)]).verdict
+    got = diagnose_paths([str(numbered)]).verdict
+    assert (got.status, got.kind, got.culprit.ranks) == (want.status, want.kind, want.culprit.ranks)

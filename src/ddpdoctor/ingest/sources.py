@@ -16,7 +16,7 @@ from typing import BinaryIO, cast
 
 from ddpdoctor.ingest.inputs import PIPE_WAIT_S, STDIN_NAME, Input, expand_paths, reason_for
 from ddpdoctor.ingest.pipes import QuietPipe, WaitedReader, open_waited
-from ddpdoctor.ingest.unwrap import dedent, unwrap
+from ddpdoctor.ingest.unwrap import dedent, unnumber, unwrap
 from ddpdoctor.model.records import SourceInfo
 
 __all__ = ["PIPE_WAIT_S", "STDIN_NAME", "ChunkStream", "Input", "expand_paths", "looks_binary"]
@@ -234,7 +234,7 @@ class ChunkStream:
             return b""
         self.info.bytes = size
         if self.join_wrapped:
-            data, self.merges = unwrap(dedent(data))
+            data, self.merges = unwrap(dedent(unnumber(data)))
         return data if data.endswith(b"\n") else data + b"\n"
 
     def _read(self, stream: BinaryIO, size: int) -> bytes:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import bisect
 import re
 from collections import Counter
+from itertools import pairwise
 
 from ddpdoctor.ingest.prefixes import parse_line
 from ddpdoctor.ingest.tracebacks import EXCEPTION_LINE
@@ -77,6 +78,39 @@ def dedent(data: bytes) -> bytes:
     if not all(line.startswith(prefix) for line in filled):
         return data  # mixed tabs and spaces: left as they are
     return b"\n".join(line[common:] if line.strip() else line for line in lines)
+
+
+NUMBERED = re.compile(rb"^ *(\d{1,9})[\t ]")
+"""A viewer's line number before each line: `cat -n` ('     12\t'), `nl`, `less -N` ('     12 ')."""
+MIN_NUMBERED = 3
+
+
+def unnumber(data: bytes) -> bytes:
+    """The text without the line numbers a viewer put before every line (`cat -n`, `nl`,
+    `less -N`, an editor's or a web log viewer's gutter copied with the text): then no line
+    started where a log line starts. Only when every line that holds text starts with a
+    number and the numbers count its lines (one more each line, or each line holding text).
+    Lines keep their numbers."""
+    if not data[:1].isdigit() and data[:1] != b" ":
+        return data  # the first line starts with neither: nearly every log, one look
+    lines = data.split(b"\n")
+    numbered: list[tuple[int, int, int]] = []  # (line index, its number, where the text starts)
+    for index, line in enumerate(lines):
+        if not line.strip():
+            continue
+        m = NUMBERED.match(line)
+        if m is None:
+            return data
+        numbered.append((index, int(m.group(1)), m.end()))
+    if len(numbered) < MIN_NUMBERED:
+        return data
+    for (i, n, _), (j, k, _) in pairwise(numbered):
+        if k != n + 1 and k != n + (j - i):
+            return data  # numbers that do not count the lines: the log's own
+    out = list(lines)
+    for index, _, start in numbered:
+        out[index] = lines[index][start:]
+    return b"\n".join(out)
 
 
 def original_line(line: int, merges: tuple[int, ...]) -> int:
