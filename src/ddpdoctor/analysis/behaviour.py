@@ -674,8 +674,12 @@ def _with_clean_loop_ends(job: JobView, events: list[Event]) -> JobView:
 
 
 def _writer_failed(event: Event, rank: int | None, end: Record) -> bool:
-    """The event is an error or a wait of the writer of `end`, in the same output."""
+    """The event is an error or a wait of the writer of `end`, in the same output. A traceback
+    Python printed and carried on from (an unraisable exception in a __del__, logging's own
+    error) raised nothing: it cannot be what ended the loop."""
     if not (event.primary or event.echo in (Echo.WAITING, Echo.LOST_PEER)):
+        return False
+    if event.hits and all(h.handled for h in event.hits):
         return False
     if rank is not None and event.rank is not None and event.rank != rank:
         return False
