@@ -205,6 +205,14 @@ POSITIVE["INF231"] = [
     # exit code anywhere (each pod's launcher died with it); the other pods lost them
     (lambda t: real("sixteenth-pod-oomkill"), [2, 3]),
 ]
+POSITIVE["INF233"] = [
+    # one line of Megatron's start-up that no rule knows, and nothing after it
+    (lambda t: case("938"), None),
+    # Horovod's trace lines ('[1]: Performing broadcast...'), then nothing: no error, no step
+    (lambda t: case("716"), None),
+    # a Kubeflow master's MNIST download, then nothing
+    (lambda t: case("802"), None),
+]
 NEAR_MISS = {
     # rank 2's last line is a step that says it stops ('loss is nan at iter 8, stopping'); rank
     # 1 says it leaves the loop: both left on their own
@@ -292,6 +300,9 @@ NEAR_MISS = {
     "INF232": [lambda t: case("235")],
     # the same stop on one node after NCCL connected its GPUs peer-to-peer (INF205)
     "INF206": [lambda t: case("467")],
+    # only the end of training (fairseq's 'done training in'), or only a warning of normal
+    # operation and nothing after: not a log in which nothing was recognised
+    "INF233": [lambda t: case("750"), lambda t: case("334"), lambda t: real("healthy-plain")],
     # rank 1's watchdog timeout, then frames no rank owns: the timeout's own trace
     "INF216": [lambda t: case("403"), lambda t: real("rendezvous-no-master")],
 }

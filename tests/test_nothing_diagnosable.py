@@ -93,7 +93,8 @@ def test_only_messages_of_normal_operation_are_ok_with_little_confidence(tmp_pat
 
 def test_nothing_recognised_is_unknown_not_ok(tmp_path: Path) -> None:
     """The banner's frame without its message (lines of the same real run that say nothing):
-    no error, but nothing healthy was read either: unknown, not OK."""
+    no error, but nothing healthy was read either: unknown, not OK; the likelier reading of
+    output that stops (a hang, INF233) at the confidence of a guess, quoting where it stops."""
     lines = HEALTHY.read_text().splitlines(keepends=True)
     log = tmp_path / "console.log"
     log.write_text("".join(line for line in lines if "run.py" in line and "OMP" not in line))
@@ -103,6 +104,11 @@ def test_nothing_recognised_is_unknown_not_ok(tmp_path: Path) -> None:
     assert verdict["status"] == "unknown"
     assert "Nothing in these logs was recognised" in verdict["summary"]
     assert any("--tee 3" in step for step in verdict["next_steps"])
+    assert (verdict["rule"], verdict["kind"]) == ("INF233", "hang")
+    assert verdict["confidence"] < 0.3
+    assert verdict["evidence"] and verdict["evidence"][-1]["line"] == len(
+        log.read_text().splitlines()
+    )
 
 
 def test_every_input_unreadable_but_one_empty_says_both(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ from ddpdoctor.rules.hypotheses import (
     killed_rank,
     lagging_rank,
     log_ends,
+    log_stops,
     missing_ranks,
     slow_rank,
     stalled_rank,
@@ -43,6 +44,7 @@ HYPOTHESES: tuple[Hypothesis, ...] = (
     Hypothesis(startup_hang.RULE, startup_hang.assess, precedence=7),
     Hypothesis(store_connect.RULE, store_connect.assess, precedence=7),
     Hypothesis(log_ends.RULE, log_ends.assess, precedence=8),
+    Hypothesis(log_stops.RULE, log_stops.assess, precedence=9),
 )
 """Inferred causes, each scored from the job's evidence by the same engine (analysis/decide)."""
 
