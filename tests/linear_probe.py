@@ -42,6 +42,8 @@ ANCHORED = frozenset(
         "prefixes.NCCL",
         "prefixes.SLURM",
         "prefixes.PDSH",
+        "prefixes.GREP_PATH",
+        "prefixes.SYSLOG_SOURCE",
         "prefixes.COMPOSE",
         "prefixes.KUBECTL",
         "prefixes.STREAM_TAG",
