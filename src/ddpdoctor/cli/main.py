@@ -248,7 +248,8 @@ def diagnose(
     "--export-patterns",
     type=click.Path(dir_okay=False, allow_dash=True),
     default=None,
-    help="Write every signature regex, one per line, in a form `rg -f` accepts (- for stdout).",
+    help="Write every signature regex, one per line, for `rg --no-unicode -f FILE` (bytes and "
+    "ASCII classes; - for stdout).",
 )
 def rules_cmd(
     fmt: str, select: str | None, write_docs: str | None, export_patterns: str | None
