@@ -52,6 +52,23 @@ def test_an_end_above_its_writers_own_traceback_is_its_way_out_too() -> None:
     assert evidence.completed_at == {}
 
 
+def test_an_exception_python_printed_and_carried_on_from_does_not_cancel_it() -> None:
+    """An unraisable exception ('Exception ignored in: <function X.__del__>', a finalizer at
+    interpreter exit) raised nothing: it is not what made the loop end."""
+    handled = _error_at(50, rank=1)
+    handled.hits[0].handled = True
+    assert build_evidence(_job(), [handled]).completed_at == {SOURCE: 40}
+
+
+def test_detectron2s_end_then_a_writers_finalizer_error_reads_as_an_end() -> None:
+    """Corpus 979 (training split): 'Total training time', then TensorboardXWriter.__del__'s
+    ignored TypeError at exit; the process then hung. Only the end of training was read."""
+    case = next((REPO / "corpus" / "cases").glob("979-*"))
+    verdict = diagnose_paths([str(case / "logs")]).verdict
+    assert verdict.title == "Only the end of training was read"
+    assert verdict.status == "unknown"
+
+
 def test_another_ranks_error_does_not_cancel_it() -> None:
     for line in (30, 50):
         assert build_evidence(_job(), [_error_at(line, rank=0)]).completed_at == {SOURCE: 40}
