@@ -242,7 +242,9 @@ def verdict(msg: Message) -> tuple[bool, str]:
             ok = bool(won) and all(r.kind == msg.kind for r in won)
         return ok, codes
     found = claimants(msg)
-    errors = [r for r in found if r.severity == "error"]
+    # the diagnosis keeps one rule per line, the most specific (analysis/grouping.py): an
+    # error rule that also matches but loses the line to a warning or info rule reads nothing
+    errors = [r for r in won if r.severity == "error"]
     if errors:
         return False, "error rule " + ", ".join(r.code for r in errors)
     if msg.rule is not None:

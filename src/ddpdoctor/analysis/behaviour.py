@@ -255,17 +255,21 @@ def build_evidence(job: JobView, events: list[Event]) -> JobEvidence:
             if announcer is None or announcer not in early:
                 line = evidence.completed_at.get(record.source, record.line)
                 evidence.completed_at[record.source] = min(line, record.line)
+    warned_by: set[tuple[str, str]] = set()
     for event in events:
         if survived(event, evidence):
             evidence.survived += 1  # the job went on to its end: not how any rank was left
             continue
         _add_event(evidence, event)
+        if event.rule.severity == "warning":
+            warned_by.add((event.rule.code, event.rule.title))
         if event.marker in (Marker.TEARDOWN, Marker.STOP):
             evidence.ended = True  # the program reached its end, or stopped on purpose
         evidence.reached_exit |= event.marker == Marker.TEARDOWN
         if event.rank is not None and _waited_after_end(event, evidence.completed_at):
             ranks[event.rank].waited_after_end = True
 
+    evidence.warnings = [title for _, title in sorted(warned_by)]
     evidence.timeout_ms = _timeout_ms(events)
     evidence.startup_seq = _startup_seq(events)
     evidence.busy_progress = _busy_progress(job, evidence.timeout_ms)

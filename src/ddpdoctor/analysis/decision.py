@@ -872,6 +872,19 @@ def _quiet(evidence: JobEvidence) -> Decision:
             basis=["- messages of normal operation only: no progress, end or exit code"],
             next_steps=[collect],
         )
+    if evidence.warnings:
+        return Decision(
+            status=Status.UNKNOWN,
+            confidence=0.3,
+            notes=[
+                "Only warnings were read ("
+                + "; ".join(evidence.warnings[:4])
+                + "): they end no job by themselves, and nothing says how the job went on "
+                "after them: no error, no training progress, no end of training, no exit code."
+            ],
+            basis=["- warnings only: no error, progress, end of training or exit code"],
+            next_steps=[collect],
+        )
     return Decision(
         status=Status.UNKNOWN,
         confidence=0.3,

@@ -244,6 +244,9 @@ class JobEvidence:
     draw): the loop it counts finished. An epoch's bar at its total ends only that epoch."""
     normal_seen: bool = False
     """Messages of normal operation were read (start-up, DDP notes): healthy as far as they go."""
+    warnings: list[str] = field(default_factory=list)
+    """Titles of the warnings read (rules of severity warning, not those the job went on
+    from), in rule-code order: something was recognised even where nothing failed."""
     stalled_at_startup: bool = False
     one_device_per_process: bool = False
     """Several processes of one host all name device 0 in their NCCL lines: each sees only

@@ -994,6 +994,64 @@ INTERRUPTED = Rule(
     ),
 )
 
+STORE_WENT_AWAY = Rule(
+    code="LCH119",
+    kind="rendezvous-failure",
+    title="A background thread lost the c10d store (its host exited)",
+    sources="torch/csrc/distributed/c10d/TCPStore.cpp (a warning before the error is rethrown: "
+    "'{} failed on {}: {}'), ProcessGroupNCCL.cpp's heartbeat monitor ('should dump' flag up to "
+    "torch 2.9, 'the signal ...' in 2.14)",
+    severity="warning",
+    specificity=70,
+    signatures=(
+        # the NCCL heartbeat monitor polls the store every few seconds; the store lives in rank
+        # 0's process or in the first node's torchrun agent, and once that exited this thread
+        # says so and carries on
+        Signature(
+            r'Failed to check the (?:"should dump" flag|signal \S{1,60}) on TCPStore',
+            "Failed to check the ",
+        ),
+        # TCPStore's client logs the failed call as a warning, then raises it to its caller:
+        # the caller's own error (DistNetworkError, DistStoreError) says what it ended
+        Signature(
+            r"\[c10d\] (?:recvValue|recvValueWithTimeout|recvVector|sendBytes|recvBytes) failed on "
+            r"SocketImpl\(",
+            " failed on SocketImpl(",
+        ),
+    ),
+    explanation=Explanation(
+        what="A warning that a call to the c10d store (TCPStore) failed because its server "
+        "closed the connection: the NCCL heartbeat monitor's poll, or any store call just "
+        "before its caller raises.",
+        why="The store is served by rank 0's process or by the first node's torchrun agent. "
+        "When that process exits (it finished first, or failed), every other process's next "
+        "store call fails. At the end of a run this is teardown noise: rank 0 finished and "
+        "exited while the others were still shutting down.",
+        fix="At the end of training call dist.barrier() and destroy_process_group() on every "
+        "rank, so no rank exits while the others still poll the store; if the job failed, the "
+        "cause is in the output of the process that hosted the store.",
+        false_positives="None as a cause: it only says that the store's host went away; the "
+        "caller's own error, or the host's log, says why.",
+    ),
+    fix=(
+        "If the run had finished: end every rank with dist.barrier(); "
+        "dist.destroy_process_group() so rank 0 does not exit first.",
+        "Otherwise read the log of the process that hosted the store (rank 0, or the first "
+        "node's torchrun agent): it ended first.",
+    ),
+    positive=(
+        "[rank7]:[W624 12:52:07.296197118 ProcessGroupNCCL.cpp:1659] [PG ID 0 PG GUID 0 Rank 7] "
+        'Failed to check the "should dump" flag on TCPStore, (maybe TCPStore server has shut '
+        "down too early), with error: Broken pipe",
+        "[W1202 15:30:42.569794734 TCPStore.cpp:106] [c10d] sendBytes failed on SocketImpl(fd=3, "
+        "addr=[::ffff:127.0.0.1]:49818, remote=[::ffff:127.0.0.1]:30437): Broken pipe",
+    ),
+    negative=(
+        "torch.distributed.DistNetworkError: Failed to recv, got 0 bytes. Connection was likely "
+        "closed. Did the remote server shutdown or crash?",
+    ),
+)
+
 RENDEZVOUS_RETRY = Rule(
     code="LCH110",
     kind="rendezvous-failure",
@@ -1080,6 +1138,7 @@ SLURM_STEP_REFUSED = Rule(
 
 RULES = (
     INTERRUPTED,
+    STORE_WENT_AWAY,
     SLURM_STEP_REFUSED,
     STORE_ERROR,
     RENDEZVOUS_RETRY,

@@ -6,6 +6,7 @@ truncated by a full disk or a killed `tee`, a process that died mid-print."""
 
 from __future__ import annotations
 
+import re
 import signal
 
 from ddpdoctor.model.evidence import CutTrace, JobEvidence
@@ -64,6 +65,12 @@ NATIVE = Rule(
 )
 
 
+SOCKET_IO = re.compile(r"Exception raised from (?:sendBytes|recvBytes) at \S*c10d/Utils\.hpp")
+"""The backtrace of a c10d socket read or write whose other end went away: printed under the
+line that says so (a lost connection, the store's host gone), it is that line's, not a crash of
+its own."""
+
+
 def assess(job: JobEvidence) -> Assessment | None:
     # a rank whose own errors are echoes (a timeout, a closed connection, a stop) printed that
     # trace for them: it is not a cause; nor is a trace no rank owns in a job that has echoes
@@ -71,8 +78,11 @@ def assess(job: JobEvidence) -> Assessment | None:
     cut = [
         c
         for c in job.cut_tracebacks
-        if (c.where.rank is None and not job.echoes)
-        or (c.where.rank is not None and c.where.rank not in echoing)
+        if (
+            (c.where.rank is None and not job.echoes)
+            or (c.where.rank is not None and c.where.rank not in echoing)
+        )
+        and not (c.native and SOCKET_IO.match(c.where.text))
     ]
     if not cut:
         return None

@@ -49,8 +49,8 @@ def assess(job: JobEvidence) -> Assessment | None:
         return None  # other hypotheses and verdicts read those
     if job.echoes or job.failing_exits or job.job_exit_code is not None or job.stopped_by_run:
         return None
-    if not job.last_words:
-        return None
+    if not job.last_words or job.warnings:
+        return None  # nothing read, or something recognised after all
     return Assessment(
         RULE,
         0.3,
