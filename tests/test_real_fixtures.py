@@ -300,3 +300,15 @@ def test_a_counter_glued_after_another_ranks_words_is_that_ranks() -> None:
     6, not rank 0's 8, and the shorter rank is named."""
     report = diagnose_paths([str(HEALTHY / "glued-counters" / "console.log")])
     assert (report.verdict.kind, report.verdict.culprit.ranks) == ("uneven-inputs", [1])
+
+
+def test_glibcs_heap_check_names_the_native_crash() -> None:
+    """Real run (tests/programs/heap_abort.py): rank 1 frees a buffer twice; glibc prints
+    'free(): double free detected in tcache 2' and aborts; rank 0 loses its peer. The glibc
+    line is the root's first evidence, rank 1 the culprit."""
+    report = diagnose_paths([str(HEALTHY / "heap-abort" / "console.log")])
+    verdict = report.verdict
+    assert (verdict.kind, verdict.rule, verdict.culprit.ranks) == ("native-crash", "LCH104", [1])
+    assert verdict.evidence[0].text == "free(): double free detected in tcache 2"
+    roles = {f.rule: f.role for f in report.findings}
+    assert roles["NET101"] == "cascade"

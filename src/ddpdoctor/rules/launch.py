@@ -337,6 +337,22 @@ NATIVE_CRASH = Rule(
             r"\] Caught signal (?P<signum>11|6|7|4|8) \((?P<what>[^)\n]{1,80})\)",
             "] Caught signal ",
         ),
+        # glibc's heap checks (malloc.c malloc_printerr) and the stack protector: the message,
+        # then abort() (SIGABRT): native code wrote past its memory, or freed it twice
+        *(
+            Signature(r"^\s*(?P<what>" + head + r"[^\n]{0,60})$", literal)
+            for head, literal in (
+                (r"double free or corruption \(", "double free or corruption ("),
+                (
+                    r"(?:free|malloc|realloc|munmap_chunk|malloc_consolidate|"
+                    r"tcache_thread_shutdown)\(\): (?:invalid|corrupted|unaligned|double free|"
+                    r"too many chunks|memory corruption|mismatching|(?:small|large)bin|unsorted)",
+                    "(): ",
+                ),
+                (r"corrupted (?:size vs\. prev_size|double-linked list)", "corrupted "),
+            )
+        ),
+        Signature(r"\*\*\* stack smashing detected \*\*\*", "stack smashing detected"),
     ),
     explanation=Explanation(
         what="A rank died from SIGSEGV/SIGABRT/SIGBUS in native code.",
@@ -359,9 +375,17 @@ NATIVE_CRASH = Rule(
         "subprocess.CalledProcessError: Command '['/usr/bin/python', '-u', 'train.py']' died "
         "with <Signals.SIGSEGV: 11>.",
         "[node3:2874 :0:2931] Caught signal 7 (Bus error: nonexistent physical address)",
+        # glibc 2.36's messages (strings of libc.so.6)
+        "double free or corruption (!prev)",
+        "malloc_consolidate(): unaligned fastbin chunk detected",
+        "free(): invalid pointer",
+        "corrupted size vs. prev_size",
+        "*** stack smashing detected ***: terminated",
     ),
     negative=(
         "训练段错误率 0.3",
+        "free(): released the cached blocks of 3 streams",
+        "def free(): return None",
         "Abgebrochen wurde nichts, weiter mit Schritt 4",
         "traceback : Signal 9 (SIGKILL) received by PID 4242",
         "[launcher] rank 2 exited with code -9",
