@@ -205,6 +205,11 @@ POSITIVE["INF231"] = [
     # exit code anywhere (each pod's launcher died with it); the other pods lost them
     (lambda t: real("sixteenth-pod-oomkill"), [2, 3]),
 ]
+POSITIVE["INF234"] = [
+    # nvidia-smi after a resume: four processes on GPU 0, one of them also GPU 1's (the paste
+    # stops in GPU 1's row)
+    (lambda t: case("203"), []),
+]
 POSITIVE["INF233"] = [
     # one line of Megatron's start-up that no rule knows, and nothing after it
     (lambda t: case("938"), None),
@@ -303,6 +308,8 @@ NEAR_MISS = {
     # only the end of training (fairseq's 'done training in'), or only a warning of normal
     # operation and nothing after: not a log in which nothing was recognised
     "INF233": [lambda t: case("750"), lambda t: case("334"), lambda t: real("healthy-plain")],
+    # nvidia-smi's device table (utilisation, memory) without its process rows
+    "INF234": [lambda t: case("523"), lambda t: real("healthy-plain")],
     # rank 1's watchdog timeout, then frames no rank owns: the timeout's own trace
     "INF216": [lambda t: case("403"), lambda t: real("rendezvous-no-master")],
 }

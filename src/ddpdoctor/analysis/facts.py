@@ -166,6 +166,17 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
         FactPattern("prompt", re.escape(literal).replace("\\ ", " "), literal, distinct=WRITER)
         for literal in PROMPTS
     ),
+    # nvidia-smi's process table, one row per process holding memory on a GPU: "|    0
+    # 31408      C   /usr/bin/python3.6      731MiB |" (drivers with MIG columns put "N/A  N/A"
+    # before the pid; a paste may cut the row after the name): which GPUs each process has a
+    # context on
+    FactPattern(
+        "gpu_process",
+        r"^\|\s{1,12}(?P<gpu>\d{1,2})\s{1,12}(?:N/A\s{1,8}N/A\s{1,8})?(?P<pid>\d{1,9})\s{1,12}"
+        r"(?:C|G|C\+G)\s{1,12}\S[^|\n]{0,200}?(?:\s\d{1,7}MiB\s{0,8}\|)?\s{0,8}$",
+        "|  ",
+        distinct=VALUE,
+    ),
     # NCCL net.cc: which transport NCCL uses between nodes
     FactPattern("socket_transport", r"NET/Socket : Using", "NET/Socket : Using", distinct=VALUE),
     FactPattern("ib_transport", r"NET/IB : Using", "NET/IB : Using", distinct=VALUE),

@@ -50,6 +50,10 @@ class JobView:
     prompts: list[tuple[int | None, Record]] = field(default_factory=list)
     """Questions asked on the terminal, with the asking rank when known."""
     """Ranks that said they skip a step or a batch."""
+    gpu_processes: dict[int, set[int]] = field(default_factory=dict)
+    """nvidia-smi's process table: the GPUs each pid holds memory on."""
+    gpu_process_rows: dict[tuple[int, int], Record] = field(default_factory=dict)
+    """The table's row of each (pid, GPU), for the evidence."""
     rank_map: dict[tuple[str, int], int] = field(default_factory=dict)
     exit_sources: dict[int, str] = field(default_factory=dict)
     """Where a launcher's summary reported each rank's exit: its node's console."""
@@ -176,6 +180,8 @@ def build_job(
     starts: dict[str, dict[int, set[int]]] = {}
     skipped: set[int] = set()
     prompts: list[tuple[int | None, Record]] = []
+    gpu_processes: dict[int, set[int]] = {}
+    gpu_rows: dict[tuple[int, int], Record] = {}
     normal_seen = False
     failed_exits: list[FactHit] = []
     finished: list[tuple[int | None, Record]] = []
@@ -218,6 +224,12 @@ def build_job(
                     per_rank[rank] = RankExit(code=code, signal=signal_name(code), local_rank=local)
             elif fact.name == "progress":
                 progress.append(fact)
+            elif fact.name == "gpu_process":
+                pid = pid_number(fact.captures.get("pid"))
+                gpu = count_number(fact.captures.get("gpu"), 100)
+                if pid is not None and gpu is not None:
+                    gpu_processes.setdefault(pid, set()).add(gpu)
+                    gpu_rows.setdefault((pid, gpu), fact.record)
             elif fact.name == "prompt":
                 asker = resolve_rank(fact.record.origin, single_node, rank_map)
                 prompts.append((asker, fact.record))
@@ -359,6 +371,8 @@ def build_job(
         loop_ends=loop_ends,
         skipped_ranks=skipped,
         prompts=prompts,
+        gpu_processes=gpu_processes,
+        gpu_process_rows=gpu_rows,
         resume_points=_said_once(starts),
         data_sizes=_said_once(sizes),
         cut_tracebacks=cut_tracebacks,

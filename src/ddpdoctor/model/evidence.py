@@ -271,6 +271,10 @@ class JobEvidence:
     """Per unit ('step', 'epoch'), where each rank said it started or resumed training."""
     """Per unit ('batches', 'samples'), how much data each rank said it has."""
     skipped_ranks: set[int] = field(default_factory=set)
+    gpu_processes: dict[int, set[int]] = field(default_factory=dict)
+    """nvidia-smi's process table: the GPUs each pid holds memory on."""
+    gpu_process_rows: dict[tuple[int, int], Evidence] = field(default_factory=dict)
+    """The table's row of each (pid, GPU)."""
     prompts: list[Evidence] = field(default_factory=list)
     """Questions a process asked on its terminal ('Continue? [y/N]'), with their rank when
     known: nobody answers a distributed worker."""

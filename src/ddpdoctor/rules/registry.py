@@ -12,6 +12,7 @@ from ddpdoctor.rules.hypotheses import (
     collective_mismatch,
     cut_site,
     cut_traceback,
+    gpu0_contexts,
     killed_rank,
     lagging_rank,
     log_ends,
@@ -45,6 +46,7 @@ HYPOTHESES: tuple[Hypothesis, ...] = (
     Hypothesis(store_connect.RULE, store_connect.assess, precedence=7),
     Hypothesis(log_ends.RULE, log_ends.assess, precedence=8),
     Hypothesis(log_stops.RULE, log_stops.assess, precedence=9),
+    Hypothesis(gpu0_contexts.RULE, gpu0_contexts.assess, precedence=5),
 )
 """Inferred causes, each scored from the job's evidence by the same engine (analysis/decide)."""
 
