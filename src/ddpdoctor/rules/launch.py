@@ -305,6 +305,14 @@ NATIVE_CRASH = Rule(
             r"died with <Signals\.(?P<sig>SIG(?:SEGV|ABRT|BUS|FPE|ILL)): (?P<signum>\d+)>",
             "died with <Signals.SIG",
         ),
+        # torch.distributed.launch (legacy) raises it for a worker, whose command line names
+        # its local rank: the one a signal ended ("Command '[..., '--local_rank=0', ...]' died
+        # with <Signals.SIGSEGV: 11>")
+        Signature(
+            r"'--local_rank=(?P<local_rank>\d{1,5})'[^\n]{0,400}?\]' died with "
+            r"<Signals\.SIG(?:SEGV|ABRT|BUS|FPE|ILL): \d+>",
+            "died with <Signals.SIG",
+        ),
         # torch/csrc/DataLoader.cpp: a worker's SIGFPE handler (a native library in the data
         # path, not shared memory)
         Signature(r"Unexpected floating-point exception encountered in worker"),
@@ -374,6 +382,8 @@ NATIVE_CRASH = Rule(
         "Fatal Python error: Segmentation fault",
         "subprocess.CalledProcessError: Command '['/usr/bin/python', '-u', 'train.py']' died "
         "with <Signals.SIGSEGV: 11>.",
+        "subprocess.CalledProcessError: Command '['/usr/bin/python', '-u', 'train.py', "
+        "'--local_rank=2', '--config', 'c.yaml']' died with <Signals.SIGSEGV: 11>.",
         "[node3:2874 :0:2931] Caught signal 7 (Bus error: nonexistent physical address)",
         # glibc 2.36's messages (strings of libc.so.6)
         "double free or corruption (!prev)",
