@@ -43,6 +43,7 @@ ANCHORED = frozenset(
         "prefixes.SLURM",
         "prefixes.PDSH",
         "prefixes.GREP_PATH",
+        "prefixes.TIME_OF_DAY_LEVEL",
         "prefixes.SYSLOG_SOURCE",
         "prefixes.COMPOSE",
         "prefixes.KUBECTL",

@@ -668,3 +668,21 @@ def test_training_frameworks_logger_headers_are_read(
     assert (parsed.text, parsed.level) == (text, level)
     if text != line and not line.startswith("[INFO"):
         assert parsed.time is not None
+
+
+@pytest.mark.parametrize(
+    ("line", "text", "level"),
+    [
+        # datefmt="%H:%M:%S": the time of day, then the level (tests/programs/
+        # thirtyfirst_style_train.py's coloured header, colours stripped)
+        ("00:00:24 INFO    [r0] training done in 0.3s", "[r0] training done in 0.3s", "info"),
+        ("[12:00:01] WARNING - disk low", "disk low", "warning"),
+        ("12:00:01,123 | ERROR | boom", "boom", "error"),
+        ("[12:00:01 INFO] x", "x", "info"),
+        # no level after it: a message's own clock, left as it is
+        ("12:00:01 the clock says", "12:00:01 the clock says", None),
+    ],
+)
+def test_a_time_of_day_header_is_read_for_its_level(line: str, text: str, level: str) -> None:
+    parsed = parse_line(line)
+    assert (parsed.text, parsed.level, parsed.time) == (text, level, None)

@@ -83,7 +83,9 @@ def main() -> None:
     data = TensorDataset(shard["x"], shard["y"])
     sampler = DistributedSampler(data, num_replicas=1, rank=0, shuffle=True, seed=1)
     loader = DataLoader(data, batch_size=8, sampler=sampler)
-    model = DDP(torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 2)))
+    model = DDP(
+        torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 2))
+    )
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     stats: dict[str, float] = {"loss": 0.0}
     epochs, best = 2, 0.0
@@ -126,7 +128,9 @@ def main() -> None:
         dist.all_reduce(stop)
         if stop.item() > 0:
             if rank == 0:
-                log.info("no improvement for 1 epoch (patience 1): stopping early at epoch %d", epoch)
+                log.info(
+                    "no improvement for 1 epoch (patience 1): stopping early at epoch %d", epoch
+                )
             break
     if rank == 0:
         log.info("training done in %.1fs, best val acc %.3f", time.time() - start, best)

@@ -376,6 +376,14 @@ def _level_of(m: re.Match[str]) -> str | None:
     return {"WARN": "warning", "SUCCESS": "info", "TRACE": "debug"}.get(level, level.lower())
 
 
+# Python logging with only the time of day (datefmt "%H:%M:%S"), then the level: "12:00:01 INFO
+# message", "[12:00:01] WARNING - message", "12:00:01,123 | ERROR | message". The day is not in
+# the line, so only the level is kept (a time without its date would misorder lines around
+# midnight and beside dated sources); a level must follow, so a message's own clock is left.
+TIME_OF_DAY_LEVEL = re.compile(
+    r"\[?" + HMS + r"\]? {1,3}(?:[-|:] {1,3})?" + LEVELS + r"\b\]?:? {0,8}(?:[-|:] {1,3})?"
+)
+
 # A log pasted into a Markdown quote: "> [rank0]: Traceback ...", "> > nested".
 QUOTE = re.compile(r">+ ?")
 
@@ -501,6 +509,10 @@ def parse_line(raw: str, year: int = 1970, with_time: bool = True) -> ParsedLine
                 platform_ok = True
                 pos = us.end()
                 continue
+            if m is None and (tod := TIME_OF_DAY_LEVEL.match(text, pos)):
+                out.level = _level_of(tod)
+                pos = tod.end()
+                continue
         elif bracket and nxt.isdigit():
             rich = RICH_LOG_HEAD.match(text, pos)
             if rich:
@@ -517,6 +529,11 @@ def parse_line(raw: str, year: int = 1970, with_time: bool = True) -> ParsedLine
                 out.level = _level_of(d2) or out.level
                 platform_ok = True
                 pos = d2.end()
+                continue
+            tod = TIME_OF_DAY_LEVEL.match(text, pos)
+            if tod:
+                out.level = _level_of(tod)
+                pos = tod.end()
                 continue
             mpi = OPENMPI.match(text, pos)
             if mpi:
