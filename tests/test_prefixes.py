@@ -686,3 +686,18 @@ def test_training_frameworks_logger_headers_are_read(
 def test_a_time_of_day_header_is_read_for_its_level(line: str, text: str, level: str) -> None:
     parsed = parse_line(line)
     assert (parsed.text, parsed.level, parsed.time) == (text, level, None)
+
+
+@pytest.mark.parametrize(
+    ("line", "text", "rank"),
+    [
+        # a bracketed time glued to the rank's own tag (tests/programs/thirtysecond_style_train.py)
+        ("[2026-12-04 00:07:45,936][rank 1/3] Done!", "[rank 1/3] Done!", 1),
+        # a rank's tag after the time is the writer, not a job platform's step id
+        ("2026-06-17 09:13:29,226 [RANK:0] Starting trainer...", "[RANK:0] Starting trainer...", 0),
+        ("2026-06-17T09:13:29Z [177/train/578 (pid 1)] step 3", "step 3", None),
+    ],
+)
+def test_a_ranks_tag_after_the_time_names_the_writer(line: str, text: str, rank: int) -> None:
+    parsed = parse_line(line)
+    assert (parsed.text, parsed.origin.rank) == (text, rank)

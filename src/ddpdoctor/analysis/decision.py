@@ -284,9 +284,14 @@ def _culprits(roots: list[Event], evidence: JobEvidence, graph: CausalGraph) -> 
         return _off_the_common_path(roots) or ranks
     if ranks:
         return ranks
+    # the same root printed once by each worker says more than the launcher's one failed exit
+    # (the first it saw: it stopped the others, which were already on their way out)
+    every = _each_failed_worker(roots, evidence)
+    if every:
+        return every
     if len(evidence.failing_exits) == 1:
         return set(evidence.failing_exits)
-    return _each_failed_worker(roots, evidence) or _only_rank_not_waiting(roots, evidence)
+    return _only_rank_not_waiting(roots, evidence)
 
 
 def _odd_group(roots: list[Event]) -> set[int]:

@@ -3,6 +3,7 @@ launcher's summary, and each writer's last words. Built from all scans after sca
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from itertools import pairwise
@@ -80,6 +81,32 @@ class JobView:
 ATTEMPT_GAP = timedelta(seconds=1)
 """An agent reports every failed worker of one attempt in the same pass of its monitor loop
 (milliseconds apart); a restarted worker group needs seconds to start and fail again."""
+
+
+BARE_END = re.compile(
+    r"(?i)(?:\[[^\[\]\n]{1,40}\]:?\s{1,3})?(?:all )?(?:done|finished|complete|completed)"
+    r"[.!]{0,3}\s*$"
+)
+"""A writer's whole message saying it is done ("Done!", "[rank 1/3] finished.", "All done"),
+after its own tag at most, with no object: a step's or a phase's end names what ended ("epoch 3
+done", "loading done")."""
+
+
+def _bare_ends(
+    scans: list[SourceScan], single_node: bool, rank_map: dict[tuple[str, int], int]
+) -> list[tuple[int | None, Record]]:
+    """Ranks whose last words are a bare 'done': their own word that they are done (an end of
+    training when every rank of the world says it, as with 'rank N finished')."""
+    ends: list[tuple[int | None, Record]] = []
+    for scan in scans:
+        for stream in scan.streams.values():
+            if not stream.last_line or not BARE_END.match(stream.last_text):
+                continue
+            rank = resolve_rank(stream.origin, single_node, rank_map)
+            if rank is not None:
+                record = Record(scan.info.path, stream.last_line, stream.last_text, stream.origin)
+                ends.append((rank, record))
+    return ends
 
 
 def _every_rank_finished(
@@ -268,6 +295,7 @@ def build_job(
             elif fact.name in ("normal", "nccl_comm"):
                 normal_seen = True
 
+    finished += _bare_ends(scans, single_node, rank_map)
     all_done: dict[str, int] = {}
     for rank, record in _every_rank_finished(finished, ranks, world_hints):
         completed_ranks.add(rank)

@@ -217,6 +217,8 @@ def attribute_by_elimination(events: list[Event], evidence: JobEvidence) -> bool
             continue
         if event.marker == Marker.STOP and _announcements(event) > 1:
             continue  # several ranks said it (the launcher may have killed one on its way out)
+        if event.primary and _same_error_lines(event) > 1 and len(present) > 1:
+            continue  # the same error line printed apart several times: several workers
         hosts = {h.record.origin.host for h in event.hits if h.record.origin.host}
         on_host = {r for r in present if evidence.ranks[r].host in hosts}
         # where ranks wrote into the event's own file, only they can have printed it (a node's
@@ -281,6 +283,16 @@ def _tracebacks(event: Event) -> int:
             starts += 1
         last[h.record.source] = h.record.line
     return starts
+
+
+def _same_error_lines(event: Event) -> int:
+    """How many times the event's first error line appears, word for word, in separate
+    reports (each worker that raised the same exception printed it once)."""
+    if not event.hits:
+        return 0
+    first = event.hits[0].record.text
+    same = [h for h in event.hits if h.record.text == first]
+    return _tracebacks(replace(event, hits=same)) if len(same) > 1 else len(same)
 
 
 SAME_REPORT_LINES = 4

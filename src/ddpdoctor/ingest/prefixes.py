@@ -30,7 +30,8 @@ RFC3339 = re.compile(r"(?P<ts>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\
 # Hydra's job logging glues its fields: "[2026-12-03 05:57:26,366][__main__][INFO] - msg".
 ISO_TIME = re.compile(
     r"\[?(?P<ts>\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[,.]\d{1,9})?)(?:Z|[+-]\d\d:?\d\d)?"
-    r"(?:\](?=\[[\w.-]{1,80}\]\[[A-Z]{3,8}\] - )|\]?(?: ?[:|-])?[ \t])"
+    r"(?:\](?=\[[\w.-]{1,80}\]\[[A-Z]{3,8}\] - |\[(?:[Rr]ank|RANK|[Ww]orker) ?\d)"
+    r"|\]?(?: ?[:|-])?[ \t])"
 )
 # `grep -r` (or -rn, -C) over a folder of logs: each line after the path of its file (and its
 # line number): "logs/attempt_0/3/stderr.log:12:RuntimeError: ...", "slurm-88.out:..." (the
@@ -662,7 +663,12 @@ def parse_line(raw: str, year: int = 1970, with_time: bool = True) -> ParsedLine
         if m:
             pos = m.end()
             continue
-        m = PLATFORM_TAG.match(text, pos) if bracket and platform_ok else None
+        # not a rank's own tag ("[rank 1/3] ", "[worker 2] "): that names the writer
+        m = (
+            PLATFORM_TAG.match(text, pos)
+            if bracket and platform_ok and not TAGGED_RANK.match(text, pos)
+            else None
+        )
         if m and platform_ok and len(prefix_parts) == platform_tags:
             platform_tags += 1
             prefix_parts.append(m.group(0).strip())
