@@ -209,6 +209,13 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
     # not Ray Tune's "Training finished iteration 2 at <time>" (one iteration's report)
     FactPattern("completed", r"Training finished(?! iteration)", "Training finished"),
     FactPattern("completed", r"Finished training", "Finished training"),
+    # the same words as a message's lower-case start ("finished training, best loss 0.31"),
+    # not one epoch's ("finished training epoch 3")
+    FactPattern(
+        "completed",
+        MESSAGE_START + r"finished training(?! (?:for |on |of )?(?:epoch|step|iter|batch))",
+        "finished training",
+    ),
     FactPattern("completed", r"training finished", "training finished"),
     # the message's own words (after a "[Rank 0] " tag DeepSpeed's log_dist keeps), not one
     # epoch's "epoch 3 training done"
