@@ -65,7 +65,7 @@ class Images(Dataset[tuple[torch.Tensor, int]]):
         return len(self.y)
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
-        if CASE == "c1" and self.rank == 1 and i == 77:
+        if CASE == "c1" and self.rank == 1 and i % 5 == 2:  # a corrupt file every fifth
             raise ValueError(f"image file is truncated (12 bytes not processed) at index {i}")
         return self.x[i], self.y[i]
 
