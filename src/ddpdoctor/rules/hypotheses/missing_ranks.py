@@ -77,13 +77,20 @@ def assess(job: JobEvidence) -> Assessment | None:
             ],
             next_steps=[f"Find out whether {ranks_text(missing)} started, and read its log."],
         )
+    # lines no rank can be told from (a console without rank prefixes) may be theirs
+    unnamed = any(w.rank is None for w in job.last_words)
+    said = (
+        "left no line that names them (the lines that name no rank may be theirs)"
+        if unnamed
+        else "left no lines at all"
+    )
     return Assessment(
         RULE,
-        0.35,
+        0.3 if unnamed else 0.35,
         sorted(missing),
         [
-            f"{ranks_text(missing)} left no lines at all: the root cause is most likely in "
-            "their logs, which were not given."
+            f"{ranks_text(missing)} {said}: the root cause is most likely in their logs, "
+            "which were not given."
         ],
         next_steps=[f"Collect the logs of {ranks_text(missing)}."],
     )
