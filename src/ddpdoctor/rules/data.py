@@ -22,6 +22,13 @@ DATA_ERROR = Rule(
             "FileNotFoundError",
         ),
         Signature(r"FileNotFoundError"),
+        # the same error written by the program's own handler (f"could not read {p}: {e}"):
+        # str() of the OSError, without its class name
+        Signature(
+            r"(?<!FileNotFoundError: )\[Errno 2\] No such file or directory: "
+            r"(?P<path>'[^'\n]{1,400}')",
+            "[Errno 2] No such file or directory: ",
+        ),
         Signature(r"IsADirectoryError|NotADirectoryError", "DirectoryError"),
         Signature(r"(?:PIL\.)?UnidentifiedImageError|cannot identify image file", "identif"),
         Signature(r"image file is truncated"),
@@ -103,6 +110,8 @@ DATA_ERROR = Rule(
     positive=(
         "FileNotFoundError: [Errno 2] No such file or directory: "
         "'E:/visionlab/data/imnet_val/val5k/val_file_list.pickle'",
+        "E1204 00:23:30.193631 24467 train.py:48] could not read /data/shard-1.txt: [Errno 2] "
+        "No such file or directory: '/data/shard-1.txt'",
         "RuntimeError: Failed to fetch video after 10 retries.",
         "_pickle.UnpicklingError: pickle data was truncated",
     ),
