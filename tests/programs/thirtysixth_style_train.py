@@ -32,12 +32,17 @@ def main() -> None:
     world_arg = 4 if CASE == "w3" else None  # a copied launch script that hard-codes four
     if world_arg is not None:
         dist.init_process_group(
-            "gloo", timeout=timedelta(seconds=12), world_size=world_arg, rank=int(os.environ["RANK"])
+            "gloo",
+            timeout=timedelta(seconds=12),
+            world_size=world_arg,
+            rank=int(os.environ["RANK"]),
         )
     else:
         dist.init_process_group("gloo", timeout=timedelta(seconds=12))
-    rank, world = dist.get_rank(), dist.get_world_size()
-    logging.basicConfig(format="[%(asctime)s] %(levelname)s:%(name)s:%(message)s", level=logging.INFO)
+    rank = dist.get_rank()
+    logging.basicConfig(
+        format="[%(asctime)s] %(levelname)s:%(name)s:%(message)s", level=logging.INFO
+    )
     log = logging.getLogger(f"train.r{rank}")
     root = Path(os.environ.get("T36_DATA", "data")) / f"r{rank}"
     root.mkdir(parents=True, exist_ok=True)
@@ -52,7 +57,9 @@ def main() -> None:
             files.append(f)
     batches: queue.Queue[dict[str, torch.Tensor]] = queue.Queue(maxsize=4)
     threading.Thread(target=prefetch, args=(files, batches), name="prefetch", daemon=True).start()
-    model = DDP(torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2)))
+    model = DDP(
+        torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+    )
     opt = torch.optim.SGD(model.parameters(), lr=0.2)
     best, since_best = float("inf"), 0
     for epoch in range(3):

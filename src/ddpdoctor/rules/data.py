@@ -144,9 +144,16 @@ DISK_FULL = Rule(
             "unexpected pos ",
             suggests=True,
         ),
+        # torch.save to a path on a full disk (torch 2.13's file writer, real run to /dev/full,
+        # tests/fixtures/real/thirtysixth-full-disk): the C++ stream's failure, raised when the
+        # zip's end is written
+        Signature(
+            r"RuntimeError: basic_ios::clear: iostream error",
+            "basic_ios::clear: iostream error",
+            suggests=True,
+        ),
         # the same writer when the short write is reported at once (caffe2/serialize/
-        # inline_container.cc; not reproduced on this torch, whose path writer raises an
-        # iostream error instead)
+        # inline_container.cc)
         Signature(
             r"PytorchStreamWriter failed writing file \S+: file write failed",
             "PytorchStreamWriter failed writing file",
@@ -162,8 +169,9 @@ DISK_FULL = Rule(
         fix="Free space or write checkpoints elsewhere; keep fewer checkpoints "
         "(save_total_limit); check `df -h` on the node.",
         false_positives="'No space left on device' for shared memory is a /dev/shm problem "
-        "(DL101). 'unexpected pos' only says a checkpoint write came out short: a full disk or "
-        "quota is the usual cause, a network filesystem that failed the write another.",
+        "(DL101). 'unexpected pos' only says a checkpoint write came out short, and torch.save's "
+        "'basic_ios::clear: iostream error' that its file stream failed: a full disk or quota "
+        "is the usual cause, a network filesystem that failed the write another.",
     ),
     fix=(
         "Check `df -h <output dir>` on the node and free space, or point checkpoints elsewhere.",
@@ -175,6 +183,7 @@ DISK_FULL = Rule(
         # torch's message format (inline_container.cc), file name and line as torch fills them
         "RuntimeError: [enforce fail at inline_container.cc:471] . PytorchStreamWriter failed "
         "writing file data/148: file write failed",
+        "[rank0]: RuntimeError: basic_ios::clear: iostream error",
     ),
     negative=(
         "RuntimeError: unable to allocate shared memory(shm) for file </torch_1_2>: No space left on device (28)",
