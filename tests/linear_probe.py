@@ -44,6 +44,7 @@ ANCHORED = frozenset(
         "prefixes.PDSH",
         "prefixes.GREP_PATH",
         "prefixes.TIME_OF_DAY_LEVEL",
+        "prefixes.LOGGER_NAME_RANK",
         "prefixes.SYSLOG_SOURCE",
         "prefixes.COMPOSE",
         "prefixes.KUBECTL",

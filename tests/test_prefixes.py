@@ -701,3 +701,19 @@ def test_a_time_of_day_header_is_read_for_its_level(line: str, text: str, level:
 def test_a_ranks_tag_after_the_time_names_the_writer(line: str, text: str, rank: int) -> None:
     parsed = parse_line(line)
     assert (parsed.text, parsed.origin.rank) == (text, rank)
+
+
+@pytest.mark.parametrize(
+    ("line", "rank"),
+    [
+        # logging's default format with a logger per rank (tests/programs/
+        # thirtysixth_style_train.py names them train.r<N>)
+        ("INFO:train.r2:early stopping at epoch 0", 2),
+        ("WARNING:rank3:slow step", 3),
+        ("ERROR:trainer.worker_1:failed", 1),
+        ("INFO:__main__:hello", None),
+        ("INFO:r2d2:beep", None),
+    ],
+)
+def test_a_loggers_name_can_name_the_rank(line: str, rank: int | None) -> None:
+    assert parse_line(line).origin.rank == rank

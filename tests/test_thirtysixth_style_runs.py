@@ -10,8 +10,10 @@ EXPECTED was written from each mode's mechanism and the taxonomy before any diag
 a mode ddpdoctor gets wrong today is a strict xfail whose reason says what it says instead.
 First diagnosis: 2 of 5 right. full-disk was a Python exception: torch 2.13's file writer
 reports a full device as 'RuntimeError: basic_ios::clear: iostream error' from torch.save;
-read since as a suggestion of a full disk (rules/data.py DATA102). four-of-three and own-stop
-stay strict xfails."""
+read since as a suggestion of a full disk (rules/data.py DATA102). own-stop was a lost peer
+with no cause (NET101): rank 2's 'early stopping at epoch 0' names its rank only in the
+logger's name ('INFO:train.r2:'); read since (ingest/prefixes.py LOGGER_NAME_RANK).
+four-of-three stays a strict xfail."""
 
 from __future__ import annotations
 
@@ -41,9 +43,6 @@ MISSES: dict[str, str] = {
     "'DistStoreError: wait timeout after 12000ms, keys: /default_pg/0//cpu//0/3' (the address "
     "of a rank 3 that this launch of three never starts) without a rank prefix, and the "
     "launcher's one failed exit is read as a worker whose output is missing",
-    "own-stop": "failed, nccl-network with no culprit (NET101, 0.3): rank 2's 'early stopping "
-    "at epoch 0' and 'training finished' name their rank only in the logger's name "
-    "('INFO:train.r2:'), so the stop is no rank's and ranks 0 and 1's lost peer has no cause",
 }
 
 

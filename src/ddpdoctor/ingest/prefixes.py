@@ -394,6 +394,13 @@ CALLER_RANK = re.compile(
     r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \[[\w.-]{1,80}:\d{1,6}\] \((?P<rank>\d{1,5})/\d{1,5}\) "
 )
 
+# Python logging's default format ('%(levelname)s:%(name)s:%(message)s') with a logger per
+# rank, named for it: "INFO:train.r2:early stopping", "WARNING:rank3:slow", "ERROR:worker1:".
+LOGGER_NAME_RANK = re.compile(
+    r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL):(?:[\w-]{1,40}\.){0,4}(?:rank|r|worker)[_-]?"
+    r"(?P<rank>\d{1,5}):"
+)
+
 RANK_MARKS: tuple[tuple[str, int, Callable[[str], re.Match[str] | None], bool], ...] = (
     # (text the mark needs within the line's first N characters (0: anywhere), the mark,
     # whether a logging level follows it); a plain `in` test first keeps the hot path cheap
@@ -404,6 +411,7 @@ RANK_MARKS: tuple[tuple[str, int, Callable[[str], re.Match[str] | None], bool], 
     ("[", 80, lambda t: TAGGED_RANK.match(t) or HOST_TAGGED_RANK.match(t), True),
     ("ank", 0, lambda t: C10D_RANK.search(t) or LEADING_RANK.match(t) or _json_rank(t), False),
     ("ANK", 0, LEADING_RANK.match, False),  # "[RANK 0]"
+    (":", 9, LOGGER_NAME_RANK.match, False),
 )
 """Where a line's text names the rank that wrote it, in the order they are tried: mp.spawn's
 process header, c10d's store barrier and NCCL-id wait, a bracketed tag, the words a program
