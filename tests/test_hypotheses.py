@@ -341,3 +341,23 @@ def test_positive(code: str, index: int, tmp_path: Path) -> None:
 def test_near_miss(code: str, index: int, tmp_path: Path) -> None:
     verdict = diagnose_paths(NEAR_MISS[code][index](tmp_path)).verdict
     assert verdict.rule != code, verdict.summary
+
+
+@pytest.mark.parametrize(
+    ("row", "gpu", "pid"),
+    [
+        # nvidia-smi's process rows: older drivers, drivers with MIG's GI/CI columns, a row a
+        # paste cut after the process name (corpus 203)
+        ("|    0     31408      C   /usr/bin/python3.6                  731MiB |", "0", "31408"),
+        ("|    1   N/A  N/A     31408      C   python                    731MiB |", "1", "31408"),
+        ("|    1     31408      C   /usr/bin/python3.6", "1", "31408"),
+    ],
+)
+def test_nvidia_smi_process_rows_are_read(row: str, gpu: str, pid: str) -> None:
+    from ddpdoctor.analysis.facts import FACT_PATTERNS
+
+    (fact,) = [f for f in FACT_PATTERNS if f.name == "gpu_process"]
+    m = fact.compiled.search(row)
+    assert m and (m["gpu"], m["pid"]) == (gpu, pid)
+    # the device table's rows above it are no process rows
+    assert not fact.compiled.search("| N/A   46C    P0    70W / 300W |   9388MiB / 16152MiB |")
