@@ -51,6 +51,7 @@ ANCHORED = frozenset(
         "prefixes.STREAM_TAG",
         "prefixes.PLATFORM_TAG",
         "prefixes.PY_LEVEL",
+        "prefixes.RICH_CALLER",
         "prefixes.LEADING_RANK",
         "prefixes.CALLER_RANK",
         "prefixes.LEADING_LOCAL_RANK",
