@@ -77,6 +77,9 @@ POSITIVE = {
         (lambda t: case("145"), None),
         # one line: rank 3 gave up waiting for rank 0's NCCL id, and rank 0 printed nothing
         (lambda t: case("615"), [0]),
+        # a 15 s timeout: rank 2's own 'class weights' bar (no rank on it) moved for 15 s while
+        # the others timed out, below the 30 s a bar needs when no timeout is known
+        (lambda t: real("thirtyeighth-r2-drag"), [2]),
         # Lightning's SIGTERM handler broadcast on top of rank 0's time.sleep in a callback:
         # the stop found it outside any collective while the others waited at the barrier
         (lambda t: real("sixth-slow-ckpt"), [0]),
@@ -198,6 +201,9 @@ POSITIVE = {
         # "[Rank 2] 28 documents, 7 micro-batches per epoch" against 8 on the others: the
         # announcement outweighs the ranks' different collectives, which leaving the loop gives
         (lambda t: real("seventh-short-shard"), [2]),
+        # the DDP tutorial's '[GPU3] Epoch 0 | Batchsize: 16 | Steps: 3' against 'Steps: 5':
+        # rank 3 finished its epochs and exited 0 while the others still trained
+        (lambda t: real("thirtyeighth-lean-r3"), [3]),
     ],
 }
 POSITIVE["INF231"] = [
@@ -222,7 +228,6 @@ NEAR_MISS = {
     # rank 2's last line is a step that says it stops ('loss is nan at iter 8, stopping'); rank
     # 1 says it leaves the loop: both left on their own
     "INF231": [lambda t: real("eighth-nan-break"), lambda t: real("style-leave")],
-    "INF201": [lambda t: scenario("uncoordinated-exit"), lambda t: real("healthy-plain")],
     # the handler stood on a sleep (sixth-slow-ckpt) or a busy loop's line (sixth-busy-prep):
     # the rank was slow, not blocked on a lock
     "INF211": [
@@ -234,6 +239,14 @@ NEAR_MISS = {
         # rank 2 (not the main process) but announcing its own work, part by part ('building
         # feature cache: part 3/5'): busy
         lambda t: real("twentythird-cache-drag"),
+    ],
+    # a 15 s timeout and a training loop's bar that stopped at about 15 s when its rank began
+    # to wait ('train: 13%| 4/30 [00:15<01:43'; 'r0 ep1: 0%| 0/12 [00:10'): no busy rank
+    "INF201": [
+        lambda t: scenario("uncoordinated-exit"),
+        lambda t: real("healthy-plain"),
+        lambda t: real("fifth-abba"),
+        lambda t: real("thirtyfirst-never-woken"),
     ],
     "INF202": [
         lambda t: scenario("slow-rank-timeout"),
@@ -361,3 +374,24 @@ def test_nvidia_smi_process_rows_are_read(row: str, gpu: str, pid: str) -> None:
     assert m and (m["gpu"], m["pid"]) == (gpu, pid)
     # the device table's rows above it are no process rows
     assert not fact.compiled.search("| N/A   46C    P0    70W / 300W |   9388MiB / 16152MiB |")
+
+
+@pytest.mark.parametrize(
+    ("line", "n"),
+    [
+        # PyTorch's DDP tutorial series prints each rank's batches per epoch (INF209's sizes)
+        ("[GPU3] Epoch 0 | Batchsize: 16 | Steps: 3", "3"),
+        ("rank 1 | batches: 12", "12"),
+        # a tqdm bar labelled "Steps" at its total, a counter of where a rank is, a key
+        ("Steps: 100%|██████████| 5/5 [00:01<00:00,  3.21it/s]", None),
+        ("Step: 5 | loss 0.3127", None),
+        ("global_steps: 40", None),
+    ],
+)
+def test_labelled_batch_counts_are_data_sizes(line: str, n: str | None) -> None:
+    from ddpdoctor.analysis.facts import FACT_PATTERNS
+
+    found = [
+        m["n"] for f in FACT_PATTERNS if f.name == "data_size" if (m := f.compiled.search(line))
+    ]
+    assert found == ([n] if n else [])

@@ -22,7 +22,8 @@ from ddpdoctor.analysis.frames import (
 )
 from ddpdoctor.analysis.job import JobView
 from ddpdoctor.analysis.relations import before_attempt, in_earlier_attempt, survived
-from ddpdoctor.analysis.scanner import StreamSummary
+from ddpdoctor.analysis.scanner import FactHit, StreamSummary
+from ddpdoctor.ingest.bounds import count_number
 from ddpdoctor.ingest.tracebacks import EXCEPTION_LINE
 from ddpdoctor.model.evidence import (
     COLLECTIVE_FUNCTIONS,
@@ -39,9 +40,11 @@ from ddpdoctor.rules.base import Echo, Marker
 STARTUP_SEQ = 5
 """A timed-out collective among the first this many of the job happened at start-up."""
 BUSY_PROGRESS_MIN_S = 30.0
+"""Without a known collective timeout, a bar must have run this long to prove a busy rank."""
 BUSY_WINDOW = (0.5, 1.25)
 """A bar whose elapsed time is about the collective timeout (this share of it) ran while the
-others waited: it started with the collective they waited in."""
+others waited: it started with the collective they waited in. With the timeout known, the
+window alone decides (a 15 s timeout's busy rank ran a 15 s bar, below the floor above)."""
 
 BUSY_PHASE = re.compile(
     r"(?i)sav(?:e|ing) (?:(?:the|a|its) )?(?:model|checkpoint|state)|saving (?:to|into) \S"
@@ -531,20 +534,37 @@ def _startup_seq(events: list[Event]) -> int | None:
 
 def _busy_progress(job: JobView, timeout_ms: float | None) -> tuple[float, Evidence] | None:
     """A progress bar that kept moving for about the collective timeout proves a busy rank."""
-    best: tuple[float, Evidence] | None = None
+    best: tuple[float, FactHit] | None = None
     for fact in job.progress:
         elapsed = elapsed_seconds(fact.captures.get("elapsed", ""))
         if elapsed is None:
             continue
         if best is None or elapsed > best[0]:
-            best = (elapsed, Evidence.of(fact.record, fact.record.text[-160:]))
-    if best is None or best[0] < BUSY_PROGRESS_MIN_S:
+            best = (elapsed, fact)
+    if best is None:
         return None
-    if timeout_ms is not None and not (
-        BUSY_WINDOW[0] * timeout_ms / 1000 <= best[0] <= BUSY_WINDOW[1] * timeout_ms / 1000
-    ):
-        return None  # a bar that ran much longer than the timeout is training, not one rank
-    return best
+    elapsed, fact = best
+    if timeout_ms is None:
+        busy = elapsed >= BUSY_PROGRESS_MIN_S
+    else:
+        # a bar that ran much longer than the timeout is training, not one rank
+        busy = BUSY_WINDOW[0] * timeout_ms / 1000 <= elapsed <= BUSY_WINDOW[1] * timeout_ms / 1000
+        # a short timeout's bar: a training loop's bar that stopped when its rank began to wait
+        # shows about the timeout too ('train: 13%| 4/30 [00:15<01:43'); only work of the
+        # rank's own that moved ('class weights: 62%| 31/50 [00:15<00:09') proves it busy
+        busy = busy and (elapsed >= BUSY_PROGRESS_MIN_S or _own_work_bar(fact))
+    return (elapsed, Evidence.of(fact.record, fact.record.text[-160:])) if busy else None
+
+
+TRAINING_BAR = re.compile(r"(?i)train|epoch|\bep ?\d|\biter|\bstep")
+"""Words of a training loop's own bar ('train:', 'Epoch 1:', 'r0 ep1:', 'Steps')."""
+
+
+def _own_work_bar(fact: FactHit) -> bool:
+    """A bar that moved (its count above 0) and whose line names no training loop: work of
+    the rank's own (preprocessing, weights, an index), not the loop the others waited in."""
+    moved = (count_number(fact.captures.get("n")) or 0) > 0
+    return moved and TRAINING_BAR.search(fact.record.text) is None
 
 
 def _stall(job: JobView) -> Stall | None:

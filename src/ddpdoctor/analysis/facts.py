@@ -135,6 +135,20 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
         distinct=WRITER,
     ),
     FactPattern("data_size", r"\b(?P<n>\d{1,9}) (?P<unit>samples)\b", " samples", distinct=WRITER),
+    # ... or as a labelled count of its epoch: "[GPU3] Epoch 0 | Batchsize: 16 | Steps: 3"
+    # (PyTorch's DDP tutorial series, copied widely). Plural and with a colon: a counter of
+    # where it is ("Step: 5", "step 5") is singular, and one that moves ("Steps: 10", then 20)
+    # is dropped by job building (a rank that says several numbers); not a tqdm label's
+    # percentage ("Steps: 100%|")
+    *(
+        FactPattern(
+            "data_size",
+            rf"\b(?P<unit>{word}): (?P<n>\d{{1,9}})(?![\d%.])",
+            f"{word}: ",
+            distinct=WRITER,
+        )
+        for word in ("Steps", "steps", "Batches", "batches")
+    ),
     # where a rank starts or resumes training ("resuming from .../latest.pt at step 20",
     # "no checkpoint ..., starting from step 0", "Starting training from iteration 0"): ranks
     # that start at different points have different numbers of steps left
