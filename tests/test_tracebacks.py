@@ -117,3 +117,36 @@ def test_a_traceback_whose_indentation_was_trimmed_is_still_one_traceback() -> N
     lines = [p.text for _, p in walk_back(data, last, "", parse_line)]
     assert lines[0].startswith("-- Process 0") and "loss.backward()" in lines
     assert lines[-1] == "store = TCPStore(host, port)"
+
+
+HOOK_RAISE = Path(__file__).parent / "fixtures" / "real" / "thirtyninth-hook-raise" / "console.log"
+
+
+def test_another_process_log_record_inside_a_traceback_is_stepped_over() -> None:
+    """A real console of three unprefixed ranks (tests/test_thirtyninth_style_runs.py
+    hook-raise): rank 0's 'INFO:recipes...:Exported the final model' landed between two frames
+    of another rank's atexit traceback; the walk up still reaches Python's 'Exception ignored
+    in atexit callback' line, which says the error was printed and ignored."""
+    data = HOOK_RAISE.read_bytes()
+    first = data.index(b"FileNotFoundError")
+    lines = [p.text for _, p in walk_back(data, first, "", parse_line)]
+    assert lines[0].startswith("Exception ignored in atexit callback"), lines[:2]
+    assert not any(line.startswith("INFO:") for line in lines)
+    assert tracebacks.carried_on(lines)
+
+
+def test_a_log_record_right_above_an_error_line_is_not_stepped_over() -> None:
+    """Composed from that console's lines: a bare error line right under a log record has no
+    frames of its own to be between, so the walk stops at the record and does not reach up into
+    an earlier, finished traceback (what the step over may skip is bounded to records between
+    the frames already found)."""
+    text = (
+        "Traceback (most recent call last):\n"
+        '  File "/repo/train.py", line 47, in flush_metrics\n'
+        '    (OUT / "logs").write_text("done")\n'
+        "KeyError: 'acc'\n"
+        "INFO:recipes.full_finetune:Final evaluation: loss 2.2899, acc 0.0000\n"
+        "FileNotFoundError: [Errno 2] No such file or directory: '/tmp/x/logs'\n"
+    )
+    data = text.encode()
+    assert walk_back(data, data.rindex(b"FileNotFound"), "", parse_line) == []

@@ -263,7 +263,8 @@ def build_evidence(job: JobView, events: list[Event]) -> JobEvidence:
     warned_by: set[tuple[str, str]] = set()
     for event in events:
         if survived(event, evidence):
-            evidence.survived += 1  # the job went on to its end: not how any rank was left
+            if event.echo in (Echo.WAITING, Echo.LOST_PEER):
+                evidence.survived += 1  # the job went on to its end: not how any rank was left
             continue
         _add_event(evidence, event)
         if event.rule.severity == "warning":

@@ -508,6 +508,11 @@ def relate_completion(graph: CausalGraph, ctx: Context) -> None:
     if not ctx.completed_at:
         return
     finished = {r for r, v in ctx.evidence.ranks.items() if v.completed}
+    # nobody waited for a peer or lost one: whichever rank announced the end trained in step
+    # with the others (every step's collectives need them all) and none of them was needed
+    # again, so a rank that crashed after the end had done its work too (the main process
+    # alone logs "Training completed"; another rank dies in its exit hooks)
+    nobody_missed = not ctx.evidence.echoes & {Echo.WAITING.value, Echo.LOST_PEER.value}
 
     def its_work_was_done(event: Event) -> bool:
         if event.rank is not None and event.echo in (Echo.WAITING, Echo.LOST_PEER):
@@ -522,6 +527,7 @@ def relate_completion(graph: CausalGraph, ctx: Context) -> None:
             event.rank is None
             or event.rank in finished
             or any("at_exit" in h.captures for h in event.hits)
+            or (nobody_missed and event.echo is None)
         )
 
     crashes = [

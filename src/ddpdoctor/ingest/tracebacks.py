@@ -44,6 +44,10 @@ the line number and function, the number and function, the function name alone."
 MAX_WALK_LINES = 400
 MAX_TRACEBACK_LINES = 120
 MAX_WALK_BYTES = 1024 * 1024
+MAX_INTERLEAVED = 3
+"""Log records of other processes a walk steps over inside one traceback: in a console that
+ranks share without a prefix, another rank's logging line lands between two of this one's
+frames (unbuffered stderr, written as it comes); a traceback never holds a log record."""
 """The walk back also stops after this many bytes: 400 lines of 8 MB each, looked at again for
 every error line, would make a scan of long lines quadratic."""
 LINE_PARSE_BYTES = 64 * 1024
@@ -87,6 +91,7 @@ def walk_back(
     found: list[tuple[int, ParsedLine]] = []
     end = line_start - 1
     walked = 0
+    stepped_over = 0
     after_head = False
     needles = _writer_needles(key)
     rare = max(needles, key=len) if needles else b""
@@ -135,6 +140,16 @@ def walk_back(
                 found.append((walked, dated))
             break
         if not is_traceback_line(parsed.text) and not _frame_above(chunk, floor, end, key):
+            # another process's log record between two of this traceback's frames (the line
+            # below it is a frame or its code, not the traceback's first line)
+            if (
+                parsed.level is not None
+                and stepped_over < MAX_INTERLEAVED
+                and found
+                and found[-1][1].text[:1] in (" ", "\t")
+            ):
+                stepped_over += 1
+                continue
             break
         found.append((walked, parse(raw)))
         after_head = parsed.text.startswith(TRACEBACK_HEAD) or bool(
