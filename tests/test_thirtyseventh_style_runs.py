@@ -20,6 +20,8 @@ a mode ddpdoctor gets wrong today is a strict xfail whose reason says what it sa
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from tests.program_runs import Expected, RunSet
@@ -99,7 +101,27 @@ EXPECTED: dict[str, Expected] = {
 }
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
-MISSES: dict[str, str] = {}
+MISSES: dict[str, str] = {
+    "steady": "unknown, hang, no culprit (INF212, 0.3): 'the log ends in the middle of training, "
+    "without an end', quoting run.sh's 'Successfully finished' and run.pl's '# Ended (code 0)' "
+    "as its evidence; torchrun exits 0 without a word, rank 0's last line is ESPnet's 'The "
+    "training was finished at 3 epochs' and the recipe went on to stage 4: a completed run",
+    "stall-poll": "failed, preempted, no culprit (LCH109, 0.6): torchrun's 'Received 15 death "
+    "signal, shutting down workers' read as the scheduler's time limit or preemption; no "
+    "scheduler wrote anything, and for the 34 s before the SIGTERM no rank logged a line: "
+    "rank 0 'computing feature statistics', ranks 1 and 2 'waiting for "
+    "exp/train/feats_stats.npz' (rank 0's file), so the job was stalled on rank 0 when it was "
+    "stopped",
+    "short-split": "failed, collective-mismatch, rank 2 (COL101, 0.9): the culprit is right, "
+    "the kind is not: rank 2's gloo abort ('452 vs 4. Received data size doesn't match expected "
+    "size') came from rank 2 leaving the epoch after 6 batches while the others had 9 (the "
+    "program logs 'number of batches on this process: 9', '9', '6'): uneven inputs, with no "
+    "collective in a rank-dependent branch to fix",
+    "old-launch-env": "unknown, hang, no culprit (INF212, 0.3), as steady: torch.distributed."
+    "launch's FutureWarning, three epochs, 'The training was finished at 3 epochs', launch's "
+    "silent exit 0, run.pl's '# Ended (code 0)' and run.sh's 'Successfully finished' are read "
+    "as a log that ends in the middle of training",
+}
 
 
 RUNS = RunSet("thirtyseventh-", EXPECTED, MISSES, label_nowhere=True)
@@ -115,3 +137,79 @@ def test_thirtyseventh_style_fixture_is_small_rewritten_and_unlabelled(mode: str
     RUNS.check_fixture(mode)
     for f in RUNS.files(mode):
         assert "S37_PICK" not in f.read_text(errors="replace"), f
+
+
+def _log(mode: str) -> str:
+    return (RUNS.folder(mode) / "train.log").read_text(errors="replace")
+
+
+OK = [m for m, (status, _, _) in EXPECTED.items() if status == "ok"]
+
+
+@pytest.mark.parametrize("mode", list(EXPECTED))
+def test_run_pl_writes_the_command_line_and_its_accounting(mode: str) -> None:
+    """Each fixture is run.sh's console and run.pl's log; the log opens with the command line
+    as a "# " header and (unless the recipe itself was killed) ends with run.pl's two lines."""
+    assert [f.name for f in RUNS.files(mode)] == ["console.log", "train.log"]
+    log, console = _log(mode), RUNS.console(mode)
+    assert re.match(
+        r"# (torchrun --nproc-per-node [234] --master-port \d+|python3 -m torch\.distributed\."
+        r"launch --nproc_per_node 2 --master_port \d+( --use_env)?) local/train\.py ",
+        log,
+    ), log[:200]
+    assert re.search(r"^# Started at \w{3} \w{3} [ \d]\d \d\d:\d\d:\d\d UTC 20\d\d\n#\n", log, re.M)
+    ended = re.search(
+        r"^# Accounting: time=\d+ threads=1\n# Ended \(code (\d+)\) at .*, elapsed time \d+ "
+        r"seconds\n\Z",
+        log,
+        re.M,
+    )
+    if mode == "stall-poll":  # `timeout` stopped run.sh, run.pl and torchrun alike
+        assert ended is None and "job failed" not in console
+        return
+    assert ended, log[-300:]
+    code = "0" if mode in OK else "1"
+    assert ended[1] == code
+    if code == "0":
+        assert "Successfully finished" in console and "run.pl" not in console
+    else:
+        assert console.rstrip().endswith("run.pl: job failed, log is in exp/train/train.log")
+
+
+def test_espnets_format_names_no_rank_and_the_reporter_speaks_on_rank_zero() -> None:
+    log = _log("steady")
+    lines = [ln for ln in log.splitlines() if re.match(r"20\d\d-\d\d-\d\d ", ln)]
+    assert lines and all(
+        re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} \(train:\d+\) INFO: ", ln) for ln in lines
+    )
+    # the rank is in the message only: once per rank at the start, and in the stats wait
+    assert sorted(re.findall(r"INFO: rank (\d): world_size=4", log)) == ["0", "1", "2", "3"]
+    # four ranks, six batches each, a reporter line every four batches: rank 0's alone
+    assert re.findall(r"INFO: (\d)epoch:train:1-4batch: iter_time=", log) == ["1", "2", "3"]
+    assert "The training was finished at 3 epochs" in log
+
+
+def test_the_stalled_recipe_was_stopped_from_outside_without_an_error() -> None:
+    log = _log("stall-poll")
+    assert "Traceback" not in log and "Error" not in log
+    assert "Received 15 death signal, shutting down workers" in log
+    assert "INFO: rank 0: computing feature statistics for data/train" in log
+    assert len(re.findall(r"INFO: rank [12]: waiting for exp/train/feats_stats\.npz", log)) == 2
+    assert "epoch started" not in log
+
+
+def test_gloo_aborts_on_a_size_mismatch_in_both_collective_faults() -> None:
+    assert "676 vs 4. Received data size doesn't match expected size" in _log("solo-reduce")
+    short = _log("short-split")
+    assert "Received data size doesn't match expected size" in short
+    counts = re.findall(r"number of batches on this process: (\d+)", short)
+    assert sorted(counts) == ["6", "9", "9"]
+
+
+def test_the_older_launcher_with_and_without_use_env() -> None:
+    old, env = _log("old-launch"), _log("old-launch-env")
+    for log in (old, env):
+        assert "FutureWarning: The module torch.distributed.launch is deprecated" in log
+    for r in (0, 1):
+        assert f"train.py: error: unrecognized arguments: --local-rank={r}" in old
+    assert "--use_env local/train.py" in env and "error" not in env
