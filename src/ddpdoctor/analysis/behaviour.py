@@ -290,6 +290,8 @@ def build_evidence(job: JobView, events: list[Event]) -> JobEvidence:
         s.last_line > 0 and s.last_line == s.last_progress_line and _full_bar(s.last_progress_text)
         for s in job.streams
     )
+    counted = [s.last_epoch_done for s in job.streams if s.last_epoch_done is not None]
+    evidence.ended_on_last_epoch = bool(counted) and all(counted)
     evidence.stalled_at_startup = _stalled_at_startup(job)
     evidence.one_device_per_process = _one_device_per_process(job)
     evidence.cut_tracebacks = list(job.cut_tracebacks)

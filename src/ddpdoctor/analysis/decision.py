@@ -857,6 +857,13 @@ def _quiet(evidence: JobEvidence) -> Decision:
                 "program printed no end-of-training line of its own."
             )
             decision.basis = ["+ the run's bar at its total, no failure after it"]
+        elif evidence.ended_on_last_epoch and not evidence.ended:
+            decision.notes.append(
+                "every epoch counter reached its last epoch, with that epoch's steps done, and "
+                "nothing failed after it; the program printed no end-of-training line of its "
+                "own."
+            )
+            decision.basis = ["+ the last epoch of the counters completed, no failure after it"]
         if evidence.completed_at and not exits_seen:
             # a process that hangs after its last words prints nothing more: the log alone
             # cannot tell a clean end from a hang in teardown

@@ -143,7 +143,9 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
     *(
         FactPattern(
             "data_size",
-            rf"\b(?P<unit>{word}): (?P<n>\d{{1,9}})(?![\d%.])",
+            # the phase that counts them is part of the unit ("Train steps: 10 Val steps: 4")
+            rf"\b(?P<unit>(?:(?:[Tt]rain|[Vv]al|[Vv]alid|[Ee]val|[Tt]est) )?{word}): "
+            r"(?P<n>\d{1,9})(?![\d%.])",
             f"{word}: ",
             distinct=WRITER,
         )
@@ -231,6 +233,22 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
         "finished training",
     ),
     FactPattern("completed", r"training finished", "training finished"),
+    # the same in a sentence: ESPnet's trainer after its epoch loop, "The training was finished
+    # at 3 epochs"; "Training is done.", "training has completed"; not one epoch's ("training
+    # is finished for epoch 3")
+    *(
+        FactPattern(
+            "completed",
+            rf"\b[Tt]raining {verb} (?:finished|completed|complete|done)\b"
+            r"(?! (?:for |of |with )?(?:the |this )?(?:epoch|step|iter|batch|stage|phase))",
+            f"raining {verb} ",
+        )
+        for verb in ("was", "is", "has been", "has")
+    ),
+    # Kaldi's and ESPnet's job wrappers (utils/run.pl, queue.pl, slurm.pl) end the job's log
+    # with its exit code: "# Ended (code 0) at Fri Dec  4 04:16:23 UTC 2026, elapsed time 9
+    # seconds". Code 0: the job ran to its end
+    FactPattern("completed", r"^# Ended \(code 0\) at ", "# Ended (code 0) at "),
     # the message's own words (after a "[Rank 0] " tag DeepSpeed's log_dist keeps), not one
     # epoch's "epoch 3 training done"
     FactPattern(

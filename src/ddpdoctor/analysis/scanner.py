@@ -139,6 +139,10 @@ class StreamSummary:
     """Seconds between its last two timed progress lines: how often it reported progress."""
     last_progress_text: str = ""
     """The writer's last progress line (for the report's timeline)."""
+    last_epoch_done: bool | None = None
+    """Whether the writer's last line that counts epochs ('Epoch: 4/4 Step: 10/10',
+    'Epoch 3/3: 100%| 50/50') stands at the last epoch with every other counter at its total:
+    its training loop ran to its end. None: no line counted epochs."""
     open_traceback_line: int = 0
     """Where the writer's last traceback began, while no exception line has closed it yet (0:
     none open). Open at the end of its output: the output was cut inside a traceback."""
@@ -171,6 +175,12 @@ PROGRESS_WORDS = ("step", "iter", "epoch", "loss", "batch", "eta")
 """What _PROGRESS_WORD's match begins with (iteration with iter), in lower case."""
 PROGRESS_WORD_AT = re.compile(_PROGRESS_WORD)
 PROGRESS_BAR = re.compile(_PROGRESS_BAR)
+EPOCH_COUNTER = re.compile(
+    r"(?i)\bepoch\b[\s:\[]{0,3}(?P<n>\d{1,6})\s{0,2}/\s{0,2}(?P<total>\d{1,6})"
+)
+"""An epoch counter: 'Epoch: 4/4', 'Epoch [3/3]', 'epoch 2/10'."""
+ANY_COUNTER = re.compile(r"(?<![\d./])(?P<n>\d{1,9})\s{0,2}/\s{0,2}(?P<total>\d{1,9})(?![\d./])")
+"""Any 'n/total' on a progress line (steps, batches, a bar's count): not a date or a path."""
 PROGRESS_COUNTER = re.compile(
     r"(?i)(?=[sib])\b(?:step|iter(?:ation)?|batch|it)\b\D{0,3}?(?P<n>\d+)\s*/\s*(?P<total>\d+)"
 )
@@ -717,6 +727,9 @@ class Scanner:
                 summary.progress_lines += 1
                 summary.last_progress_line = line_no
                 summary.last_progress_text = told
+                epoch_done = _last_epoch_done(told)
+                if epoch_done is not None:
+                    summary.last_epoch_done = epoch_done
                 if key in last_raw:
                     prev_raw[key] = last_raw[key]
                 last_raw[key] = raw
@@ -748,6 +761,20 @@ def _logged_trace(parsed: ParsedLine) -> list[tuple[int, ParsedLine]]:
         (0, ParsedLine(t, parsed.origin, parsed.time, parsed.level, parsed.prefix))
         for t in parsed.trace
     ]
+
+
+def _last_epoch_done(message: str) -> bool | None:
+    """For a progress line that counts epochs (its last carriage-return segment: a console's
+    bar redrawn in place), whether it stands at the last epoch with every other counter of
+    the line at its total; None for a line that counts no epoch."""
+    segment = message.rsplit("\r", 1)[-1]
+    epoch = EPOCH_COUNTER.search(segment)
+    if epoch is None:
+        return None
+    if epoch["n"] != epoch["total"]:
+        return False
+    rest = segment[: epoch.start()] + " " + segment[epoch.end() :]
+    return all(m["n"] == m["total"] for m in ANY_COUNTER.finditer(rest))
 
 
 COUNTER_RANK = re.compile(r"[Rr]ank[ =:]?(?P<rank>\d{1,5})[\]:,|]?\s{0,3}$")

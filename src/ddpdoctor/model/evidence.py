@@ -242,6 +242,10 @@ class JobEvidence:
     """A writer's output ends on a progress bar at its total that counts no epoch (tqdm's
     "Steps: 100%|##| 10/10", the whole run's bar that diffusers and the transformers Trainer
     draw): the loop it counts finished. An epoch's bar at its total ends only that epoch."""
+    ended_on_last_epoch: bool = False
+    """Every writer whose lines count epochs last stood at the last one with its other counters
+    at their totals ('Epoch: 4/4 Step: 10/10', 'Epoch: 4/4 Train steps: 10 ... val_loss'): the
+    training loop ran to its end, whatever the program printed after it."""
     normal_seen: bool = False
     """Messages of normal operation were read (start-up, DDP notes): healthy as far as they go."""
     warnings: list[str] = field(default_factory=list)

@@ -44,6 +44,8 @@ def assess(job: JobEvidence) -> Assessment | None:
         return None
     if job.ended_on_full_bar and job.last_step is None:
         return None  # the run's own bar reached its total: the loop ended, not the log
+    if job.ended_on_last_epoch:
+        return None  # every writer's epoch counter reached its last epoch's end
     where = (
         f"at step {job.last_step[0]} of {job.last_step[1]}"
         if job.last_step
