@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from ddpdoctor.analysis.facts import FACT_PATTERNS
-from ddpdoctor.analysis.scanner import _last_epoch_done
+from ddpdoctor.analysis.scanner import _epoch_state, last_epoch_done
 
 COMPLETED = [f for f in FACT_PATTERNS if f.name == "completed"]
 
@@ -59,9 +59,33 @@ def test_an_epoch_a_phase_or_a_failed_exit_ends_nothing(line: str) -> None:
         ("\rEpoch: 4/4 Step: 3/10  30.00% |██████| 0.03s loss: 0.3", False),
         ("Epoch [2/3] step 50/50 loss 0.31", False),
         ("step 5/5 loss 0.31", None),
-        # DDP tutorial's 'Epoch 2 | ... | Steps: 4' says no total: not known to be the last
-        ("[GPU3] Epoch 2 | Batchsize: 16 | Steps: 4", None),
+        # the DDP tutorial's 'Epoch 2 | ... | Steps: 4' says no total: not known to be the last
+        ("[GPU3] Epoch 2 | Batchsize: 16 | Steps: 4", False),
     ],
 )
 def test_the_last_epoch_with_its_steps_done_ends_the_loop(line: str, done: bool | None) -> None:
-    assert _last_epoch_done(line) is done
+    state = _epoch_state(line)
+    assert (None if state is None else last_epoch_done(state, set())) is done
+
+
+@pytest.mark.parametrize(
+    ("line", "max_epochs", "done"),
+    [
+        # fortyfirst-calm: MMEngine's counters say the epoch, not how many; its config dump
+        # said "max_epochs=3"
+        ("Epoch(train) [3][12/12]  lr: 1.0000e-02  eta: 0:00:03  loss: 0.8467", {3}, True),
+        ("Epoch(val) [3][5/5]    accuracy/top1: 71.6667  data_time: 0.0011", {3}, True),
+        # an earlier epoch; the last one not through; no number announced; two numbers
+        ("Epoch(train) [2][12/12]  lr: 1.0000e-02  loss: 0.9750", {3}, False),
+        ("Epoch(train) [3][ 8/12]  lr: 1.0000e-02  loss: 0.9332", {3}, False),
+        ("Epoch(train) [3][12/12]  lr: 1.0000e-02  loss: 0.8467", set(), False),
+        ("Epoch(train) [3][12/12]  lr: 1.0000e-02  loss: 0.8467", {3, 12}, False),
+        # the DDP tutorial counts from 0: its last epoch of 3 is 'Epoch 2', never the total
+        ("[GPU3] Epoch 2 | Batchsize: 16 | Steps: 4", {3}, False),
+    ],
+)
+def test_the_announced_number_of_epochs_reached(
+    line: str, max_epochs: set[int], done: bool
+) -> None:
+    state = _epoch_state(line)
+    assert state is not None and last_epoch_done(state, max_epochs) is done

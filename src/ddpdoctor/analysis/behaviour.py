@@ -22,7 +22,7 @@ from ddpdoctor.analysis.frames import (
 )
 from ddpdoctor.analysis.job import JobView
 from ddpdoctor.analysis.relations import before_attempt, in_earlier_attempt, survived
-from ddpdoctor.analysis.scanner import FactHit, StreamSummary
+from ddpdoctor.analysis.scanner import FactHit, StreamSummary, last_epoch_done
 from ddpdoctor.ingest.bounds import count_number
 from ddpdoctor.ingest.tracebacks import EXCEPTION_LINE
 from ddpdoctor.model.evidence import (
@@ -290,7 +290,11 @@ def build_evidence(job: JobView, events: list[Event]) -> JobEvidence:
         s.last_line > 0 and s.last_line == s.last_progress_line and _full_bar(s.last_progress_text)
         for s in job.streams
     )
-    counted = [s.last_epoch_done for s in job.streams if s.last_epoch_done is not None]
+    counted = [
+        last_epoch_done(s.last_epoch, job.max_epochs)
+        for s in job.streams
+        if s.last_epoch is not None
+    ]
     evidence.ended_on_last_epoch = bool(counted) and all(counted)
     evidence.stalled_at_startup = _stalled_at_startup(job)
     evidence.one_device_per_process = _one_device_per_process(job)

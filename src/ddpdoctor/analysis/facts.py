@@ -151,6 +151,13 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
         )
         for word in ("Steps", "steps", "Batches", "batches")
     ),
+    # how many epochs the run is set to train, as configs and trainers print it at start-up:
+    # MMEngine's config dump "train_cfg = dict(by_epoch=True, max_epochs=12, ...)", Lightning's
+    # and argparse dumps' "max_epochs=12", transformers' "Num Epochs = 3"
+    FactPattern(
+        "max_epochs", r"\bmax_epochs\s?[=:]\s?(?P<n>\d{1,6})\b", "max_epochs", distinct=VALUE
+    ),
+    FactPattern("max_epochs", r"\bNum Epochs = (?P<n>\d{1,6})\b", "Num Epochs = ", distinct=VALUE),
     # where a rank starts or resumes training ("resuming from .../latest.pt at step 20",
     # "no checkpoint ..., starting from step 0", "Starting training from iteration 0"): ranks
     # that start at different points have different numbers of steps left

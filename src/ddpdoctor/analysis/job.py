@@ -45,6 +45,8 @@ class JobView:
     `finally:`): completions only where their writer had not failed before them."""
     data_sizes: dict[str, dict[int, int]] = field(default_factory=dict)
     """Per unit ('batches', 'samples'), how many each rank said it has, once."""
+    max_epochs: set[int] = field(default_factory=set)
+    """The numbers of epochs the run was configured to train, as its start-up printed them."""
     resume_points: dict[str, dict[int, int]] = field(default_factory=dict)
     """Per unit ('step', 'epoch'), where each rank said it started or resumed training."""
     skipped_ranks: set[int] = field(default_factory=set)
@@ -204,6 +206,7 @@ def build_job(
     completions: list[tuple[int | None, Record]] = []
     loop_ends: list[tuple[int | None, Record]] = []
     sizes: dict[str, dict[int, set[int]]] = {}
+    max_epochs: set[int] = set()
     starts: dict[str, dict[int, set[int]]] = {}
     skipped: set[int] = set()
     prompts: list[tuple[int | None, Record]] = []
@@ -270,6 +273,10 @@ def build_job(
                 if starter is not None and n is not None:
                     unit = fact.captures.get("unit", "").lower().replace("iteration", "iter")
                     starts.setdefault(unit, {}).setdefault(starter, set()).add(n)
+            elif fact.name == "max_epochs":
+                epochs = count_number(fact.captures.get("n"), 10**6)
+                if epochs:
+                    max_epochs.add(epochs)
             elif fact.name == "data_size":
                 sized = resolve_rank(fact.record.origin, single_node, rank_map)
                 n = count_number(fact.captures.get("n"), 10**9)
@@ -403,6 +410,7 @@ def build_job(
         gpu_process_rows=gpu_rows,
         resume_points=_said_once(starts),
         data_sizes=_said_once(sizes),
+        max_epochs=max_epochs,
         cut_tracebacks=cut_tracebacks,
         normal_seen=normal_seen,
         recovered_at=recovered_at,

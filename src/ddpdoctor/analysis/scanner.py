@@ -139,10 +139,11 @@ class StreamSummary:
     """Seconds between its last two timed progress lines: how often it reported progress."""
     last_progress_text: str = ""
     """The writer's last progress line (for the report's timeline)."""
-    last_epoch_done: bool | None = None
-    """Whether the writer's last line that counts epochs ('Epoch: 4/4 Step: 10/10',
-    'Epoch 3/3: 100%| 50/50') stands at the last epoch with every other counter at its total:
-    its training loop ran to its end. None: no line counted epochs."""
+    last_epoch: tuple[int, int | None, bool] | None = None
+    """The writer's last line that counts epochs ('Epoch: 4/4 Step: 10/10', 'Epoch 3/3: 100%|
+    50/50', MMEngine's 'Epoch(train) [3][12/12]'): (its epoch, the epoch's total when the line
+    says it, whether every other counter of the line stands at its total). None: no line
+    counted epochs."""
     open_traceback_line: int = 0
     """Where the writer's last traceback began, while no exception line has closed it yet (0:
     none open). Open at the end of its output: the output was cut inside a traceback."""
@@ -176,9 +177,10 @@ PROGRESS_WORDS = ("step", "iter", "epoch", "loss", "batch", "eta")
 PROGRESS_WORD_AT = re.compile(_PROGRESS_WORD)
 PROGRESS_BAR = re.compile(_PROGRESS_BAR)
 EPOCH_COUNTER = re.compile(
-    r"(?i)\bepoch\b[\s:\[]{0,3}(?P<n>\d{1,6})\s{0,2}/\s{0,2}(?P<total>\d{1,6})"
+    r"(?i)\bepoch\b(?:\((?:train|val|test)\))?[\s:\[]{0,3}(?P<n>\d{1,6})"
+    r"(?:\s{0,2}/\s{0,2}(?P<total>\d{1,6}))?(?![\d.])"
 )
-"""An epoch counter: 'Epoch: 4/4', 'Epoch [3/3]', 'epoch 2/10'."""
+"""An epoch counter: 'Epoch: 4/4', 'Epoch [3/3]', 'epoch 2/10', MMEngine's 'Epoch(train) [3]'."""
 ANY_COUNTER = re.compile(r"(?<![\d./])(?P<n>\d{1,9})\s{0,2}/\s{0,2}(?P<total>\d{1,9})(?![\d./])")
 """Any 'n/total' on a progress line (steps, batches, a bar's count): not a date or a path."""
 PROGRESS_COUNTER = re.compile(
@@ -727,9 +729,14 @@ class Scanner:
                 summary.progress_lines += 1
                 summary.last_progress_line = line_no
                 summary.last_progress_text = told
-                epoch_done = _last_epoch_done(told)
-                if epoch_done is not None:
-                    summary.last_epoch_done = epoch_done
+                epoch = _epoch_state(told)
+                if epoch is not None:
+                    known = summary.last_epoch
+                    if epoch[1] is None and known and known[0] == epoch[0] and known[1]:
+                        # the same epoch named again without its total ('Epoch 4: saving'
+                        # after 'Epoch: 4/4 ... Train steps: 10'): the total still holds
+                        epoch = (epoch[0], known[1], epoch[2] and known[2])
+                    summary.last_epoch = epoch
                 if key in last_raw:
                     prev_raw[key] = last_raw[key]
                 last_raw[key] = raw
@@ -763,18 +770,27 @@ def _logged_trace(parsed: ParsedLine) -> list[tuple[int, ParsedLine]]:
     ]
 
 
-def _last_epoch_done(message: str) -> bool | None:
+def _epoch_state(message: str) -> tuple[int, int | None, bool] | None:
     """For a progress line that counts epochs (its last carriage-return segment: a console's
-    bar redrawn in place), whether it stands at the last epoch with every other counter of
-    the line at its total; None for a line that counts no epoch."""
+    bar redrawn in place): its epoch, the epoch's total when the line says it, and whether
+    every other counter of the line stands at its total; None for a line that counts none."""
     segment = message.rsplit("\r", 1)[-1]
     epoch = EPOCH_COUNTER.search(segment)
     if epoch is None:
         return None
-    if epoch["n"] != epoch["total"]:
-        return False
     rest = segment[: epoch.start()] + " " + segment[epoch.end() :]
-    return all(m["n"] == m["total"] for m in ANY_COUNTER.finditer(rest))
+    done = all(m["n"] == m["total"] for m in ANY_COUNTER.finditer(rest))
+    total = int(epoch["total"]) if epoch["total"] else None
+    return int(epoch["n"]), total, done
+
+
+def last_epoch_done(state: tuple[int, int | None, bool], max_epochs: set[int]) -> bool:
+    """The writer's last epoch line stands at the run's last epoch, its steps done: by the
+    line's own total, else by the one number of epochs the run's start-up announced."""
+    n, total, done = state
+    if total is None:
+        total = next(iter(max_epochs)) if len(max_epochs) == 1 else None
+    return done and total is not None and n == total
 
 
 COUNTER_RANK = re.compile(r"[Rr]ank[ =:]?(?P<rank>\d{1,5})[\]:,|]?\s{0,3}$")
