@@ -1,6 +1,9 @@
-"""How a log says its training ran to its end, each way with its positive and near-miss lines
-(the lines of real captures: tests/fixtures/real/thirtyseventh-* for ESPnet's trainer and
-Kaldi's run.pl, fortieth-* for a Keras-like loop's counters)."""
+"""How a log says its training ran to its end, each way with its positive and near-miss lines.
+The lines marked with a fixture are copied, some shortened, from real captures
+(tests/fixtures/real/thirtyseventh-* for ESPnet's trainer and Kaldi's run.pl, fortieth-* for a
+Keras-like loop's counters, fortyfirst-* for MMEngine's); the others are composed in the same
+shapes to test the patterns' edges (the verdicts on whole real runs are
+tests/test_*_style_runs.py's)."""
 
 from __future__ import annotations
 

@@ -44,12 +44,12 @@ the line number and function, the number and function, the function name alone."
 MAX_WALK_LINES = 400
 MAX_TRACEBACK_LINES = 120
 MAX_WALK_BYTES = 1024 * 1024
+"""The walk back also stops after this many bytes: 400 lines of 8 MB each, looked at again for
+every error line, would make a scan of long lines quadratic."""
 MAX_INTERLEAVED = 3
 """Log records of other processes a walk steps over inside one traceback: in a console that
 ranks share without a prefix, another rank's logging line lands between two of this one's
 frames (unbuffered stderr, written as it comes); a traceback never holds a log record."""
-"""The walk back also stops after this many bytes: 400 lines of 8 MB each, looked at again for
-every error line, would make a scan of long lines quadratic."""
 LINE_PARSE_BYTES = 64 * 1024
 """Only the start of a long line is parsed: its prefix and the first 4,000 characters of its
 text are all a traceback line is judged by."""

@@ -244,8 +244,10 @@ class JobEvidence:
     draw): the loop it counts finished. An epoch's bar at its total ends only that epoch."""
     ended_on_last_epoch: bool = False
     """Every writer whose lines count epochs last stood at the last one with its other counters
-    at their totals ('Epoch: 4/4 Step: 10/10', 'Epoch: 4/4 Train steps: 10 ... val_loss'): the
-    training loop ran to its end, whatever the program printed after it."""
+    at their totals ('Epoch: 4/4 Step: 10/10', 'Epoch: 4/4 Train steps: 10 ... val_loss'; an
+    epoch named without its total, 'Epoch(train) [3][12/12]', is the last when it is the one
+    number of epochs the start-up announced, 'max_epochs=3'): the training loop ran to its
+    end, whatever the program printed after it."""
     normal_seen: bool = False
     """Messages of normal operation were read (start-up, DDP notes): healthy as far as they go."""
     warnings: list[str] = field(default_factory=list)
