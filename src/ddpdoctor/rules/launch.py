@@ -817,8 +817,10 @@ SLURM_TERMINATED = Rule(
         # the torchelastic agent itself received SIGTERM (from the scheduler or a user)
         # a stop from outside: the scheduler's, a user's, or `ddpdoctor run`'s after a hang
         Signature(
-            # 1 (SIGHUP): the terminal that started it closed
-            r"Received (?P<signum>15|10|12|1) death signal, shutting down workers",
+            # 1 (SIGHUP): the terminal that started it closed. The signal is an IntEnum, which
+            # Python 3.10 and older print by name ("Received Signals.SIGHUP death signal")
+            r"Received (?:(?P<signum>15|10|12|1)|(?P<sig>Signals\.SIG(?:TERM|USR1|USR2|HUP))) "
+            r"death signal, shutting down workers",
             " death signal",
             echo=Echo.STOPPED,
         ),
@@ -828,7 +830,8 @@ SLURM_TERMINATED = Rule(
             echo=Echo.STOPPED,
         ),
         Signature(
-            r"SignalException: Process \d+ got signal: (?P<signum>15|10|12|1)",
+            r"SignalException: Process \d+ got signal: "
+            r"(?:(?P<signum>15|10|12|1)\b|(?P<sig>Signals\.SIG(?:TERM|USR1|USR2|HUP))\b)",
             "SignalException",
             echo=Echo.STOPPED,
         ),
@@ -903,14 +906,19 @@ SLURM_TERMINATED = Rule(
         "Ask for a longer time limit (--time) if the job simply needs it.",
     ),
     # signal 1 is the terminal's, not a scheduler's: the session that started the job ended
-    capture_fix=(
+    capture_fix=tuple(
         (
-            "signum",
-            r"1",
+            name,
+            value,
             "Signal 1 (SIGHUP): the terminal or ssh session that started the job closed, not "
-            "the scheduler. Start it detached from the terminal: `nohup torchrun ... > train.log "
-            "2>&1 &`, inside tmux or screen, or with setsid.",
-        ),
+            "the scheduler. Start it detached from the terminal: inside tmux or screen, or with "
+            "`setsid torchrun ... > train.log 2>&1 < /dev/null &`. nohup alone is not enough: "
+            "torchrun installs its own SIGHUP handler over nohup's (recent torch leaves SIGHUP "
+            "alone with TORCHELASTIC_SIGNALS_TO_HANDLE=SIGTERM,SIGINT,SIGQUIT).",
+        )
+        # (the name as torch prints it under Python 3.10: a submitit handler's "Caught signal
+        # SIGHUP ...: this job is preempted" is the scheduler's, and says so)
+        for name, value in (("signum", r"1"), ("sig", r"Signals\.SIGHUP"))
     ),
     positive=(
         "slurmstepd: error: *** JOB 1234 ON node01 CANCELLED AT 2024-01-01T00:00:00 DUE TO TIME LIMIT ***",
@@ -921,9 +929,16 @@ SLURM_TERMINATED = Rule(
         "\tthe actor's node was preempted: spot instance reclaimed",
         "(autoscaler +51m03s) Instance k-7c30d9e4b0001 (node IP: 10.4.117.52) will be "
         "terminated soon (reason: kubernetes-pod-termination).",
+        # torch under Python 3.10 and older names the signal (an IntEnum printed with %s)
+        "W0611 02:41:53.118402 140213958416192 torch/distributed/elastic/agent/server/api.py:"
+        "741] Received Signals.SIGHUP death signal, shutting down workers",
+        "torch.distributed.elastic.multiprocessing.api.SignalException: Process 3155 got "
+        "signal: Signals.SIGTERM",
     ),
     negative=(
         "slurmstepd: error: Detected 1 oom_kill event in StepId=1234.0",
+        "W0611 02:41:53.118402 140213958416192 torch/distributed/elastic/agent/server/api.py:"
+        "741] Received Signals.SIGINT death signal, shutting down workers",
         "\tthe actor's node was terminated expectedly: received SIGTERM",
         "(autoscaler +9m02s) Instance k-2f94ae1c60000 (node IP: 10.4.23.209) will be "
         "terminated soon (reason: idle).",
@@ -994,8 +1009,14 @@ INTERRUPTED = Rule(
     specificity=15,
     signatures=(
         # the torchrun agent got SIGINT (2): a person at its terminal (census: benign)
-        Signature(r"Received (?P<signum>2) death signal, shutting down workers", " death signal"),
-        Signature(r"SignalException: Process \d+ got signal: (?P<signum>2)\b", "SignalException"),
+        Signature(
+            r"Received (?:(?P<signum>2)|Signals\.(?P<sig>SIGINT)) death signal, shutting down workers",
+            " death signal",
+        ),
+        Signature(
+            r"SignalException: Process \d+ got signal: (?:(?P<signum>2)|Signals\.(?P<sig>SIGINT))\b",
+            "SignalException",
+        ),
         # DeepSpeed launcher/launch.py sigkill_handler
         Signature(r"Main process received (?P<sig>SIGINT), exiting", "Main process received"),
         # Ray Tune (tune/tune.py), which Ray Train runs under: the driver got SIGINT, stopped
@@ -1018,6 +1039,8 @@ INTERRUPTED = Rule(
         "WARNING:torch.distributed.elastic.agent.server.api:Received 2 death signal, shutting "
         "down workers",
         "torch.distributed.elastic.multiprocessing.api.SignalException: Process 4242 got signal: 2",
+        "torch.distributed.elastic.multiprocessing.api.SignalException: Process 4242 got signal: "
+        "Signals.SIGINT",
         "2026-12-02 09:48:12,846\tWARNING tune.py:219 -- Stop signal received (e.g. via "
         "SIGINT/Ctrl+C), ending Ray Tune run. This will try to checkpoint the experiment state "
         "one last time.",
