@@ -201,9 +201,13 @@ LAUNCHER_SIGTERM = Rule(
         Signature(r"Sending process (?P<pid>\d+) closing signal SIG(?P<sig>\w+)", "closing signal"),
         Signature(r"exitcode\s*: -15\b", "exitcode"),
         Signature(r"Signal 15 \(SIGTERM\) received by PID", "Signal 15 (SIGTERM)"),
-        # the same _close, escalating when a worker ignored the SIGTERM for its grace period
+        # the same _close, escalating when a worker ignored the signal for its grace period;
+        # the signals are IntEnums printed with %s: by name under Python 3.10 and older
+        # ("via Signals.SIGTERM, forcefully exiting via Signals.SIGKILL"), by number from 3.11
+        # ("via 15, forcefully exiting via 9")
         Signature(
-            r"Unable to shutdown process (?P<pid>\d+) via Signals\.SIGTERM",
+            r"Unable to shutdown process (?P<pid>\d+) via (?:Signals\.SIG[A-Z0-9]{1,8}|\d{1,2})"
+            r", forcefully exiting",
             "Unable to shutdown process",
         ),
     ),
@@ -219,6 +223,8 @@ LAUNCHER_SIGTERM = Rule(
         "signal SIGTERM",
         "torch.distributed.elastic.multiprocessing.api: [WARNING] Unable to shutdown process "
         "552917 via Signals.SIGTERM, forcefully exiting via Signals.SIGKILL",
+        "W1204 07:30:12.118000 4242 torch/distributed/elastic/multiprocessing/api.py:1048] "
+        "Unable to shutdown process 4250 via 15, forcefully exiting via 9",
     ),
     negative=(
         "torch.distributed.elastic.multiprocessing.api.SignalException: Process 1 got signal: 15",
