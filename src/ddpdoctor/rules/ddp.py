@@ -22,6 +22,13 @@ DDP_UNUSED_PARAMETERS = Rule(
             r"Parameter indices which did not receive grad for rank (?P<rank>\d+): (?P<indices>.+)",
             "Parameter indices which did not receive grad",
         ),
+        # the message's last line (printed when the debug level names no parameter), which a
+        # paste cut above it keeps alone; no other message of reducer.cpp has it
+        Signature(
+            r"TORCH_DISTRIBUTED_DEBUG to either INFO or DETAIL to print out information about "
+            r"which particular parameters did not receive gradient",
+            "which particular parameters did not receive gradient",
+        ),
     ),
     explanation=Explanation(
         what="A DDP iteration started before the previous one had reduced the gradients of "
@@ -69,6 +76,9 @@ DDP_UNUSED_PARAMETERS = Rule(
         "starting a new one. This error indicates that your module has parameters that were "
         "not used in producing loss.",
         "Parameter indices which did not receive grad for rank 0: 1",
+        "[rank0]:  In addition, you can set the environment variable TORCH_DISTRIBUTED_DEBUG to "
+        "either INFO or DETAIL to print out information about which particular parameters did "
+        "not receive gradient on this rank as part of this error",
     ),
     negative=(
         "[W reducer.cpp:1346] Warning: find_unused_parameters=True was specified in DDP "
