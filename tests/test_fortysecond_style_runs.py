@@ -51,14 +51,6 @@ EXPECTED: dict[str, Expected] = {
     # [comp 2] rank 1 keeps 48 MiB a batch in epoch 2 and is SIGKILLed at its fifth (as the
     # OOM killer does): no traceback; "Global rank 1 (PID ...) exited with code -9"; rank 0
     # loses its peer and is stopped with SIGTERM
-    "reaped-one": ("failed", "host-oom", [1]),
-    # [comp 3] rank 2's native tokenizer reads address 0 at epoch 1 batch 5: SIGSEGV, no
-    # traceback, "Global rank 2 (PID ...) exited with code -11"; ranks 0 and 1 lose it
-    "null-tokenizer": ("failed", "native-crash", [2]),
-    # [comp 3 +logs] after epoch 1 rank 0's Hugging Face checkpointer takes 25 s ("Saving
-    # Hugging Face checkpoint in HF format ...", then a "Writing model-0000N-of-00005" line every
-    # 5 s); ranks 1 and 2 wait in epoch 2's gradient all-reduce and time out after 15 s ("Timed
-    # out waiting 15000ms"); the launcher stops rank 0 with SIGTERM
     "hf-crawl": ("failed", "slow-rank-timeout", [0]),
     # [comp 3 +logs] before epoch 2 rank 1 waits for an event that a prefetch thread never
     # started should set: silent, outside any collective; ranks 0 and 2 time out after 15 s in
@@ -74,12 +66,6 @@ EXPECTED: dict[str, Expected] = {
     # its one-float all-reduce meets rank 1's gradient all-reduce of epoch 2; gloo aborts rank 0
     # ("676 vs 4. Received data size doesn't match expected size", terminate called, exit -6);
     # the launcher SIGTERMs rank 1
-    "lone-tally": ("failed", "collective-mismatch", [0]),
-    # [comp 3 +logs] the dataset has 8 shards: ranks 0 and 1 get three (12 batches an epoch,
-    # '[batch=4/36]'), rank 2 two (8 batches, '[batch=4/24]'); rank 2 leaves the epoch for the
-    # evaluation all-reduce while the others still all-reduce gradients: gloo aborts rank 2
-    # ("452 vs 4. Received data size doesn't match", exit -6) and ranks 0 and 1 get "Connection
-    # reset by peer" / "Connection closed by peer"
     "odd-shards": ("failed", "uneven-inputs", [2]),
     # [comp 3 +logs] a ThresholdStopper on the rank-local train accuracy is attached on rank 0
     # only: after epoch 1 rank 0 logs "metrics/train/Accuracy reached 0.3281 (threshold 0.2);

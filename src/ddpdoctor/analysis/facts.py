@@ -126,6 +126,15 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
         r"(?P<code>-?\d+)",
         "exits with return code = ",
     ),
+    # a launcher written in Python that names the global rank of a process that ended: MosaicML
+    # Composer's ("Global rank 1 (PID 6275) exited with code -9", "Rank 1 crashed with exit
+    # code -9."), and homegrown ones ("[launcher] rank 2 exited with code -11")
+    FactPattern(
+        "launcher_exit",
+        r"\b[Rr]ank (?P<rank>\d{1,5})(?: \((?:PID|pid)[ :=]?\d{1,10}\))? "
+        r"(?:exited|died|terminated|failed|crashed) with (?:exit )?code (?P<code>-?\d{1,3})\b",
+        " with ",
+    ),
     # how much data a rank says it has ("80 samples, 10 batches of 8 per epoch"): ranks that
     # announce different counts in the same words have uneven inputs
     FactPattern(

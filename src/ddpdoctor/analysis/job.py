@@ -249,7 +249,8 @@ def build_job(
                 code = exit_code_number(fact.captures.get("code")) or signal_code(
                     fact.captures.get("signal")
                 )
-                rank = local if single_node else None
+                named = rank_number(fact.captures.get("rank"))  # a global rank, where it says one
+                rank = named if named is not None else local if single_node else None
                 if rank is not None and code is not None and rank not in per_rank:
                     per_rank[rank] = RankExit(code=code, signal=signal_name(code), local_rank=local)
             elif fact.name == "progress":

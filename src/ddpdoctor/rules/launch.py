@@ -27,8 +27,8 @@ HOST_OOM_KILL = Rule(
         # Python print it ("[launcher] rank 2 exited with code -9"), and CPython's
         # CalledProcessError for it (the legacy launcher, accelerate, deepspeed)
         Signature(
-            r"\brank (?P<rank>\d{1,5}) (?:exited|died|terminated|failed) with (?:exit )?"
-            r"code -9\b",
+            r"\b[Rr]ank (?P<rank>\d{1,5})(?: \((?:PID|pid)[ :=]?\d{1,10}\))? "
+            r"(?:exited|died|terminated|failed|crashed) with (?:exit )?code -9\b",
             " code -9",
             suggests=True,
         ),
@@ -122,6 +122,9 @@ HOST_OOM_KILL = Rule(
         "(pid: 812917) of binary: /usr/bin/python",
         "traceback : Signal 9 (SIGKILL) received by PID 4242",
         "[launcher] rank 2 exited with code -9",
+        # MosaicML Composer's launcher (composer/cli/launcher.py)
+        "Global rank 1 (PID 6275) exited with code -9",
+        "Rank 1 crashed with exit code -9.",
         "ray.exceptions.OutOfMemoryError: Task was killed due to the node running low on memory.",
         "1 worker(s) were killed due to the node running low on memory.",
         # bash in a zh_CN locale, after a progress bar without its newline (corpus case 980),
@@ -303,8 +306,8 @@ NATIVE_CRASH = Rule(
         # Python: "[launcher] rank 3 exited with code -11"), and CPython's CalledProcessError
         # for it ("Command '[...]' died with <Signals.SIGSEGV: 11>.")
         Signature(
-            r"\brank (?P<rank>\d{1,5}) (?:exited|died|terminated|failed) with (?:exit )?"
-            r"code -(?P<signum>11|6|7|4|8)\b",
+            r"\b[Rr]ank (?P<rank>\d{1,5})(?: \((?:PID|pid)[ :=]?\d{1,10}\))? "
+            r"(?:exited|died|terminated|failed|crashed) with (?:exit )?code -(?P<signum>11|6|7|4|8)\b",
             " code -",
         ),
         Signature(
@@ -397,6 +400,7 @@ NATIVE_CRASH = Rule(
         "free(): invalid pointer",
         "corrupted size vs. prev_size",
         "*** stack smashing detected ***: terminated",
+        "Global rank 2 (PID 6377) exited with code -11",
     ),
     negative=(
         "训练段错误率 0.3",
@@ -405,6 +409,7 @@ NATIVE_CRASH = Rule(
         "Abgebrochen wurde nichts, weiter mit Schritt 4",
         "traceback : Signal 9 (SIGKILL) received by PID 4242",
         "[launcher] rank 2 exited with code -9",
+        "Global rank 1 (PID 6275) exited with code 1",
     ),
 )
 
