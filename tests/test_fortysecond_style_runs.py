@@ -38,11 +38,6 @@ from tests.program_runs import Expected, RunSet
 EXPECTED: dict[str, Expected] = {
     # [comp 3] three epochs of 8 batches, an evaluation, a checkpoint and an HF checkpoint each;
     # every rank logs "Done." and exits 0; the launcher prints nothing of its own
-    "quiet-trio": ("ok", None, []),
-    # [comp 3] rank 1 weights its loss per sample source; at epoch 1 batch 6 it meets a source
-    # the weight table lacks: KeyError 'code'; ranks 0 and 2 get "Connection closed by peer" in
-    # their backward's all-reduce; the launcher prints rank 1's exit status (code 1) and files,
-    # then ranks 0 and 2's (they had exited 1 on their own)
     "stray-source": ("failed", "python-exception", [1]),
     # [comp 3] shard.00004.jsonl (rank 1's second shard) is missing from the data folder:
     # FileNotFoundError when rank 1's iteration reaches it (epoch 1, batch 5); ranks 0 and 2

@@ -85,6 +85,19 @@ def test_the_last_epoch_with_its_steps_done_ends_the_loop(line: str, done: bool 
         ("Epoch(train) [3][12/12]  lr: 1.0000e-02  loss: 0.8467", {3, 12}, False),
         # the DDP tutorial counts from 0: its last epoch of 3 is 'Epoch 2', never the total
         ("[GPU3] Epoch 2 | Batchsize: 16 | Steps: 4", {3}, False),
+        # fortysecond-quiet-trio: Composer's console logger, 'max_duration: 3ep' announced
+        (
+            "[epoch=3][batch=24/24]: Train time/batch: 24, Train loss/train/total: 0.7712, "
+            "Train metrics/train/Accuracy: 0.5625",
+            {3},
+            True,
+        ),
+        (
+            "[epoch=3][batch=20/24]: Train time/batch: 20, Train loss/train/total: 0.8101",
+            {3},
+            False,
+        ),
+        ("[epoch=2][batch=16/24]: Train time/batch: 16, Train loss/train/total: 0.9", {3}, False),
     ],
 )
 def test_the_announced_number_of_epochs_reached(
@@ -92,3 +105,23 @@ def test_the_announced_number_of_epochs_reached(
 ) -> None:
     state = _epoch_state(line)
     assert state is not None and last_epoch_done(state, max_epochs) is done
+
+
+@pytest.mark.parametrize(
+    ("line", "n"),
+    [
+        ("max_epochs=3", 3),
+        ("  Num Epochs = 12", 12),
+        # Composer's and llm-foundry's YAML config: a duration in epochs
+        ("max_duration: 3ep", 3),
+        ("max_duration: '10ep'", 10),
+        # a duration in batches or tokens says no number of epochs
+        ("max_duration: 800ba", None),
+        ("max_duration: 1000000tok", None),
+    ],
+)
+def test_the_number_of_epochs_a_run_announces(line: str, n: int | None) -> None:
+    found = [
+        m["n"] for f in FACT_PATTERNS if f.name == "max_epochs" and (m := f.compiled.search(line))
+    ]
+    assert found == ([] if n is None else [str(n)])

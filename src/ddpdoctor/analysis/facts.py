@@ -167,6 +167,13 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
         "max_epochs", r"\bmax_epochs\s?[=:]\s?(?P<n>\d{1,6})\b", "max_epochs", distinct=VALUE
     ),
     FactPattern("max_epochs", r"\bNum Epochs = (?P<n>\d{1,6})\b", "Num Epochs = ", distinct=VALUE),
+    # MosaicML Composer's and llm-foundry's configs, a duration in its Time notation: "3ep"
+    FactPattern(
+        "max_epochs",
+        r"\bmax_duration\s?[=:]\s?['\"]?(?P<n>\d{1,6})ep\b",
+        "max_duration",
+        distinct=VALUE,
+    ),
     # where a rank starts or resumes training ("resuming from .../latest.pt at step 20",
     # "no checkpoint ..., starting from step 0", "Starting training from iteration 0"): ranks
     # that start at different points have different numbers of steps left
