@@ -213,6 +213,17 @@ LAUNCHER_SIGTERM = Rule(
             r", forcefully exiting",
             "Unable to shutdown process",
         ),
+        # MosaicML Composer's launcher (composer/cli/launcher.py _cleanup_processes), after a
+        # rank crashed: the others, and those that outlived the grace period
+        Signature(
+            r"Killing global rank (?P<rank>\d{1,5}) \(PID (?P<pid>\d+)\) with SIGTERM",
+            "Killing global rank ",
+        ),
+        Signature(
+            r"Failed to kill global rank (?P<rank>\d{1,5}) \(PID (?P<pid>\d+)\) with SIGTERM; "
+            r"terminating with SIGKILL",
+            "Failed to kill global rank ",
+        ),
     ),
     explanation=Explanation(
         what="torchrun stopped the surviving workers because one worker failed.",
@@ -228,6 +239,8 @@ LAUNCHER_SIGTERM = Rule(
         "552917 via Signals.SIGTERM, forcefully exiting via Signals.SIGKILL",
         "W1204 07:30:12.118000 4242 torch/distributed/elastic/multiprocessing/api.py:1048] "
         "Unable to shutdown process 4250 via 15, forcefully exiting via 9",
+        "Killing global rank 0 (PID 6270) with SIGTERM",
+        "Failed to kill global rank 2 (PID 6281) with SIGTERM; terminating with SIGKILL instead",
     ),
     negative=(
         "torch.distributed.elastic.multiprocessing.api.SignalException: Process 1 got signal: 15",
