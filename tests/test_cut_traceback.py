@@ -120,3 +120,29 @@ def test_a_cpp_backtrace_cut_before_its_end_is_native(tmp_path: Path) -> None:
     assert all(s.open_trace_native for s in scan.streams.values() if s.open_traceback_line)
     # the line after the frames ends the trace: the same console whole has none open
     assert _open(_scan(REAL / "rendezvous-no-master" / "console.log")) == {}
+
+
+INDENTED = "1014-device-assignment-fairseq2-clusterscope-slurm-localid-visible-devices-cut"
+"""A fairseq2 recipe's log (corpus case 1014): its handler aligns a record's further lines, the
+logged stack trace too, under the message column; the paste stops inside that trace."""
+
+
+def test_a_trace_a_handler_indented_is_followed_to_its_cut(tmp_path: Path) -> None:
+    (log,) = (REPO / "corpus" / "cases" / INDENTED / "logs").iterdir()
+    opened = _open(_scan(log))
+    assert [text for _, text in opened.values()] == [
+        'File "/home/user/work/asr-proj/.venv/lib/python3.12/site-packages/fairseq2/gang.py", '
+        "line 492, in create_default_process_group"
+    ]
+    # composed: the same record ended by its exception line at the header's indentation, and
+    # the program's next record; whole, it is not cut
+    lines = _text(log).splitlines()
+    indent = " " * (len(lines[2]) - len(lines[2].lstrip()))
+    whole = tmp_path / "whole.log"
+    whole.write_text(
+        "\n".join(
+            [*lines, f"{indent}RuntimeError: a composed ending", "2026-03-11 09:14:57 INFO     x"]
+        )
+        + "\n"
+    )
+    assert _open(_scan(whole)) == {}

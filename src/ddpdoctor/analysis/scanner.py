@@ -160,6 +160,10 @@ class StreamSummary:
     open_trace_native: bool = False
     """The open trace is a C++ backtrace (c10::Error's frames), not a Python traceback: the
     process died in native code, or printed an error whose message came before it."""
+    open_trace_indent: int = 0
+    """The open Python traceback's header was indented by this many blanks (a log handler
+    that aligns a record's further lines under its message column: fairseq2's, rich's
+    logging without its box); 0: not indented. A line indented no further ends it."""
 
 
 # Training progress (steps, epochs, loss) and distributed start-up, as seen in head and tail.
@@ -433,6 +437,7 @@ class Scanner:
                 for summary in result.streams.values():  # the unread middle may have ended it
                     summary.open_traceback_line = summary.open_traceback_at = 0
                     summary.open_traceback_tail = ()
+                    summary.open_trace_indent = 0
                 self._sample(
                     result,
                     last_chunk[tail_start:],
@@ -845,13 +850,23 @@ def _follow_traceback(summary: StreamSummary, message: str, line_no: int) -> Non
         WHOLE_FRAME.match(message) and not summary.open_traceback_line
     ):
         _open_trace(summary, line_no, message, native=False)
+    elif (
+        message[:1].isspace()
+        and not summary.open_traceback_line
+        and message.lstrip().startswith(TRACEBACK_HEADER)
+    ):
+        _open_trace(summary, line_no, message, native=False)
+        summary.open_trace_indent = len(message) - len(message.lstrip())
     elif message.startswith(NATIVE_HEADER) or (
         NATIVE_FRAME.match(message) and not summary.open_traceback_line
     ):
         _open_trace(summary, line_no, message, native=True)
     elif summary.open_traceback_line:
+        indent = summary.open_trace_indent
         if summary.open_trace_native:
             inside = NATIVE_FRAME.match(message) or NATIVE_WRAPPED.match(message)
+        elif indent:  # its frames indented further, its exception line no further
+            inside = message[: indent + 1].isspace()
         else:
             inside = TRACEBACK_BODY.match(message)
         if not inside:
@@ -859,12 +874,14 @@ def _follow_traceback(summary: StreamSummary, message: str, line_no: int) -> Non
             summary.open_traceback_line = summary.open_traceback_at = 0
             summary.open_traceback_text = ""
             summary.open_traceback_tail = ()
+            summary.open_trace_indent = 0
             return
         summary.open_traceback_tail = (
             *summary.open_traceback_tail[-(TRACE_TAIL - 1) :],
             message.strip()[:200],
         )
-        if not summary.open_trace_native and WHOLE_FRAME.match(message):
+        frame = WHOLE_FRAME.match(message[indent:]) if indent else WHOLE_FRAME.match(message)
+        if not summary.open_trace_native and frame:
             summary.open_traceback_at, summary.open_traceback_text = line_no, message.strip()[:300]
 
 
@@ -876,6 +893,7 @@ TRACE_TAIL = 6
 
 
 def _open_trace(summary: StreamSummary, line_no: int, message: str, native: bool) -> None:
+    summary.open_trace_indent = 0
     summary.open_traceback_line = summary.open_traceback_at = line_no
     summary.open_traceback_text = message.strip()[:300]
     summary.open_traceback_tail = (message.strip()[:200],)
