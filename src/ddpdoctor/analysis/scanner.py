@@ -863,12 +863,13 @@ def _follow_traceback(summary: StreamSummary, message: str, line_no: int) -> Non
         _open_trace(summary, line_no, message, native=True)
     elif summary.open_traceback_line:
         indent = summary.open_trace_indent
+        inside: bool
         if summary.open_trace_native:
-            inside = NATIVE_FRAME.match(message) or NATIVE_WRAPPED.match(message)
+            inside = bool(NATIVE_FRAME.match(message) or NATIVE_WRAPPED.match(message))
         elif indent:  # its frames indented further, its exception line no further
             inside = message[: indent + 1].isspace()
         else:
-            inside = TRACEBACK_BODY.match(message)
+            inside = TRACEBACK_BODY.match(message) is not None
         if not inside:
             summary.closed_traceback_line = line_no
             summary.open_traceback_line = summary.open_traceback_at = 0
