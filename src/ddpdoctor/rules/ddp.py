@@ -132,7 +132,15 @@ DDP_GRAD_STRIDES = Rule(
     title="Gradient strides do not match DDP bucket views (performance)",
     sources="reducer.cpp copy_grad_to_bucket / mark_variable_ready_dense",
     severity="warning",
-    signatures=(Signature(r"Grad strides do not match bucket view strides"),),
+    signatures=(
+        Signature(r"Grad strides do not match bucket view strides"),
+        # the warning's last line, which a paste cut above it keeps alone (reducer.cpp prints
+        # the two layouts under its first line; no other message has a bucket view's)
+        Signature(
+            r"^bucket_view\.sizes\(\) = \[[\d, ]{0,200}\], strides\(\) = \[[\d, ]{0,200}\]",
+            "bucket_view.sizes() = ",
+        ),
+    ),
     explanation=Explanation(
         what="DDP copies a gradient whose memory layout differs from its bucket view.",
         why="A parameter is not contiguous or changed layout after DDP was built (channels_last, "
@@ -150,8 +158,15 @@ DDP_GRAD_STRIDES = Rule(
     positive=(
         "[W reducer.cpp:313] Warning: Grad strides do not match bucket view strides. This may "
         "indicate grad was not created according to the gradient layout contract",
+        "bucket_view.sizes() = [1024, 1024, 1, 1], strides() = [1024, 1, 1, 1]",
+        "bucket_view.sizes() = [1024, 1, 3, 3, 3], strides() = [27, 27, 9, 3, 1] (Triggered "
+        "internally at /opt/conda/conda-bld/pytorch_1659484803030/work/torch/csrc/distributed/"
+        "c10d/reducer.cpp:312.)",
     ),
-    negative=("bucket_view.sizes() = [1024, 1024, 1, 1], strides() = [1024, 1, 1, 1]",),
+    negative=(
+        "grad.sizes() = [1024, 1024, 1, 1], strides() = [1024, 1, 1024, 1024]",
+        "weight.sizes() = [1024, 1024], strides() = [1024, 1]",
+    ),
 )
 
 DDP_PARAMETERS_WITHOUT_GRAD = Rule(
