@@ -156,7 +156,11 @@ POSITIVE = {
     # a DeepSpeed ZeRO checkpoint save, the paste cut inside torch.save
     "INF223": [(lambda t: case("235"), [])],
     # the paste ends in c10d's retries to reach the store: no rank is blamed, the address is
-    "INF225": [(lambda t: case("462"), [])],
+    "INF225": [
+        (lambda t: case("462"), []),
+        # torch 2.x's other retry ('No socket on (localhost, 0) is listening yet'), alone
+        (lambda t: case("1072"), []),
+    ],
     # Lightning's ranks announce they join a world of 8, and the paste stops there
     "INF226": [
         (lambda t: case("474"), []),

@@ -1145,6 +1145,11 @@ RENDEZVOUS_RETRY = Rule(
             r"The client socket has failed to connect to (?P<endpoint>\S+)",
             "The client socket has failed to connect to",
         ),
+        # the same retry when nothing listens at the address (socket.cpp, torch 2.x)
+        Signature(
+            r"No socket on (?P<endpoint>\([^()\s]{1,255}, \d{1,5}\)) is listening yet, will retry",
+            "is listening yet, will retry",
+        ),
     ),
     explanation=Explanation(
         what="A rank could not connect to MASTER_ADDR:MASTER_PORT yet and will retry.",
@@ -1157,6 +1162,8 @@ RENDEZVOUS_RETRY = Rule(
     positive=(
         "[W socket.cpp:663] [c10d] The client socket has failed to connect to [localhost]:29500 "
         "(errno: 99 - Cannot assign requested address).",
+        "[default7]:[I715 09:13:52.847216530 socket.cpp:872] [c10d] No socket on (localhost, 0) "
+        "is listening yet, will retry.",
     ),
     negative=("[c10d] The client socket has connected to [::ffff:127.0.0.1]:34957 on SocketImpl",),
 )

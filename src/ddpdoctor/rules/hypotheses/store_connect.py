@@ -39,19 +39,22 @@ RULE = Rule(
 
 STORE_RETRY = re.compile(
     r"client socket has (?:failed to connect to|timed out after)|"
+    r"No socket on \([^()]{1,300}\) is listening yet, will retry|"
     r"Connection (?:refused|timed out)\b.*\b(?:retry|retrying|store|rendezvous)",
     re.IGNORECASE,
 )
 """c10d's socket.cpp warnings for one failed attempt ("The client socket has failed to connect
-to [host]:port (errno: 111 - Connection refused)."), and older torch's wording."""
+to [host]:port (errno: 111 - Connection refused).", "No socket on (host, port) is listening
+yet, will retry."), and older torch's wording."""
 
 OTHER_FAMILY = re.compile(r"errno: (?:22|97) - ")
 """EINVAL / EAFNOSUPPORT: one address family of the host (IPv6) refused at once; c10d goes on
 to the next, and healthy jobs print it on every start (census: socket-client-failed-connect)."""
 
 ENDPOINT = re.compile(
-    r"failed to connect to (?:any network address of \((?P<host>[^,()\s]{1,255}), "
-    r"(?P<port>\d{1,5})\)|(?P<endpoint>\[[^\]\s]{1,255}\]:\d{1,5}|[^\s\[\]]{1,255}:\d{1,5}))"
+    r"(?:failed to connect to (?:any network address of )?|No socket on )"
+    r"(?:\((?P<host>[^,()\s]{1,255}), (?P<port>\d{1,5})\)"
+    r"|(?P<endpoint>\[[^\]\s]{1,255}\]:\d{1,5}|[^\s\[\]]{1,255}:\d{1,5}))"
 )
 
 
@@ -65,15 +68,21 @@ def assess(job: JobEvidence) -> Assessment | None:
         return None
     endpoints = sorted({_endpoint(m) for w in retrying if (m := ENDPOINT.search(w.text))})
     where = f" ({', '.join(endpoints[:3])})" if endpoints else ""
+    why = [
+        f"the output ends with failed attempts to connect to the rendezvous store{where}: "
+        "no training step, no error, no exit after them. The ranks were still retrying "
+        "when the log ends, so the job never got past the rendezvous."
+    ]
+    if any(e.endswith(":0") for e in endpoints):
+        why.append(
+            "Port 0 is no port a store listens on: the address the ranks were given lacks "
+            "its port (MASTER_PORT unset or 0, a rendezvous endpoint without ':PORT')."
+        )
     return Assessment(
         RULE,
         0.45,
         [],  # the ranks that retry are not at fault: the address they were given is
-        [
-            f"the output ends with failed attempts to connect to the rendezvous store{where}: "
-            "no training step, no error, no exit after them. The ranks were still retrying "
-            "when the log ends, so the job never got past the rendezvous."
-        ],
+        why,
         evidence=retrying[:4],
         status=Status.HUNG,
         explains_echoes=False,
