@@ -117,23 +117,28 @@ def test_dunder_names_survive_the_markdown_of_explain() -> None:
 
 
 def test_a_captured_value_can_call_for_its_own_step() -> None:
-    """LCH109: signal 1 is SIGHUP, the terminal's: the first step says so; SIGTERM's does not
-    get it. A step for a capture no signature declares is refused."""
+    """LCH108: a port already in use calls for its own first step (find the holder); a
+    rendezvous host that does not resolve does not get it. A step for a capture no signature
+    declares is refused."""
     from ddpdoctor.rules.base import Rule, RuleDefinitionError
-    from ddpdoctor.rules.launch import SLURM_TERMINATED
+    from ddpdoctor.rules.launch import RENDEZVOUS_FAILURE
 
-    hup = SLURM_TERMINATED.fix_for_captures(
-        ["torch.distributed.elastic.multiprocessing.api.SignalException: Process 7 got signal: 1"]
+    taken = RENDEZVOUS_FAILURE.fix_for_captures(
+        [
+            "torch.distributed.DistNetworkError: The server socket has failed to listen on any "
+            "local network address. port: 29500, useIpv6: 0, code: -98, name: EADDRINUSE, "
+            "message: address already in use"
+        ]
     )
-    assert len(hup) == 1 and "nohup" in hup[0] and "SIGHUP" in hup[0]
-    assert SLURM_TERMINATED.fix_for_captures(["SignalException: Process 7 got signal: 15"]) == []
+    assert len(taken) == 1 and "ss -ltnp" in taken[0]
+    assert RENDEZVOUS_FAILURE.fix_for_captures(["socket.gaierror: Name or service not known"]) == []
     with pytest.raises(RuleDefinitionError):
         Rule(
             code="X1",
             kind="hang",
             title="t",
             signatures=(),
-            explanation=SLURM_TERMINATED.explanation,
+            explanation=RENDEZVOUS_FAILURE.explanation,
             fix=(),
             capture_fix=(("no_such_capture", "1", "s"),),
         )
@@ -145,7 +150,12 @@ def test_a_job_whose_terminal_closed_is_told_to_detach_it() -> None:
 
     case = next((REPO / "corpus" / "cases").glob("341-*"))
     verdict = diagnose_paths([str(case / "logs")]).verdict
-    assert verdict.kind == "preempted" and "SIGHUP" in verdict.fix[0]
+    assert (verdict.kind, verdict.category, verdict.rule) == (
+        "preempted",
+        "configuration",
+        "LCH120",
+    )
+    assert "tmux" in verdict.fix[0] and "terminal" in verdict.summary.split(".")[0]
 
 
 def test_a_gpu_too_new_for_the_wheel_is_told_which_cuda_it_needs() -> None:

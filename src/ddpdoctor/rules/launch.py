@@ -4,6 +4,7 @@ Per-rank exit codes themselves are job facts (analysis/facts.py); these rules gi
 
 from __future__ import annotations
 
+from ddpdoctor.model.taxonomy import Category
 from ddpdoctor.rules.base import Echo, Explanation, Marker, Rule, Signature
 from ddpdoctor.rules.localized import CRASHED, KILLED, shell_signatures
 
@@ -841,9 +842,9 @@ SLURM_TERMINATED = Rule(
         # the torchelastic agent itself received SIGTERM (from the scheduler or a user)
         # a stop from outside: the scheduler's, a user's, or `ddpdoctor run`'s after a hang
         Signature(
-            # 1 (SIGHUP): the terminal that started it closed. The signal is an IntEnum, which
-            # Python 3.10 and older print by name ("Received Signals.SIGHUP death signal")
-            r"Received (?:(?P<signum>15|10|12|1)|(?P<sig>Signals\.SIG(?:TERM|USR1|USR2|HUP))) "
+            # (SIGHUP, 1, is the terminal's: LCH120). The signal is an IntEnum, which Python
+            # 3.10 and older print by name ("Received Signals.SIGTERM death signal")
+            r"Received (?:(?P<signum>15|10|12)|(?P<sig>Signals\.SIG(?:TERM|USR1|USR2))) "
             r"death signal, shutting down workers",
             " death signal",
             echo=Echo.STOPPED,
@@ -855,7 +856,7 @@ SLURM_TERMINATED = Rule(
         ),
         Signature(
             r"SignalException: Process \d+ got signal: "
-            r"(?:(?P<signum>15|10|12|1)\b|(?P<sig>Signals\.SIG(?:TERM|USR1|USR2|HUP))\b)",
+            r"(?:(?P<signum>15|10|12)\b|(?P<sig>Signals\.SIG(?:TERM|USR1|USR2))\b)",
             "SignalException",
             echo=Echo.STOPPED,
         ),
@@ -929,21 +930,6 @@ SLURM_TERMINATED = Rule(
         "Save checkpoints periodically and resume on restart (Slurm --requeue / --signal=USR1@120).",
         "Ask for a longer time limit (--time) if the job simply needs it.",
     ),
-    # signal 1 is the terminal's, not a scheduler's: the session that started the job ended
-    capture_fix=tuple(
-        (
-            name,
-            value,
-            "Signal 1 (SIGHUP): the terminal or ssh session that started the job closed, not "
-            "the scheduler. Start it detached from the terminal: inside tmux or screen, or with "
-            "`setsid torchrun ... > train.log 2>&1 < /dev/null &`. nohup alone is not enough: "
-            "torchrun installs its own SIGHUP handler over nohup's (recent torch leaves SIGHUP "
-            "alone with TORCHELASTIC_SIGNALS_TO_HANDLE=SIGTERM,SIGINT,SIGQUIT).",
-        )
-        # (the name as torch prints it under Python 3.10: a submitit handler's "Caught signal
-        # SIGHUP ...: this job is preempted" is the scheduler's, and says so)
-        for name, value in (("signum", r"1"), ("sig", r"Signals\.SIGHUP"))
-    ),
     positive=(
         "slurmstepd: error: *** JOB 1234 ON node01 CANCELLED AT 2024-01-01T00:00:00 DUE TO TIME LIMIT ***",
         "Handling auto-requeue signal: 10",
@@ -955,12 +941,14 @@ SLURM_TERMINATED = Rule(
         "terminated soon (reason: kubernetes-pod-termination).",
         # torch under Python 3.10 and older names the signal (an IntEnum printed with %s)
         "W0611 02:41:53.118402 140213958416192 torch/distributed/elastic/agent/server/api.py:"
-        "741] Received Signals.SIGHUP death signal, shutting down workers",
+        "741] Received Signals.SIGTERM death signal, shutting down workers",
         "torch.distributed.elastic.multiprocessing.api.SignalException: Process 3155 got "
         "signal: Signals.SIGTERM",
     ),
     negative=(
         "slurmstepd: error: Detected 1 oom_kill event in StepId=1234.0",
+        "W0611 02:41:53.118402 140213958416192 torch/distributed/elastic/agent/server/api.py:"
+        "741] Received Signals.SIGHUP death signal, shutting down workers",
         "W0611 02:41:53.118402 140213958416192 torch/distributed/elastic/agent/server/api.py:"
         "741] Received Signals.SIGINT death signal, shutting down workers",
         "\tthe actor's node was terminated expectedly: received SIGTERM",
@@ -968,6 +956,63 @@ SLURM_TERMINATED = Rule(
         "terminated soon (reason: idle).",
         "slurmstepd: error: *** JOB 1234 STEPD TERMINATED ON node01 AT 2024-01-01T00:00:00 DUE "
         "TO JOB NOT ENDING WITH SIGNALS ***",
+    ),
+)
+
+TERMINAL_HANGUP = Rule(
+    code="LCH120",
+    kind="preempted",
+    category=Category.CONFIGURATION,
+    title="The terminal or ssh session that started the job closed (SIGHUP)",
+    sources="torchelastic agent/server/api.py and multiprocessing/api.py (SignalException)",
+    specificity=20,
+    signatures=(
+        # signal 1; Python 3.10 and older print the IntEnum by name
+        Signature(
+            r"Received (?:(?P<signum>1)|(?P<sig>Signals\.SIGHUP)) death signal, shutting down "
+            r"workers",
+            " death signal",
+            echo=Echo.STOPPED,
+        ),
+        Signature(
+            r"SignalException: Process \d+ got signal: (?:(?P<signum>1)|(?P<sig>Signals\.SIGHUP))\b",
+            "SignalException",
+            echo=Echo.STOPPED,
+        ),
+    ),
+    explanation=Explanation(
+        what="torchrun received SIGHUP and stopped every worker.",
+        why="SIGHUP is what a terminal sends the processes it started when it closes: the ssh "
+        "session dropped or was closed, or the shell exited. torchrun installs its own handler "
+        "for it (over nohup's), so a job started with `nohup ... &` from that terminal is "
+        "stopped too, as a scheduler's SIGTERM would stop it.",
+        fix="Start the job detached from the terminal: inside tmux or screen, or with `setsid "
+        "torchrun ... > train.log 2>&1 < /dev/null &`; recent torch leaves SIGHUP alone with "
+        "TORCHELASTIC_SIGNALS_TO_HANDLE=SIGTERM,SIGINT,SIGQUIT.",
+        false_positives="A SIGHUP sent on purpose (`kill -HUP`) looks the same.",
+    ),
+    fix=(
+        "Run it inside tmux or screen, or fully detached: `setsid torchrun ... > train.log 2>&1 "
+        "< /dev/null &` (nohup alone is not enough: torchrun installs its own SIGHUP handler "
+        "over nohup's).",
+        "With recent torch, TORCHELASTIC_SIGNALS_TO_HANDLE=SIGTERM,SIGINT,SIGQUIT leaves SIGHUP "
+        "to its default (or to nohup).",
+        "Resume from the last checkpoint: the training itself did not fail.",
+    ),
+    positive=(
+        "W0611 02:41:53.118402 140213958416192 torch/distributed/elastic/agent/server/api.py:"
+        "741] Received Signals.SIGHUP death signal, shutting down workers",
+        "WARNING:torch.distributed.elastic.agent.server.api:Received 1 death signal, shutting "
+        "down workers",
+        "torch.distributed.elastic.multiprocessing.api.SignalException: Process 21771 got "
+        "signal: 1",
+    ),
+    negative=(
+        "W1130 13:00:00.100000 4242 torch/distributed/elastic/agent/server/api.py:753] Received "
+        "15 death signal, shutting down workers",
+        "torch.distributed.elastic.multiprocessing.api.SignalException: Process 4242 got "
+        "signal: 15",
+        "Sending process 731204 closing signal SIGHUP",
     ),
 )
 
@@ -1243,5 +1288,6 @@ RULES = (
     LAUNCH_LINE_CUT,
     RENDEZVOUS_FAILURE,
     SLURM_TERMINATED,
+    TERMINAL_HANGUP,
     WARNING_SIGNAL_HANDLED,
 )
