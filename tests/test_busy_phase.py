@@ -46,3 +46,31 @@ def test_a_main_process_saving_alone_is_busy_not_gone() -> None:
     (case,) = (Path(__file__).resolve().parent.parent / "corpus" / "cases").glob("768-*")
     v = diagnose_paths([str(case / "logs")]).verdict
     assert (v.kind, v.culprit.ranks) == ("slow-rank-timeout", [0])
+
+
+@pytest.mark.parametrize(
+    ("last", "before", "phase"),
+    [
+        # tests/fixtures/real/fortysecond-parked-prefetch, rank 1: the evaluation's last batch,
+        # then its result; the rank was stuck after it, not evaluating
+        ("Eval metrics/eval/Accuracy: 0.5208", "[Eval batch=2/2] Eval on eval data", None),
+        # the same phase not through, then a line that is no progress: still in it
+        (
+            "Eval metrics/eval/Accuracy: 0.5208",
+            "[Eval batch=1/2] Eval on eval data",
+            "[Eval batch=1/2] Eval on eval data",
+        ),
+        # composed: a stop's handler after a save that counts nothing: the save is the phase
+        ("received SIGTERM, exiting", "saving checkpoint to /ckpt/step_40.pt", "saving"),
+    ],
+)
+def test_the_line_before_the_last_announces_a_phase_not_yet_through(
+    last: str, before: str, phase: str | None
+) -> None:
+    from ddpdoctor.analysis.behaviour import _announced_phase
+    from ddpdoctor.analysis.scanner import StreamSummary
+    from ddpdoctor.model.records import Origin
+
+    stream = StreamSummary("w", Origin(), last_line=9, last_text=last, prev_text=before)
+    said = _announced_phase(stream)
+    assert (said is None) if phase is None else (said is not None and phase in said)

@@ -50,12 +50,6 @@ EXPECTED: dict[str, Expected] = {
     # [comp 3 +logs] before epoch 2 rank 1 waits for an event that a prefetch thread never
     # started should set: silent, outside any collective; ranks 0 and 2 time out after 15 s in
     # the gradient all-reduce; the launcher prints rank 0's status and SIGTERMs ranks 1 and 2
-    "parked-prefetch": ("hung", "hang", [1]),
-    # [comp 3 +logs, 40 s limit] before epoch 2, local rank 0 downloads the epoch's shards
-    # ("Downloading shards for epoch 2 from remote to local cache") and the read never returns;
-    # ranks 1 and 2 poll for the marker file it would leave (Composer's
-    # local_rank_zero_download_and_wait: no collective, no timeout), silent; `timeout` stops the
-    # launcher after 40 s, which prints "Killing training processes" and SIGTERMs every rank
     "frozen-download": ("hung", "hang", [0]),
     # [comp 2] after each evaluation rank 0 alone all-reduces its sample count for a log line:
     # its one-float all-reduce meets rank 1's gradient all-reduce of epoch 2; gloo aborts rank 0

@@ -22,7 +22,7 @@ from ddpdoctor.analysis.frames import (
 )
 from ddpdoctor.analysis.job import JobView
 from ddpdoctor.analysis.relations import before_attempt, in_earlier_attempt, survived
-from ddpdoctor.analysis.scanner import FactHit, StreamSummary, last_epoch_done
+from ddpdoctor.analysis.scanner import ANY_COUNTER, FactHit, StreamSummary, last_epoch_done
 from ddpdoctor.ingest.bounds import count_number
 from ddpdoctor.ingest.tracebacks import EXCEPTION_LINE
 from ddpdoctor.model.evidence import (
@@ -360,9 +360,21 @@ def _announced_phase(stream: StreamSummary) -> str | None:
     if busy_phase(stream.last_text):
         return stream.last_text[:80]
     on_progress = stream.last_progress_line == stream.last_line
-    if stream.prev_text and not on_progress and busy_phase(stream.prev_text):
+    if (
+        stream.prev_text
+        and not on_progress
+        and busy_phase(stream.prev_text)
+        and not _counted_to_its_end(stream.prev_text)
+    ):
         return stream.prev_text[:80]
     return None
+
+
+def _counted_to_its_end(text: str) -> bool:
+    """A phase's line whose counters all stand at their totals ('[Eval batch=2/2] Eval on
+    eval data'): the phase's last step; a line after it (its results) says it ended."""
+    counters = list(ANY_COUNTER.finditer(text.rsplit("\r", 1)[-1]))
+    return bool(counters) and all(m["n"] == m["total"] for m in counters)
 
 
 def _last_words(job: JobView) -> list[Evidence]:
