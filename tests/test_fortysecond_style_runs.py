@@ -38,6 +38,11 @@ from tests.program_runs import Expected, RunSet
 EXPECTED: dict[str, Expected] = {
     # [comp 3] three epochs of 8 batches, an evaluation, a checkpoint and an HF checkpoint each;
     # every rank logs "Done." and exits 0; the launcher prints nothing of its own
+    "quiet-trio": ("ok", None, []),
+    # [comp 3] rank 1 weights its loss per sample source; at epoch 1 batch 6 it meets a source
+    # the weight table lacks: KeyError 'code'; ranks 0 and 2 get "Connection closed by peer" in
+    # their backward's all-reduce; the launcher prints rank 1's exit status (code 1) and files,
+    # then ranks 0 and 2's (they had exited 1 on their own)
     "stray-source": ("failed", "python-exception", [1]),
     # [comp 3] shard.00004.jsonl (rank 1's second shard) is missing from the data folder:
     # FileNotFoundError when rank 1's iteration reaches it (epoch 1, batch 5); ranks 0 and 2
@@ -46,15 +51,35 @@ EXPECTED: dict[str, Expected] = {
     # [comp 2] rank 1 keeps 48 MiB a batch in epoch 2 and is SIGKILLed at its fifth (as the
     # OOM killer does): no traceback; "Global rank 1 (PID ...) exited with code -9"; rank 0
     # loses its peer and is stopped with SIGTERM
+    "reaped-one": ("failed", "host-oom", [1]),
+    # [comp 3] rank 2's native tokenizer reads address 0 at epoch 1 batch 5: SIGSEGV, no
+    # traceback, "Global rank 2 (PID ...) exited with code -11"; ranks 0 and 1 lose it
+    "null-tokenizer": ("failed", "native-crash", [2]),
+    # [comp 3 +logs] after epoch 1 rank 0's Hugging Face checkpointer takes 25 s ("Saving
+    # Hugging Face checkpoint in HF format ...", then a "Writing model-0000N-of-00005" line every
+    # 5 s); ranks 1 and 2 wait in epoch 2's gradient all-reduce and time out after 15 s ("Timed
+    # out waiting 15000ms"); the launcher stops rank 0 with SIGTERM
     "hf-crawl": ("failed", "slow-rank-timeout", [0]),
     # [comp 3 +logs] before epoch 2 rank 1 waits for an event that a prefetch thread never
     # started should set: silent, outside any collective; ranks 0 and 2 time out after 15 s in
     # the gradient all-reduce; the launcher prints rank 0's status and SIGTERMs ranks 1 and 2
+    "parked-prefetch": ("hung", "hang", [1]),
+    # [comp 3 +logs, 40 s limit] before epoch 2, local rank 0 downloads the epoch's shards
+    # ("Downloading shards for epoch 2 from remote to local cache") and the read never returns;
+    # ranks 1 and 2 poll for the marker file it would leave (Composer's
+    # local_rank_zero_download_and_wait: no collective, no timeout), silent; `timeout` stops the
+    # launcher after 40 s, which prints "Killing training processes" and SIGTERMs every rank
     "frozen-download": ("hung", "hang", [0]),
     # [comp 2] after each evaluation rank 0 alone all-reduces its sample count for a log line:
     # its one-float all-reduce meets rank 1's gradient all-reduce of epoch 2; gloo aborts rank 0
     # ("676 vs 4. Received data size doesn't match expected size", terminate called, exit -6);
     # the launcher SIGTERMs rank 1
+    "lone-tally": ("failed", "collective-mismatch", [0]),
+    # [comp 3 +logs] the dataset has 8 shards: ranks 0 and 1 get three (12 batches an epoch,
+    # '[batch=4/36]'), rank 2 two (8 batches, '[batch=4/24]'); rank 2 leaves the epoch for the
+    # evaluation all-reduce while the others still all-reduce gradients: gloo aborts rank 2
+    # ("452 vs 4. Received data size doesn't match", exit -6) and ranks 0 and 1 get "Connection
+    # reset by peer" / "Connection closed by peer"
     "odd-shards": ("failed", "uneven-inputs", [2]),
     # [comp 3 +logs] a ThresholdStopper on the rank-local train accuracy is attached on rank 0
     # only: after epoch 1 rank 0 logs "metrics/train/Accuracy reached 0.3281 (threshold 0.2);
@@ -96,25 +121,6 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "quiet-trio": "unknown, hang, no culprit (INF212, 0.3): 'the log ends in the middle of "
-    "training'; nothing of the run is read as its end: llm-foundry's last line 'rank0[...]"
-    "[MainThread]: INFO: __main__: Done.' after its logging header, the ConsoleLogger's last "
-    "counter '[epoch=3][batch=24/24]' (batches of the whole max_duration: 3ep) and the "
-    "launcher's silence on success; no rank is read from 'rank0[pid][MainThread]' either "
-    "(ranks seen: none)",
-    "reaped-one": "failed, host-oom, no culprit (LCH101, 0.6): the kind is right, read from "
-    "the launcher's 'Global rank 1 (PID ...) exited with code -9', but the rank that line "
-    "names is not taken (the console's only ranked lines are rank 0's '[rank0]:' traceback)",
-    "null-tokenizer": "failed, nccl-network, no culprit (NET101, 0.3, category unknown): the "
-    "launcher's 'Global rank 2 (PID ...) exited with code -11' (SIGSEGV as Composer's "
-    "negative return code) is not read at all, so only ranks 0 and 1's 'Connection closed by "
-    "peer' are left, read as the transport failing",
-    "parked-prefetch": "failed, slow-rank-timeout on rank 1 (INF201, 0.55): the culprit is "
-    "right, but rank 1's last words ('[Eval batch=2/2] Eval on eval data', then 'Eval "
-    "metrics/eval/Accuracy') are read as a long phase of its own; they are the end of epoch "
-    "1's evaluation, which every rank finished (the all-reduce after it completed), and rank "
-    "1 then waited silently outside any collective until the launcher's SIGTERM: stuck, not "
-    "busy",
     "frozen-download": "unknown, hang, no culprit (INF212, 0.3): 'the log ends in the middle "
     "of training'; the launcher's 'Killing training processes' and 'Killing global rank N "
     "(PID ...) with SIGTERM' for every rank (it was stopped from outside after 40 s) are not "
@@ -122,15 +128,6 @@ MISSES: dict[str, str] = {
     "('Downloading shards for epoch 2 from remote to local cache', a phase it began alone) "
     "against ranks 1 and 2 silent in their files after epoch 1's evaluation do not name rank "
     "0 as the one stuck",
-    "lone-tally": "failed, collective-mismatch, no culprit (COL101, 0.9): the kind is right, "
-    "but gloo's unprefixed 'terminate called ... 676 vs 4. Received data size doesn't match' "
-    "is tied to no rank, and the launcher's 'Global rank 0 (PID ...) exited with code -6' "
-    "around it (with rank 0's files between its Begin/End markers) is not read",
-    "old-launch-env": "failed, native-crash on rank 1 (LCH104, 0.9): the culprit is right, "
-    "but 'terminate called without an active exception' came after both ranks' 'Done.' "
-    "(llm-foundry's end of train.py, after trainer.fit() and destroy_process_group), which is "
-    "not read as the end of training, so the abort is taken for a crash during training "
-    "instead of teardown",
 }
 
 

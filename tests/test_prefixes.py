@@ -149,6 +149,24 @@ from ddpdoctor.ingest.prefixes import parse_line
             None,
             "train-worker-1",
         ),
+        # Composer's and llm-foundry's logging format (tests/fixtures/real/fortysecond-*)
+        (
+            "2026-12-04 07:03:54,083: rank0[13309][MainThread]: INFO: __main__: Done.",
+            "Done.",
+            0,
+            None,
+            None,
+        ),
+        (
+            "2026-12-04 07:01:37,697: rank1[6376][MainThread]: INFO: trainer.callbacks."
+            "checkpoint_saver: Saving checkpoint to ./ckpt/ep1-ba8-rank1.pt",
+            "Saving checkpoint to ./ckpt/ep1-ba8-rank1.pt",
+            1,
+            None,
+            None,
+        ),
+        # a program's own 'rank0[...]' that is not that header stays its text
+        ("rank0[ok] all good", "rank0[ok] all good", None, None, None),
     ],
 )
 def test_prefix_stripping(

@@ -79,6 +79,13 @@ RICH_LOG_BODY = re.compile(
 RICH_CALLER = re.compile(r"[\w.-]{1,80}\.py:\d{1,6}")
 # torchrun: `[rank3]:`, `[default0]:`, custom role `[trainer1]:`; TORCHELASTIC prefixes.
 TORCHRUN = re.compile(r"\[(?P<role>[A-Za-z_][A-Za-z_-]*?)(?P<num>\d+)\]:\s?")
+# MosaicML Composer's and llm-foundry's logging format ("%(asctime)s: rank{global rank}
+# [%(process)d][%(threadName)s]: %(levelname)s: %(name)s: %(message)s"), after its time:
+# "rank1[6376][MainThread]: INFO: __main__: Building trainer..."
+RANK_PID_THREAD = re.compile(
+    r"rank(?P<rank>\d{1,5})\[(?P<pid>\d{1,10})\]\[[^\[\]\n]{1,60}\]: "
+    r"(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL): (?:[\w.]{1,120}: )?"
+)
 # glog as torch prints it: `E1130 12:00:00.123456 1234 ProcessGroupNCCL.cpp:616] `
 GLOG = re.compile(
     r"(?P<level>[IWEF])(?P<md>\d{4}) (?P<hms>\d\d:\d\d:\d\d(?:\.\d+)?)\s+(?P<pid>\d+)\s+"
@@ -582,6 +589,14 @@ def parse_line(raw: str, year: int = 1970, with_time: bool = True) -> ParsedLine
                 rich_record = True  # padded to the console's width
                 pos = rich.end()
                 continue
+        m = RANK_PID_THREAD.match(text, pos) if c == "r" else None
+        if m:
+            origin.rank = rank_number(m.group("rank"))
+            origin.pid = pid_number(m.group("pid"))
+            out.level = m.group("level").lower()
+            prefix_parts.append(f"rank{m.group('rank')}[{m.group('pid')}]")
+            pos = m.end()
+            continue
         m = KUBECTL.match(text, pos) if bracket and nxt == "p" else None
         if m:
             origin.host = origin.host or m.group("pod")
