@@ -384,6 +384,18 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
                 r"The object store is using /tmp instead of /dev/shm",
                 "The object store is using /tmp instead of /dev/shm",
             ),
+            # Lightning's SLURM environment on a node with srun, when the job was not started
+            # through it (fabric/plugins/environments/slurm.py): a hint, not a failure
+            (
+                r"The `srun` command is available on your system but is not used",
+                "is available on your system but is not used",
+            ),
+            # DeepSpeed's comm/comm.py: its own backends are not implemented, so it uses
+            # torch.distributed's (a warning in older releases, a debug message now)
+            (
+                r"\b(?:NCCL|MPI|Gloo) backend in DeepSpeed not yet implemented",
+                "backend in DeepSpeed not yet implemented",
+            ),
         )
     ),
     # tqdm: " 9%|███▊   | 280000/2969526 [29:55<4:48:08, 155.57 examples/s]"
