@@ -143,10 +143,6 @@ MISSES: dict[str, str] = {
     "closed by peer' in loss.backward() (a peer that had given up and exited) is read as a "
     "transport fault; every rank was on one host and rank 2 had left the epoch a batch early "
     "(4, 4, 3 batches): uneven-inputs on rank 2",
-    "lone-patience": "failed, early-stop, no culprit (INF207, 0.7): rank 0's rank-less 'Early "
-    "stopping: ...' line is taken as every rank's ('Every rank announced the early stop') and "
-    "rank 1's timeout as its way out; only rank 0 prints, rank 1 went on into epoch 2 and timed "
-    "out waiting for it: uncoordinated-exit on rank 0",
     "gpu-resume": "failed, checkpoint-load-device on rank 0 only (CUDA110, 0.9): the kind is "
     "right, but spawn prints only the first failed process's traceback, and rank 1 raised the "
     "same in the same torch.load (both ranks run it before any collective; repeats of the run "

@@ -675,9 +675,17 @@ def _ended_after(stops: list[Event], evidence: JobEvidence) -> bool:
 
 def _announcements(stop: Event) -> int:
     """Ranks writing one console at the same moment glue their lines together ("...2
-    epochsEarly stopping at epoch 5..."): the repeat is counted, not the line."""
+    epochsEarly stopping at epoch 5..."): the repeat is counted, not the line. The same line
+    in two outputs (the console and the log file a logger also writes, nnU-Net's training
+    log): no rank, the same words at the same instant to the sub-second, is one announcement."""
     total = 0
+    copies: set[tuple[str, object]] = set()
     for hit in stop.hits:
+        record = hit.record
+        if record.origin.rank is None and record.time is not None and record.time.microsecond:
+            if (record.text.strip(), record.time) in copies:
+                continue
+            copies.add((record.text.strip(), record.time))
         text = hit.record.text
         said = next(
             (m.group(0).casefold() for s in stop.rule.signatures if (m := s.compiled.search(text))),
