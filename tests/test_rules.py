@@ -185,3 +185,31 @@ def test_a_port_in_use_is_told_to_find_its_holder() -> None:
     assert verdict.rule == "LCH108" and "already taken" in verdict.fix[0]
     timeout = diagnose_paths([str(REPO / "tests/fixtures/real/twentythird-world-four")]).verdict
     assert not any("already taken" in step for step in timeout.fix)
+
+
+def test_a_message_s_later_line_is_read_alone_only(tmp_path: Path) -> None:
+    """Signature.after_head: the grad-strides warning's bucket-view line (and the reducer
+    error's last line) is a hit where a paste was cut above the message's first line, and no
+    second hit under it. Lines of corpus case 886 and the reducer.cpp warning."""
+    from ddpdoctor.analysis.scanner import Scanner
+    from ddpdoctor.ingest.sources import Input
+    from ddpdoctor.rules.registry import all_rules
+
+    scanner = Scanner([r for r in all_rules() if r.signatures])
+    tail = (
+        "bucket_view.sizes() = [1024, 1, 3, 3, 3], strides() = [27, 27, 9, 3, 1] (Triggered "
+        "internally at /opt/conda/torch/csrc/distributed/c10d/reducer.cpp:312.)"
+    )
+    whole = [
+        "[W reducer.cpp:1400] Warning: Grad strides do not match bucket view strides. This may "
+        "indicate grad was not created according to the gradient layout contract, or that the "
+        "param's strides changed since DDP was constructed.  This is not an error, but may impair "
+        "performance.",
+        "grad.sizes() = [1024, 1, 3, 3, 3], strides() = [27, 1, 9, 3, 1]",
+        tail,
+    ]
+    for name, lines, want in (("whole", whole, 1), ("cut", whole[1:], 1), ("alone", [tail], 1)):
+        log = tmp_path / f"{name}.log"
+        log.write_text("\n".join(lines) + "\n")
+        hits = [h for h in scanner.scan(Input(str(log), str(log))).hits if h.rule == "DDP103"]
+        assert len(hits) == want, (name, [h.record.text[:40] for h in hits])

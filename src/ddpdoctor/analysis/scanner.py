@@ -549,6 +549,13 @@ class Scanner:
             m = regex.search(parsed.text) or regex.search(raw)
             if m is None:
                 continue
+            sig = target.signature
+            if (
+                sig is not None
+                and sig.after_head is not None
+                and _head_above(chunk, start, sig.after_head, sig.head_within)
+            ):
+                continue  # a later line of a message whose first line was read
             record = _record(parsed, display, line_no, file_origin)
             if parsed.rank_from_text and parsed.origin.rank is not None and m.string is parsed.text:
                 near = rank_before(parsed.text, m.start())
@@ -995,6 +1002,20 @@ def _captures(m: re.Match[str]) -> dict[str, str]:
                 continue
         out[name] = value
     return out
+
+
+def _head_above(chunk: bytes, start: int, head: str, lines: int) -> bool:
+    """Whether one of the `lines` raw lines above `start` holds `head` (see
+    Signature.after_head)."""
+    floor = start - 1
+    for _ in range(lines):
+        if floor <= 0:
+            break
+        floor = chunk.rfind(b"\n", 0, floor)
+        if floor < 0:
+            floor = 0
+            break
+    return chunk.find(head.encode("utf-8"), max(0, floor), start) >= 0
 
 
 def _raw_lines_before(chunk: bytes, start: int, count: int) -> list[str]:

@@ -135,6 +135,12 @@ class Signature:
     """Only the process that hosts the rendezvous store prints it (the TCPStore server that
     cannot listen): rank 0, the master, when no line names its writer, unless its traceback
     shows that torchrun's agent hosted the store."""
+    after_head: str | None = None
+    """For a later line of a multi-line message: a literal of the message's first line. The
+    line is read only when no line within `head_within` above it holds that literal: a paste
+    cut below the message's first line keeps it alone, while under its first line it is the
+    same message, already read (one hit per message, whichever way a log is split)."""
+    head_within: int = 4
 
     @cached_property
     def compiled(self) -> re.Pattern[str]:

@@ -28,6 +28,8 @@ DDP_UNUSED_PARAMETERS = Rule(
             r"TORCH_DISTRIBUTED_DEBUG to either INFO or DETAIL to print out information about "
             r"which particular parameters did not receive gradient",
             "which particular parameters did not receive gradient",
+            after_head="Expected to have finished reduction",
+            head_within=8,
         ),
     ),
     explanation=Explanation(
@@ -139,6 +141,7 @@ DDP_GRAD_STRIDES = Rule(
         Signature(
             r"^bucket_view\.sizes\(\) = \[[\d, ]{0,200}\], strides\(\) = \[[\d, ]{0,200}\]",
             "bucket_view.sizes() = ",
+            after_head="Grad strides do not match bucket view strides",
         ),
     ),
     explanation=Explanation(
