@@ -16,7 +16,7 @@ from ddpdoctor.supervise.child import Child
 from ddpdoctor.supervise.flight import FlightCollector
 from ddpdoctor.supervise.progress import ProgressTracker
 from ddpdoctor.supervise.rundir import RunDir, utc_now
-from ddpdoctor.supervise.shm import mapped_by, remove_leftovers
+from ddpdoctor.supervise.shm import mapped_by, remove_leftovers, still_mapped
 from ddpdoctor.supervise.stacks import (
     HangDiagnosis,
     collect,
@@ -99,10 +99,13 @@ class Watchdog:
         killed rank never unlinks its own), once its processes are gone."""
         if not paths:
             return
-        # a loaded machine takes seconds to reap killed ranks (a file still mapped is kept)
+        # a loaded machine takes seconds to reap killed ranks (a file still mapped is kept):
+        # the launcher may be gone while its ranks, killed too, still map their files
         deadline = time.monotonic() + SHM_REAP_WAIT_S
         while self.child.remaining() and time.monotonic() < deadline:
             time.sleep(0.1)
+        while paths & still_mapped() and time.monotonic() < deadline:
+            time.sleep(0.2)
         removed = remove_leftovers(paths)
         if removed:
             total = sum(size for _, size in removed)
