@@ -94,10 +94,6 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "rss-balloon": "failed, host-oom (LCH101, 0.6) but no culprit: srun's 'task 1: Killed' in "
-    "task 0's .err is not read as rank 1 (one task per rank: srun's task is the global rank), and "
-    "rank 1's own files hold submitit's two start lines only, so the job is read as one rank "
-    "(world 1, ranks seen [0]); the killed rank is unnamed",
     "bank-rebuild": "failed, nccl-timeout (TMO102, 0.3, no culprit): ranks 1 and 2 time out in "
     "the gradient all-reduce while rank 0's .out shows 40 s of 'Filling kNN memory bank: part "
     "k/8' warnings (dinov2's W header) after epoch 0's checkpoint and before its own late "

@@ -75,7 +75,12 @@ HOST_OOM_KILL = Rule(
             "mpirun noticed that process rank",
             suggests=True,
         ),
-        Signature(r"srun: error: \S+: tasks? [\d,\-\[\]]+: Killed\s*$", ": Killed", suggests=True),
+        # srun names the one task SIGKILL ended (task N is rank N: see LCH104's srun line), or
+        # several at once ("tasks 0-3: Killed")
+        Signature(
+            r"srun: error: \S+: task (?P<rank>\d{1,7}): Killed\s*$", ": Killed", suggests=True
+        ),
+        Signature(r"srun: error: \S+: tasks [\d,\-\[\]]+: Killed\s*$", ": Killed", suggests=True),
         # the shell's "Killed" in the user's language (rules/localized.py)
         *shell_signatures(KILLED, suggests=True),
         # torch/multiprocessing/spawn.py (mp.spawn, Lightning ddp_spawn)
@@ -123,6 +128,9 @@ HOST_OOM_KILL = Rule(
         "(pid: 812917) of binary: /usr/bin/python",
         "traceback : Signal 9 (SIGKILL) received by PID 4242",
         "[launcher] rank 2 exited with code -9",
+        # srun's summary of a task SIGKILL ended (task N is rank N), and of several
+        "srun: error: vm: task 1: Killed",
+        "srun: error: gpu-node-3: tasks 0-3: Killed",
         # MosaicML Composer's launcher (composer/cli/launcher.py)
         "Global rank 1 (PID 6275) exited with code -9",
         "Rank 1 crashed with exit code -9.",
