@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import subprocess
@@ -28,6 +29,16 @@ DEEPSPEED_SHM = "deepspeed_allreduce_buffer_*"
 """DeepSpeed's CPU all-reduce buffers (/dev/shm, 69 MB each): a rank the tests kill on purpose
 (a hang, a SIGKILL) never unlinks its own, and they pile up in memory run after run (22 GB
 were found on this machine)."""
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Move what collecting ~9,800 tests left alive (their parameters, the fixtures' texts
+    read at import) out of the cyclic collector's way: each of its full collections walked all
+    of it again, and the diagnoses of the later tests ran four times slower in the whole suite
+    than alone (1.2 s against 0.3 s per redaction case). The tests' own objects are collected as
+    before."""
+    gc.collect()
+    gc.freeze()
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

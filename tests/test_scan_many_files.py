@@ -11,6 +11,7 @@ import gc
 import gzip
 import os
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -180,6 +181,17 @@ def test_progress_bars_are_sampled_whether_or_not_a_percent_sign_occurs() -> Non
     assert _sampled_hits(LINE.encode() * 20, [(b"%|", [5])]) == []
 
 
+@pytest.fixture
+def unfrozen() -> Iterator[None]:
+    """No frozen objects during the test (the suite freezes what collection left: conftest),
+    frozen again after it."""
+    gc.unfreeze()
+    yield
+    gc.collect()
+    gc.freeze()
+
+
+@pytest.mark.usefixtures("unfrozen")
 def test_a_big_scan_is_frozen_and_given_back_by_the_next(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -199,6 +211,7 @@ def test_a_big_scan_is_frozen_and_given_back_by_the_next(
     assert not parallel._froze
 
 
+@pytest.mark.usefixtures("unfrozen")
 def test_the_library_entry_leaves_nothing_frozen(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
