@@ -90,10 +90,12 @@ browser:
 # few hundred derandomized ones. Two of these tests walk thousands of cases or the whole regex
 # inventory on 1 MB lines (4.6 min for the probe alone here, over 5 on CI's machine; 6.5 min for
 # the mutated real logs there), so the per-test limit is 30 min, not pyproject's 5; a stalled
-# regex is still stopped after 60 s by the probe's own watch.
+# regex is still stopped after 60 s by the probe's own watch. Also every secret format through
+# every report format (tests/test_redaction_cli.py; `make test` runs a third of them).
 fuzz: $(STAMP)
 	DDPDOCTOR_FUZZ=full $(BIN)/python -m pytest -q -p no:cacheprovider --timeout 1800 \
-		tests/test_fuzz.py tests/test_linear_time.py --hypothesis-show-statistics
+		tests/test_fuzz.py tests/test_linear_time.py tests/test_redaction_cli.py \
+		--hypothesis-show-statistics
 
 docs: $(STAMP)
 	$(BIN)/ddpdoctor rules --write-docs docs/rules
