@@ -659,7 +659,11 @@ def _from_echoes(
         # a rule of stops alone (every line of it a stop: the terminal's hang-up) says who
         # stopped the job better than the generic stop; a line read as a stop by a rule of
         # another kind does not
-        own_stop = not by_hand and all(rule.echo_of(s) == Echo.STOPPED for s in rule.signatures)
+        own_stop = (
+            not by_hand
+            and bool(rule.signatures)
+            and all(rule.echo_of(s) == Echo.STOPPED for s in rule.signatures)
+        )
         if rule.default_category != Category.INTENDED_EXIT and not own_stop and stopped is not None:
             decision.rule, decision.status = stopped, stopped.verdict_status
         decision.confidence = 0.6

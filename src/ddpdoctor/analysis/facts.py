@@ -12,6 +12,7 @@ from ddpdoctor.ingest.bounds import exit_code_number, pid_number, rank_number
 from ddpdoctor.ingest.prefixes import LOG_HEADER
 from ddpdoctor.model.evidence import PROMPTS
 from ddpdoctor.model.findings import RankExit
+from ddpdoctor.rules.launch import RANK_EXITED_WITH_CODE
 
 VALUE, WRITER = Distinct.VALUE, Distinct.WRITER
 MESSAGE_START = "^" + LOG_HEADER + r"(?:\[[^\[\]\n]{1,40}\]:?\s{1,3})?"
@@ -126,15 +127,9 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
         r"(?P<code>-?\d+)",
         "exits with return code = ",
     ),
-    # a launcher written in Python that names the global rank of a process that ended: MosaicML
-    # Composer's ("Global rank 1 (PID 6275) exited with code -9", "Rank 1 crashed with exit
-    # code -9."), and homegrown ones ("[launcher] rank 2 exited with code -11")
-    FactPattern(
-        "launcher_exit",
-        r"\b[Rr]ank (?P<rank>\d{1,5})(?: \((?:PID|pid)[ :=]?\d{1,10}\))? "
-        r"(?:exited|died|terminated|failed|crashed) with (?:exit )?code (?P<code>-?\d{1,3})\b",
-        " with ",
-    ),
+    # a launcher written in Python that names the global rank of a process that ended
+    # (rules/launch.py RANK_EXITED_WITH_CODE: Composer's, homegrown ones)
+    FactPattern("launcher_exit", RANK_EXITED_WITH_CODE + r"(?P<code>-?\d{1,3})\b", " with "),
     # how much data a rank says it has ("80 samples, 10 batches of 8 per epoch"): ranks that
     # announce different counts in the same words have uneven inputs
     FactPattern(

@@ -8,6 +8,15 @@ from ddpdoctor.model.taxonomy import Category
 from ddpdoctor.rules.base import Echo, Explanation, Marker, Rule, Signature
 from ddpdoctor.rules.localized import CRASHED, KILLED, shell_signatures
 
+RANK_EXITED_WITH_CODE = (
+    r"\b[Rr]ank (?P<rank>\d{1,5})(?: \((?:PID|pid)[ :=]?\d{1,10}\))? "
+    r"(?:exited|died|terminated|failed|crashed) with (?:exit )?code "
+)
+"""A launcher written in Python naming the global rank of a process that ended, its exit code
+next: MosaicML Composer's ('Global rank 1 (PID 6275) exited with code -9', 'Rank 1 crashed with
+exit code -9.'), homegrown ones ('[launcher] rank 2 exited with code -11'). Read by LCH101 and
+LCH104 for their signals and by the job's per-rank exits (analysis/facts.py)."""
+
 HOST_OOM_KILL = Rule(
     code="LCH101",
     kind="host-oom",
@@ -28,8 +37,7 @@ HOST_OOM_KILL = Rule(
         # Python print it ("[launcher] rank 2 exited with code -9"), and CPython's
         # CalledProcessError for it (the legacy launcher, accelerate, deepspeed)
         Signature(
-            r"\b[Rr]ank (?P<rank>\d{1,5})(?: \((?:PID|pid)[ :=]?\d{1,10}\))? "
-            r"(?:exited|died|terminated|failed|crashed) with (?:exit )?code -9\b",
+            RANK_EXITED_WITH_CODE + r"-9\b",
             " code -9",
             suggests=True,
         ),
@@ -328,8 +336,7 @@ NATIVE_CRASH = Rule(
         # Python: "[launcher] rank 3 exited with code -11"), and CPython's CalledProcessError
         # for it ("Command '[...]' died with <Signals.SIGSEGV: 11>.")
         Signature(
-            r"\b[Rr]ank (?P<rank>\d{1,5})(?: \((?:PID|pid)[ :=]?\d{1,10}\))? "
-            r"(?:exited|died|terminated|failed|crashed) with (?:exit )?code -(?P<signum>11|6|7|4|8)\b",
+            RANK_EXITED_WITH_CODE + r"-(?P<signum>11|6|7|4|8)\b",
             " code -",
         ),
         Signature(
