@@ -151,6 +151,10 @@ def merge(acc: SourceScan, part: SourceScan) -> SourceScan:
         if s.last_progress_line:
             a.last_progress_line, a.last_progress_time = s.last_progress_line, s.last_progress_time
             a.step_s = s.step_s or a.step_s
+        a.last_progress_text = s.last_progress_text or a.last_progress_text
+        if s.progress_total is not None:
+            a.progress_done = s.progress_done
+        a.last_epoch = s.last_epoch if s.last_epoch is not None else a.last_epoch
         a.error_lines += s.error_lines
         a.last_error_line = s.last_error_line or a.last_error_line
         a.progress_total = s.progress_total or a.progress_total

@@ -6,14 +6,16 @@ the same result. Owns no rule semantics."""
 from __future__ import annotations
 
 import gc
+import itertools
 import multiprocessing
 import os
+from collections import deque
 from collections.abc import Iterable, Iterator, MutableSequence
-from concurrent.futures import ProcessPoolExecutor
-from contextlib import contextmanager
+from concurrent.futures import Future, ProcessPoolExecutor
+from contextlib import contextmanager, suppress
 from functools import lru_cache
 
-from ddpdoctor.analysis.merging import Merger, compact
+from ddpdoctor.analysis.merging import Merger, compact, merge
 from ddpdoctor.analysis.newlines import use_numpy
 from ddpdoctor.analysis.scanner import (
     MANY_FILES,
@@ -22,12 +24,14 @@ from ddpdoctor.analysis.scanner import (
     SourceScan,
     sample_bytes_for,
 )
+from ddpdoctor.ingest import spool
 from ddpdoctor.ingest.sources import (
     GZIP_MAGIC,
     SNIFF_BYTES,
     Input,
     looks_binary,
     looks_utf16,
+    replay_stdin,
 )
 from ddpdoctor.model.records import Origin, Record
 from ddpdoctor.rules.base import Rule
@@ -40,6 +44,12 @@ FAST_COUNT_MIN_BYTES = 512 * 1024 * 1024
 PART_BYTES = 128 * 1024 * 1024
 """Plain files above this are scanned as ranges of about this size: two cores share one big
 file, and what a part keeps in memory before merging stays bounded."""
+STDIN_PART_BYTES = 32 * 1024 * 1024
+"""Stdin is scanned in parallel from this much on, as ranges of about this size (see
+ingest/spool): the parent holds one range in memory while it reads it."""
+STDIN_SLOTS = 256
+"""Ranges of stdin that publish their hit counts to the later ones (see scanner.HitBudget);
+later ranges read them and keep what merging would keep all the same."""
 BOUNDARY_SEARCH_BYTES = 8 * 1024 * 1024
 """How far past a cut point to look for a newline; a longer line is not cut there."""
 
@@ -273,6 +283,12 @@ def scan_inputs(
     inputs: list[Input], engine: str = "auto", jobs: int | None = None
 ) -> list[SourceScan]:
     """One SourceScan per input, in input order; parts of a split file are merged back."""
+    workers = jobs if jobs is not None else (os.cpu_count() or 1)
+    if workers > 1 and len(inputs) == 1 and inputs[0].path == "-":
+        with _collector_paused():
+            streamed = _scan_stdin(engine, workers)
+        if streamed is not None:
+            return [streamed]
     sizes = [_size_of(item) for item in inputs]
     units = plan(inputs, sizes)
     sample = sample_bytes_for(len(inputs))
@@ -316,3 +332,86 @@ def _run(
     _share(shared)
     merger = Merger(owners, scanner.rule_index, many, shared)
     return merger.add_all(_sharing_texts(_scan_part(job) for job in jobs_))
+
+
+def _scan_stdin(engine: str, workers: int) -> SourceScan | None:
+    """Stdin spooled to disk in ranges as it is read (ingest/spool), each range scanned by a
+    worker process while the next is read, their scans merged in stream order as a split
+    file's are. A stream that ends within its first range is scanned here, from its spooled
+    file. None, with what was read given back to stdin's reader, where one reader of the
+    stream itself is needed: a stream that ends within its first block, is compressed, UTF-16
+    or binary, or when no temporary folder can be made."""
+    first = spool.read_first()
+    whole = len(first) == spool.READ_BYTES and spool.plain_text(first)
+    folder = spool.make_dir() if whole else None
+    if folder is None:
+        replay_stdin(first)
+        return None
+    scanner = _scanner(engine)
+    sample = sample_bytes_for(1)
+    parts = spool.ranges(first, folder, STDIN_PART_BYTES, sample)
+    del first
+    try:
+        opening = next(parts)
+        if opening.end is None:  # the whole stream in one range: no worker to start
+            alone = _scan_part((engine, opening, sample, True, (None, (), False)))
+            merged = next(_sharing_texts([alone]))
+        else:
+            merged = _scan_ranges(opening, parts, engine, sample, workers)
+    finally:
+        parts.close()
+        spool.remove_dir(folder)
+    merger = Merger([0], scanner.rule_index)
+    merger.add(0, merged)
+    return merger.merged[0]
+
+
+def _scan_ranges(
+    opening: Input, parts: Iterator[Input], engine: str, sample: int, workers: int
+) -> SourceScan:
+    """The ranges scanned by worker processes, at most `workers` ahead of the one merged (each
+    range's file is on disk until then), merged in stream order. A range that could not be
+    spooled is the rest of the stream, scanned here once the ones before it are in."""
+    scanner = _scanner(engine)
+    use_numpy()  # before forking (see scan_inputs): the stream's size is not known in advance
+    methods = multiprocessing.get_all_start_methods()
+    context = multiprocessing.get_context("fork" if "fork" in methods else None)
+    counts = context.RawArray("q", scanner.n_rules * (1 + STDIN_SLOTS))
+    _value_keys.clear()
+    merged: SourceScan | None = None
+    with ProcessPoolExecutor(
+        max_workers=workers, mp_context=context, initializer=_share, initargs=(counts,)
+    ) as pool:
+
+        def scans() -> Iterator[SourceScan]:
+            pending: deque[tuple[Input, Future[SourceScan]]] = deque()
+            for index, part in enumerate(itertools.chain([opening], parts)):
+                slot = index if index < STDIN_SLOTS else None
+                budget: _Budget = (slot, tuple(range(min(index, STDIN_SLOTS))), False)
+                job: _Job = (engine, part, sample, True, budget)
+                if part.spool is None:
+                    while pending:
+                        yield _collect(pending.popleft())
+                    yield _scan_part(job)
+                    return
+                pending.append((part, pool.submit(_scan_part, job)))
+                while len(pending) > workers:
+                    yield _collect(pending.popleft())
+            while pending:
+                yield _collect(pending.popleft())
+
+        for scan in _sharing_texts(scans()):
+            merged = scan if merged is None else merge(merged, scan)
+    assert merged is not None  # the opening range at least
+    return merged
+
+
+def _collect(item: tuple[Input, Future[SourceScan]]) -> SourceScan:
+    """A range's scan, its spooled file removed (its disk is given back as the stream goes)."""
+    part, future = item
+    try:
+        return future.result()
+    finally:
+        if part.spool is not None:
+            with suppress(OSError):
+                os.unlink(part.spool)

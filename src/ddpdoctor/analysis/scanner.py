@@ -394,7 +394,7 @@ class Scanner:
         # (a section of a paste is a whole source: its head and tail are sampled)
         whole = item.named is not None
         head_left = sample_bytes if (item.start == 0 or whole) and sample_head else 0
-        last_chunk = b""
+        last_chunk = prev_chunk = b""
         for chunk in stream:
             if b"\x1b" in chunk:  # colour codes out first: the patterns run on the bytes
                 chunk = ANSI_BYTES.sub(b"", chunk)
@@ -420,7 +420,7 @@ class Scanner:
                 before += count_newlines(chunk, prev, start)
                 prev = start
                 self._confirm(src, chunk, start, end, pids, line_base + before + 1, order)
-            last_chunk = chunk
+            prev_chunk, last_chunk = last_chunk, chunk
             line_base += before + count_newlines(chunk, prev, len(chunk))
             result.info.lines = line_base
             self._tell_budget(src)
@@ -429,10 +429,11 @@ class Scanner:
         if shared_keys is not None:
             self._give_keys(src.seen, shared_keys)
         if last_chunk and line_base > 0 and (item.end is None or whole):
-            tail_start = max(0, len(last_chunk) - sample_bytes)
-            tail_start = last_chunk.find(b"\n", tail_start - 1) + 1 if tail_start else 0
+            tail = _tail(prev_chunk, last_chunk, sample_bytes)
+            tail_start = max(0, len(tail) - sample_bytes)
+            tail_start = tail.find(b"\n", tail_start - 1) + 1 if tail_start else 0
             head_lines = sum(s.lines_seen for s in result.streams.values())
-            first_tail_line = line_base - last_chunk.count(b"\n", tail_start)
+            first_tail_line = line_base - tail.count(b"\n", tail_start)
             if first_tail_line >= head_lines:
                 for summary in result.streams.values():  # the unread middle may have ended it
                     summary.open_traceback_line = summary.open_traceback_at = 0
@@ -440,7 +441,7 @@ class Scanner:
                     summary.open_trace_indent = 0
                 self._sample(
                     result,
-                    last_chunk[tail_start:],
+                    tail[tail_start:],
                     first_tail_line,
                     file_origin,
                     item.display,
@@ -450,10 +451,8 @@ class Scanner:
                 skip = head_lines - first_tail_line
                 pos = tail_start
                 for _ in range(skip):
-                    pos = last_chunk.find(b"\n", pos) + 1
-                self._sample(
-                    result, last_chunk[pos:], head_lines, file_origin, item.display, src.parse
-                )
+                    pos = tail.find(b"\n", pos) + 1
+                self._sample(result, tail[pos:], head_lines, file_origin, item.display, src.parse)
         merges = getattr(stream, "merges", ())
         if merges:
             _renumber(result, lambda line: original_line(line, merges))
@@ -969,6 +968,20 @@ def _renumber(result: SourceScan, renumbered: Callable[[int], int]) -> None:
             value = getattr(summary, name)
             if value > 0:
                 setattr(summary, name, renumbered(value))
+
+
+def _tail(prev_chunk: bytes, last_chunk: bytes, sample_bytes: int) -> bytes:
+    """The end of the input to sample its tail from: the last chunk, with the end of the one
+    before it when the last is shorter than the sample, starting at a line (chunks end at a
+    newline). The sample is then the input's last lines whatever its size modulo the chunk
+    size, and a range of stdin (ingest/spool) samples what one reader would."""
+    need = sample_bytes - len(last_chunk)
+    if need <= 0 or not prev_chunk:
+        return last_chunk
+    if need >= len(prev_chunk):
+        return prev_chunk + last_chunk
+    before = prev_chunk[-need - 1 :]
+    return before[before.find(b"\n") + 1 :] + last_chunk
 
 
 def _record(parsed: ParsedLine, display: str, line_no: int, file_origin: Origin) -> Record:

@@ -39,6 +39,10 @@ class Input:
     name tells the writer as a file's would."""
     first_line: int = 0
     """Lines of the file above the section: its lines keep the file's numbers."""
+    spool: str | None = None
+    """A range of stdin: the temporary file it was spooled to (ingest/spool), holding the
+    range's bytes at their offset in the stream, so that it reads as the same range of one
+    file would."""
 
 
 def reason_for(exc: OSError, what: str = "cannot read") -> str:

@@ -132,8 +132,16 @@ class ChunkStream:
         self.info.status, self.info.reason = "skipped", reason
 
     def _open(self) -> BinaryIO | None:
+        if self.item.spool is not None:
+            try:
+                spooled = open(self.item.spool, "rb")  # noqa: SIM115 - closed in __iter__
+                spooled.seek(self.item.start)
+            except OSError as exc:
+                self._skip(reason_for(exc))
+                return None
+            return spooled  # a range of stdin, sniffed with its start (ingest/spool)
         if self.item.path == "-":
-            raw: BinaryIO = sys.stdin.buffer
+            raw: BinaryIO = _stdin()
         else:
             try:
                 st = os.stat(self.item.path)
@@ -183,7 +191,7 @@ class ChunkStream:
             return
         # a decoded stream (gzip, UTF-16) is no BufferedReader: read, not sized
         if (
-            self.item.path != "-"
+            (self.item.path != "-" or self.item.spool is not None)
             and isinstance(stream, io.BufferedReader)
             and not isinstance(stream.raw, WaitedReader)
             and _is_regular(stream)
@@ -351,3 +359,44 @@ class ChunkStream:
             if not block.endswith(b"\n"):  # the file grew or its last line has no newline
                 block += b"\n"
             yield block
+
+
+_stdin_replay = b""
+"""Bytes read from stdin before its scan began (see replay_stdin)."""
+
+
+def replay_stdin(data: bytes) -> None:
+    """Give back what was read from stdin to decide how to scan it (ingest/spool): the next
+    reader of stdin gets these bytes first, then the rest of the stream."""
+    global _stdin_replay
+    _stdin_replay = data
+
+
+def _stdin() -> BinaryIO:
+    global _stdin_replay
+    data, _stdin_replay = _stdin_replay, b""
+    if not data:
+        return sys.stdin.buffer
+    return io.BufferedReader(_Replayed(data, sys.stdin.buffer))
+
+
+class _Replayed(io.RawIOBase):
+    """Bytes already read from a stream, then the stream itself (which closing leaves open)."""
+
+    def __init__(self, data: bytes, rest: BinaryIO) -> None:
+        self._data = memoryview(data)
+        self._rest = rest
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
+        if self._data:
+            n = min(len(buffer), len(self._data))
+            buffer[:n] = self._data[:n]
+            self._data = self._data[n:]
+            return n
+        read1 = getattr(self._rest, "read1", self._rest.read)
+        block: bytes = read1(len(buffer))
+        buffer[: len(block)] = block
+        return len(block)
