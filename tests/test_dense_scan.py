@@ -188,6 +188,8 @@ def test_split_dense_log_same_report_one_process_or_two(
     two = report_to_dict(diagnose_paths([str(log)], jobs=2))
     assert one == two
     assert one["verdict"] == whole["verdict"]
+    # each writer's last words and last progress come from the last range that has them
+    assert one["job"] == whole["job"]
     # each repeated warning has one pattern: its cap per pattern is the one per rule merging
     # applies, and the ranges keep the same hits as the whole file
     assert one["findings"] == whole["findings"]
