@@ -100,10 +100,12 @@ EARLY_STOP = Rule(
         # "sample budget of 24 reached, stopping", "max_steps reached; stopping", "validation
         # loss 1.18 below target, stopping", "mean loss 0.49 under 0.60 after epoch 1:
         # stopping" (not "... reached, stopping training at step N!", nor a signal's "got
-        # SIGTERM, stopping": no limit or target is named)
+        # SIGTERM, stopping": no limit or target is named); a loss that is no longer finite is
+        # such a limit: "policy_loss is nan at episode 1 step 2, stopping" (a rank that then
+        # leaves with sys.exit(1), as DeiT's "Loss is nan, stopping training")
         Signature(
             r"(?i:\b(?:reached|under|below|above|exceed(?:s|ed)?|target|threshold|patience"
-            r"|converged|no improvement)\b[^\n]{0,80}?[,;:]? stopping)(?:[.!]?$| early\b)",
+            r"|converged|no improvement|nan|inf)\b[^\n]{0,80}?[,;:]? stopping)(?:[.!]?$| early\b)",
             " stopping",
         ),
         # Lightning EarlyStopping: "... did not improve ... Signaling Trainer to stop."
@@ -148,6 +150,9 @@ EARLY_STOP = Rule(
         "[R1/3] early stop agreed by all ranks at epoch 1 (best 0.6723)",
         "validation loss 1.4621 below target: stopping early",
         "Loss is nan, stopping training",
+        # tests/fixtures/real/fortysixth-zero-target
+        "[2026-12-04 10:31:44,851] [ERROR] [fortysixth_style_train.py:392:main] policy_loss is nan "
+        "at episode 1 step 2, stopping",
         # PyTorch-Ignite's handlers (ignite/handlers/early_stopping.py, terminate_on_nan.py)
         "2024-05-02 10:00:01,123 ignite.handlers.early_stopping.EarlyStopping INFO: "
         "EarlyStopping: Stop training",
