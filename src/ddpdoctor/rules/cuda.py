@@ -20,6 +20,10 @@ CUDA_OOM = Rule(
         ),
         Signature(r"CUDA out of memory"),
         Signature(r"CUDA error: out of memory"),
+        # torch < 1.9's exception: 'RuntimeError: cuda runtime error (2) : out of memory at
+        # ...' (not the allocator's own 'THCudaCheck FAIL ... error=2 : out of memory' line,
+        # printed before an exception a program may catch: fairseq skips the batch, case 662)
+        Signature(r"cuda runtime error \(2\) : out of memory", "cuda runtime error (2)"),
         # torch.OutOfMemoryError / torch.cuda.OutOfMemoryError (not Ray's host-memory kill,
         # ray.exceptions.OutOfMemoryError)
         Signature(r"(?<!exceptions\.)OutOfMemoryError", "OutOfMemoryError"),
@@ -44,10 +48,16 @@ CUDA_OOM = Rule(
         "Enable activation checkpointing and bf16/fp16 mixed precision.",
     ),
     positive=(
+        "RuntimeError: cuda runtime error (2) : out of memory at "
+        "/pytorch/aten/src/THC/generic/THCStorage.cu:58",
         "torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 336.00 MiB. GPU  "
         "has a total capacity of 79.15 GiB of which 141.25 MiB is free.",
     ),
-    negative=("Memory cgroup out of memory: Killed process 1234 (python)",),
+    negative=(
+        "Memory cgroup out of memory: Killed process 1234 (python)",
+        "THCudaCheck FAIL file=/pytorch/torch/lib/THC/generic/THCStorage.cu line=58 error=2 : out "
+        "of memory",
+    ),
 )
 
 CHECKPOINT_LOAD_DEVICE = Rule(
@@ -319,7 +329,10 @@ DEVICE_ASSIGNMENT = Rule(
             r"CUDA device (?P<busid>\w+)",
             "Duplicate GPU detected",
         ),
-        Signature(r"CUDA error: invalid device ordinal"),
+        # cudaSetDevice to a GPU that is not there, in every torch's words: 'CUDA error:
+        # invalid device ordinal', torch < 1.9's THC check 'THCudaCheck FAIL file=... error=101
+        # : invalid device ordinal' and 'cuda runtime error (101) : invalid device ordinal'
+        Signature(r"(?:CUDA error: |error=101 : |error \(101\) : )invalid device ordinal"),
         Signature(
             r"Expected all tensors to be on the same device, but found at least two devices",
             "Expected all tensors to be on the same device",
@@ -376,7 +389,14 @@ DEVICE_ASSIGNMENT = Rule(
         "Set CUDA_VISIBLE_DEVICES in the launcher environment, not inside the script after "
         "import torch; export CUDA_DEVICE_ORDER=PCI_BUS_ID.",
     ),
-    positive=("Duplicate GPU detected : rank 0 and rank 1 both on CUDA device 2000",),
+    positive=(
+        "Duplicate GPU detected : rank 0 and rank 1 both on CUDA device 2000",
+        # corpus case 1205 (torch.distributed.launch with more processes than GPUs)
+        "THCudaCheck FAIL file=/pytorch/torch/csrc/cuda/Module.cpp line=37 error=101 : invalid "
+        "device ordinal",
+        "RuntimeError: cuda runtime error (101) : invalid device ordinal at "
+        "/pytorch/torch/csrc/cuda/Module.cpp:59",
+    ),
     negative=("NCCL INFO comm 0x55 rank 1 nranks 2 cudaDev 1 busId 2000 - Init COMPLETE",),
 )
 
