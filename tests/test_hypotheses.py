@@ -168,6 +168,9 @@ POSITIVE = {
         # printed a line
         (lambda t: case("613"), [4]),
     ],
+    # srun --label: Lightning's 'GLOBAL_RANK: 1, MEMBER: 2/8' printed by two tasks each for
+    # ranks 1-3, ranks 4-7 never: both nodes took the first node's ranks
+    "INF235": [(lambda t: case("660"), []), (lambda t: case("1324"), [])],
     # one exception line pasted alone, naming init_process_group (not a start-up stall)
     "INF227": [(lambda t: case("500"), [])],
     # the ranks' barrier in main_process_first while the main process tokenised, cut
@@ -314,6 +317,10 @@ NEAR_MISS = {
     "INF225": [lambda t: case("465")],
     # start-up that got as far as NCCL connecting the GPUs: past the rendezvous (INF205)
     "INF226": [lambda t: case("070")],
+    # only the first node's four ranks announced themselves, once each: the other node never
+    # came (INF226), no rank was taken twice; a detectron2-style run whose every rank
+    # announced itself once and trained
+    "INF235": [lambda t: case("474"), lambda t: real("thirteenth-voted-halt")],
     # the exception under its whole traceback: read by the rule for its line
     "INF227": [lambda t: case("232"), lambda t: real("healthy-plain")],
     # a cut traceback in another place (torch.save inside a checkpoint engine)

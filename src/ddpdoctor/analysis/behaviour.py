@@ -239,6 +239,10 @@ def build_evidence(job: JobView, events: list[Event]) -> JobEvidence:
     evidence.gpu_processes = {pid: set(gpus) for pid, gpus in job.gpu_processes.items()}
     evidence.gpu_process_rows = {at: Evidence.of(row) for at, row in job.gpu_process_rows.items()}
     evidence.prompts = [replace(Evidence.of(record), rank=rank) for rank, record in job.prompts]
+    evidence.announcements = {
+        rank: [replace(Evidence.of(record), rank=rank) for record in records]
+        for rank, records in job.announcements.items()
+    }
     evidence.end_marks = [r for rank, r in job.completions if rank is None or rank not in early]
     evidence.restart_ended_at = job.recovered_at
     _scope_to_last_attempt(evidence, job, events)

@@ -79,6 +79,26 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
     ),
     # Lightning: "Initializing distributed: GLOBAL_RANK: 0, MEMBER: 1/8"
     FactPattern("world_size", r"MEMBER: \d+/(?P<n>\d+)", "MEMBER: ", distinct=VALUE),
+    # a process announcing the global rank it joins the group as, once per process: Lightning
+    # (strategies/ddp.py), detectron2's default_setup, and the init_distributed_mode of
+    # torchvision's references and the research code built on it (DETR, DeiT, MAE, DINO):
+    # one rank announced by two processes is two launches that took the same ranks
+    FactPattern(
+        "rank_announced",
+        r"(?:initializing ddp|Initializing distributed): GLOBAL_RANK: (?P<rank>\d{1,6}), "
+        r"MEMBER: \d{1,6}/(?P<n>\d{1,6})",
+        "GLOBAL_RANK: ",
+    ),
+    FactPattern(
+        "rank_announced",
+        r"Rank of current process: (?P<rank>\d{1,6})\. World size: (?P<n>\d{1,6})",
+        "Rank of current process: ",
+    ),
+    FactPattern(
+        "rank_announced",
+        r"\bdistributed init \(rank (?P<rank>\d{1,6})\)",
+        "distributed init (rank ",
+    ),
     # k2/icefall-style logging names rank and world after the caller: "[trainer.py:650] (5/8) "
     FactPattern(
         "world_size",

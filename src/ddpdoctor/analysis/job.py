@@ -50,9 +50,11 @@ class JobView:
     resume_points: dict[str, dict[int, int]] = field(default_factory=dict)
     """Per unit ('step', 'epoch'), where each rank said it started or resumed training."""
     skipped_ranks: set[int] = field(default_factory=set)
+    """Ranks that said they skip a step or a batch."""
     prompts: list[tuple[int | None, Record]] = field(default_factory=list)
     """Questions asked on the terminal, with the asking rank when known."""
-    """Ranks that said they skip a step or a batch."""
+    announcements: dict[int, list[Record]] = field(default_factory=dict)
+    """Each global rank's announcements of joining the group (facts rank_announced)."""
     gpu_processes: dict[int, set[int]] = field(default_factory=dict)
     """nvidia-smi's process table: the GPUs each pid holds memory on."""
     gpu_process_rows: dict[tuple[int, int], Record] = field(default_factory=dict)
@@ -210,6 +212,7 @@ def build_job(
     starts: dict[str, dict[int, set[int]]] = {}
     skipped: set[int] = set()
     prompts: list[tuple[int | None, Record]] = []
+    announcements: dict[int, list[Record]] = {}
     gpu_processes: dict[int, set[int]] = {}
     gpu_rows: dict[tuple[int, int], Record] = {}
     normal_seen = False
@@ -261,6 +264,13 @@ def build_job(
                 if pid is not None and gpu is not None:
                     gpu_processes.setdefault(pid, set()).add(gpu)
                     gpu_rows.setdefault((pid, gpu), fact.record)
+            elif fact.name == "rank_announced":
+                announced = rank_number(fact.captures.get("rank"))
+                if announced is not None:
+                    announcements.setdefault(announced, []).append(fact.record)
+                n = count_number(fact.captures.get("n"), MAX_WORLD_SIZE)
+                if n:
+                    world_hints.append(n)
             elif fact.name == "prompt":
                 asker = resolve_rank(fact.record.origin, single_node, rank_map)
                 prompts.append((asker, fact.record))
@@ -407,6 +417,7 @@ def build_job(
         loop_ends=loop_ends,
         skipped_ranks=skipped,
         prompts=prompts,
+        announcements=announcements,
         gpu_processes=gpu_processes,
         gpu_process_rows=gpu_rows,
         resume_points=_said_once(starts),

@@ -273,10 +273,11 @@ class JobEvidence:
     """Per rank, (source, line, time) of each of its writers' last progress lines that carry a
     time: an error it printed before such a line did not end its training."""
     data_sizes: dict[str, dict[int, int]] = field(default_factory=dict)
+    """Per unit ('batches', 'samples'), how much data each rank said it has."""
     resume_points: dict[str, dict[int, int]] = field(default_factory=dict)
     """Per unit ('step', 'epoch'), where each rank said it started or resumed training."""
-    """Per unit ('batches', 'samples'), how much data each rank said it has."""
     skipped_ranks: set[int] = field(default_factory=set)
+    """Ranks that said they skip a step or a batch."""
     gpu_processes: dict[int, set[int]] = field(default_factory=dict)
     """nvidia-smi's process table: the GPUs each pid holds memory on."""
     gpu_process_rows: dict[tuple[int, int], Evidence] = field(default_factory=dict)
@@ -284,7 +285,10 @@ class JobEvidence:
     prompts: list[Evidence] = field(default_factory=list)
     """Questions a process asked on its terminal ('Continue? [y/N]'), with their rank when
     known: nobody answers a distributed worker."""
-    """Ranks that said they skip a step or a batch."""
+    announcements: dict[int, list[Evidence]] = field(default_factory=dict)
+    """Each global rank's announcements of joining the group, one per process that joined as
+    it (Lightning's 'GLOBAL_RANK: 1, MEMBER: 2/8', detectron2's 'Rank of current process: 1.
+    World size: 8', '| distributed init (rank 1)')."""
     end_marks: list[Record] = field(default_factory=list)
     """The announcements of the end of training (not of ranks that left early)."""
     last_progress_at: datetime | None = None
