@@ -1235,7 +1235,17 @@ STORE_ERROR = Rule(
     sources="torch/csrc/distributed/c10d/TCPStore.cpp (DistStoreError)",
     echo=Echo.LOST_PEER,
     specificity=20,
-    signatures=(Signature(r"DistStoreError"),),
+    signatures=(
+        # a request that waited for a key nobody set in time (torch < 2's RuntimeError, later
+        # DistStoreError): a wait, like a collective's timeout, for a rank that was late (busy
+        # alone before its set: preprocessing on rank 0) or gone
+        Signature(
+            r"(?:DistStoreError|RuntimeError): Socket Timeout\s*$",
+            "Socket Timeout",
+            echo=Echo.WAITING,
+        ),
+        Signature(r"DistStoreError"),
+    ),
     explanation=Explanation(
         what="A rank's request to the c10d key-value store failed or timed out.",
         why="The store lives in the master's agent (or rank 0): when that process died or is "
@@ -1248,7 +1258,11 @@ STORE_ERROR = Rule(
         "Read rank 0's and the master node's log first.",
         "Check that MASTER_ADDR:MASTER_PORT is reachable from every node (nc -zv ADDR PORT).",
     ),
-    positive=("torch.distributed.DistStoreError: Socket Timeout",),
+    positive=(
+        "torch.distributed.DistStoreError: Socket Timeout",
+        # corpus case 1235 (torch 1.x: Megatron's other ranks waiting for rank 0's index map)
+        "RuntimeError: Socket Timeout",
+    ),
     negative=("torch.distributed.DistNetworkError: The server socket has failed to listen",),
 )
 
