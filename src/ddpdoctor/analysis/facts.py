@@ -405,6 +405,19 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
                 r"The `srun` command is available on your system but is not used",
                 "is available on your system but is not used",
             ),
+            # Lightning's logger connector (trainer/connectors/logger_connector/result.py),
+            # once per metric logged on epoch level without sync_dist: advice on how a metric
+            # is averaged, not a failure
+            (
+                r"It is recommended to use `self\.log\([^\n]{1,200}sync_dist=True\)` when "
+                r"logging on epoch level in distributed setting",
+                "when logging on epoch level in distributed setting",
+            ),
+            # DataParallel's gather of per-GPU scalar losses (torch/nn/parallel/_functions.py)
+            (
+                r"Was asked to gather along dimension 0, but all input tensors were scalars",
+                "Was asked to gather along dimension 0",
+            ),
             # DeepSpeed's comm/comm.py: its own backends are not implemented, so it uses
             # torch.distributed's (a warning in older releases, a debug message now)
             (
