@@ -221,6 +221,9 @@ def _from_lines(
         )
     if rule.default_category == Category.INFRASTRUCTURE and not rule.proves_infrastructure:
         decision.category = str(Category.UNKNOWN)
+    captured = rule.category_for_captures([h.record.text for e in roots for h in e.hits])
+    if captured is not None:
+        decision.category = str(captured)
     if rule.split_gpus_configure and evidence.one_device_per_process:
         decision.category = str(Category.CONFIGURATION)
         decision.notes.append(

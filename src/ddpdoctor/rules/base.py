@@ -194,6 +194,9 @@ class Rule:
     traceback around the matched line, for rules that refine another (OOM inside torch.load).
     capture_fix: (capture, value regex, step): a step shown first when a root line captured
     that value (SIGHUP's signal number: the terminal closed, not the scheduler).
+    capture_category: (capture, value regex, category): the category when every root line
+    captured that value (a DataLoader worker killed by SIGKILL: the host's memory, not the
+    shared memory a bus error means).
     framework_fix: (framework, step) pairs: the fix in that framework's own terms, shown first
     when the job's tracebacks show it ran under that framework (rules/frameworks.py).
     """
@@ -221,6 +224,7 @@ class Rule:
     context_none: tuple[str, ...] = ()
     framework_fix: tuple[tuple[str, str], ...] = ()
     capture_fix: tuple[tuple[str, str, str], ...] = ()
+    capture_category: tuple[tuple[str, str, Category], ...] = ()
     references: tuple[str, ...] = ()
     positive: tuple[str, ...] = ()
     negative: tuple[str, ...] = ()
@@ -285,6 +289,21 @@ class Rule:
             for name, value, step in self.capture_fix
             if any(re.fullmatch(value, c.get(name, "")) for c in captures)
         ]
+
+    def category_for_captures(self, lines: list[str]) -> Category | None:
+        """The category the captured values of these lines call for, when every line captured
+        it (see capture_category); None otherwise."""
+        for name, value, category in self.capture_category:
+            if lines and all(
+                any(
+                    (m := sig.compiled.search(line[:MAX_FIX_LINE]))
+                    and re.fullmatch(value, m.groupdict().get(name) or "")
+                    for sig in self.signatures
+                )
+                for line in lines
+            ):
+                return category
+        return None
 
     def echo_of(self, signature: Signature | None) -> Echo | None:
         """The echo a hit of `signature` carries: the signature's own, else the rule's."""

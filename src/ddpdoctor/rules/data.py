@@ -3,6 +3,7 @@ workers, missing modules, checkpoint loading (weights_only)."""
 
 from __future__ import annotations
 
+from ddpdoctor.model.taxonomy import Category
 from ddpdoctor.rules.base import Explanation, Rule, Signature
 
 DATA_ERROR = Rule(
@@ -334,6 +335,9 @@ DATALOADER_WORKER_KILLED = Rule(
         "killer (host memory, not /dev/shm): check dmesg -T | grep -iE 'killed process|out of "
         "memory' on the node and lower num_workers or what each worker keeps in memory.",
     ),
+    # SIGKILL is the kernel's OOM killer (or a cgroup's), host memory: a resource; a bus error
+    # or a failed shm allocation is the container's /dev/shm: the environment (the default)
+    capture_category=(("signal", r"Killed\.?", Category.RESOURCE),),
     positive=(
         "RuntimeError: DataLoader worker (pid 325) is killed by signal: Bus error.",
         "ERROR: Unexpected bus error encountered in worker. This might be caused by "
