@@ -241,6 +241,15 @@ CUDA_LIBRARY_MISMATCH = Rule(
         Signature(r"forward compatibility was attempted on non supported HW"),
         # NCCL init.cc: ranks run different NCCL builds (different images or wheels per node)
         Signature(r"Mismatched NCCL version detected"),
+        # a build without kernels for this GPU's architecture (cudaErrorSymbolNotFound,
+        # cudaErrorInvalidDeviceFunction), as NCCL's WARN or torch's CUDA error prints it:
+        # NCCL 2.14 of torch 2.0 / CUDA 11.8 on an RTX 5090 (sm_120), corpus case 1359
+        Signature(
+            r"(?:Cuda failure|CUDA error):? '?named symbol not found", "named symbol not found"
+        ),
+        Signature(
+            r"(?:Cuda failure|CUDA error):? '?invalid device function", "invalid device function"
+        ),
         # torch builds without the requested backend or without CUDA, or no visible GPU
         # (distributed_c10d.py, torch/cuda/__init__.py, c10/cuda/CUDAFunctions.cpp,
         # ProcessGroupNCCL.cpp)
@@ -304,6 +313,7 @@ CUDA_LIBRARY_MISMATCH = Rule(
         )
     ),
     positive=(
+        "c3f9e81a05b7:61204:61204 [0] NCCL WARN Cuda failure 'named symbol not found'",
         "NVIDIA A100-PCIE-40GB with CUDA capability sm_80 is not compatible with the current "
         "PyTorch installation.",
         "RuntimeError('CUDA error: no kernel image is available for execution on the device')",

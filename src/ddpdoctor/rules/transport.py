@@ -289,6 +289,123 @@ NCCL_SYSTEM_ERROR = Rule(
     negative=("NCCL error in: ProcessGroupNCCL.cpp:1691, invalid usage",),
 )
 
+NVLS_FAILED = Rule(
+    code="NET109",
+    kind="nccl-p2p",
+    title="NVLink SHARP (NVLS) failed: the node's Fabric Manager or NVSwitches",
+    sources="NCCL src/transport/nvls.cc (its WARN lines, cuMulticastBindMem)",
+    category=Category.INFRASTRUCTURE,
+    proves_infrastructure=True,
+    specificity=70,
+    signatures=(
+        Signature(
+            r"Failed to bind NVLink SHARP \(NVLS\) Multicast memory", "Failed to bind NVLink SHARP"
+        ),
+    ),
+    explanation=Explanation(
+        what="NCCL's NVLink SHARP transport (multicast memory on NVSwitch systems: H100/H200/"
+        "B200 HGX, DGX) could not create or bind its buffers.",
+        why="NVLS needs the node's Fabric Manager running and matching the driver, and healthy "
+        "NVSwitches: a Fabric Manager that was stopped and restarted, failed to start, or runs "
+        "another version leaves multicast unusable until the GPUs are reset; NCCL says so in "
+        "its own message.",
+        fix="Check `systemctl status nvidia-fabricmanager` and `nvidia-smi -q | grep -i -A2 "
+        "fabric` on the node; after a Fabric Manager restart reset the GPUs or reboot. To run "
+        "meanwhile: NCCL_NVLS_ENABLE=0.",
+        false_positives="None known: the line comes from the NVLS transport itself.",
+    ),
+    fix=(
+        "On the node: `systemctl status nvidia-fabricmanager` (running, same version as the "
+        "driver) and `nvidia-smi -q | grep -i -A2 fabric` (state Completed); after a Fabric "
+        "Manager restart, reset the GPUs (nvidia-smi -r) or reboot the node.",
+        "To run meanwhile, disable NVLS: export NCCL_NVLS_ENABLE=0.",
+    ),
+    positive=(
+        # corpus case 1351 (NCCL 2.29, H100 CI runners)
+        "Failed to bind NVLink SHARP (NVLS) Multicast memory of size 2097152 : CUDA error 401 "
+        "'the operation cannot be performed in the present state'.",
+    ),
+    negative=(
+        "gpu-n07:30417:30417 [2] NCCL INFO NVLS multicast support is available on dev 2",
+        "gpu-n07:30417:30460 [2] transport/nvls.cc:244 NCCL WARN Cuda failure 1 'invalid argument'",
+    ),
+)
+
+NVLS_SETUP = Rule(
+    code="NET111",
+    kind="nccl-p2p",
+    title="NVLink SHARP (NVLS) could not be set up: the driver or the Fabric Manager",
+    sources="NCCL src/transport/nvls.cc (CUCHECK of cuMulticastCreate / AddDevice / map)",
+    specificity=65,
+    signatures=(
+        # any CUDA failure NCCL reports from its NVLS transport ("transport/nvls.cc:244 NCCL
+        # WARN Cuda failure 1 'invalid argument'"): the multicast objects NVSwitch systems
+        # provide could not be made
+        Signature(r"transport/nvls\.cc:\d+ NCCL WARN", "transport/nvls.cc:"),
+    ),
+    explanation=Explanation(
+        what="A CUDA driver call of NCCL's NVLink SHARP transport (multicast objects on "
+        "NVSwitch systems) failed while the communicator was set up.",
+        why="The driver is older than what this NCCL's NVLS needs (a new NCCL in an old "
+        "driver's container), or the node's Fabric Manager is not in a usable state (stopped, "
+        "restarted without a GPU reset, another version than the driver).",
+        fix="Compare the driver with the NCCL in use and upgrade the driver (or use an NCCL "
+        "of the driver's era); check `systemctl status nvidia-fabricmanager`; "
+        "NCCL_NVLS_ENABLE=0 avoids NVLS meanwhile.",
+        false_positives="None known: the line comes from the NVLS transport itself.",
+    ),
+    fix=(
+        "Check the driver against the NCCL in use (nvidia-smi; python -c 'import torch; "
+        "print(torch.cuda.nccl.version())'): upgrade the driver, or use a PyTorch/NCCL built "
+        "for it.",
+        "Check the Fabric Manager: `systemctl status nvidia-fabricmanager` (running, the "
+        "driver's version); after a restart of it, reset the GPUs or reboot the node.",
+        "To run meanwhile, disable NVLS: export NCCL_NVLS_ENABLE=0.",
+    ),
+    positive=(
+        # corpus cases 1357 (a Fabric Manager restarted) and 909 (NCCL 2.26, a 12.2 driver)
+        "gpu-n07:30417:30460 [2] transport/nvls.cc:244 NCCL WARN Cuda failure 1 'invalid argument'",
+    ),
+    negative=("gpu-n07:30417:30417 [2] NCCL INFO NVLS multicast support is available on dev 2",),
+)
+
+NCCL_TOPOLOGY = Rule(
+    code="NET110",
+    kind="cuda-library-mismatch",
+    title="NCCL could not make sense of the node's topology (an NCCL older than the hardware)",
+    sources="NCCL src/graph/paths.cc, src/graph/topo.h (WARN, then ncclInternalError)",
+    category=Category.ENVIRONMENT,
+    specificity=70,
+    signatures=(
+        Signature(r"Failed to find reverse path from remNode", "Failed to find reverse path"),
+        Signature(r"Could not find NET with id", "Could not find NET with id"),
+    ),
+    explanation=Explanation(
+        what="NCCL's topology detection (GPUs, NICs, PCI switches, NVLink) found links it "
+        "cannot follow, and init failed with an internal error.",
+        why="An NCCL release older than the GPUs or NICs of the node (NCCL 2.14 on H100, an old "
+        "container's NCCL on a new platform) misreads its topology; less often an "
+        "NCCL_TOPO_FILE that does not describe this node, or a container that hides /sys.",
+        fix="Use an NCCL that supports the hardware: a newer PyTorch wheel or container (its "
+        "bundled nvidia-nccl), or LD_PRELOAD a newer libnccl; check NCCL_TOPO_FILE if set.",
+        false_positives="A topology file written for another node type gives the same lines.",
+    ),
+    fix=(
+        "Upgrade NCCL to a release that supports these GPUs and NICs (a newer container or "
+        "PyTorch wheel, or pip install -U nvidia-nccl-cu12 with torch's matching CUDA): "
+        "python -c 'import torch; print(torch.cuda.nccl.version())' shows the one in use.",
+        "If NCCL_TOPO_FILE is set, check that it describes this node; in containers, mount "
+        "/sys so NCCL can read the PCI topology.",
+    ),
+    positive=(
+        # corpus case 1350 (NCCL 2.14.3 on H100)
+        "Failed to find reverse path from remNode 0/61000 nlinks 4 to node 0/ca000",
+        # corpus case 1055
+        "graph/topo.h:230 NCCL WARN Could not find NET with id 0",
+    ),
+    negative=("NCCL INFO Connected all rings",),
+)
+
 NCCL_SHM_SEGMENT = Rule(
     code="NET106",
     kind="nccl-p2p",
@@ -384,4 +501,7 @@ RULES = (
     SOCKET_INTERFACE,
     NCCL_SYSTEM_ERROR,
     NCCL_SHM_SEGMENT,
+    NVLS_FAILED,
+    NVLS_SETUP,
+    NCCL_TOPOLOGY,
 )
