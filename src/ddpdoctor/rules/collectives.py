@@ -65,6 +65,16 @@ COLLECTIVE_MISMATCH = Rule(
     negative=("Watchdog caught collective operation timeout: WorkNCCL(SeqNum=2, OpType=ALLREDUCE",),
 )
 
+SAME_COLLECTIVES = (
+    "If no rank failed or was busy: every rank must issue the same collectives in the same "
+    "order. A rank with fewer batches leaves the loop first (DistributedSampler(..., "
+    "drop_last=True), the same number of batches per rank, or `with ddp_model.join():`); a "
+    "collective called on some ranks only (a metric, an evaluation or a save under `if rank "
+    "== 0` / is_main_process, a barrier there) waits for ever: call it on every rank."
+)
+"""The two mistakes of the program's own behind a timeout that names no culprit (uneven inputs
+and a rank-dependent collective), before the transport is suspected."""
+
 NCCL_WATCHDOG_TIMEOUT = Rule(
     code="TMO101",
     kind="nccl-timeout",
@@ -118,6 +128,7 @@ NCCL_WATCHDOG_TIMEOUT = Rule(
         "and nodes.",
         "If a rank is legitimately busy (preprocessing, checkpoint), raise the timeout: "
         "init_process_group(..., timeout=datetime.timedelta(minutes=60)).",
+        SAME_COLLECTIVES,
         "If every rank was present: export NCCL_DEBUG=INFO and bisect with NCCL_IB_DISABLE=1, "
         "then NCCL_P2P_DISABLE=1 (`ddpdoctor check` automates it).",
     ),

@@ -46,6 +46,9 @@ CUDA_OOM = Rule(
         "Reduce the per-GPU batch size and keep the global batch with gradient accumulation.",
         "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (fragmentation).",
         "Enable activation checkpointing and bf16/fp16 mixed precision.",
+        "If it ran out while loading a checkpoint (torch.load, load_from_checkpoint, a resume): "
+        "load it onto the CPU first, torch.load(path, map_location='cpu'): a checkpoint saved "
+        "from cuda:0 otherwise lands on cuda:0 in every rank.",
     ),
     positive=(
         "RuntimeError: cuda runtime error (2) : out of memory at "

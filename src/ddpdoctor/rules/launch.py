@@ -412,6 +412,19 @@ NATIVE_CRASH = Rule(
         "Re-run with PYTHONFAULTHANDLER=1 (or under `ddpdoctor run`) to get the stack of the crash.",
         "Rebuild compiled extensions against the installed torch; check for two CUDA/NCCL copies.",
     ),
+    # a bus error is a mapped file that could not be backed: in a container, most often its
+    # /dev/shm (corpus cases 976 and 1266: NCCL's buffers, an in-memory checkpoint)
+    capture_fix=tuple(
+        (
+            name,
+            value,
+            "A SIGBUS (signal 7) in a container is most often its /dev/shm running full (NCCL's "
+            "shared-memory buffers, DataLoader batches, in-memory checkpoints): check `df -h "
+            "/dev/shm` and give the container shared memory (docker --shm-size=16g or "
+            "--ipc=host; Kubernetes: an emptyDir {medium: Memory} on /dev/shm).",
+        )
+        for name, value in (("signum", "7"), ("sig", "SIGBUS"))
+    ),
     positive=(
         # bash in zh_CN (corpus case 222) and fr locales
         "已放弃 (核心已转储)",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from ddpdoctor.model.evidence import JobEvidence
 from ddpdoctor.rules.base import Explanation, Rule
+from ddpdoctor.rules.collectives import SAME_COLLECTIVES
 from ddpdoctor.rules.hypotheses.base import Assessment, ranks_text
 
 RULE = Rule(
@@ -27,6 +28,7 @@ RULE = Rule(
         "PID`, or re-run under `ddpdoctor run`, which does it when progress stops), and re-run "
         "with NCCL_DEBUG=INFO and the flight recorder (TORCH_NCCL_TRACE_BUFFER_SIZE=2000, "
         "dumped on the timeout) to see which collective each rank was in.",
+        SAME_COLLECTIVES,
         "Raise the timeout (init_process_group(timeout=...)) only if a rank was legitimately "
         "busy for that long.",
     ),
