@@ -447,7 +447,7 @@ FRAMEWORK_SCENARIOS: tuple[Scenario, ...] = (
         "worker-killed",
         "Accelerate: rank 1's DataLoader worker is SIGKILLed (as by the OOM killer)",
         "dataloader-worker-killed",
-        "environment",
+        "resource",  # a SIGKILL is host memory; a bus error would be /dev/shm (environment)
         (1,),
         cascade=(0,),
     ),
