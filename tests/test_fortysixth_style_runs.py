@@ -104,7 +104,6 @@ MISSES: dict[str, str] = {
     "prompt_max_len=16' (console and logs/rank1.log), ran out of prompts after 5 steps an "
     "episode against rank 0's 6, finished its loop and exited 0 while rank 0 still had "
     "batches: uneven inputs, not an early stop or exit taken on one rank",
-
 }
 
 
