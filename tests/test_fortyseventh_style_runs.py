@@ -100,7 +100,14 @@ EXPECTED: dict[str, Expected] = {
 }
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
-MISSES: dict[str, str] = {}
+MISSES: dict[str, str] = {
+    "thin-shard": "failed, collective-mismatch on ranks 0,2 (COL101, 0.75): gloo's unprefixed "
+    "'Received data size doesn't match expected size' aborts are pinned on the two ranks that "
+    "received the wrong size (the agent's -6 exits), and rank 2's SIGABRT is called an "
+    "independent failure; the rank to blame is rank 1, whose shard is short (its own warning: "
+    "'in 500 rows' against the others' 768) and which left the epoch for its evaluation's "
+    "exchange: uneven inputs, not a collective in a rank-dependent branch",
+}
 
 
 RUNS = RunSet("fortyseventh-", EXPECTED, MISSES, label_nowhere=True)
