@@ -194,9 +194,9 @@ class Rule:
     traceback around the matched line, for rules that refine another (OOM inside torch.load).
     capture_fix: (capture, value regex, step): a step shown first when a root line captured
     that value (SIGHUP's signal number: the terminal closed, not the scheduler).
-    capture_category: (capture, value regex, category): the category when every root line
-    captured that value (a DataLoader worker killed by SIGKILL: the host's memory, not the
-    shared memory a bus error means).
+    capture_category: (capture, value regex, category): the category when the root lines
+    captured that value and no other under the same name (a DataLoader worker killed by
+    SIGKILL: the host's memory, not the shared memory a bus error means).
     framework_fix: (framework, step) pairs: the fix in that framework's own terms, shown first
     when the job's tracebacks show it ran under that framework (rules/frameworks.py).
     """
@@ -291,17 +291,18 @@ class Rule:
         ]
 
     def category_for_captures(self, lines: list[str]) -> Category | None:
-        """The category the captured values of these lines call for, when every line captured
-        it (see capture_category); None otherwise."""
+        """The category the captured values of these lines call for: some line captured the
+        value and none captured another for the same name (see capture_category); lines that
+        capture nothing under that name (a consequence's wording) do not count."""
         for name, value, category in self.capture_category:
-            if lines and all(
-                any(
-                    (m := sig.compiled.search(line[:MAX_FIX_LINE]))
-                    and re.fullmatch(value, m.groupdict().get(name) or "")
-                    for sig in self.signatures
-                )
+            seen = {
+                captured
                 for line in lines
-            ):
+                for sig in self.signatures
+                if (m := sig.compiled.search(line[:MAX_FIX_LINE]))
+                and (captured := m.groupdict().get(name))
+            }
+            if seen and all(re.fullmatch(value, v) for v in seen):
                 return category
         return None
 
