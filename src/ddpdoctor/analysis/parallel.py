@@ -354,6 +354,7 @@ def _scan_stdin(engine: str, workers: int) -> SourceScan | None:
     try:
         opening = next(parts)
         if opening.end is None:  # the whole stream in one range: no worker to start
+            _value_keys.clear()  # a fresh diagnosis (see _share)
             alone = _scan_part((engine, opening, sample, True, (None, (), False)))
             merged = next(_sharing_texts([alone]))
         else:
