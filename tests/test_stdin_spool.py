@@ -216,3 +216,16 @@ def test_tail_sample_does_not_depend_on_where_the_last_chunk_starts(
     small_last = report_to_dict(diagnose_paths([str(log)], jobs=1))
     assert small_last["job"] == whole["job"]
     assert small_last["verdict"] == whole["verdict"]
+
+
+def test_the_same_stdin_twice_in_one_process_gives_the_same_report(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A library caller diagnosing twice: the second spooled stdin must not lose the facts the
+    first one handed on (a world size, a transport, read by value once per diagnosis)."""
+    case = sorted((Path(__file__).parent / "fixtures" / "real").rglob("*.log"))[0]
+    data = case.read_bytes()
+    monkeypatch.setattr(spool, "READ_BYTES", 1000)  # spooled, as one range
+    first = _stdin_report(monkeypatch, data, 2)
+    assert _stdin_report(monkeypatch, data, 2) == first
+    assert first == _stdin_report(monkeypatch, data, 1)
