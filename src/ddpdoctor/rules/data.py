@@ -479,6 +479,9 @@ DATALOADER_CHANNEL_BROKEN = Rule(
     title="A DataLoader worker died while handing over a batch (its channel broke)",
     sources="torch/multiprocessing/reductions.py rebuild_storage_fd, multiprocessing "
     "resource_sharer.py and connection.py, torch/utils/data/dataloader.py",
+    # the broken channel says that the worker died, not why (the OOM killer, a crash, a full
+    # /dev/shm): no category is claimed
+    category=Category.UNKNOWN,
     specificity=75,
     signatures=(
         Signature(

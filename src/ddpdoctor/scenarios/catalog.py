@@ -66,6 +66,10 @@ class Scenario:
     gaps: dict[str, str] = field(default_factory=dict)
     """Known gaps of the analysis for this scenario: aspect ("kind", "category", "culprits",
     "cascade") -> what it gets instead. Tests mark these aspects strict xfail."""
+    categories_also: tuple[str, ...] = ()
+    """Other categories a run may rightly get where what it prints varies with timing: a
+    SIGKILLed DataLoader worker is reported by its signal line (host memory) or only by the
+    channel it broke, which names no cause."""
     notes: str = ""
     needs: tuple[str, ...] = ()
     """Paths the injection uses (a device file); where one is missing the scenario cannot run."""
@@ -229,6 +233,7 @@ SCENARIOS: tuple[Scenario, ...] = (
         program="dataloader_worker_killed.py",
         expected_kind="dataloader-worker-killed",
         expected_category="environment",
+        categories_also=("unknown",),  # when only the broken channel is printed (DL103)
         expected_culprits=(1,),
         cascade_ranks=(0,),
         notes="The worker's bus-error message is followed by a NUL byte.",
@@ -376,6 +381,7 @@ def _framework(
     env: dict[str, str] | None = None,
     gaps: dict[str, str] | None = None,
     notes: str = "",
+    categories_also: tuple[str, ...] = (),
 ) -> Scenario:
     """One fault of one framework's program (its first argument names the fault)."""
     prefix, program, usual = PROGRAMS[framework]
@@ -396,6 +402,7 @@ def _framework(
         timeout_s=90.0,
         gaps=gaps or {},
         notes=notes,
+        categories_also=categories_also,
     )
 
 
@@ -450,6 +457,7 @@ FRAMEWORK_SCENARIOS: tuple[Scenario, ...] = (
         "resource",  # a SIGKILL is host memory; a bus error would be /dev/shm (environment)
         (1,),
         cascade=(0,),
+        categories_also=("unknown",),  # when only the broken channel is printed (DL103)
     ),
     _framework(
         "accelerate",
@@ -632,7 +640,7 @@ def mismatches(scenario: Scenario, report: Report) -> dict[str, str]:
         out["status"] = f"status {v.status!r}, expected {scenario.expected_status!r}"
     if v.kind != scenario.expected_kind:
         out["kind"] = f"kind {v.kind!r} (rule {v.rule}), expected {scenario.expected_kind!r}"
-    if v.category != scenario.expected_category:
+    if v.category != scenario.expected_category and v.category not in scenario.categories_also:
         out["category"] = f"category {v.category!r}, expected {scenario.expected_category!r}"
     want = _culprits_shown(scenario, report)
     if want is not None and sorted(v.culprit.ranks) != sorted(want):
