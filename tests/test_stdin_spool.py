@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import gzip
 import io
+import json
 import os
 import random
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -233,3 +235,48 @@ def test_the_same_stdin_twice_in_one_process_gives_the_same_report(
     first = _stdin_report(monkeypatch, data, 2)
     assert _stdin_report(monkeypatch, data, 2) == first
     assert first == _stdin_report(monkeypatch, data, 1)
+
+
+def test_a_real_pipe_through_the_cli_is_spooled_and_cleaned_up(tmp_path: Path) -> None:
+    """`cat log | ddpdoctor diagnose -` as a user runs it: a 40 MB log through a real pipe
+    (more than one range) gives the report one reader gives (`-j 1`), and leaves nothing in
+    the temporary folder."""
+    log = tmp_path / "dense.log"
+    write_dense(log, 40 * 1024 * 1024, 3, 0.01, slurm_writers(8), errors=10)
+    spool_root = tmp_path / "tmp"
+    spool_root.mkdir()
+    env = {**os.environ, "TMPDIR": str(spool_root)}
+
+    def piped(jobs: str) -> str:
+        with open(log, "rb") as fh:
+            cat = subprocess.Popen(["cat"], stdin=fh, stdout=subprocess.PIPE)
+            done = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "ddpdoctor",
+                    "diagnose",
+                    "-j",
+                    jobs,
+                    "--format",
+                    "json",
+                    "-",
+                ],
+                stdin=cat.stdout,
+                capture_output=True,
+                env=env,
+                timeout=300,
+                check=False,
+            )
+            assert cat.stdout is not None
+            cat.stdout.close()
+            cat.wait()
+        assert done.returncode in (0, 1), done.stderr.decode()[-2000:]
+        return done.stdout.decode()
+
+    one, two = json.loads(piped("1")), json.loads(piped("2"))
+    assert one["verdict"]["status"] == "failed"
+    # counts past a cap depend on where ranges end (see the in-process test above)
+    assert _capped_counts(one).keys() == _capped_counts(two).keys()
+    assert two == one
+    assert not os.listdir(spool_root)
