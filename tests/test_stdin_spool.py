@@ -24,6 +24,9 @@ from ddpdoctor.analysis.diagnose import diagnose_paths
 from ddpdoctor.ingest import sources, spool
 from ddpdoctor.ingest.sources import ChunkStream, Input
 from ddpdoctor.report.to_json import report_to_dict
+from tests.conftest import REPO
+
+CASES = REPO / "corpus" / "cases"
 
 
 def _lines(seed: int, n: int, long_every: int = 0) -> bytes:
@@ -220,21 +223,54 @@ def test_tail_sample_does_not_depend_on_where_the_last_chunk_starts(
     assert small_last["verdict"] == whole["verdict"]
 
 
-def test_the_same_stdin_twice_in_one_process_gives_the_same_report(
+def test_the_same_stdin_twice_in_one_process_hands_on_the_same_facts(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A library caller diagnosing twice: the second spooled stdin reads as the first (each
-    diagnosis starts from a fresh set of fact values handed on; this console's world size
-    also comes from other lines, so it does not show a stale set by itself)."""
-    # a console that names its world size ("world_size=4"), a fact read by value
-    data = (
-        Path(__file__).parent / "fixtures/real/eleventh-all-epochs-done/console.log"
-    ).read_bytes()
-    assert b"world_size" in data.lower() or b"WORLD_SIZE" in data
+    """A library caller diagnosing twice: the second stdin, spooled as one range and scanned in
+    this process, keeps the facts read by value (a world size, a transport) that the first
+    handed on: each diagnosis starts from none handed on (it dropped them before)."""
+    (log,) = (
+        CASES
+        / "1070-slow-rank-timeout-litgpt-slurm-first-broadcast-workers-oversubscribed"
+        / "logs"
+    ).iterdir()
     monkeypatch.setattr(spool, "READ_BYTES", 1000)  # spooled, as one range
-    first = _stdin_report(monkeypatch, data, 2)
-    assert _stdin_report(monkeypatch, data, 2) == first
-    assert first == _stdin_report(monkeypatch, data, 1)
+
+    def facts() -> list[str]:
+        _with_stdin(monkeypatch, log.read_bytes())
+        (scan,) = parallel.scan_inputs([Input("-", "<stdin>", wait_s=None)], jobs=2)
+        return sorted(f.name for f in scan.facts)
+
+    first = facts()
+    assert {"world_size", "ib_transport"} <= set(first)
+    assert facts() == first
+
+
+def test_the_rest_of_stdin_that_cannot_be_spooled_is_scanned_here(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full disk after two ranges: those are scanned by the workers, the rest of the stream
+    (the bytes taken from it in front) by this process, and the report is one reader's."""
+    log = tmp_path / "dense.log"
+    write_dense(log, 6 * 1024 * 1024, 5, 0.1, slurm_writers(8), errors=20)
+    data = log.read_bytes()
+    one = _stdin_report(monkeypatch, data, jobs=1)
+    monkeypatch.setattr(parallel, "STDIN_PART_BYTES", 1_500_000)
+    real = spool._write_at
+    writes: list[int] = []
+
+    def full_after_two_ranges(fd: int, offset: int, buf: bytearray, size: int) -> None:
+        if offset >= 2 * 1_500_000:
+            raise OSError(28, "No space left on device")
+        writes.append(size)
+        real(fd, offset, buf, size)
+
+    monkeypatch.setattr(spool, "_write_at", full_after_two_ranges)
+    two = _stdin_report(monkeypatch, data, jobs=2)
+    assert writes
+    # counts past a cap depend on where ranges end (see the first test of reports above)
+    assert _capped_counts(one).keys() == _capped_counts(two).keys()
+    assert two == one
 
 
 def test_a_real_pipe_through_the_cli_is_spooled_and_cleaned_up(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ from collections import deque
 from collections.abc import Iterable, Iterator, MutableSequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from contextlib import contextmanager, suppress
+from dataclasses import replace
 from functools import lru_cache
 
 from ddpdoctor.analysis.merging import Merger, compact, merge
@@ -31,7 +32,6 @@ from ddpdoctor.ingest.sources import (
     Input,
     looks_binary,
     looks_utf16,
-    replay_stdin,
 )
 from ddpdoctor.model.records import Origin, Record
 from ddpdoctor.rules.base import Rule
@@ -143,8 +143,9 @@ _value_keys: dict[int, set[object]] = {}
 
 
 def _share(counts: MutableSequence[int]) -> None:
-    """Worker initializer: the parent's shared counts (inherited as they are under fork), and
-    no cyclic garbage collector (see _collector_paused)."""
+    """A process's state for a diagnosis: the shared hit counts (a worker's initializer; the
+    parent's too where it scans), no fact values handed on yet, and no cyclic garbage
+    collector (see _collector_paused)."""
     global _shared_counts
     _shared_counts = counts
     _value_keys.clear()
@@ -282,20 +283,26 @@ def _budgets(units: list[tuple[int, Input]], many: bool) -> list[_Budget]:
 def scan_inputs(
     inputs: list[Input], engine: str = "auto", jobs: int | None = None
 ) -> list[SourceScan]:
-    """One SourceScan per input, in input order; parts of a split file are merged back."""
-    workers = jobs if jobs is not None else (os.cpu_count() or 1)
-    if workers > 1 and len(inputs) == 1 and inputs[0].path == "-":
-        with _collector_paused():
-            streamed = _scan_stdin(engine, workers)
-        if streamed is not None:
-            return [streamed]
+    """One SourceScan per input, in input order; parts of a split file are merged back.
+    Stdin alone is read in ranges by every worker when it is long and plain text (see
+    _scan_stdin); else by one reader, the bytes taken to decide in front."""
+    available = jobs if jobs is not None else (os.cpu_count() or 1)
+    if available > 1 and len(inputs) == 1 and inputs[0].path == "-":
+        first = spool.read_first()
+        folder = (
+            spool.make_dir() if len(first) == spool.READ_BYTES and spool.plain_text(first) else None
+        )
+        if folder is not None:
+            with _collector_paused():
+                return [_scan_stdin(first, folder, engine, available)]
+        inputs = [replace(inputs[0], read_ahead=first)]
     sizes = [_size_of(item) for item in inputs]
     units = plan(inputs, sizes)
     sample = sample_bytes_for(len(inputs))
     many = len(inputs) >= MANY_FILES
     head = not many
     total = sum(size for size in sizes if size is not None)
-    workers = min(jobs if jobs is not None else (os.cpu_count() or 1), len(units))
+    workers = min(available, len(units))
     scanner = _scanner(engine)  # compiled before forking, so that workers share it
     if total >= FAST_COUNT_MIN_BYTES:
         use_numpy()  # before forking too: two workers importing at once took twice as long
@@ -318,14 +325,8 @@ def _run(
 ) -> list[SourceScan]:
     """Scan every unit, in worker processes when it pays, and merge as they complete."""
     if workers > 1 and total >= PARALLEL_MIN_BYTES:
-        methods = multiprocessing.get_all_start_methods()
-        context = multiprocessing.get_context("fork" if "fork" in methods else None)
-        counts = context.RawArray("q", size)
-        merger = Merger(owners, scanner.rule_index, many, counts)
-        _value_keys.clear()  # a fresh diagnosis (forked workers start from this)
-        with ProcessPoolExecutor(
-            max_workers=workers, mp_context=context, initializer=_share, initargs=(counts,)
-        ) as pool:
+        with _worker_pool(workers, size) as (pool, counts):
+            merger = Merger(owners, scanner.rule_index, many, counts)
             chunksize = max(1, min(16, len(jobs_) // (workers * 8)))
             return merger.add_all(_sharing_texts(pool.map(_scan_part, jobs_, chunksize=chunksize)))
     shared = [0] * size
@@ -334,27 +335,35 @@ def _run(
     return merger.add_all(_sharing_texts(_scan_part(job) for job in jobs_))
 
 
-def _scan_stdin(engine: str, workers: int) -> SourceScan | None:
-    """Stdin spooled to disk in ranges as it is read (ingest/spool), each range scanned by a
-    worker process while the next is read, their scans merged in stream order as a split
-    file's are. A stream that ends within its first range is scanned here, from its spooled
-    file. None, with what was read given back to stdin's reader, where one reader of the
-    stream itself is needed: a stream that ends within its first block, is compressed, UTF-16
-    or binary, or when no temporary folder can be made."""
-    first = spool.read_first()
-    whole = len(first) == spool.READ_BYTES and spool.plain_text(first)
-    folder = spool.make_dir() if whole else None
-    if folder is None:
-        replay_stdin(first)
-        return None
+@contextmanager
+def _worker_pool(
+    workers: int, size: int
+) -> Iterator[tuple[ProcessPoolExecutor, MutableSequence[int]]]:
+    """Worker processes forked from this one (the compiled scanner is inherited), sharing
+    `size` hit counts (see scanner.HitBudget) with each other and with this process, which
+    may scan a unit too (the rest of stdin that could not be spooled), for a fresh diagnosis."""
+    methods = multiprocessing.get_all_start_methods()
+    context = multiprocessing.get_context("fork" if "fork" in methods else None)
+    counts = context.RawArray("q", size)
+    _share(counts)  # before forking: the workers start from this process's state
+    with ProcessPoolExecutor(
+        max_workers=workers, mp_context=context, initializer=_share, initargs=(counts,)
+    ) as pool:
+        yield pool, counts
+
+
+def _scan_stdin(first: bytes, folder: str, engine: str, workers: int) -> SourceScan:
+    """Stdin spooled to `folder` in ranges as it is read (ingest/spool; `first` already read),
+    each range scanned by a worker process while the next is read, their scans merged in
+    stream order as a split file's are. A stream that ends within its first range is scanned
+    here, from its spooled file. The folder is removed."""
     scanner = _scanner(engine)
     sample = sample_bytes_for(1)
     parts = spool.ranges(first, folder, STDIN_PART_BYTES, sample)
-    del first
     try:
         opening = next(parts)
         if opening.end is None:  # the whole stream in one range: no worker to start
-            _value_keys.clear()  # a fresh diagnosis (see _share)
+            _share([0] * scanner.n_rules)  # a fresh diagnosis in this process
             alone = _scan_part((engine, opening, sample, True, (None, (), False)))
             merged = next(_sharing_texts([alone]))
         else:
@@ -363,7 +372,7 @@ def _scan_stdin(engine: str, workers: int) -> SourceScan | None:
         parts.close()
         spool.remove_dir(folder)
     merger = Merger([0], scanner.rule_index)
-    merger.add(0, merged)
+    merger.add(0, merged)  # facts read by value: one of each, as for any file
     return merger.merged[0]
 
 
@@ -375,14 +384,8 @@ def _scan_ranges(
     spooled is the rest of the stream, scanned here once the ones before it are in."""
     scanner = _scanner(engine)
     use_numpy()  # before forking (see scan_inputs): the stream's size is not known in advance
-    methods = multiprocessing.get_all_start_methods()
-    context = multiprocessing.get_context("fork" if "fork" in methods else None)
-    counts = context.RawArray("q", scanner.n_rules * (1 + STDIN_SLOTS))
-    _value_keys.clear()
     merged: SourceScan | None = None
-    with ProcessPoolExecutor(
-        max_workers=workers, mp_context=context, initializer=_share, initargs=(counts,)
-    ) as pool:
+    with _worker_pool(workers, scanner.n_rules * (1 + STDIN_SLOTS)) as (pool, _):
 
         def scans() -> Iterator[SourceScan]:
             pending: deque[tuple[Input, Future[SourceScan]]] = deque()

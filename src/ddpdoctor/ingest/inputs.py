@@ -43,6 +43,9 @@ class Input:
     """A range of stdin: the temporary file it was spooled to (ingest/spool), holding the
     range's bytes at their offset in the stream, so that it reads as the same range of one
     file would."""
+    read_ahead: bytes = b""
+    """Stdin (or the rest of it) only: bytes already taken from the stream to decide how to
+    scan it (ingest/spool); its reader gets them first, then the stream itself."""
 
 
 def reason_for(exc: OSError, what: str = "cannot read") -> str:

@@ -141,7 +141,7 @@ class ChunkStream:
                 return None
             return spooled  # a range of stdin, sniffed with its start (ingest/spool)
         if self.item.path == "-":
-            raw: BinaryIO = _stdin()
+            raw: BinaryIO = _stdin(self.item.read_ahead)
         else:
             try:
                 st = os.stat(self.item.path)
@@ -361,23 +361,11 @@ class ChunkStream:
             yield block
 
 
-_stdin_replay = b""
-"""Bytes read from stdin before its scan began (see replay_stdin)."""
-
-
-def replay_stdin(data: bytes) -> None:
-    """Give back what was read from stdin to decide how to scan it (ingest/spool): the next
-    reader of stdin gets these bytes first, then the rest of the stream."""
-    global _stdin_replay
-    _stdin_replay = data
-
-
-def _stdin() -> BinaryIO:
-    global _stdin_replay
-    data, _stdin_replay = _stdin_replay, b""
-    if not data:
+def _stdin(read_ahead: bytes) -> BinaryIO:
+    """Stdin, with the bytes already taken from it (Input.read_ahead) in front."""
+    if not read_ahead:
         return sys.stdin.buffer
-    return io.BufferedReader(_Replayed(data, sys.stdin.buffer))
+    return io.BufferedReader(_Replayed(read_ahead, sys.stdin.buffer))
 
 
 class _Replayed(io.RawIOBase):

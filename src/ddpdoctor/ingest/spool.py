@@ -17,13 +17,7 @@ from contextlib import suppress
 from typing import BinaryIO
 
 from ddpdoctor.ingest.inputs import STDIN_NAME, Input
-from ddpdoctor.ingest.sources import (
-    GZIP_MAGIC,
-    SNIFF_BYTES,
-    looks_binary,
-    looks_utf16,
-    replay_stdin,
-)
+from ddpdoctor.ingest.sources import GZIP_MAGIC, SNIFF_BYTES, looks_binary, looks_utf16
 
 READ_BYTES = 1024 * 1024
 WRITE_BYTES = 4 * 1024 * 1024
@@ -71,8 +65,8 @@ def ranges(
     holds at least `min_last` bytes (what a scan samples of the input's end: the last range
     samples the same lines one reader of the whole stream would). A line longer than a range
     stays whole in one range. Where a range cannot be written (a full disk), what is left of
-    the stream is the last range, not spooled: given back to stdin's reader
-    (sources.replay_stdin), for the caller to scan in its own process."""
+    the stream is the last range, not spooled: read from stdin itself, the bytes already
+    taken from it in front (Input.read_ahead), for the caller to scan in its own process."""
     read = (stream or sys.stdin.buffer).read
     pending = bytearray(first)  # read, not yet written
     ended = not first
@@ -131,8 +125,8 @@ def ranges(
 
 
 def _unspooled(path: str, offset: int, pending: bytearray, written: int) -> Input:
-    """The rest of the stream from `offset`, given back to stdin's reader: what was written of
-    the current range (read back), what was read after it, then the stream itself."""
+    """The rest of the stream from `offset`, for stdin's own reader: what was written of the
+    current range (read back), what was read after it, then the stream itself."""
     data = b""
     if written:
         with suppress(OSError), open(path, "rb") as fh:
@@ -140,8 +134,7 @@ def _unspooled(path: str, offset: int, pending: bytearray, written: int) -> Inpu
             data = fh.read(written)
     with suppress(OSError):
         os.unlink(path)
-    replay_stdin(data + bytes(pending))
-    return Input("-", STDIN_NAME, offset, None, None)
+    return Input("-", STDIN_NAME, offset, None, None, read_ahead=data + bytes(pending))
 
 
 def _write_at(fd: int, offset: int, data: bytearray, size: int) -> None:
