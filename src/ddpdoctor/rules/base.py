@@ -272,18 +272,22 @@ class Rule:
         """The fix steps in the terms of these frameworks (those the job ran under)."""
         return [step for name, step in self.framework_fix if name in frameworks]
 
-    def fix_for_captures(self, lines: list[str]) -> list[str]:
-        """The steps a captured value of these lines calls for (a signal number that says who
-        sent it), in the rule's order, each once. Every signature is tried on each line: the
-        one the scan matched first may not be the one that captures the value."""
-        if not self.capture_fix:
-            return []
-        captures = [
+    def captures_of(self, lines: list[str]) -> list[dict[str, str]]:
+        """The values every signature captures on each of these lines: the one the scan
+        matched first may not be the one that captures a value."""
+        return [
             {k: v for k, v in m.groupdict().items() if v is not None}
             for line in lines
             for sig in self.signatures
             if (m := sig.compiled.search(line[:MAX_FIX_LINE]))
         ]
+
+    def fix_for_captures(self, lines: list[str]) -> list[str]:
+        """The steps a captured value of these lines calls for (a signal number that says who
+        sent it), in the rule's order, each once."""
+        if not self.capture_fix:
+            return []
+        captures = self.captures_of(lines)
         return [
             step
             for name, value, step in self.capture_fix
@@ -294,14 +298,11 @@ class Rule:
         """The category the captured values of these lines call for: some line captured the
         value and none captured another for the same name (see capture_category); lines that
         capture nothing under that name (a consequence's wording) do not count."""
+        if not self.capture_category:
+            return None
+        captures = self.captures_of(lines)
         for name, value, category in self.capture_category:
-            seen = {
-                captured
-                for line in lines
-                for sig in self.signatures
-                if (m := sig.compiled.search(line[:MAX_FIX_LINE]))
-                and (captured := m.groupdict().get(name))
-            }
+            seen = {c[name] for c in captures if name in c}
             if seen and all(re.fullmatch(value, v) for v in seen):
                 return category
         return None

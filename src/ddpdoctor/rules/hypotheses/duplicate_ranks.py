@@ -8,6 +8,7 @@ again and leaves none out, so it does not read as this."""
 from __future__ import annotations
 
 from ddpdoctor.model.evidence import JobEvidence
+from ddpdoctor.model.findings import Evidence
 from ddpdoctor.model.taxonomy import Category, Status
 from ddpdoctor.rules.base import Explanation, Rule
 from ddpdoctor.rules.hypotheses.base import Assessment, ranks_text
@@ -40,8 +41,17 @@ RULE = Rule(
 )
 
 
+def _announced_twice(said: list[Evidence]) -> bool:
+    """Two processes announced the rank: twice in one output (each process prints its own
+    line once), or from two hosts. The same line in two outputs is one process's line kept
+    twice (a console and the rank's own file under torchrun --tee, a log and its copy)."""
+    sources = [e.source for e in said]
+    hosts = {e.host for e in said if e.host}
+    return len(sources) > len(set(sources)) or len(hosts) > 1
+
+
 def assess(job: JobEvidence) -> Assessment | None:
-    twice = {r for r, said in job.announcements.items() if len(said) > 1}
+    twice = {r for r, said in job.announcements.items() if _announced_twice(said)}
     if not twice or job.last_restart is not None:
         return None
     absent = {r for r in job.missing if r not in job.announcements}
