@@ -158,6 +158,19 @@ def test_a_job_whose_terminal_closed_is_told_to_detach_it() -> None:
     assert "tmux" in verdict.fix[0] and "terminal" in verdict.summary.split(".")[0]
 
 
+def test_a_bus_error_is_told_to_look_at_the_containers_shared_memory() -> None:
+    """LCH104's SIGBUS step (capture_fix on signal 7): corpus case 1266, a worker ended by
+    SIGBUS (-7) when an in-memory checkpoint filled a 64 MB /dev/shm; a SIGSEGV (-11, case
+    1365) is not told about shared memory."""
+    from ddpdoctor.analysis.diagnose import diagnose_paths
+
+    cases = REPO / "corpus" / "cases"
+    bus = diagnose_paths([str(next(cases.glob("1266-*")) / "logs")]).verdict
+    assert bus.rule == "LCH104" and "/dev/shm" in bus.fix[0], bus.fix
+    segv = diagnose_paths([str(next(cases.glob("1365-*")) / "logs")]).verdict
+    assert segv.rule == "LCH104" and not any("SIGBUS" in step for step in segv.fix)
+
+
 def test_a_gpu_too_new_for_the_wheel_is_told_which_cuda_it_needs() -> None:
     """CUDA105: torch's capability check names the architecture; the step names the first
     CUDA release that compiles for it. Without an architecture, no such step."""
