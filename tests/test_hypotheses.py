@@ -219,6 +219,9 @@ POSITIVE = {
         # the DDP tutorial's '[GPU3] Epoch 0 | Batchsize: 16 | Steps: 3' against 'Steps: 5':
         # rank 3 finished its epochs and exited 0 while the others still trained
         (lambda t: real("thirtyeighth-lean-r3"), [3]),
+        # no error, no timeout, the log stops: each rank's own count of its batches, rank 2's
+        # twice the others' (the odd one out has more: it goes on alone)
+        (lambda t: case("1166"), [2]),
     ],
 }
 POSITIVE["INF231"] = [

@@ -35,16 +35,14 @@ RULE = Rule(
 
 def assess(job: JobEvidence) -> Assessment | None:
     if not (job.waiting or any(v.failed for v in job.ranks.values())):
-        return _from_data_end_alone(job)
+        return _from_data_end_alone(job) or _from_sizes_alone(job)
     totals = {r: v.progress_total for r, v in job.ranks.items() if v.progress_total is not None}
-    found = _fewest(totals, 0.6, "iterate over different numbers of batches", "")
-    for unit in sorted(job.data_sizes):  # else what they said they have ('7 batches')
-        # an announcement is weaker than a counter: only a few odd ones out count; stronger
-        # than the ranks' different collectives (INF203 at 0.6), which a rank that ran out of
-        # batches and left the loop also shows
-        found = found or _fewest(
-            job.data_sizes[unit], 0.62, "announced different amounts of data", f"{unit}: ", True
-        )
+    # an announcement is weaker than a counter: only a few odd ones out count; stronger than
+    # the ranks' different collectives (INF203 at 0.6), which a rank that ran out of batches
+    # and left the loop also shows
+    found = _fewest(totals, 0.6, "iterate over different numbers of batches", "") or _from_sizes(
+        job, 0.62
+    )
     return (
         found
         or _from_resume_points(job)
@@ -80,6 +78,70 @@ def _from_data_end_alone(job: JobEvidence) -> Assessment | None:
             "epoch's end)"
         ],
         status=Status.HUNG,  # nothing failed: the ranks wait for each other
+    )
+
+
+def _from_sizes_alone(job: JobEvidence) -> Assessment | None:
+    """No error and no end: the log stops after the ranks said how much data they have, and a
+    few of them said another amount. Nothing failed, so the ranks wait for each other: the
+    ones with fewer batches left the loop, the others wait in a collective of a batch they
+    alone have."""
+    if job.ended or any(v.completed for v in job.ranks.values()):
+        return None
+    found = _from_sizes(job, 0.45)
+    if found is None:
+        return None
+    found.against.append(
+        "nothing failed and nothing timed out in what was read: the log may have been copied "
+        "while the job still ran"
+    )
+    found.status = Status.HUNG
+    return found
+
+
+def _from_sizes(job: JobEvidence, score: float) -> Assessment | None:
+    """What the ranks said they have ('7 batches'), unit by unit: the few ranks that said
+    another amount than most, fewer or more, are the odd ones out."""
+    for unit in sorted(job.data_sizes):
+        found = _odd_ones_out(job.data_sizes[unit], score, f"{unit}: ")
+        if found is not None:
+            return found
+    return None
+
+
+def _odd_ones_out(counts: dict[int, int], score: float, unit: str) -> Assessment | None:
+    """The ranks whose announced amount differs from that of most ranks (a group smaller than
+    half): with fewer batches they leave the loop first; with more they go on alone into a
+    collective that the others, done with their epoch, never join."""
+    groups: dict[int, set[int]] = {}
+    for rank, n in counts.items():
+        groups.setdefault(n, set()).add(rank)
+    if len(groups) < 2:
+        return None
+    fewest = min(groups)
+    if len(groups[fewest]) * 2 <= len(counts):
+        n = fewest  # the ranks with the least, unless they are most of the world
+    else:
+        n = min(groups, key=lambda k: (len(groups[k]), k))  # a few with more than most
+        if len(groups[n]) * 2 >= len(counts):
+            return None
+    odd = groups[n]
+    most = max((k for k in groups if k != n), key=lambda k: (len(groups[k]), -k))
+    detail = ", ".join(f"rank {r}: {c}" for r, c in sorted(counts.items()))
+    consequence = (
+        "ran out of data first and left the loop while the others waited"
+        if n < most
+        else "had more to do than the others: after their last batch the others left the "
+        "loop, and it went on alone into a collective nobody else joined"
+    )
+    return Assessment(
+        RULE,
+        score,
+        sorted(odd),
+        [
+            f"the ranks announced different amounts of data ({unit}{detail}): "
+            f"{ranks_text(odd)} {consequence}."
+        ],
     )
 
 
@@ -190,17 +252,13 @@ def _from_phases(job: JobEvidence) -> Assessment | None:
     )
 
 
-def _fewest(
-    counts: dict[int, int], score: float, what: str, unit: str, odd_only: bool = False
-) -> Assessment | None:
+def _fewest(counts: dict[int, int], score: float, what: str, unit: str) -> Assessment | None:
     """The ranks with the fewest batches (or samples): they run out first and leave the loop
     while the others wait."""
     if len(set(counts.values())) < 2:
         return None
     fewest = min(counts.values())
     short = {r for r, n in counts.items() if n == fewest}
-    if odd_only and len(short) * 2 > len(counts):
-        return None  # most ranks have the least: no odd one out
     detail = ", ".join(f"rank {r}: {n}" for r, n in sorted(counts.items()))
     return Assessment(
         RULE,
