@@ -345,7 +345,14 @@ NEAR_MISS = {
     # cut inside torch.save's frames of the same file: writing, not restoring
     "INF232": [lambda t: case("235")],
     # the same stop on one node after NCCL connected its GPUs peer-to-peer (INF205)
-    "INF206": [lambda t: case("467")],
+    "INF206": [
+        lambda t: case("467"),
+        # rank 0's barrier advice alone (torch 2.8's 'No device id is provided via
+        # `init_process_group`'): a Python warning, printed before the first step of healthy
+        # runs as of hung ones, is no start-up the log stops in (OK: a message of normal
+        # operation)
+        lambda t: case("839"),
+    ],
     # only the end of training (fairseq's 'done training in'), or only a warning of normal
     # operation and nothing after: not a log in which nothing was recognised
     "INF233": [lambda t: case("750"), lambda t: case("334"), lambda t: real("healthy-plain")],

@@ -384,6 +384,9 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
             (r"Reducer buckets have been rebuilt", "Reducer buckets have been rebuilt"),
             (r"using best-guess GPU \d+ to perform barrier", "using best-guess GPU "),
             (r"barrier\(\): using the device under current context", "using the device under"),
+            # the same advice in the words of torch 2.5-2.9 (the space before the backtick is
+            # torch's own)
+            (r"No device id is provided via `init_process_group` or `barrier", "No device id is "),
             (r"Setting OMP_NUM_THREADS environment variable", "Setting OMP_NUM_THREADS"),
             (r"torch\.distributed\.launch is deprecated", "launch is deprecated"),
             (r"Rendezvous complete for workers", "Rendezvous complete for workers"),

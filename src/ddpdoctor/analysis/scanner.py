@@ -210,10 +210,12 @@ INIT_LINE = re.compile(
     r"|NCCL INFO (?:Channel|Connected all|Trees|Ring)|via P2P|P2P/IPC|P2P/CUMEM|Init COMPLETE"
 )
 PY_WARNING = re.compile(r"(?<=\w)Warning: ")
-"""A Python warning. One that names start-up ("specify `device_id` in `init_process_group`"),
-printed by a writer that had already trained, is a warning of a collective it called, as
-every step's barrier(): not start-up (the first barrier's warning, before any step, still is:
-the communicator forms there)."""
+"""A Python warning. One that names start-up ("specify `device_id` in `init_process_group`")
+is advice about a call, printed once by rank 0 whether the job then trains or hangs: the
+barrier's warning comes before the first step of healthy runs as much as of hung ones (every
+paste of it alone in the corpus is a healthy run's), so neither it nor a warning-level line
+of the C++ side (ProcessGroupNCCL's "using GPU 0 to perform barrier") is start-up a log can
+be said to stop in."""
 
 
 @dataclass(slots=True)
@@ -753,8 +755,10 @@ class Scanner:
                     prev_raw[key] = last_raw[key]
                 last_raw[key] = raw
                 progress.setdefault(key, []).append(told)
-            if INIT_LINE.search(message) and not (
-                summary.progress_lines and PY_WARNING.search(message)
+            if (
+                INIT_LINE.search(message)
+                and parsed.level != "warning"
+                and not PY_WARNING.search(message)
             ):
                 summary.last_init_line = line_no
             _follow_traceback(summary, message, line_no)
