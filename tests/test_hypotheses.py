@@ -355,7 +355,13 @@ NEAR_MISS = {
     ],
     # only the end of training (fairseq's 'done training in'), or only a warning of normal
     # operation and nothing after: not a log in which nothing was recognised
-    "INF233": [lambda t: case("750"), lambda t: case("334"), lambda t: real("healthy-plain")],
+    # (c10d's warnings for each address of a host without IPv6, errno 97: it goes on with IPv4)
+    "INF233": [
+        lambda t: case("750"),
+        lambda t: case("334"),
+        lambda t: real("healthy-plain"),
+        lambda t: case("568"),
+    ],
     # nvidia-smi's device table (utilisation, memory) without its process rows
     "INF234": [lambda t: case("523"), lambda t: real("healthy-plain")],
     # rank 1's watchdog timeout, then frames no rank owns: the timeout's own trace

@@ -388,6 +388,12 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
             # torch's own)
             (r"No device id is provided via `init_process_group` or `barrier", "No device id is "),
             (r"Setting OMP_NUM_THREADS environment variable", "Setting OMP_NUM_THREADS"),
+            # c10d's socket.cpp, per address of the host it cannot open (no IPv6 here): it goes
+            # on with the next address
+            (
+                r"The (?:server|client) socket cannot be initialized (?:on|to connect to) ",
+                "socket cannot be initialized ",
+            ),
             (r"torch\.distributed\.launch is deprecated", "launch is deprecated"),
             (r"Rendezvous complete for workers", "Rendezvous complete for workers"),
             (r"NCCL INFO NCCL version \d", "NCCL INFO NCCL version "),
