@@ -361,6 +361,8 @@ NEAR_MISS = {
         lambda t: case("334"),
         lambda t: real("healthy-plain"),
         lambda t: case("568"),
+        # OpenMMLab's MKL_NUM_THREADS note alone
+        lambda t: case("755"),
     ],
     # nvidia-smi's device table (utilisation, memory) without its process rows
     "INF234": [lambda t: case("523"), lambda t: real("healthy-plain")],

@@ -388,6 +388,8 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
             # torch's own)
             (r"No device id is provided via `init_process_group` or `barrier", "No device id is "),
             (r"Setting OMP_NUM_THREADS environment variable", "Setting OMP_NUM_THREADS"),
+            # OpenMMLab's setup_multi_processes sets MKL's threads the same way
+            (r"Setting MKL_NUM_THREADS environment variable", "Setting MKL_NUM_THREADS"),
             # c10d's socket.cpp, per address of the host it cannot open (no IPv6 here): it goes
             # on with the next address
             (
