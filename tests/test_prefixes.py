@@ -575,8 +575,14 @@ def test_an_srun_label_is_the_rank_unless_the_line_names_another(
         ("2024-05-01T10:00:00.123Z\t[rank1]: RuntimeError: x", "RuntimeError: x", 1, None),
         # an srun label inside a Markdown quote
         ("> 3: Traceback (most recent call last):", "Traceback (most recent call last):", 3, None),
-        # a program's own tag before the rank it names
-        ("[shard] rank 2 -> 8 batches", "[shard] rank 2 -> 8 batches", 2, None),
+        # a program's own tag before a rank it names: said about that rank, maybe by another
+        # process (a launcher's "[launcher] rank 1 exited with code 1")
+        (
+            "[launcher] rank 1 exited with code 1",
+            "[launcher] rank 1 exited with code 1",
+            None,
+            None,
+        ),
         # near misses: a month in prose, a time without a month
         ("May 5 was a good day", "May 5 was a good day", None, None),
         ("Dec 03 was a good day", "Dec 03 was a good day", None, None),

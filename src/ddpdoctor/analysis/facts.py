@@ -56,6 +56,10 @@ def _compiled(regex: str) -> re.Pattern[str]:
     return _CACHE[regex]
 
 
+NAMED_RANK = r"(?:(?<![A-Za-z])[Rr]ank[ =:]?(?P<named_rank>\d{1,5})\b[^\d\n]{1,12})?"
+"""'rank 2 -> ', 'rank 2: ', 'Rank 2 has ': a rank named right before a count, no other number
+between them."""
+
 FACT_PATTERNS: tuple[FactPattern, ...] = (
     # NCCL INFO comm ... rank 8 nranks 16 (NCCL init.cc)
     FactPattern("world_size", r"\bnranks (?P<n>\d+)", "nranks ", distinct=VALUE),
@@ -151,14 +155,21 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
     # (rules/launch.py RANK_EXITED_WITH_CODE: Composer's, homegrown ones)
     FactPattern("launcher_exit", RANK_EXITED_WITH_CODE + r"(?P<code>-?\d{1,3})\b", " with "),
     # how much data a rank says it has ("80 samples, 10 batches of 8 per epoch"): ranks that
-    # announce different counts in the same words have uneven inputs
+    # announce different counts in the same words have uneven inputs. A rank the line names
+    # just before the count is the one it counts ("[shard] rank 2 -> 8 batches"), whoever
+    # printed it
     FactPattern(
         "data_size",
-        r"\b(?P<n>\d{1,9}) (?:micro-?|mini-?)?(?P<unit>batches)\b",
+        NAMED_RANK + r"\b(?P<n>\d{1,9}) (?:micro-?|mini-?)?(?P<unit>batches)\b",
         "batches",
         distinct=WRITER,
     ),
-    FactPattern("data_size", r"\b(?P<n>\d{1,9}) (?P<unit>samples)\b", " samples", distinct=WRITER),
+    FactPattern(
+        "data_size",
+        NAMED_RANK + r"\b(?P<n>\d{1,9}) (?P<unit>samples)\b",
+        " samples",
+        distinct=WRITER,
+    ),
     # ... or as a labelled count of its epoch: "[GPU3] Epoch 0 | Batchsize: 16 | Steps: 3"
     # (PyTorch's DDP tutorial series, copied widely). Plural and with a colon: a counter of
     # where it is ("Step: 5", "step 5") is singular, and one that moves ("Steps: 10", then 20)

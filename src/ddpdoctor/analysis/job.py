@@ -289,7 +289,12 @@ def build_job(
                 if epochs:
                     max_epochs.add(epochs)
             elif fact.name == "data_size":
-                sized = resolve_rank(fact.record.origin, single_node, rank_map)
+                named = count_number(fact.captures.get("named_rank"), 10**5)
+                sized = (
+                    named
+                    if named is not None
+                    else resolve_rank(fact.record.origin, single_node, rank_map)
+                )
                 n = count_number(fact.captures.get("n"), 10**9)
                 if sized is not None and n is not None:
                     unit = fact.captures.get("unit", "")

@@ -127,11 +127,8 @@ LOG_HEADER = (
     r"(?:(?:\[?[\w.]{1,40}\]?\s*[-:|]\s*)?\[?(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\]?"
     r"(?:\s*[-:|]\s*|\s+)(?:\[?[\w.]{1,40}\]?\s*[-:|]\s*)?(?:\[[^\[\]]{1,40}\]\s*){0,2})?"
 )
-# ... or after a program's own tag, a word in brackets: "[shard] rank 2 -> 8 batches"
 LEADING_RANK = re.compile(
-    LOG_HEADER
-    + r"(?:\[[A-Za-z][\w.-]{0,30}\] )?"
-    + r"\[?(?:[Rr]ank|RANK)(?:[ =:#]|: )?(?P<rank>\d{1,5})(?:/\d{1,5})?\]?[:,|]?\s"
+    LOG_HEADER + r"\[?(?:[Rr]ank|RANK)(?:[ =:#]|: )?(?P<rank>\d{1,5})(?:/\d{1,5})?\]?[:,|]?\s"
 )
 # A bracketed rank tag at the start: "[worker 1] ...", "[Worker 2/4] ...", "[R1/3] ..." (R with
 # the world size only), or after a host name
