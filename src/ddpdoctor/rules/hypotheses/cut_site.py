@@ -125,21 +125,26 @@ WATCHDOG = Rule(
 CHECKPOINT_SAVE = Rule(
     code="INF223",
     kind="disk-full",
-    title="The output ends inside a checkpoint save: writing the checkpoint failed",
+    title="The output ends inside a large write (a checkpoint, a dataset's cache): writing failed",
     signatures=(),
     explanation=Explanation(
         what="A cut traceback whose last frame writes a checkpoint (torch.save, a framework's "
-        "save_checkpoint or checkpoint engine).",
-        why="A checkpoint is the largest write most jobs make: a full disk, a quota or a "
-        "failing network filesystem fails there first, long after the job started fine.",
-        fix="Check the space, quota and permissions of the checkpoint folder on that node; "
-        "free space or save elsewhere, keep fewer checkpoints.",
-        false_positives="An object that cannot be pickled, or a rank that ran out of memory "
-        "gathering a full state dict: the missing exception line would say so.",
+        "save_checkpoint or checkpoint engine) or a dataset's cache file (Hugging Face "
+        "datasets' Arrow writer, under map() or save_to_disk()).",
+        why="A checkpoint, and a tokenised dataset's cache, are the largest writes most jobs "
+        "make: a full disk, a quota or a failing network filesystem fails there first, long "
+        "after the job started fine.",
+        fix="Check the space, quota and permissions of the folder written on that node (the "
+        "checkpoint folder; datasets' cache, ~/.cache/huggingface/datasets or HF_DATASETS_CACHE); "
+        "free space or write elsewhere, keep fewer checkpoints.",
+        false_positives="An object that cannot be pickled, a rank that ran out of memory "
+        "gathering a full state dict, or a dataset value Arrow cannot convert: the missing "
+        "exception line would say so.",
     ),
     fix=(
-        "Run `df -h <checkpoint dir>` and `quota -s` on the node; free space or point "
-        "checkpoints to a filesystem with room (save_total_limit to keep fewer).",
+        "Run `df -h <dir>` and `quota -s` on the node for the folder written (checkpoints, or "
+        "HF_DATASETS_CACHE for a dataset's cache); free space or point it to a filesystem with "
+        "room (save_total_limit to keep fewer checkpoints).",
     ),
 )
 
@@ -266,9 +271,27 @@ def site_rule(tail: tuple[str, ...]) -> Rule | None:
     if _restoring(site, tail):
         return CHECKPOINT_RESTORE
     in_torch_save = site.func in SAVE_FUNCS and site.path.endswith("serialization.py")
-    if in_torch_save or SAVE_CALL.search(site.code):
+    if in_torch_save or SAVE_CALL.search(site.code) or _writing_cache(site, tail):
         return CHECKPOINT_SAVE
     return None
+
+
+CACHE_WRITER_FUNCS = frozenset(("write", "write_batch", "write_table", "write_examples_on_file"))
+
+
+def _writing_cache(site: Site, tail: tuple[str, ...]) -> bool:
+    """Hugging Face datasets' Arrow writer writing rows to its cache file: its own frame last,
+    or pyarrow's file writer (ipc.pxi, a compiled frame) called from it."""
+    path = site.path.replace("\\", "/")
+    if path.endswith("datasets/arrow_writer.py"):
+        return site.func in CACHE_WRITER_FUNCS
+    if not path.startswith("pyarrow/"):
+        return False
+    for line in tail:
+        m = FRAME.match(line)
+        if m and m["path"].replace("\\", "/").endswith("datasets/arrow_writer.py"):
+            return m["func"] in CACHE_WRITER_FUNCS
+    return False
 
 
 def _restoring(site: Site, tail: tuple[str, ...]) -> bool:
