@@ -136,11 +136,7 @@ MISSES: dict[str, str] = {
     "but ranks 0 and 1 waiting in the per-batch all_reduce (line 291) while rank 2 waits in the "
     "count all_reduce after the loop (line 325) is read as a collective in a rank-dependent "
     "branch, not a rank that ran out of batches first (32 documents, 8 batches against 9)",
-    "nan-doc": "failed, slow-rank-timeout on rank 0 (INF201, 0.6): rank 0, SIGTERMed by the agent "
-    "after rank 2 exited, is taken for a busy rank that others timed out on; no rank timed out "
-    "(rank 1 got 'Connection closed by peer'), and rank 2 logged 'ERROR ... rank 2: nll is nan "
-    "for doc_id [41] at batch 3; stopping' and exited 1 on its own (torchrun's root cause): a "
-    "stop on one rank only, uncoordinated-exit on rank 2",
+
 }
 
 

@@ -445,6 +445,18 @@ def test_hydra_job_logging_gives_time_and_level() -> None:
     assert parsed.time is not None and parsed.time.isoformat().startswith("2026-12-03T05:57:26")
 
 
+def test_lm_eval_datefmt_gives_time_level_and_the_rank_named_after_the_caller() -> None:
+    """lm-evaluation-harness logs with datefmt '%Y-%m-%d:%H:%M:%S' (a colon between date and
+    time), the level padded, then the caller (tests/fixtures/real/fortyninth-*)."""
+    line = (
+        "2026-12-04:13:38:27,804 ERROR    [fortyninth_style_train.py:274] rank 2: nll is nan "
+        "for doc_id [41] at batch 3; stopping"
+    )
+    parsed = parse_line(line, 2026)
+    assert (parsed.level, parsed.origin.rank) == ("error", 2)
+    assert parsed.time is not None and parsed.time.isoformat().startswith("2026-12-04T13:38:27")
+
+
 @pytest.mark.parametrize(
     ("line", "text"),
     [

@@ -28,8 +28,9 @@ ANSI = re.compile(
 RFC3339 = re.compile(r"(?P<ts>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d))[ \t]")
 # Python logging asctime and most other loggers: optional brackets, optional millis.
 # Hydra's job logging glues its fields: "[2026-12-03 05:57:26,366][__main__][INFO] - msg".
+# lm-evaluation-harness's datefmt "%Y-%m-%d:%H:%M:%S" puts a colon between date and time.
 ISO_TIME = re.compile(
-    r"\[?(?P<ts>\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[,.]\d{1,9})?)(?:Z|[+-]\d\d:?\d\d)?"
+    r"\[?(?P<ts>\d{4}-\d\d-\d\d[ T:]\d\d:\d\d:\d\d(?:[,.]\d{1,9})?)(?:Z|[+-]\d\d:?\d\d)?"
     r"(?:\](?=\[[\w.-]{1,80}\]\[[A-Z]{3,8}\] - |\[(?:[Rr]ank|RANK|[Ww]orker) ?\d)"
     r"|\]?(?: ?[:|-])?[ \t])"
 )
@@ -209,7 +210,7 @@ class ParsedLine:
 def _parse_iso(ts: str) -> datetime | None:
     ts = ts.replace(",", ".").replace("Z", "+00:00")
     if "T" not in ts:
-        ts = ts.replace(" ", "T", 1)
+        ts = ts[:10] + "T" + ts[11:]  # a space, or lm-eval's colon
     try:
         value = datetime.fromisoformat(ts)
     except ValueError:
