@@ -136,7 +136,6 @@ MISSES: dict[str, str] = {
     "but ranks 0 and 1 waiting in the per-batch all_reduce (line 291) while rank 2 waits in the "
     "count all_reduce after the loop (line 325) is read as a collective in a rank-dependent "
     "branch, not a rank that ran out of batches first (32 documents, 8 batches against 9)",
-
 }
 
 
