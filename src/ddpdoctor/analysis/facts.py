@@ -401,6 +401,11 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
             (r"Setting OMP_NUM_THREADS environment variable", "Setting OMP_NUM_THREADS"),
             # OpenMMLab's setup_multi_processes sets MKL's threads the same way
             (r"Setting MKL_NUM_THREADS environment variable", "Setting MKL_NUM_THREADS"),
+            # c10d's Utils.hpp when a launcher sets a variable torch 2.2 renamed to TORCH_NCCL_*
+            (
+                r"Environment variable \w{1,60} is deprecated; use \w{1,60} instead",
+                " is deprecated; use ",
+            ),
             # c10d's socket.cpp, per address of the host it cannot open (no IPv6 here): it goes
             # on with the next address
             (

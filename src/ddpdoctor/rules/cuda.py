@@ -194,6 +194,35 @@ GPU_HARDWARE = Rule(
     ),
 )
 
+# the first CUDA release that compiles for each architecture (NVIDIA's CUDA release notes): an
+# older torch wheel's toolkit cannot have a kernel for the GPU
+ARCH_FIXES = tuple(
+    (
+        "arch",
+        arch,
+        f"{name} GPUs ({arch_name}) need a PyTorch built with CUDA {cuda} or newer: install "
+        f"a wheel for CUDA {cuda}+ (pytorch.org/get-started, e.g. `pip install torch "
+        f"--index-url https://download.pytorch.org/whl/{wheel}`) that the driver supports.",
+    )
+    for arch, arch_name, name, cuda, wheel in (
+        ("sm_80", "sm_80", "Ampere A100", "11.0", "cu118"),
+        ("sm_86", "sm_86", "Ampere (RTX 30xx, A10, A40)", "11.1", "cu118"),
+        ("sm_89", "sm_89", "Ada (RTX 40xx, L4, L40)", "11.8", "cu118"),
+        ("sm_90a?", "sm_90", "Hopper (H100, H200)", "11.8", "cu118"),
+        ("sm_100a?", "sm_100", "Blackwell (B200)", "12.8", "cu128"),
+        ("sm_120a?", "sm_120", "Blackwell (RTX 50xx)", "12.8", "cu128"),
+    )
+)
+FABRIC_MANAGER_FIX = (
+    "what",
+    "system not yet initialized",
+    "CUDA error 802 (system not yet initialized): on an NVSwitch system (HGX/DGX) the Fabric "
+    "Manager must run at exactly the driver's version: `systemctl status nvidia-fabricmanager`, "
+    "`nvidia-smi -q | grep -i -A2 fabric`; install the nvidia-fabricmanager package of the "
+    "driver's version and start it.",
+)
+
+
 CUDA_LIBRARY_MISMATCH = Rule(
     code="CUDA105",
     kind="cuda-library-mismatch",
@@ -253,6 +282,13 @@ CUDA_LIBRARY_MISMATCH = Rule(
         Signature(
             r"(?:Cuda failure|CUDA error):? '?invalid device function", "invalid device function"
         ),
+        # cudaErrorSystemNotReady (802), as NCCL's 'Cuda failure 802' or torch's CUDA error
+        # prints it: on NVSwitch systems (HGX/DGX) the Fabric Manager is not running, or
+        # runs another version than the driver
+        Signature(
+            r"(?:Cuda failure (?:802 )?|CUDA error:? )'?(?P<what>system not yet initialized)",
+            "system not yet initialized",
+        ),
         # torch builds without the requested backend or without CUDA, or no visible GPU
         # (distributed_c10d.py, torch/cuda/__init__.py, c10/cuda/CUDAFunctions.cpp,
         # ProcessGroupNCCL.cpp)
@@ -296,25 +332,7 @@ CUDA_LIBRARY_MISMATCH = Rule(
         "another torch: rebuild it against the installed one (pip install --no-build-isolation "
         "--no-cache-dir ...), or install the wheel built for this torch and CUDA.",
     ),
-    # the first CUDA release that compiles for each architecture (NVIDIA's CUDA release
-    # notes): an older torch wheel's toolkit cannot have a kernel for the GPU
-    capture_fix=tuple(
-        (
-            "arch",
-            arch,
-            f"{name} GPUs ({arch_name}) need a PyTorch built with CUDA {cuda} or newer: install "
-            f"a wheel for CUDA {cuda}+ (pytorch.org/get-started, e.g. `pip install torch "
-            f"--index-url https://download.pytorch.org/whl/{wheel}`) that the driver supports.",
-        )
-        for arch, arch_name, name, cuda, wheel in (
-            ("sm_80", "sm_80", "Ampere A100", "11.0", "cu118"),
-            ("sm_86", "sm_86", "Ampere (RTX 30xx, A10, A40)", "11.1", "cu118"),
-            ("sm_89", "sm_89", "Ada (RTX 40xx, L4, L40)", "11.8", "cu118"),
-            ("sm_90a?", "sm_90", "Hopper (H100, H200)", "11.8", "cu118"),
-            ("sm_100a?", "sm_100", "Blackwell (B200)", "12.8", "cu128"),
-            ("sm_120a?", "sm_120", "Blackwell (RTX 50xx)", "12.8", "cu128"),
-        )
-    ),
+    capture_fix=(*ARCH_FIXES, FABRIC_MANAGER_FIX),
     positive=(
         "c3f9e81a05b7:61204:61204 [0] NCCL WARN Cuda failure 'named symbol not found'",
         "NVIDIA A100-PCIE-40GB with CUDA capability sm_80 is not compatible with the current "
@@ -322,6 +340,7 @@ CUDA_LIBRARY_MISMATCH = Rule(
         "RuntimeError('CUDA error: no kernel image is available for execution on the device')",
         "ImportError: libtorch_cuda_cu.so: cannot open shared object file: No such file or "
         "directory",
+        "Cuda failure 802 'system not yet initialized'",
     ),
     negative=(
         "NCCL INFO cudaDriverVersion 12020",
