@@ -120,14 +120,6 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "sweep-quad": "unknown, hang with no culprit (INF212, 0.3): 'the log ends in the middle of "
-    "training, without an end', but the run ended: rank 0 logged 'rank 0 done: 25 docs' and "
-    "'Saving results to results/results.json (100 docs)' and printed the results table (lm-eval's "
-    "'|toy_parity  |acc   |0.8077|±  |0.0547|' rows) after a 7/7 bar, and torchrun, silent on "
-    "success, reported no failure: a clean run",
-    "sweep-duo": "unknown, hang with no culprit (INF212, 0.3): as sweep-quad, an evaluation that "
-    "saved its results and printed its table (the bar at 13/13) is read as a log that stops "
-    "mid-training; no error, no failed worker: a clean run",
     "pad-local": "failed, collective-mismatch on rank 1 (COL101, 0.9): the kind is right, but "
     "not the culprit: rank 1 is the rank gloo aborted ('340 vs 330. Received data size doesn't "
     "match expected size'), the receiver of the longer tensor; the shape that differs is rank "

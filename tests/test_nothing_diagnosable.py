@@ -138,3 +138,29 @@ def test_a_lone_end_of_training_line_cannot_vouch_for_the_run() -> None:
     assert verdict["status"] == "unknown", verdict
     assert verdict["title"] == "Only the end of training was read"
     assert any("hung in teardown" in step for step in verdict["next_steps"])
+
+
+SWEEP = REPO / "tests" / "fixtures" / "real" / "fortyninth-sweep-duo" / "console.log"
+
+
+def test_results_after_the_last_bar_at_its_total_are_ok_with_less_confidence() -> None:
+    """A real evaluation run (lm-eval style): its bar reaches 13/13, then it saves and prints
+    its results table, every rank exits 0, and torchrun prints nothing on success. The last
+    bar at its total with no error after it is OK, said at 0.4 with what it cannot rule out."""
+    proc = run_cli("diagnose", str(SWEEP), "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    verdict = json.loads(proc.stdout)["verdict"]
+    assert (verdict["status"], verdict["confidence"]) == ("ok", 0.4)
+    assert "hung after that bar would read the same" in verdict["summary"]
+
+
+def test_a_loading_bar_at_its_total_is_not_the_runs_end(tmp_path: Path) -> None:
+    """The same real console with its last bar's label turned into a loading step's (the
+    checkpoint shards transformers loads before training): a bar that prepares the run ends
+    nothing, and the log that stops after it is still unknown."""
+    text = SWEEP.read_text(encoding="utf-8").replace("Running eval", "Loading checkpoint shards")
+    log = tmp_path / "console.log"
+    log.write_text(text, encoding="utf-8")
+    proc = run_cli("diagnose", str(log), "--format", "json")
+    verdict = json.loads(proc.stdout)["verdict"]
+    assert verdict["status"] == "unknown"

@@ -294,6 +294,7 @@ def build_evidence(job: JobView, events: list[Event]) -> JobEvidence:
         s.last_line > 0 and s.last_line == s.last_progress_line and _full_bar(s.last_progress_text)
         for s in job.streams
     )
+    evidence.ended_after_full_bar = not evidence.ended_on_full_bar and _ended_after_full_bar(job)
     counted = [
         last_epoch_done(s.last_epoch, job.max_epochs)
         for s in job.streams
@@ -626,6 +627,28 @@ def _stall(job: JobView) -> Stall | None:
 
 def _who(who: object) -> str:
     return ", ".join(map(str, who)) if isinstance(who, list) else str(who)
+
+
+def _ended_after_full_bar(job: JobView) -> bool:
+    """The bar redrawn last in the whole log is at its total and is not a loading step's
+    (checkpoint shards, a download, a dataset map), no writer's counter stopped short of its
+    total, and no writer logged an error: what followed the bar (an evaluation's results, a
+    save) came after the run's work."""
+    progressed = [s for s in job.streams if s.last_progress_line > 0]
+    if not progressed:
+        return False
+    latest = max(progressed, key=lambda s: s.last_progress_line)
+    label = latest.last_progress_text.split("%|", 1)[0]
+    return (
+        _full_bar(latest.last_progress_text)
+        and not LOADING_BAR.search(label)
+        and _last_step(job) is None
+        and not any(s.error_lines for s in job.streams)
+    )
+
+
+LOADING_BAR = re.compile(r"(?i)load|download|map|writ|sav|shard|fetch")
+"""A bar label of a step that prepares or stores, not the run's own work."""
 
 
 FULL_BAR = re.compile(r"(?<!\d)100%\|")

@@ -868,6 +868,14 @@ def _quiet(evidence: JobEvidence) -> Decision:
                 "program printed no end-of-training line of its own."
             )
             decision.basis = ["+ the run's bar at its total, no failure after it"]
+        elif evidence.ended_after_full_bar and not evidence.ended:
+            decision.confidence = 0.4
+            decision.notes.append(
+                "the progress bar drawn last reached its total and what the run printed after "
+                "it holds no error (results, a save); the program printed no end line of its "
+                "own, and a job that hung after that bar would read the same."
+            )
+            decision.basis = ["+ the last bar at its total, no error after it"]
         elif evidence.ended_on_last_epoch and not evidence.ended:
             decision.notes.append(
                 "every epoch counter reached its last epoch, with that epoch's steps done, and "

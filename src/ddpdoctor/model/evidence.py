@@ -242,6 +242,10 @@ class JobEvidence:
     """A writer's output ends on a progress bar at its total that counts no epoch (tqdm's
     "Steps: 100%|##| 10/10", the whole run's bar that diffusers and the transformers Trainer
     draw): the loop it counts finished. An epoch's bar at its total ends only that epoch."""
+    ended_after_full_bar: bool = False
+    """Not ended on one, but the bar drawn last in the whole log is at its total, no counter
+    stopped short of its total, and no writer logged an error: an evaluation's bar, then the
+    results it printed. Weaker: a hang after that bar (a save, teardown) reads the same."""
     ended_on_last_epoch: bool = False
     """Every writer whose lines count epochs last stood at the last one with its other counters
     at their totals ('Epoch: 4/4 Step: 10/10', 'Epoch: 4/4 Train steps: 10 ... val_loss'; an

@@ -42,7 +42,7 @@ MAX_ENDINGS = 4
 def assess(job: JobEvidence) -> Assessment | None:
     if job.ended or not job.started_training or job.echoes or job.failing_exits:
         return None
-    if job.ended_on_full_bar and job.last_step is None:
+    if (job.ended_on_full_bar or job.ended_after_full_bar) and job.last_step is None:
         return None  # the run's own bar reached its total: the loop ended, not the log
     if job.ended_on_last_epoch:
         return None  # every writer's epoch counter reached its last epoch's end
