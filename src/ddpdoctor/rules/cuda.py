@@ -355,7 +355,10 @@ DEVICE_ASSIGNMENT = Rule(
     sources="NCCL init.cc (Duplicate GPU detected), CUDA runtime",
     specificity=85,
     signatures=(
+        # cudaErrorDevicesUnavailable in the words of CUDA 11+ and of earlier releases: the
+        # GPU is in exclusive-process mode and another process holds it
         Signature(r"CUDA-capable device\(s\) is/are busy or unavailable", "busy or unavailable"),
+        Signature(r"all CUDA-capable devices are busy or unavailable", "busy or unavailable"),
         Signature(
             r"Duplicate GPU detected : rank (?P<rank_a>\d+) and rank (?P<rank_b>\d+) both on "
             r"CUDA device (?P<busid>\w+)",
@@ -682,6 +685,66 @@ CUDA_INIT_ERROR = Rule(
     negative=("RuntimeError: CUDA error: invalid device ordinal",),
 )
 
+OWN_CALL_ERRORS = (
+    r"operation not permitted when stream is capturing|too many resources requested for launch"
+)
+"""CUDA errors that name a mistake in the call the program made, not the system's state."""
+
+CUDA_CALL_FAILED = Rule(
+    code="CUDA114",
+    kind="native-crash",
+    title="A CUDA call failed (an error no more specific rule knows)",
+    sources="CUDA runtime cudaGetErrorString (libcudart) as torch's c10/cuda/CUDAException.cpp "
+    "('CUDA error: ...') and NCCL's CUDACHECK ('Cuda failure ...') print it",
+    # below every rule that knows a CUDA error by its words (out of memory, device-side
+    # assert, a library or device mismatch, a kernel fault): they claim those lines first
+    specificity=35,
+    signatures=(
+        # not the errors of a call the program itself made wrong (a synchronising call
+        # inside CUDA graph capture, a kernel launched with too many threads or registers):
+        # an exception in the program's code (census: PY101)
+        Signature(
+            r"\bCUDA error: (?!" + OWN_CALL_ERRORS + r")(?P<what>[^\n]{3,160})", "CUDA error: "
+        ),
+        Signature(
+            r"\bCuda failure (?:\d{1,4} )?'(?!" + OWN_CALL_ERRORS + r")(?P<what>[^'\n]{3,160})'",
+            "Cuda failure ",
+        ),
+    ),
+    explanation=Explanation(
+        what="A CUDA runtime call returned an error that names neither memory, a kernel fault, "
+        "an assert, nor a version or device mismatch: 'invalid argument', 'unknown error', "
+        "'operation not supported', 'the launch timed out and was terminated', an MPS error.",
+        why="The driver or runtime refused the call: a driver in a bad state (look for Xid "
+        "errors), a feature the system does not support (a VM or container without peer-to-"
+        "peer, NCCL's cuMem on an older driver), a display watchdog ending a long kernel, "
+        "MPS, or a bug in the code that made the call. The error says which call failed, not "
+        "always why.",
+        fix="Read the error's words and the rank's first CUDA error (later ones follow from "
+        "it); check `dmesg -T | grep -i xid` on the node; re-run with CUDA_LAUNCH_BLOCKING=1 "
+        "to find the call.",
+        false_positives="A rank whose CUDA context was already broken by an earlier error "
+        "(the first one is the cause).",
+    ),
+    fix=(
+        "Re-run the failing rank with CUDA_LAUNCH_BLOCKING=1 to see which call failed; run "
+        "`dmesg -T | grep -i xid` and `nvidia-smi` on its node.",
+        "Inside NCCL ('Cuda failure ...'): export NCCL_DEBUG=INFO; an 'operation not "
+        "supported' often goes away with NCCL_CUMEM_ENABLE=0 or NCCL_P2P_DISABLE=1 on systems "
+        "without peer-to-peer support, which then says where to look.",
+    ),
+    positive=(
+        "RuntimeError: CUDA error: invalid argument",
+        "node01:4242:4300 [3] NCCL WARN Cuda failure 'operation not supported'",
+        "Cuda failure 999 'unknown error'",
+    ),
+    negative=(
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
+        "CUDA error (the program's own wording)",
+        "RuntimeError: CUDA error: too many resources requested for launch",
+    ),
+)
+
 RULES = (
     SHARED_GPU_OOM,
     CUDA_OOM,
@@ -694,4 +757,5 @@ RULES = (
     CUDA_INIT_ERROR,
     CUDA_KERNEL_FAULT,
     CHECKPOINT_DEVICE_MISSING,
+    CUDA_CALL_FAILED,
 )
