@@ -75,6 +75,15 @@ SAME_COLLECTIVES = (
 """The two mistakes of the program's own behind a timeout that names no culprit (uneven inputs
 and a rank-dependent collective), before the transport is suspected."""
 
+SILENT_HANG_CAUSES = (
+    "If it hangs: the program's own mistakes come first. A collective or barrier() on some "
+    "ranks only (an evaluation, a save or a metric under `if rank == 0` / is_main_process), "
+    "ranks with different numbers of batches (DistributedSampler(..., drop_last=True)), or "
+    "every process on GPU 0 (torch.cuda.set_device(local_rank) before init_process_group) "
+    "wait for ever without an error."
+)
+"""What makes a job wait silently, for the verdicts of a log that stops with no error."""
+
 NCCL_WATCHDOG_TIMEOUT = Rule(
     code="TMO101",
     kind="nccl-timeout",

@@ -9,6 +9,7 @@ from __future__ import annotations
 from ddpdoctor.model.evidence import JobEvidence
 from ddpdoctor.model.taxonomy import Category, Status
 from ddpdoctor.rules.base import Explanation, Rule
+from ddpdoctor.rules.collectives import SILENT_HANG_CAUSES
 from ddpdoctor.rules.hypotheses.base import Assessment
 
 RULE = Rule(
@@ -31,6 +32,7 @@ RULE = Rule(
         "If the job is still running and makes no progress: dump every rank's stack "
         "(py-spy dump --pid PID) or re-run under `ddpdoctor run --hang-after 300 -- ...`.",
         "If it ended: collect the launcher's output and every rank's log up to the end.",
+        SILENT_HANG_CAUSES,
     ),
 )
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from ddpdoctor.model.evidence import JobEvidence
 from ddpdoctor.model.taxonomy import Category, Status
 from ddpdoctor.rules.base import Explanation, Rule
+from ddpdoctor.rules.collectives import SILENT_HANG_CAUSES
 from ddpdoctor.rules.hypotheses.base import Assessment
 
 RULE = Rule(
@@ -36,6 +37,7 @@ RULE = Rule(
         "(py-spy dump --pid PID) or re-run under `ddpdoctor run --hang-after 300 -- ...`.",
         "If it ended: the error went to an output not read here (another rank's file, the "
         "launcher's console, the scheduler's job log): diagnose them together.",
+        SILENT_HANG_CAUSES,
     ),
 )
 

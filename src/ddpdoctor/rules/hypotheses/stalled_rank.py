@@ -10,6 +10,7 @@ from __future__ import annotations
 from ddpdoctor.model.evidence import PROMPTS, Activity, JobEvidence
 from ddpdoctor.model.taxonomy import Category, Status
 from ddpdoctor.rules.base import Explanation, Rule
+from ddpdoctor.rules.collectives import SILENT_HANG_CAUSES
 from ddpdoctor.rules.hypotheses.base import (
     MAIN_PROCESS,
     Assessment,
@@ -62,6 +63,7 @@ HANG = Rule(
         "Dump every rank's stack while it hangs: py-spy dump --pid PID (or run under "
         "`ddpdoctor run`).",
         "Set TORCH_DISTRIBUTED_DEBUG=DETAIL and NCCL_DEBUG=INFO for the next run.",
+        SILENT_HANG_CAUSES,
     ),
 )
 
