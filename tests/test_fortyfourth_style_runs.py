@@ -103,11 +103,6 @@ MISSES: dict[str, str] = {
     "after slurmstepd's 'STEP ... CANCELLED' and submitit's 'Bypassing signal SIGTERM' on task "
     "1: that SIGKILL is the cancellation's, not the OOM killer's; rank 1 stayed silent from "
     "the end of epoch 0 while rank 0 timed out waiting for it: a hang of rank 1",
-    "lopsided-shard": "failed, collective-mismatch on rank 1 (INF203, 0.4): the culprit is "
-    "right, but rank 1 waiting in the metric logger's end-of-epoch barrier while rank 0 is "
-    "still in the gradient all-reduce of iteration 9 of 16 is read as a collective in a "
-    "rank-dependent branch, not a rank that ran out of batches (rank 1 logs no Training "
-    "lines: dinov2 logs INFO on rank 0 only)",
     "flat-image": "failed, nccl-network (NET101, 0.3, no culprit): rank 1's bare 'Loss is nan, "
     "stopping training' in its .out and srun's 'task 1: Exited with exit code 1' are not read "
     "as rank 1 stopping alone (the job is read as one rank, world 1), so rank 0's 'Connection "

@@ -227,6 +227,10 @@ POSITIVE = {
         # no error, no timeout, the log stops: each rank's own count of its batches, rank 2's
         # twice the others' (the odd one out has more: it goes on alone)
         (lambda t: case("1166"), [2]),
+        # no counters, sizes or phases: rank 2 timed out in a barrier (the program's, at its
+        # loop's end) while ranks 0 and 1 waited inside a training step (DDP's backward)
+        (lambda t: real("nineteenth-shard-uneven"), [2]),
+        (lambda t: real("twentieth-own-shards"), [2]),
     ],
 }
 POSITIVE["INF231"] = [
@@ -305,6 +309,11 @@ NEAR_MISS = {
         lambda t: real("nineteenth-nan-quiet"),
     ],
     "INF209": [
+        # rank 0 alone in a barrier while the others wait in a training step: work for the
+        # main process only (a save behind a barrier), not ranks out of data; and rank 1 in a
+        # barrier of its own while the others wait in an all_reduce the program calls itself
+        lambda t: real("twentieth-barrier-in-zero"),
+        lambda t: real("seventh-extra-barrier"),
         lambda t: scenario("collective-mismatch-op-nodebug"),
         # every rank announced the same data (10 batches), then a rank's own code failed
         lambda t: real("third-value-error"),

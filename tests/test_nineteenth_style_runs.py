@@ -85,11 +85,7 @@ EXPECTED: dict[str, Expected] = {
 }
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
-MISSES: dict[str, str] = {
-    "shard-uneven": "failed, collective-mismatch on rank 2 (INF203, 0.6): the culprit is "
-    "right, but rank 2 waiting in the epoch-end barrier while ranks 0 and 1 still reduce "
-    "gradients in the same loop is read as a rank-dependent collective, not a shorter shard",
-}
+MISSES: dict[str, str] = {}
 
 
 RUNS = RunSet("nineteenth-", EXPECTED, MISSES, label_nowhere=True)

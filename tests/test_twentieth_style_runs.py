@@ -80,12 +80,7 @@ EXPECTED: dict[str, Expected] = {
 }
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
-MISSES: dict[str, str] = {
-    "own-shards": "failed, collective-mismatch on rank 2 (INF203, 0.6): the culprit is right, but "
-    "rank 2 timed out in the validation all_reduce after its training loop while ranks 0 and 1 "
-    "timed out in fabric.backward inside theirs: a rank that ran out of batches, not a "
-    "collective in a rank-dependent branch",
-}
+MISSES: dict[str, str] = {}
 
 
 RUNS = RunSet("twentieth-", EXPECTED, MISSES, label_nowhere=True)

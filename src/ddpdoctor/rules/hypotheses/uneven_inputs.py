@@ -48,6 +48,7 @@ def assess(job: JobEvidence) -> Assessment | None:
         or _from_resume_points(job)
         or _from_sources(job)
         or _from_phases(job)
+        or _from_barrier(job)
         or _from_data_end(job)
     )
 
@@ -249,6 +250,37 @@ def _from_phases(job: JobEvidence) -> Assessment | None:
             "an evaluation called on some ranks only (a rank-dependent branch) gives the same "
             "picture"
         ],
+    )
+
+
+def _from_barrier(job: JobEvidence) -> Assessment | None:
+    """Ranks other than the main process waited in a barrier while every other rank that
+    waited was inside a training step (DDP's own collective in backward or forward, no
+    collective of the program's named): a program's barriers stand where an epoch, an
+    evaluation or a save ends, so those ranks had reached the end of their data first. Work
+    for one rank only (a save, an evaluation behind a barrier) singles out the main process
+    instead, which is left to INF203."""
+    last = {r: v.wait_sites[-1] for r, v in job.ranks.items() if v.wait_sites}
+    ahead = {r for r, w in last.items() if w.op and w.op.lower() == "barrier"}
+    behind = {r for r, w in last.items() if w.op is None and w.phase == TRAINING}
+    if (
+        not ahead
+        or not behind
+        or MAIN_PROCESS in ahead
+        or len(ahead) > len(behind)
+        or ahead | behind != set(last)
+    ):
+        return None
+    return Assessment(
+        RULE,
+        0.65,
+        sorted(ahead),
+        [
+            f"{ranks_text(ahead)} waited in a barrier while {ranks_text(behind)} still waited "
+            f"inside a training step: {ranks_text(ahead)} had come to the end of its loop "
+            "first, as a rank with fewer batches does."
+        ],
+        against=["a barrier called on that rank only (a rank-dependent branch) looks the same"],
     )
 
 
