@@ -103,10 +103,6 @@ MISSES: dict[str, str] = {
     "after slurmstepd's 'STEP ... CANCELLED' and submitit's 'Bypassing signal SIGTERM' on task "
     "1: that SIGKILL is the cancellation's, not the OOM killer's; rank 1 stayed silent from "
     "the end of epoch 0 while rank 0 timed out waiting for it: a hang of rank 1",
-    "flat-image": "failed, nccl-network (NET101, 0.3, no culprit): rank 1's bare 'Loss is nan, "
-    "stopping training' in its .out and srun's 'task 1: Exited with exit code 1' are not read "
-    "as rank 1 stopping alone (the job is read as one rank, world 1), so rank 0's 'Connection "
-    "closed by peer' is left as the root",
 }
 
 

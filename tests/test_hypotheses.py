@@ -452,3 +452,25 @@ def test_labelled_batch_counts_are_data_sizes(line: str, n: str | None) -> None:
         m["n"] for f in FACT_PATTERNS if f.name == "data_size" if (m := f.compiled.search(line))
     ]
     assert found == ([n] if n else [])
+
+
+@pytest.mark.parametrize(
+    ("line", "found"),
+    [
+        # Slurm's srun names the task (the rank, one task per rank) that exited non-zero
+        ("srun: error: node12: task 3: Exited with exit code 1", ("3", "1")),
+        # a range of tasks names no one rank; a task killed by a signal is LCH101's / LCH104's
+        ("srun: error: node12: tasks 0-3: Exited with exit code 1", None),
+        ("srun: error: node12: task 3: Killed", None),
+    ],
+)
+def test_srun_task_exits_are_launcher_exits(line: str, found: tuple[str, str] | None) -> None:
+    from ddpdoctor.analysis.facts import FACT_PATTERNS
+
+    hits = [
+        (m["rank"], m["code"])
+        for f in FACT_PATTERNS
+        if f.name == "launcher_exit" and "srun" in f.regex
+        if (m := f.compiled.search(line))
+    ]
+    assert hits == ([found] if found else [])

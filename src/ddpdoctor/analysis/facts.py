@@ -151,6 +151,14 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
         r"(?P<code>-?\d+)",
         "exits with return code = ",
     ),
+    # Slurm's srun when a task (a rank, one task per rank) exits non-zero: "srun: error:
+    # node12: task 3: Exited with exit code 1" (src/srun/step_launch.c; census)
+    FactPattern(
+        "launcher_exit",
+        r"srun: error: [\w.-]{1,100}: task (?P<rank>\d{1,7}): "
+        r"Exited with exit code (?P<code>\d{1,3})",
+        "Exited with exit code ",
+    ),
     # a launcher written in Python that names the global rank of a process that ended
     # (rules/launch.py RANK_EXITED_WITH_CODE: Composer's, homegrown ones)
     FactPattern("launcher_exit", RANK_EXITED_WITH_CODE + r"(?P<code>-?\d{1,3})\b", " with "),
