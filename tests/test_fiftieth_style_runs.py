@@ -110,14 +110,6 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "calm-duo": "unknown, hang with no culprit (INF212, 0.3): 'the log ends in the middle of "
-    "training, without an end', but the run ended: after the last 'Train Epoch: 1 [384/384 "
-    "(100%)]' rank 0 ran its zero-shot evaluation ('Eval Epoch: 2 imagenet-zeroshot-val-top1: "
-    "0.4531'), torch printed its dynamo statistics at interpreter exit, and torchrun, silent on "
-    "success, reported no failure: a clean run (open_clip has no 'done' line of its own)",
-    "grad-quad": "unknown, hang with no culprit (INF212, 0.3): as calm-duo, two epochs that end "
-    "in 'Train Epoch: 1 [384/384 (100%)]' and rank 0's 'Eval Epoch: 2' with no error and no "
-    "failed worker are read as a log that stops mid-training: a clean run",
     "fifo-mount": "failed, preempted with no culprit (LCH109, 0.6): torchrun's 'Received 15 death "
     "signal, shutting down workers' is read as the scheduler ending the job, but the last line "
     "before it (rank 0's 'Start epoch 0' at 14:08:12) came 39 s earlier in a job whose steps take "

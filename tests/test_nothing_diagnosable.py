@@ -164,3 +164,25 @@ def test_a_loading_bar_at_its_total_is_not_the_runs_end(tmp_path: Path) -> None:
     proc = run_cli("diagnose", str(log), "--format", "json")
     verdict = json.loads(proc.stdout)["verdict"]
     assert verdict["status"] == "unknown"
+
+
+FIFTIETH = REPO / "tests" / "fixtures" / "real"
+
+
+def test_torchs_exit_handlers_with_no_error_are_a_clean_end() -> None:
+    """A real open_clip-style run: its last lines are its evaluation's results and torch's
+    atexit statistics (dynamo's traced frames, the fake tensor cache), logged at interpreter
+    shutdown; no error anywhere, no end line of its own, torchrun silent on success: OK."""
+    proc = run_cli("diagnose", str(FIFTIETH / "fiftieth-calm-duo"), "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    verdict = json.loads(proc.stdout)["verdict"]
+    assert (verdict["status"], verdict["confidence"]) == ("ok", 0.45)
+    assert "interpreter shutdown" in verdict["summary"]
+
+
+def test_torchs_exit_handlers_after_an_error_end_nothing() -> None:
+    """The same program's run where rank 1 raised (a KeyError in its batch's text lengths): the
+    same exit statistics follow the traceback, and the verdict is the error's."""
+    proc = run_cli("diagnose", str(FIFTIETH / "fiftieth-meta-key"), "--format", "json")
+    verdict = json.loads(proc.stdout)["verdict"]
+    assert verdict["status"] == "failed"

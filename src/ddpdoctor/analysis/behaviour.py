@@ -295,6 +295,9 @@ def build_evidence(job: JobView, events: list[Event]) -> JobEvidence:
         for s in job.streams
     )
     evidence.ended_after_full_bar = not evidence.ended_on_full_bar and _ended_after_full_bar(job)
+    evidence.exited_cleanly = job.interpreter_exit_seen and not any(
+        s.error_lines for s in job.streams
+    )
     counted = [
         last_epoch_done(s.last_epoch, job.max_epochs)
         for s in job.streams

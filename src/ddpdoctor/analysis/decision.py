@@ -868,6 +868,14 @@ def _quiet(evidence: JobEvidence) -> Decision:
                 "program printed no end-of-training line of its own."
             )
             decision.basis = ["+ the run's bar at its total, no failure after it"]
+        elif evidence.exited_cleanly and not evidence.ended:
+            decision.confidence = 0.45
+            decision.notes.append(
+                "the processes ran torch's exit-time handlers (interpreter shutdown: they were "
+                "neither killed nor hung) and no error was logged; the program printed no end "
+                "line of its own."
+            )
+            decision.basis = ["+ a normal interpreter shutdown, no error"]
         elif evidence.ended_after_full_bar and not evidence.ended:
             decision.confidence = 0.4
             decision.notes.append(

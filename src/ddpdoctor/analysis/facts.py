@@ -393,6 +393,19 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
         r"\] worker group successfully finished",
         "worker group successfully finished",
     ),
+    # what torch's atexit handlers log at interpreter exit when its loggers are at INFO
+    # (torch/_dynamo/eval_frame.py _log_traced_frames, _dynamo/utils.py, _subclasses/
+    # fake_tensor.py dump_cache_stats): the process reached a normal interpreter shutdown,
+    # neither killed nor hung (after an uncaught exception too: only with no error read is it
+    # a clean end)
+    *(
+        FactPattern("interpreter_exit", re.escape(literal), literal, distinct=VALUE)
+        for literal in (
+            "TorchDynamo attempted to trace the following frames: [",
+            "TorchDynamo compilation metrics:",
+            "FakeTensor cache stats:",
+        )
+    ),
     # messages of normal operation (census/messages.jsonl, kind benign: torch, DeepSpeed,
     # Lightning, transformers sources): logs that hold them and nothing worse were read and
     # are healthy as far as they go; logs in which nothing at all is recognised are not "OK"

@@ -64,6 +64,9 @@ class JobView:
     """Where a launcher's summary reported each rank's exit: its node's console."""
     normal_seen: bool = False
     """A message of normal operation was read (facts.py "normal"): something healthy to read."""
+    interpreter_exit_seen: bool = False
+    """torch's atexit handlers logged at interpreter exit (facts.py "interpreter_exit"): a
+    process shut down normally, neither killed nor hung."""
     cut_tracebacks: list[CutTrace] = field(default_factory=list)
     """Writers whose output ends inside a traceback (its exception line is not there): the
     last frame seen, else the header, with the writer's rank when known."""
@@ -216,6 +219,7 @@ def build_job(
     gpu_processes: dict[int, set[int]] = {}
     gpu_rows: dict[tuple[int, int], Record] = {}
     normal_seen = False
+    interpreter_exit_seen = False
     failed_exits: list[FactHit] = []
     finished: list[tuple[int | None, Record]] = []
     summaries = 0
@@ -317,6 +321,8 @@ def build_job(
                 normal_seen = True
             elif fact.name in ("normal", "nccl_comm"):
                 normal_seen = True
+            elif fact.name == "interpreter_exit":
+                interpreter_exit_seen = True
 
     finished += _bare_ends(scans, single_node, rank_map)
     all_done: dict[str, int] = {}
@@ -430,6 +436,7 @@ def build_job(
         max_epochs=max_epochs,
         cut_tracebacks=cut_tracebacks,
         normal_seen=normal_seen,
+        interpreter_exit_seen=interpreter_exit_seen,
         recovered_at=recovered_at,
         last_restart=last_restart,
         earlier_attempt_sources=_earlier_attempt_sources(scans),

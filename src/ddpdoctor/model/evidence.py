@@ -246,6 +246,10 @@ class JobEvidence:
     """Not ended on one, but the bar drawn last in the whole log is at its total, no counter
     stopped short of its total, and no writer logged an error: an evaluation's bar, then the
     results it printed. Weaker: a hang after that bar (a save, teardown) reads the same."""
+    exited_cleanly: bool = False
+    """torch's atexit handlers logged at interpreter exit (dynamo's traced frames, the fake
+    tensor cache's statistics) and no writer logged an error: a process shut down normally
+    after its work, neither killed nor hung."""
     ended_on_last_epoch: bool = False
     """Every writer whose lines count epochs last stood at the last one with its other counters
     at their totals ('Epoch: 4/4 Step: 10/10', 'Epoch: 4/4 Train steps: 10 ... val_loss'; an

@@ -46,6 +46,8 @@ def assess(job: JobEvidence) -> Assessment | None:
         return None
     if (job.ended_on_full_bar or job.ended_after_full_bar) and job.last_step is None:
         return None  # the run's own bar reached its total: the loop ended, not the log
+    if job.exited_cleanly and job.last_step is None:
+        return None  # the processes shut down normally, with no error: not a log cut short
     if job.ended_on_last_epoch:
         return None  # every writer's epoch counter reached its last epoch's end
     where = (
