@@ -109,6 +109,9 @@ POSITIVE = {
     ],
     "INF202": [
         (lambda t: scenario("uncoordinated-exit"), [1]),
+        # rank 2 printed nothing and torchrun's failure summary lists ranks 0 and 1 only (it
+        # lists every worker that did not exit 0): rank 2 had exited 0 while they lost it
+        (lambda t: real("fiftieth-odd-shards"), [2]),
         # mp.spawn: "gpu 1 | training finished" while ranks 0 and 2 were still in their
         # backward pass, which then lost its peer: rank 1 left, it did not finish the job
         (lambda t: real("spawn-leave"), [1]),
@@ -276,6 +279,8 @@ NEAR_MISS = {
         lambda t: real("thirtyfirst-never-woken"),
     ],
     "INF202": [
+        # a rank with no lines that the summary does list (SIGKILL, -9): killed, not left
+        lambda t: real("eighth-sigkill-step"),
         lambda t: scenario("slow-rank-timeout"),
         lambda t: scenario("early-stop"),
         # rank 1 left after training announced its end: it finished, it did not leave early

@@ -295,6 +295,7 @@ def build_evidence(job: JobView, events: list[Event]) -> JobEvidence:
         for s in job.streams
     )
     evidence.ended_after_full_bar = not evidence.ended_on_full_bar and _ended_after_full_bar(job)
+    evidence.unlisted_exits = _unlisted_exits(job, evidence)
     evidence.exited_cleanly = job.interpreter_exit_seen and not any(
         s.error_lines for s in job.streams
     )
@@ -630,6 +631,18 @@ def _stall(job: JobView) -> Stall | None:
 
 def _who(who: object) -> str:
     return ", ".join(map(str, who)) if isinstance(who, list) else str(who)
+
+
+def _unlisted_exits(job: JobView, evidence: JobEvidence) -> set[int]:
+    """Ranks of a one-node world with no line of their own that torchrun's failure summary
+    leaves out while listing others: every worker that did not exit 0 is listed there (the
+    ones it stopped too, with SIGTERM), so these had already exited 0."""
+    if not (job.launcher_summaries and evidence.single_node and evidence.world_size):
+        return set()
+    listed = set(job.info.per_rank)
+    if not listed:
+        return set()
+    return {r for r in evidence.missing if r not in listed and r < evidence.world_size}
 
 
 def _ended_after_full_bar(job: JobView) -> bool:

@@ -64,6 +64,9 @@ class JobView:
     """Where a launcher's summary reported each rank's exit: its node's console."""
     normal_seen: bool = False
     """A message of normal operation was read (facts.py "normal"): something healthy to read."""
+    launcher_summaries: int = 0
+    """torchrun failure summaries read (ChildFailedError's 'Root Cause' block): each lists
+    every worker of its node that did not exit 0."""
     interpreter_exit_seen: bool = False
     """torch's atexit handlers logged at interpreter exit (facts.py "interpreter_exit"): a
     process shut down normally, neither killed nor hung."""
@@ -437,6 +440,7 @@ def build_job(
         cut_tracebacks=cut_tracebacks,
         normal_seen=normal_seen,
         interpreter_exit_seen=interpreter_exit_seen,
+        launcher_summaries=summaries,
         recovered_at=recovered_at,
         last_restart=last_restart,
         earlier_attempt_sources=_earlier_attempt_sources(scans),

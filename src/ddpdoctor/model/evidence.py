@@ -246,6 +246,10 @@ class JobEvidence:
     """Not ended on one, but the bar drawn last in the whole log is at its total, no counter
     stopped short of its total, and no writer logged an error: an evaluation's bar, then the
     results it printed. Weaker: a hang after that bar (a save, teardown) reads the same."""
+    unlisted_exits: set[int] = field(default_factory=set)
+    """Ranks of a one-node world that left no lines and that the launcher's failure summary
+    does not list, while it lists others: torchrun lists every worker that did not exit 0,
+    so these had exited 0 before the failure."""
     exited_cleanly: bool = False
     """torch's atexit handlers logged at interpreter exit (dynamo's traced frames, the fake
     tensor cache's statistics) and no writer logged an error: a process shut down normally

@@ -40,6 +40,9 @@ def assess(job: JobEvidence) -> Assessment | None:
     waiting, quiet = job.waiting, job.quiet
     if not (waiting or job.echoes & {"waiting", "lost-peer"}):
         return None
+    unlisted = _from_summary(job)
+    if unlisted is not None:
+        return unlisted
     present = {r for r, v in job.ranks.items() if v.present}
     stoppers = {r for r, v in job.ranks.items() if v.announced_stop}
     if stoppers and stoppers < present:
@@ -94,6 +97,32 @@ def assess(job: JobEvidence) -> Assessment | None:
             ],
         )
     return None
+
+
+def _from_summary(job: JobEvidence) -> Assessment | None:
+    """Ranks that printed nothing and that torchrun's failure summary leaves out had exited 0
+    (it lists every worker that did not, the ones it stopped too); the others then lost them
+    or timed out waiting: they left first."""
+    gone = job.unlisted_exits
+    if not gone or not job.waiting or gone & set(job.failing_exits):
+        return None
+    return Assessment(
+        RULE,
+        0.65,
+        sorted(gone),
+        [
+            f"{ranks_text(gone)} printed nothing and the launcher's failure summary does not "
+            f"list {'it' if len(gone) == 1 else 'them'} (torchrun lists every worker that did "
+            f"not exit 0): {'it' if len(gone) == 1 else 'they'} had exited 0 while "
+            f"{ranks_text(job.waiting)} still ran, and these then lost "
+            f"{'it' if len(gone) == 1 else 'them'} or timed out waiting. This is not a network "
+            "fault."
+        ],
+        against=[
+            "a rank with fewer batches leaves its loop the same way (uneven inputs): its "
+            "own output would say how much data it had"
+        ],
+    )
 
 
 def _from_stall(job: JobEvidence) -> Assessment | None:
