@@ -37,6 +37,7 @@ from ddpdoctor.ingest.tracebacks import carried_on, is_traceback_line, walk_back
 from ddpdoctor.ingest.unwrap import original_line
 from ddpdoctor.model.findings import Hit
 from ddpdoctor.model.records import Origin, Record, SourceInfo
+from ddpdoctor.model.transfer import by_fields
 from ddpdoctor.rules.base import Rule, Signature
 
 _Parse = Callable[[str], ParsedLine]
@@ -98,6 +99,7 @@ QUOTE_BLANK = " \t\r>"
 """What an empty line of a log pasted as a Markdown quote is made of."""
 
 
+@by_fields
 @dataclass(slots=True)
 class FactHit:
     name: str
@@ -106,6 +108,7 @@ class FactHit:
     before: list[str]
 
 
+@by_fields
 @dataclass(slots=True)
 class StreamSummary:
     """What the sampled head and tail say about one writer in one source."""
@@ -218,6 +221,7 @@ of the C++ side (ProcessGroupNCCL's "using GPU 0 to perform barrier") is start-u
 be said to stop in."""
 
 
+@by_fields
 @dataclass(slots=True)
 class SourceScan:
     info: SourceInfo

@@ -10,6 +10,7 @@ from typing import Any
 from ddpdoctor.model.flight import FlightAnalysis
 from ddpdoctor.model.records import Record
 from ddpdoctor.model.timeline import Timeline
+from ddpdoctor.model.transfer import by_fields
 
 
 @dataclass(slots=True)
@@ -33,6 +34,7 @@ class Evidence:
         )
 
 
+@by_fields
 @dataclass(slots=True)
 class Hit:
     """One rule signature that matched one line, with its captures and surrounding traceback."""

@@ -6,7 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from ddpdoctor.model.transfer import by_fields
 
+
+@by_fields
 @dataclass(slots=True)
 class Origin:
     """Who printed a line: every field optional, filled by prefixes, file names or content."""
@@ -26,6 +29,7 @@ class Origin:
         )
 
 
+@by_fields
 @dataclass(slots=True)
 class Record:
     """A line as the analysis sees it: text without prefixes, plus its origin and position."""
@@ -48,6 +52,7 @@ class Record:
         return self.origin.host
 
 
+@by_fields
 @dataclass(slots=True)
 class SourceInfo:
     """One input as the user gave it, and whether it could be read."""
