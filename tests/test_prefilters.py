@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 
 from ddpdoctor.analysis.behaviour import BUSY_PHASE, busy_phase
+from ddpdoctor.ingest.prefixes import parse_line
+from ddpdoctor.ingest.tracebacks import FRAME_LINE, _may_hold_frame
 
 ROOT = Path(__file__).resolve().parent.parent
 EACH_ALTERNATIVE = [
@@ -60,3 +62,31 @@ def test_busy_words_agree_on_each_alternative(line: str) -> None:
     assert busy_phase(line) == (BUSY_PHASE.search(line) is not None)
     if line in EACH_ALTERNATIVE:
         assert busy_phase(line)
+
+
+FRAMES_IN_DISGUISE = [
+    'File "/w/train.py", line 9, in step',
+    '[rank1]: > File "/w/train.py", line 9, in step',
+    '{"message": "File \\"/w/train.py\\", line 9, in step"}',  # a JSON record's message
+    '{"message": "\\u0046ile \\"/w/train.py\\", line 9, in step"}',
+    'Fi\x1b[0mle "/w/train.py", line 9, in step',  # a colour code inside the word
+    'Fi\x00le "/w/train.py", line 9, in step',
+]
+
+
+def test_a_line_without_frame_bytes_parses_to_no_frame_on_real_lines() -> None:
+    """The walk back's test before parsing the line above a writer's line: whatever parsing
+    makes of a line a frame line, the line holds one of the bytes looked for."""
+    frames = 0
+    for line in _real_lines() + FRAMES_IN_DISGUISE:
+        frame = FRAME_LINE.match(parse_line(line, with_time=False).text) is not None
+        frames += frame
+        if frame:
+            assert _may_hold_frame(line.encode("utf-8")), line
+    assert frames >= len(FRAMES_IN_DISGUISE)
+
+
+@pytest.mark.parametrize("line", FRAMES_IN_DISGUISE)
+def test_each_disguise_is_a_frame_and_is_looked_at(line: str) -> None:
+    assert FRAME_LINE.match(parse_line(line, with_time=False).text)
+    assert _may_hold_frame(line.encode("utf-8"))
