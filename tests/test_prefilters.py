@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ddpdoctor.analysis.behaviour import BUSY_PHASE, busy_phase
+from ddpdoctor.analysis.behaviour import BUSY_PHASE, DATA_ENDED, _said_data_ended, busy_phase
 from ddpdoctor.ingest.prefixes import parse_line
 from ddpdoctor.ingest.tracebacks import FRAME_LINE, _may_hold_frame
 
@@ -62,6 +62,36 @@ def test_busy_words_agree_on_each_alternative(line: str) -> None:
     assert busy_phase(line) == (BUSY_PHASE.search(line) is not None)
     if line in EACH_ALTERNATIVE:
         assert busy_phase(line)
+
+
+DATA_ENDED_ALTERNATIVES = [
+    "rank 3: dataset exhausted",
+    "the data loader ran out after 12 steps",
+    "Shard 2 is empty",
+    "input stream depleted",
+    "all samples consumed",
+    "ran out of batches",
+    "No more data for this rank",
+    "reached the end of the dataset",
+    "END OF DATA LOADER",
+]
+DATA_ENDED_FOLDED = ["data\u017fet exhausted", "\u0130nput empty", "the data ran out \u212a"]
+
+
+def test_data_ended_words_agree_with_the_regex_on_real_lines() -> None:
+    matched = 0
+    for line in _real_lines():
+        want = DATA_ENDED.search(line) is not None
+        assert _said_data_ended(line) == want, line
+        matched += want
+    assert matched > 0
+
+
+@pytest.mark.parametrize("line", DATA_ENDED_ALTERNATIVES + DATA_ENDED_FOLDED)
+def test_data_ended_words_agree_on_each_alternative(line: str) -> None:
+    assert _said_data_ended(line) == (DATA_ENDED.search(line) is not None)
+    if line in DATA_ENDED_ALTERNATIVES:
+        assert _said_data_ended(line)
 
 
 FRAMES_IN_DISGUISE = [

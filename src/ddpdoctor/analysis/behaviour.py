@@ -355,12 +355,29 @@ DATA_ENDED = re.compile(
 """A writer's words that its own data ran out."""
 
 
+DATA_ENDED_WORDS = ("exhausted", "ran out", "empty", "depleted", "consumed", "no more", "end of")
+"""A lower-cased piece of every alternative of DATA_ENDED: ASCII text holding none of them
+cannot match it (see _said_data_ended)."""
+
+
 def _data_ended(stream: StreamSummary) -> str | None:
     """Its last line, or the one before it, when it says the writer's data ran out."""
     for text in (stream.last_text, stream.prev_text):
-        if text and DATA_ENDED.search(text):
+        if text and _said_data_ended(text):
             return text[:80]
     return None
+
+
+def _said_data_ended(text: str) -> bool:
+    """Whether DATA_ENDED.search(text) finds a match, without its case-blind search of every
+    writer's last two lines where none of its words is there (0.11 s for the 19,750 writers of
+    10,000 rank files, in the parent after their scan). Only ASCII text is tested by words, as
+    in busy_phase."""
+    if text.isascii():
+        lower = text.lower()
+        if not any(word in lower for word in DATA_ENDED_WORDS):
+            return False
+    return DATA_ENDED.search(text) is not None
 
 
 def _announced_phase(stream: StreamSummary) -> str | None:
