@@ -118,13 +118,6 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "steady-clips": "unknown, hang with no culprit (INF212, 0.3): 'the log ends in the middle of "
-    "training, without an end', but the run ended: the master logged the third val_epoch "
-    "json_stats line and PySlowFast's closing 'training done: Top1 Acc: 41.67 Top5 Acc: 100.00 "
-    "MEM: 0.00', and mp.spawn, silent on success, reported no failed process: a clean run",
-    "twin-shards": "unknown, hang with no culprit (INF212, 0.3): as steady-clips, node 0's "
-    "console ends with 'training done: ...' after epoch 3/3's evaluation and node 1's console is "
-    "empty (none of its processes is a master); no error, no failed process: a clean run",
     "backup-drag": "failed, nccl-timeout on rank 0 (INF204, 0.3): the culprit is right, but "
     "rank 0 is said to have left no logs, when every log line is the master's: it logged "
     "'Copying checkpoint_epoch_00001.pyth to backup storage: part k/8' every 5 s from before the "

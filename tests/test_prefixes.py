@@ -445,6 +445,15 @@ def test_hydra_job_logging_gives_time_and_level() -> None:
     assert parsed.time is not None and parsed.time.isoformat().startswith("2026-12-03T05:57:26")
 
 
+def test_pyslowfast_header_gives_time_level_and_strips_the_caller() -> None:
+    """PySlowFast's '[%(asctime)s][%(levelname)s] %(filename)s: %(lineno)4d: ' with datefmt
+    '%m/%d %H:%M:%S' (tests/fixtures/real/fiftyfirst-*): the message starts after the line."""
+    line = "[12/04 14:18:26][INFO] train_net.py:  818: training done: Top1 Acc: 41.67"
+    parsed = parse_line(line, 2026)
+    assert (parsed.level, parsed.text) == ("info", "training done: Top1 Acc: 41.67")
+    assert parsed.time is not None and parsed.time.isoformat().startswith("2026-12-04T14:18:26")
+
+
 def test_lm_eval_datefmt_gives_time_level_and_the_rank_named_after_the_caller() -> None:
     """lm-evaluation-harness logs with datefmt '%Y-%m-%d:%H:%M:%S' (a colon between date and
     time), the level padded, then the caller (tests/fixtures/real/fortyninth-*)."""

@@ -355,6 +355,12 @@ D2_HEAD = re.compile(
     r"\[(?P<mo>\d\d)/(?P<d>\d\d) (?P<hms>" + HMS + r")"
     r"(?: [\w.-]{1,120}\]: |\] [\w.-]{1,120} " + LEVELS + r": )"
 )
+# PySlowFast's logging (slowfast/utils/logging.py, datefmt "%m/%d %H:%M:%S", no year; its
+# forks: MViT, TimeSformer, ...): "[12/04 14:18:26][INFO] train_net.py:  818: "
+SLOWFAST_HEAD = re.compile(
+    r"\[(?P<mo>\d\d)/(?P<d>\d\d) (?P<hms>" + HMS + r")\]\[" + LEVELS + r"\] "
+    r"[\w.-]{1,120}\.py: {0,5}\d{1,6}: "
+)
 # OpenMMLab's mmengine (no year): "05/01 10:00:00 - mmengine - INFO - "
 MM_HEAD = re.compile(
     r"(?P<mo>\d\d)/(?P<d>\d\d) (?P<hms>" + HMS + r") - [\w.-]{1,80} - " + LEVELS + r" - "
@@ -539,7 +545,7 @@ def parse_line(raw: str, year: int = 1970, with_time: bool = True) -> ParsedLine
                 rich_record = True
                 pos = rich.end()
                 continue
-            d2 = D2_HEAD.match(text, pos)
+            d2 = D2_HEAD.match(text, pos) or SLOWFAST_HEAD.match(text, pos)
             if d2:
                 if with_time:
                     out.time = out.time or _short_time(d2, year)
