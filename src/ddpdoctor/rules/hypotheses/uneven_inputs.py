@@ -2,8 +2,9 @@
 left the loop while the others entered the next collective. Evidence: per-rank progress
 counters that run to different totals ("step 5/8" vs "step 5/6"), or one bar per node console
 whose totals differ (drawn by each node's main process, without a rank: the ranks are that
-console's), the amounts of data the ranks announced, or ranks that waited in the evaluation
-after the loop while the others still waited inside a training step."""
+console's), the amounts of data the ranks announced (the few that said another amount than
+most, fewer or more), or ranks other than the main process that waited in the evaluation after
+the loop, or in a barrier, while the others still waited inside a training step."""
 
 from __future__ import annotations
 
