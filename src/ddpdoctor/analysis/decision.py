@@ -4,6 +4,7 @@ confidence computed from the evidence for and against. Names no rule code and no
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ddpdoctor.analysis.behaviour import build_evidence
@@ -862,35 +863,11 @@ def _quiet(evidence: JobEvidence) -> Decision:
                 "announced its end: the job went on from them (a retried connection, a peer "
                 "that came back), so they ended nothing."
             )
-        if evidence.ended_on_full_bar and not evidence.ended:
-            decision.notes.append(
-                "the run's progress bar reached its total and nothing failed after it; the "
-                "program printed no end-of-training line of its own."
-            )
-            decision.basis = ["+ the run's bar at its total, no failure after it"]
-        elif evidence.exited_cleanly and not evidence.ended:
-            decision.confidence = 0.45
-            decision.notes.append(
-                "the processes ran torch's exit-time handlers (interpreter shutdown: they were "
-                "neither killed nor hung) and no error was logged; the program printed no end "
-                "line of its own."
-            )
-            decision.basis = ["+ a normal interpreter shutdown, no error"]
-        elif evidence.ended_after_full_bar and not evidence.ended:
-            decision.confidence = 0.4
-            decision.notes.append(
-                "the progress bar drawn last reached its total and what the run printed after "
-                "it holds no error (results, a save); the program printed no end line of its "
-                "own, and a job that hung after that bar would read the same."
-            )
-            decision.basis = ["+ the last bar at its total, no error after it"]
-        elif evidence.ended_on_last_epoch and not evidence.ended:
-            decision.notes.append(
-                "every epoch counter reached its last epoch, with that epoch's steps done, and "
-                "nothing failed after it; the program printed no end-of-training line of its "
-                "own."
-            )
-            decision.basis = ["+ the last epoch of the counters completed, no failure after it"]
+        reading = None if evidence.ended else _end_without_a_line(evidence)
+        if reading is not None:
+            decision.confidence, note, basis = reading
+            decision.notes.append(note)
+            decision.basis = [basis]
         if evidence.completed_at and not exits_seen:
             # a process that hangs after its last words prints nothing more: the log alone
             # cannot tell a clean end from a hang in teardown
@@ -935,6 +912,49 @@ def _quiet(evidence: JobEvidence) -> Decision:
         basis=["- nothing recognised: no error, progress, end of training or exit code"],
         next_steps=[collect],
     )
+
+
+END_READINGS: tuple[tuple[Callable[[JobEvidence], bool], float, str, str], ...] = (
+    (
+        lambda e: e.ended_on_full_bar,
+        0.5,
+        "the run's progress bar reached its total and nothing failed after it; the program "
+        "printed no end-of-training line of its own.",
+        "+ the run's bar at its total, no failure after it",
+    ),
+    (
+        lambda e: e.exited_cleanly,
+        0.45,
+        "the processes ran torch's exit-time handlers (interpreter shutdown: they were neither "
+        "killed nor hung) and no error was logged; the program printed no end line of its own.",
+        "+ a normal interpreter shutdown, no error",
+    ),
+    (
+        lambda e: e.ended_after_full_bar,
+        0.4,
+        "the progress bar drawn last reached its total and what the run printed after it holds "
+        "no error (results, a save); the program printed no end line of its own, and a job "
+        "that hung after that bar would read the same.",
+        "+ the last bar at its total, no error after it",
+    ),
+    (
+        lambda e: e.ended_on_last_epoch,
+        0.5,
+        "every epoch counter reached its last epoch, with that epoch's steps done, and nothing "
+        "failed after it; the program printed no end-of-training line of its own.",
+        "+ the last epoch of the counters completed, no failure after it",
+    ),
+)
+"""How a run that printed no end of its own still shows that it ended, strongest first: the
+evidence that shows it, the OK's confidence, its note, its basis."""
+
+
+def _end_without_a_line(evidence: JobEvidence) -> tuple[float, str, str] | None:
+    """The first reading of END_READINGS the evidence shows."""
+    for shows, confidence, note, basis in END_READINGS:
+        if shows(evidence):
+            return confidence, note, basis
+    return None
 
 
 TEARDOWN_CHECK = (
