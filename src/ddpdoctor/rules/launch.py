@@ -219,6 +219,12 @@ LAUNCHER_SIGTERM = Rule(
     specificity=5,
     signatures=(
         Signature(r"Sending process (?P<pid>\d+) closing signal SIG(?P<sig>\w+)", "closing signal"),
+        # torch.multiprocessing.spawn's ProcessContext.join, once one process failed: each
+        # process still alive after the grace period (spawn.py)
+        Signature(
+            r"Terminating process (?P<pid>\d+) via signal SIG(?P<sig>TERM)\b",
+            "Terminating process ",
+        ),
         Signature(r"exitcode\s*: -15\b", "exitcode"),
         Signature(r"Signal 15 \(SIGTERM\) received by PID", "Signal 15 (SIGTERM)"),
         # the same _close, escalating when a worker ignored the signal for its grace period;
@@ -256,6 +262,8 @@ LAUNCHER_SIGTERM = Rule(
         "552917 via Signals.SIGTERM, forcefully exiting via Signals.SIGKILL",
         "W1204 07:30:12.118000 4242 torch/distributed/elastic/multiprocessing/api.py:1048] "
         "Unable to shutdown process 4250 via 15, forcefully exiting via 9",
+        "W1204 14:23:02.334000 3464 torch/multiprocessing/spawn.py:165] Terminating process "
+        "3472 via signal SIGTERM",
         "Killing global rank 0 (PID 6270) with SIGTERM",
         "Failed to kill global rank 2 (PID 6281) with SIGTERM; terminating with SIGKILL instead",
     ),
