@@ -296,7 +296,7 @@ def build_job(
                 if epochs:
                     max_epochs.add(epochs)
             elif fact.name == "data_size":
-                named = count_number(fact.captures.get("named_rank"), 10**5)
+                named = rank_number(fact.captures.get("named_rank"))
                 sized = (
                     named
                     if named is not None
