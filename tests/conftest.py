@@ -41,9 +41,27 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     gc.freeze()
 
 
+JOB_MARKERS = ("real", "slurm", "launchers", "frameworks")
+"""Tests that start real jobs (torchrun, srun, accelerate, deepspeed: several processes each,
+timings that matter). Under `pytest -n` (make test runs two workers) they all go to one worker,
+one job at a time, while the other worker diagnoses logs: two jobs at once on a 2-core machine
+would slow each other's start-up past the hang thresholds they test."""
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Group the job tests (see JOB_MARKERS) for pytest-xdist's --dist loadgroup."""
+    for item in items:
+        if any(item.get_closest_marker(name) for name in JOB_MARKERS):
+            item.add_marker(pytest.mark.xdist_group("jobs"))
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Remove the DeepSpeed buffers this session's jobs left behind (made since it started;
-    every job of the session has ended by now)."""
+    every job of the session has ended by now). Under pytest-xdist only the controller does it,
+    after every worker: a worker that finished first would remove the buffers of a job that
+    another worker is still running."""
+    if hasattr(session.config, "workerinput"):
+        return
     shm = Path("/dev/shm")
     if not shm.is_dir():
         return

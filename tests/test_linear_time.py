@@ -24,9 +24,12 @@ LINE_BYTES = 1 << 20 if FULL else 1 << 17
 """1 MB lines in `make fuzz` (which CI runs too); 128 KB in `make test` (an eighth of the time:
 a quadratic regex still takes eight times longer than it may, as the three of 2026-11 took 39-50
 s at 64 KB)."""
-LINE_CPU_BOUND_S = 1.0 * LINE_BYTES / (1 << 20)
-"""1 s per 1 MB line. The slowest regex measured 0.20 s of CPU on 1 MB (a 120-character window
-after each of 100,000 "NCCL WARN"s); a quadratic one needs minutes."""
+LINE_CPU_BOUND_S = 2.0 if FULL else 0.5
+"""CPU seconds a line may take: 2 s for 1 MB, 0.5 s for 128 KB. The slowest regex measured 0.20 s
+on 1 MB (a 120-character window after each of 100,000 "NCCL WARN"s) and 0.08 s on 128 KB alone,
+but 0.14 s beside another CPU-bound process (the machine's two cores share their caches); a
+quadratic one needs minutes on 1 MB and 39-50 s on 64 KB, two orders of magnitude above either
+bound."""
 STALL_S = 60.0
 """Wall time without any line finishing after which the probe is stopped (a loaded machine
 runs the child at a fraction of a core)."""
