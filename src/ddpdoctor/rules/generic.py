@@ -369,6 +369,68 @@ FP16_MASTER_WEIGHTS = Rule(
     negative=("GradScaler: unscale_() has already been called on this optimizer",),
 )
 
+SHARED_PATH_RACE = Rule(
+    code="PY105",
+    kind="python-exception",
+    title="Ranks raced on the same file or folder (created, renamed or deleted by more than one)",
+    sources="CPython os/shutil (FileExistsError, FileNotFoundError, ENOTEMPTY)",
+    # above DATA101 (a missing file is usually input): here the traceback shows the file was
+    # being created, renamed or deleted, which is what a checkpoint rotation or an output
+    # folder set up on every rank does
+    specificity=60,
+    signatures=(
+        Signature(r"^\**(?P<exc>FileExistsError): \[Errno 17\]", "FileExistsError: [Errno 17]"),
+        Signature(
+            r"^\**(?P<exc>FileNotFoundError): \[Errno 2\] No such file or directory",
+            "FileNotFoundError: [Errno 2]",
+        ),
+        Signature(r"^\**(?P<exc>OSError): \[Errno 39\] Directory not empty", "Directory not empty"),
+    ),
+    # raised by a call that creates, renames or deletes a path: its stdlib frame ("<frozen
+    # os>", line 225, in makedirs), or the program's own call of it (os.rename is C: no frame)
+    context_all=(
+        r"(?m), in (?:renames?|replace|rmtree|_rmtree_\w+|makedirs|mkdir|removedirs|remove|unlink"
+        r"|rmdir|move)[ \t]*$"
+        r"|\b(?:os\.(?:renames?|replace|makedirs|mkdir|removedirs|remove|unlink|rmdir)"
+        r"|shutil\.(?:rmtree|move))\(|\.(?:mkdir|rename|unlink|rmdir)\(",
+    ),
+    explanation=Explanation(
+        what="A rank failed to create, rename or delete a file or folder because it was "
+        "already there, or already gone: another process had done it first.",
+        why="Code meant for one process runs on every rank: a checkpoint rotation deleting old "
+        "checkpoints, a temporary checkpoint folder renamed into place, an output folder "
+        "created without exist_ok. On a shared filesystem the ranks of all nodes race on the "
+        "same path, and whichever comes second fails; it can pass for months and fail once.",
+        fix="Let one process (rank 0, or the framework's main-process check) create, rename and "
+        "delete shared paths, and make the others wait for it with a barrier.",
+        false_positives="A path that was never there (a typo, a missing parent folder) fails "
+        "the same way in a single process.",
+    ),
+    fix=(
+        "Guard the code that creates, renames or deletes the path with the main-process check "
+        "(`if dist.get_rank() == 0:`, Accelerate's is_main_process, the Trainer's "
+        "args.should_save), then `dist.barrier()`; create folders with exist_ok=True.",
+        "If the frames are the framework's own checkpoint code (rotation, tmp-checkpoint "
+        "rename), upgrade it: these races are fixed upstream; meanwhile keep every checkpoint "
+        "(no save limit) or save on one node only.",
+    ),
+    positive=(
+        # corpus/cases/1232 (rank 8's os.makedirs on a shared checkpoint folder)
+        "FileExistsError: [Errno 17] File exists: '/mnt/shared/runs/ft-run/checkpoints/"
+        "epoch_0_step_296/model'",
+        # corpus/cases/1503 (the Trainer's tmp-checkpoint rename, cut where it was pasted)
+        "FileExistsError: [Errno 17] File",
+        "FileNotFoundError: [Errno 2] No such file or directory: './exp/asr_ft_run3/model.pt."
+        "ep0.5000'",
+    ),
+    negative=(
+        # reading input: no create, rename or delete in its traceback (DATA101)
+        "FileNotFoundError: [Errno 2] No such file or directory: '/data/train/000123.jpg'",
+        "FileExistsError",
+    ),
+)
+
+
 HYDRA_JOB_ERROR = Rule(
     code="PY103",
     kind="python-exception",
@@ -450,6 +512,7 @@ COMMAND_LINE_REJECTED = Rule(
 RULES = (
     PYTHON_EXCEPTION,
     COMMAND_LINE_REJECTED,
+    SHARED_PATH_RACE,
     FP16_MASTER_WEIGHTS,
     HYDRA_JOB_ERROR,
     EARLY_STOP,
