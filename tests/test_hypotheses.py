@@ -343,8 +343,9 @@ NEAR_MISS = {
     "INF222": [lambda t: case("136")],
     # a whole traceback through torch.save names its error (an I/O error: DATA103)
     "INF223": [lambda t: case("232")],
-    # retries of the IPv6 address family only (EINVAL): c10d moves on to IPv4, a healthy start
-    "INF225": [lambda t: case("465")],
+    # retries of the IPv6 address family only (EINVAL): c10d moves on to IPv4, a healthy start;
+    # Windows' WSAEADDRNOTAVAIL on the machine's name ("system error: 10049"), likewise
+    "INF225": [lambda t: case("465"), lambda t: case("764")],
     # start-up that got as far as NCCL connecting the GPUs: past the rendezvous (INF205)
     "INF226": [lambda t: case("070")],
     # only the first node's four ranks announced themselves, once each: the other node never

@@ -47,9 +47,12 @@ STORE_RETRY = re.compile(
 to [host]:port (errno: 111 - Connection refused).", "No socket on (host, port) is listening
 yet, will retry."), and older torch's wording."""
 
-OTHER_FAMILY = re.compile(r"errno: (?:22|97) - ")
-"""EINVAL / EAFNOSUPPORT: one address family of the host (IPv6) refused at once; c10d goes on
-to the next, and healthy jobs print it on every start (census: socket-client-failed-connect)."""
+OTHER_FAMILY = re.compile(r"(?:errno|system error): (?:22|97|99|10047|10049) - ")
+"""EINVAL / EAFNOSUPPORT / EADDRNOTAVAIL (Linux's 22, 97, 99; Windows' WSAEAFNOSUPPORT 10047
+and WSAEADDRNOTAVAIL 10049, "system error: 10049"): one address of the host (its IPv6 one, a
+Windows machine name) refused at once; c10d goes on to the next, and healthy jobs print it on
+every start (census: socket-client-failed-connect). A wrong address ends in 'failed to connect
+to any network address', or retries of a refused connection (111)."""
 
 ENDPOINT = re.compile(
     r"(?:failed to connect to (?:any network address of )?|No socket on )"
