@@ -21,7 +21,11 @@ import re
 
 import pytest
 
+from ddpdoctor.analysis.diagnose import diagnose_paths
+from tests.conftest import REPO
 from tests.program_runs import Expected, RunSet
+
+REAL = REPO / "tests" / "fixtures" / "real"
 
 # mode -> (status, kind, culprit ranks); launch (tee or plain console) and world size in brackets
 # (capture_fiftythird.sh)
@@ -107,38 +111,24 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "quiet-trio": "unknown, hang with no culprit (INF212, 0.3): 'The log ends at step 2 of 8 "
-    "without an end': WeNet's 'Batch 2/8' is epoch 2, batch 8 (the last batch of the last of "
-    "three epochs), not step 2 of 8; the run went on to every rank's 'Epoch 2 CV info' and "
-    "epoch_2.pt, and torchrun, which prints nothing when every worker exits 0, said nothing",
-    "plateau-all": "unknown, hang with no culprit (INF212, 0.3): 'ends at step 1 of 8 without an "
-    "end', reading 'Batch 1/8' (epoch 1, batch 8) as a step count; every rank logged 'Epoch 1 "
-    "cv_loss 7.740212 has not improved for 1 epoch(s), stop training' and exited 0 (torchrun "
-    "silent): an agreed early stop",
-    "odd-list": "failed, uneven-inputs on rank 0 (DDP106, 0.9): the kind names what happened, but "
-    "WeNet's 'Detected uneven workload distribution' is the code made for it doing its job: "
-    "ranks 0 and 1 broke out of each epoch, met rank 2 at the barrier before CV, all three "
-    "epochs ended with epoch_2.pt and every rank exited 0 (no traceback, torchrun silent); and "
-    "the rank that logged the message (0) is the one that waited, not the one with fewer batches",
-    "lossdict-gap": "failed, uneven-inputs on ranks 0,2 (DDP106, 0.9), calling rank 1 a victim: "
-    "rank 1 raised KeyError 'loss_att' in log_per_step first, and the 'Detected uneven workload "
-    "distribution: [Rank 0]: Rank 1 failed to pass monitoredBarrier' of ranks 0 and 2 is their "
-    "barrier noticing that rank 1 was gone: a python-exception on rank 1",
-    "cache-drag": "failed, uneven-inputs on ranks 0,2 (DDP106, 0.9): rank 2 did not run out of "
-    "data, it was logging 'rebuilding speed perturb cache: part N/8' every 5 s while rank 0's "
-    "monitored_barrier named it and ranks 0 and 1 then timed out in the barrier before CV "
-    "after 15 s: a slow rank 2 past the collective timeout",
-    "prefetch-idle": "failed, uneven-inputs on rank 0 (DDP106, 0.9): rank 0 is the rank that "
-    "waited ('[Rank 0]: Rank 1 failed to pass monitoredBarrier', then its barrier timed out "
-    "after 15 s); rank 1 had batches left and printed nothing after epoch 1's 'Batch 1/4' until "
-    "torchrun SIGTERMed it: a hang on rank 1",
-    "writer-norm": "failed, uneven-inputs on rank 1 (DDP106, 0.9): no rank ran out of data; rank "
-    "0's traceback is in dist.all_reduce in train_one_epoch ('Timed out waiting 15000ms for "
-    "recv') while ranks 1 and 2 sat in the barrier before CV after their monitored_barrier "
-    "lost rank 0: a collective rank 0 issued alone",
-    "cmvn-zero": "unknown, hang with no culprit (INF212, 0.3): 'ends at step 2 of 12 without an "
-    "end', reading 'Batch 2/12' (epoch 2, batch 12) as a step count; the NaN batch was skipped "
-    "on both ranks (grad_norm nan) and the run finished three epochs, epoch_2.pt, exit 0",
+    "quiet-trio": "unknown, hang with no culprit (INF212, 0.3): 'The log ends after its training "
+    "progress without an end' (WeNet's 'Batch 2/8' is read as epoch 2, batch 8 now, not step 2 "
+    "of 8): the run went on to every rank's 'Epoch 2 CV info' and epoch_2.pt, but nothing the "
+    "console holds says that epoch 2 was the last (the max_epoch of the recipe's YAML is not "
+    "printed) and torchrun prints nothing when every worker exits 0",
+    "odd-list": "failed, uneven-inputs on rank 2 (INF209, 0.45): the kind and rank name what "
+    "happened, but WeNet's 'Detected uneven workload distribution' is the code made for it "
+    "doing its job: ranks 0 and 1 broke out of each epoch, met rank 2 at the barrier before "
+    "CV, all three epochs ended with epoch_2.pt and every rank exited 0 (no traceback, torchrun "
+    "silent)",
+    "prefetch-idle": "failed, slow-rank-timeout on rank 1 (INF201, 0.7): the culprit is right, "
+    "but rank 1 was not busy: it had batches left and printed nothing after epoch 1's 'Batch "
+    "1/4', waiting for a prefetch event nobody set, until torchrun SIGTERMed it: a hang on rank "
+    "1, which nothing in the log tells from a rank busy with work of its own",
+    "cmvn-zero": "unknown, hang with no culprit (INF212, 0.3): 'The log ends after its training "
+    "progress without an end' (WeNet's 'Batch 2/12' is read as epoch 2, batch 12 now); the NaN "
+    "batch was skipped on both ranks and the run ended with exit 0, which the console does not "
+    "show (torchrun silent, the epoch count not printed)",
 }
 
 
@@ -235,3 +225,12 @@ def test_no_worker_starts_on_a_held_endpoint() -> None:
     text = RUNS.console("held-endpoint")
     assert "RendezvousConnectionError" in text and "[rank" not in text
     assert "training on multiple gpus" not in text
+
+
+def test_wenet_batch_counter_is_an_epoch_and_a_batch_not_n_of_a_total() -> None:
+    """WeNet logs 'Batch {epoch}/{batch}': the same first number over growing second ones is
+    no step count, so the log is not said to end at 'step 2 of 8'."""
+    console = RUNS.console("quiet-trio")
+    assert "Batch 2/6 " in console and "Batch 2/8 " in console
+    summary = diagnose_paths([str(REAL / "fiftythird-quiet-trio")]).verdict.summary
+    assert "step 2 of 8" not in summary and "after its training progress" in summary

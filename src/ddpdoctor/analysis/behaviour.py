@@ -428,6 +428,7 @@ def _add_event(evidence: JobEvidence, event: Event) -> None:
         if event.echo is not None:
             evidence.unranked_echoes.add(str(event.echo))
         if event.echo is Echo.WAITING:  # a coordinator speaking for the job names the absent
+            evidence.unranked_wait_kinds.add(event.rule.kind)
             _mark_named_absent(evidence, event)
         return
     view = evidence.ranks.setdefault(rank, RankView(rank=rank, present=True))

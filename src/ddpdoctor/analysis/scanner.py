@@ -773,9 +773,11 @@ class Scanner:
                 streams[key].step_s = (last - before).total_seconds()
         for key, messages in progress.items():  # the last counter counts: search from the end
             writer = streams[key].origin.rank
-            for message in reversed(messages):
-                counter = "/" in message and _own_counter(message, writer)
+            for at in range(len(messages) - 1, -1, -1):
+                counter = "/" in messages[at] and _own_counter(messages[at], writer)
                 if counter:
+                    if not _counts_up_to(counter, messages[max(0, at - 8) : at], writer):
+                        break  # 'Batch 2/8' then 2/9: an epoch and a batch, not n of a total
                     streams[key].progress_total = count_number(counter.group("total"))
                     streams[key].progress_done = count_number(counter.group("n"))
                     break
@@ -815,6 +817,21 @@ def last_epoch_done(state: tuple[int, int | None, bool], max_epochs: set[int]) -
 
 COUNTER_RANK = re.compile(r"[Rr]ank[ =:]?(?P<rank>\d{1,5})[\]:,|]?\s{0,3}$")
 """A rank named right before a counter ('rank 0 step 5/8'): whose counter it is."""
+
+
+def _counts_up_to(counter: re.Match[str], before: list[str], writer: int | None) -> bool:
+    """Whether a counter 'n/total' counts n up to a total: False when the writer's progress
+    lines just before it hold the same n over two or more other, smaller totals (WeNet's
+    'Batch 2/4', 'Batch 2/6', 'Batch 2/8': its epoch, then the batch it is at). A total stays
+    while n moves; a bar's own total changes only with a new bar, whose n starts again (a
+    validation bar between training lines is one other total)."""
+    n, total = counter.group("n"), int(counter.group("total"))
+    earlier = {
+        int(c.group("total"))
+        for message in before
+        if "/" in message and (c := _own_counter(message, writer)) and c.group("n") == n
+    }
+    return any(t > total for t in earlier) or len({t for t in earlier if t < total}) < 2
 
 
 def _own_counter(message: str, writer: int | None) -> re.Match[str] | None:

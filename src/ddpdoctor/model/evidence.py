@@ -226,6 +226,8 @@ class JobEvidence:
     """A progress bar that kept moving (elapsed seconds, its line) while others waited."""
     unranked_echoes: set[str] = field(default_factory=set)
     """Echo kinds seen on lines no rank could be attributed to."""
+    unranked_wait_kinds: set[str] = field(default_factory=set)
+    """The kinds of the waits on lines no rank could be attributed to (RankView.wait_kinds)."""
     stall: Stall | None = None
     failing_exits: dict[int, int] = field(default_factory=dict)
     """Ranks whose exit code was not 0 and who were not terminated by the launcher."""

@@ -3,7 +3,7 @@ torch/nn/parallel/distributed.py)."""
 
 from __future__ import annotations
 
-from ddpdoctor.rules.base import Explanation, Rule, Signature
+from ddpdoctor.rules.base import Echo, Explanation, Rule, Signature
 
 DDP_UNUSED_PARAMETERS = Rule(
     code="DDP101",
@@ -287,10 +287,6 @@ UNEVEN_INPUTS = Rule(
         # torch/distributed/algorithms/join.py Join._notify_procs_to_terminate: the rank that
         # ran out first
         Signature(r"Rank (?P<rank>\d+) exhausted all inputs", " exhausted all inputs"),
-        # WeNet's wenet_join (and CosyVoice, FunASR, VITS forks): a monitored_barrier on a
-        # gloo group before every batch; the ranks still holding data time out on it, log
-        # this over the barrier's error and break out of the epoch
-        Signature(r"Detected uneven workload distribution: "),
     ),
     explanation=Explanation(
         what="One rank finished its batches while the others still ran collectives.",
@@ -309,10 +305,65 @@ UNEVEN_INPUTS = Rule(
     positive=(
         "RuntimeError: Detected at least one rank that exhausted inputs. Throwing across all ranks.",
         "RuntimeError: Rank 2 exhausted all inputs.",
+    ),
+    negative=(
+        "Epoch 3: 100%|##########| 250/250 [00:10<00:00]",
+        # WeNet's join: a rank late at the barrier, for whatever reason (DDP110)
         "2024-01-05 10:00:00,000 INFO Detected uneven workload distribution: [Rank 0]: Rank 1 "
         "failed to pass monitoredBarrier in 30000 ms",
     ),
-    negative=("Epoch 3: 100%|##########| 250/250 [00:10<00:00]",),
+)
+
+JOIN_BARRIER_MISSED = Rule(
+    code="DDP110",
+    kind="uneven-inputs",
+    title="A rank did not reach WeNet's per-batch join barrier (its epoch was ended)",
+    sources="WeNet wenet/utils/train_utils.py wenet_join (and CosyVoice, FunASR forks)",
+    # the ranks that log it waited at the barrier; the rank it names did not come, and the
+    # barrier cannot tell why: its data ran out first (what the recipe means by 'uneven
+    # workload'), or it was busy, stuck or had failed. An error of that rank's own, a busy
+    # or stuck rank, explains it; alone, uneven data is what it says
+    echo=Echo.WAITING,
+    specificity=30,
+    signatures=(
+        Signature(
+            r"Detected uneven workload distribution: (?:\[Rank \d+\]: )?Ranks? "
+            r"(?P<missing>\d+(?:, \d+)*) failed to pass monitoredBarrier",
+            "Detected uneven workload distribution: ",
+        ),
+        Signature(
+            r"Detected uneven workload distribution: Rank \d+ successfully reached "
+            r"monitoredBarrier, but received errors while waiting for send/recv from rank "
+            r"(?P<missing>0)\b",
+            "Detected uneven workload distribution: ",
+        ),
+        Signature(r"Detected uneven workload distribution: "),
+    ),
+    explanation=Explanation(
+        what="WeNet-style recipes call a gloo monitored_barrier before every batch; a rank that "
+        "does not reach it in time makes the others log this and end their epoch.",
+        why="The named rank had no batch left (its shard of the data list was shorter: what "
+        "the message calls an uneven workload), or it was still busy, stuck, or had died.",
+        fix="Read the named rank's log around that time. If it had simply run out of data, "
+        "equalise the shards (the same number of utterances per rank) or accept the shorter "
+        "epochs, which the recipe handles by design.",
+        false_positives="A rank that was slow or had crashed is reported the same way; its own "
+        "error or its last words say which.",
+    ),
+    fix=(
+        "Give every rank the same amount of data (split the data list into equal shards per "
+        "rank); a shorter epoch on the others is what the recipe does when they differ.",
+        "If the named rank raised an error or was stuck, that is the cause: read its log.",
+    ),
+    positive=(
+        # corpus/cases/416 (CosyVoice, the rank that waited on rank 0)
+        "2024-08-03 14:52:07,318 INFO Detected uneven workload distribution: Rank 3 "
+        "successfully reached monitoredBarrier, but received errors while waiting for "
+        "send/recv from rank 0. Please check rank 0 logs for faulty rank.",
+        "2024-01-05 10:00:00,000 INFO Detected uneven workload distribution: [Rank 0]: Rank 1 "
+        "failed to pass monitoredBarrier in 30000 ms",
+    ),
+    negative=("RuntimeError: [Rank 0]: Rank 1 failed to pass monitoredBarrier in 2000 ms",),
 )
 
 FIND_UNUSED_NEEDLESS = Rule(
@@ -401,4 +452,5 @@ RULES = (
     DDP_MODEL_MISMATCH,
     PROCESS_GROUP_NOT_INITIALIZED,
     UNEVEN_INPUTS,
+    JOIN_BARRIER_MISSED,
 )

@@ -108,6 +108,14 @@ EARLY_STOP = Rule(
             r"|converged|no improvement|nan|inf)\b[^\n]{0,80}?[,;:]? stopping)(?:[.!]?$| early\b)",
             " stopping",
         ),
+        # the same after a metric that stopped improving, in the imperative: "Epoch 1 cv_loss
+        # 7.74 has not improved for 1 epoch(s), stop training", "val loss did not improve in 5
+        # epochs. Stop training."
+        Signature(
+            r"(?i:\b(?:has not|hasn't|did not|didn't) improved?\b[^\n]{0,80}?[,;:.] stop "
+            r"training)[.!]?$",
+            " training",
+        ),
         # Lightning EarlyStopping: "... did not improve ... Signaling Trainer to stop."
         Signature(r"Signaling Trainer to stop"),
         # PyTorch-Ignite's handlers when they end the trainer's run (engine.terminate()):
@@ -157,9 +165,13 @@ EARLY_STOP = Rule(
         "2024-05-02 10:00:01,123 ignite.handlers.early_stopping.EarlyStopping INFO: "
         "EarlyStopping: Stop training",
         "TerminateOnNan: Output 'nan' contains NaN or Inf. Stop training",
+        # tests/fixtures/real/fiftythird-plateau-all (every rank)
+        "2026-12-04 17:32:11,686 INFO Epoch 1 cv_loss 7.740212 has not improved for 1 epoch(s), "
+        "stop training",
     ),
     negative=(
         "Epoch 3: val_loss improved to 0.21",
+        "val_loss did not improve; patience 2/5, continuing (stop training at 5)",
         "early_stopping_patience=3,",
         "early stopping: true",
         "early stopping: no",

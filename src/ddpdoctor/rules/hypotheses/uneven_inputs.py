@@ -13,9 +13,11 @@ from ddpdoctor.model.taxonomy import Status
 from ddpdoctor.rules.base import Explanation, Rule
 from ddpdoctor.rules.hypotheses.base import MAIN_PROCESS, Assessment, ranks_text
 
+KIND = "uneven-inputs"
+
 RULE = Rule(
     code="INF209",
-    kind="uneven-inputs",
+    kind=KIND,
     title="Ranks iterated over different numbers of batches",
     signatures=(),
     explanation=Explanation(
@@ -51,6 +53,38 @@ def assess(job: JobEvidence) -> Assessment | None:
         or _from_phases(job)
         or _from_barrier(job)
         or _from_data_end(job)
+        or _from_join_barrier(job)
+    )
+
+
+def _from_join_barrier(job: JobEvidence) -> Assessment | None:
+    """The program's own barrier before every batch (WeNet's join) named the ranks that did
+    not come and called it an uneven workload (a wait of that kind), and those ranks printed
+    no error and announced no long task of their own: their data most likely ran out first.
+    Weaker than a busy rank's own evidence (INF201 at 0.6-0.7), stronger than a rank that is
+    only silent (0.4-0.45)."""
+    if KIND not in job.unranked_wait_kinds and not any(
+        KIND in v.wait_kinds for v in job.ranks.values()
+    ):
+        return None
+    absent = {
+        r
+        for r, v in job.ranks.items()
+        if v.named_absent and not v.failed and not v.waiting and not v.busy_phase
+    }
+    if not absent:
+        return None
+    return Assessment(
+        RULE,
+        0.5,
+        sorted(absent),
+        [
+            f"the program's own barrier before every batch named {ranks_text(absent)} as not "
+            "coming and called it an uneven workload; "
+            f"{ranks_text(absent)} printed no error and announced no long task of its own: "
+            "its data most likely ran out first."
+        ],
+        against=["a rank that was only slow or stuck is named the same way"],
     )
 
 
