@@ -136,7 +136,12 @@ POSITIVE = {
     "INF204": [(lambda t: case("141"), None), (lambda t: case("146"), None)],
     # rank 0 hosts the store and timed out waiting for its clients ("3/4 clients joined"),
     # the pod of rank 3 never started: the others lost the store's host when it gave up
-    "INF230": [(lambda t: real("sixteenth-pod-pending"), [3])],
+    "INF230": [
+        (lambda t: real("sixteenth-pod-pending"), [3]),
+        # init_process_group's store-based barrier timed out on rank 0 with 'worker_count=1' of
+        # 'world_size=4': it alone had arrived, ranks 1-3 never came (busy loading a cache)
+        (lambda t: case("1658"), [1, 2, 3]),
+    ],
     # NCCL connected the 4 GPUs of one node "via P2P/IPC", Init COMPLETE, then nothing
     "INF205": [(lambda t: case("467"), [])],
     # torchrun saw rank 0 exit 1 first and SIGTERMed rank 1 (the real culprit) while it was

@@ -486,6 +486,9 @@ def _named_absent(captures: dict[str, str]) -> set[int]:
     }
     if ready:
         absent |= set(range(max(ready))) - ready
+    rank, world = _digits(captures.get("rank", ""), 7), _digits(captures.get("world", ""), 7)
+    if captures.get("joined") == "1" and rank is not None and world is not None and rank < world:
+        absent |= set(range(min(world, 1 << 16))) - {rank}  # it alone had arrived
     return absent
 
 

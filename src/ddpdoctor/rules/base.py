@@ -64,6 +64,9 @@ CAPTURES: dict[str, str] = {
     "missing": "ranks the message names as never having arrived (a monitored barrier)",
     "ready": "ranks the message names as having arrived while others had not (the ranks "
     "below the highest one named that it leaves out never arrived)",
+    "world": "the world size a waiting message names",
+    "joined": "how many ranks a waiting message says had arrived (when only the line's own "
+    "rank had, every other rank of `world` never came)",
     "peer_local_rank": "the local rank of a peer that went away, on the line's host",
     "rank_a": "the first of two ranks the message names together",
     "rank_b": "the second of two ranks the message names together",

@@ -749,8 +749,14 @@ RENDEZVOUS_FAILURE = Rule(
     specificity=75,
     signatures=(
         # init_process_group: not every rank arrived at the store-based barrier
+        # ('store-based' as some copies of it read): the rank that says it waited for the
+        # others; when it alone had joined ('worker_count=1'), every other rank never came
         Signature(
-            r"Timed out initializing process group in store based barrier", "store based barrier"
+            r"Timed out initializing process group in store[ -]based barrier"
+            r"(?: on rank:? (?P<rank>\d{1,7}), for key: \S{1,200} \(world_size=(?P<world>\d{1,7}), "
+            r"(?:worker_count|num_workers_joined)=(?P<joined>\d{1,7}))?",
+            "based barrier",
+            echo=Echo.WAITING,
         ),
         # a MASTER_ADDR / rendezvous host name that does not resolve
         Signature(r"Name or service not known"),
