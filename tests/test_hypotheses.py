@@ -169,6 +169,9 @@ POSITIVE = {
     ],
     "INF220": [(lambda t: cut_before("launcher-env-missing", "KeyError", t), None)],
     "INF221": [(lambda t: case("230"), [])],
+    # torch.distributed.launch's own traceback, cut in process.wait() -> os.waitpid after the
+    # last epoch: the launcher still waited for its workers when it was stopped
+    "INF236": [(lambda t: case("454"), [])],
     # a DeepSpeed ZeRO checkpoint save, the paste cut inside torch.save
     "INF223": [
         (lambda t: case("235"), []),
@@ -350,6 +353,8 @@ NEAR_MISS = {
     "INF219": [lambda t: scenario("missing-module")],
     "INF220": [lambda t: scenario("launcher-env-missing")],
     "INF221": [lambda t: scenario("dataloader-worker-killed")],
+    # a cut wait in a worker's own frames (the DataLoader's queue), not a launcher's (INF221)
+    "INF236": [lambda t: case("230")],
     # frames of another native thread (the heartbeat monitor): not the watchdog
     "INF222": [lambda t: case("136")],
     # a whole traceback through torch.save names its error (an I/O error: DATA103)

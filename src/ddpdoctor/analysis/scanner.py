@@ -920,8 +920,9 @@ def _follow_traceback(summary: StreamSummary, message: str, line_no: int) -> Non
 TRACE_OPENERS = frozenset((TRACEBACK_HEADER[0], NATIVE_HEADER[0], "f"))
 """First characters of the lines that open a trace, but for WHOLE_FRAME's blank: the
 headers, and NATIVE_FRAME's 'frame #'."""
-TRACE_TAIL = 6
-"""Lines of an open traceback kept: the last two frames, their code and its carets."""
+TRACE_TAIL = 10
+"""Lines of an open traceback kept: its last frames with their code (three to five), enough to
+see whose code waited in the last of them (a launcher's own frame above subprocess's wait)."""
 
 
 def _open_trace(summary: StreamSummary, line_no: int, message: str, native: bool) -> None:

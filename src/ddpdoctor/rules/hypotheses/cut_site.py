@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from ddpdoctor.model.taxonomy import Status
 from ddpdoctor.rules.base import Explanation, Rule
 
 FRAME = re.compile(r'^File "(?P<path>[^"]+)", line \d+, in (?P<func>\S+)')
@@ -195,6 +196,34 @@ CHECKPOINT_RESTORE = Rule(
     ),
 )
 
+LAUNCHER_WAIT = Rule(
+    code="INF236",
+    kind="hang",
+    title="The output ends in the launcher waiting for its workers: they were still running",
+    signatures=(),
+    status=Status.HUNG,
+    explanation=Explanation(
+        what="A cut traceback of the launcher itself, whose last frames wait for its worker "
+        "processes to end (torch.distributed.launch's process.wait(), the elastic agent's "
+        "monitoring sleep, torch.multiprocessing.spawn's join).",
+        why="A launcher prints its own traceback when it is stopped (Ctrl-C, a scheduler's "
+        "signal) while it waits: its workers had not ended by then. After the last step "
+        "of training that is a job that did not exit (a hang in teardown: "
+        "destroy_process_group, a logger's upload, a worker process left behind); during "
+        "training, workers that were stuck or still busy.",
+        fix="Find where the workers were: their own logs' last lines, or their stacks "
+        "(`py-spy dump --pid <worker pid>`, or run the job under `ddpdoctor run`, which dumps "
+        "them when progress stops).",
+        false_positives="A launcher stopped on purpose while healthy workers still ran.",
+    ),
+    fix=(
+        "Look at the workers, not the launcher: the last lines each rank printed, or `py-spy "
+        "dump --pid <pid>` of each worker while it is stuck; if training had finished, make "
+        "every rank leave together (a barrier, then destroy_process_group()) and close the "
+        "loggers it started.",
+    ),
+)
+
 RULES = (
     SET_DEVICE,
     IMPORT,
@@ -204,6 +233,7 @@ RULES = (
     CHECKPOINT_SAVE,
     MAIN_PROCESS_FIRST,
     CHECKPOINT_RESTORE,
+    LAUNCHER_WAIT,
 )
 
 WATCHDOG_FRAME = re.compile(r"ncclCommWatchdog|watchdogHandler")
@@ -252,11 +282,35 @@ def last_site(tail: tuple[str, ...]) -> Site | None:
     return None
 
 
+LAUNCHERS = re.compile(
+    r"torch/distributed/(?:launch|run)\.py$|torch/distributed/elastic/agent/server/api\.py$"
+    r"|torch/multiprocessing/spawn\.py$"
+)
+"""The launchers' own modules: torch.distributed.launch and torchrun, the elastic agent that
+monitors the workers, torch.multiprocessing.spawn (mp.spawn's join)."""
+WAIT_FUNCS = frozenset(
+    ("wait", "_wait", "_try_wait", "waitpid", "join", "sleep", "select", "poll", "_monitor_workers")
+)
+
+
+def _launcher_waiting(site: Site, tail: tuple[str, ...]) -> bool:
+    """The last frame waits (process.wait, os.waitpid, a join, the agent's sleep) inside a
+    launcher's own frames: the launcher was waiting for workers that had not ended."""
+    waits = site.func in WAIT_FUNCS or re.search(r"\b(?:wait|waitpid|join|sleep)\(", site.code)
+    if not waits:
+        return False
+    return any(
+        (m := FRAME.match(line)) and LAUNCHERS.search(m["path"].replace("\\", "/")) for line in tail
+    )
+
+
 def site_rule(tail: tuple[str, ...]) -> Rule | None:
     """The place's rule, if the last frame (or the code that called into it) is one of them."""
     site = last_site(tail)
     if site is None:
         return None
+    if _launcher_waiting(site, tail):
+        return LAUNCHER_WAIT
     if site.func == "set_device" or "_cuda_setDevice" in site.code:
         return SET_DEVICE
     if IMPORT_STATEMENT.match(site.code):

@@ -10,7 +10,7 @@ import re
 import signal
 
 from ddpdoctor.model.evidence import CutTrace, JobEvidence
-from ddpdoctor.model.taxonomy import Category
+from ddpdoctor.model.taxonomy import Category, Status
 from ddpdoctor.rules.base import Explanation, Rule
 from ddpdoctor.rules.hypotheses.base import Assessment, ranks_text
 from ddpdoctor.rules.hypotheses.cut_site import native_site_rule, site_rule
@@ -114,6 +114,8 @@ def assess(job: JobEvidence) -> Assessment | None:
         evidence=[c.where for c in cut[:4]],
         next_steps=["Collect the rest of that output: the error line names the cause."],
         category=None if place is not None else str(Category.UNKNOWN),
+        # the place's own status: a launcher cut while waiting for its workers is a hang
+        status=place.verdict_status if place is not None else Status.FAILED,
         # a writer known by its rank can be the one the others lost; an unnamed one cannot
         explains_echoes=bool(ranks),
     )
