@@ -120,11 +120,6 @@ MISSES: dict[str, str] = {
     "deadlock is stage 1's, whose schedule line says 'warmup 0' where 1F1B gives "
     "world - rank - 1 = 2 (stages 0, 2, 3 say 3, 1, 0): it posted a gradient recv before its "
     "neighbour could produce it, a p2p order mismatch on rank 1",
-    "doc-filter": "failed, uncoordinated-exit on rank 0 (INF202, 0.6): the culprit is right "
-    "(torchrun's summary lists only ranks 1 and 2, so rank 0 had exited 0 while they lost it), "
-    "but why it left is not read: its lines under the '[stage 0/3]' tag ('dropped 48 documents "
-    "longer than seq_length 16', 'finished 37 iterations' where the others run 40) name no rank, "
-    "and they say stage 0 ran out of batches first: uneven inputs on rank 0",
 }
 
 

@@ -99,11 +99,6 @@ MISSES: dict[str, str] = {
     "size' (rank 1, exitcode -6, no traceback), not rank 0, whose traceback ends in the extra "
     "all_reduce of its `if rank == 0` grad-norm block (line 409) while rank 1 was in the next "
     "step's ordinary length all_reduce",
-    "long-prompts": "failed, uncoordinated-exit on rank 1 (INF202, 0.6): the culprit is right, "
-    "but rank 1 did not stop on its own decision: it logged 'Filtered 4 prompts longer than "
-    "prompt_max_len=16' (console and logs/rank1.log), ran out of prompts after 5 steps an "
-    "episode against rank 0's 6, finished its loop and exited 0 while rank 0 still had "
-    "batches: uneven inputs, not an early stop or exit taken on one rank",
 }
 
 

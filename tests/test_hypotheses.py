@@ -216,6 +216,9 @@ POSITIVE = {
     ],
     "INF209": [
         (lambda t: scenario("uneven-inputs"), [1]),
+        # rank 1 logged 'Filtered 4 prompts longer than prompt_max_len=16' (its own log file),
+        # then finished its loop and exited 0 while rank 0 still had prompts
+        (lambda t: real("fortysixth-long-prompts"), [1]),
         # CosyVoice's join barrier before every batch (WeNet's): '[Rank 0]: Rank 2 failed to
         # pass monitoredBarrier', logged as an uneven workload; rank 2 printed nothing else
         (lambda t: case("416"), [2]),
@@ -325,6 +328,9 @@ NEAR_MISS = {
         lambda t: real("nineteenth-nan-quiet"),
     ],
     "INF209": [
+        # machine 1's ranks removed all 64 images and spun in an empty sampler: silent but
+        # alive (ranks 0 and 1 timed out, nobody lost a peer), a hang, not ranks that left
+        lambda t: real("thirteenth-all-crowd"),
         # WeNet's join barrier names rank 2, which announced a long task of its own ('rebuilding
         # speed perturb cache: part N/8'): a busy rank (INF201), not one out of data
         lambda t: real("fiftythird-cache-drag"),

@@ -231,6 +231,21 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
         "kip",
         distinct=WRITER,
     ),
+    # a rank saying it dropped part of its data ("dropped 48 documents longer than
+    # seq_length", "Filtered 4 prompts longer than prompt_max_len=16", "removed 12 samples
+    # without labels"; not "Removed 0 images ..."): filtered per rank, the ranks then hold
+    # different amounts
+    *(
+        FactPattern(
+            "data_filtered",
+            rf"(?i:\b{verb}(?: out)? [1-9]\d{{0,8}} (?:[\w-]+ ){{0,3}}"
+            r"(?:documents?|docs|samples?|examples?|prompts?|sequences?|utterances?|items?"
+            r"|images?|rows?|records?|instances?|sentences?|clips?)\b)",
+            f"{verb[1:]} ",
+            distinct=WRITER,
+        )
+        for verb in ("dropped", "filtered", "removed", "discarded")
+    ),
     # a question asked on the terminal ("... will be overwritten. Continue? [y/N] ", wandb's
     # "Enter your choice:", datasets' trust_remote_code prompt): a distributed worker's stdin
     # is no terminal, nobody answers, and the process waits there for ever

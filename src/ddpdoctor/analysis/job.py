@@ -51,6 +51,8 @@ class JobView:
     """Per unit ('step', 'epoch'), where each rank said it started or resumed training."""
     skipped_ranks: set[int] = field(default_factory=set)
     """Ranks that said they skip a step or a batch."""
+    filtered_ranks: set[int] = field(default_factory=set)
+    """Ranks that said they dropped part of their data (-1: a line no rank could be given)."""
     prompts: list[tuple[int | None, Record]] = field(default_factory=list)
     """Questions asked on the terminal, with the asking rank when known."""
     announcements: dict[int, list[Record]] = field(default_factory=dict)
@@ -217,6 +219,7 @@ def build_job(
     max_epochs: set[int] = set()
     starts: dict[str, dict[int, set[int]]] = {}
     skipped: set[int] = set()
+    filtered: set[int] = set()
     prompts: list[tuple[int | None, Record]] = []
     announcements: dict[int, list[Record]] = {}
     gpu_processes: dict[int, set[int]] = {}
@@ -281,6 +284,9 @@ def build_job(
             elif fact.name == "prompt":
                 asker = resolve_rank(fact.record.origin, single_node, rank_map)
                 prompts.append((asker, fact.record))
+            elif fact.name == "data_filtered":
+                filterer = resolve_rank(fact.record.origin, single_node, rank_map)
+                filtered.add(-1 if filterer is None else filterer)
             elif fact.name == "skipped_step":
                 skipper = resolve_rank(fact.record.origin, single_node, rank_map)
                 if skipper is not None:
@@ -430,6 +436,7 @@ def build_job(
         completions=completions,
         loop_ends=loop_ends,
         skipped_ranks=skipped,
+        filtered_ranks=filtered,
         prompts=prompts,
         announcements=announcements,
         gpu_processes=gpu_processes,

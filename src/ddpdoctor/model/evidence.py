@@ -292,6 +292,8 @@ class JobEvidence:
     """Per unit ('step', 'epoch'), where each rank said it started or resumed training."""
     skipped_ranks: set[int] = field(default_factory=set)
     """Ranks that said they skip a step or a batch."""
+    filtered_ranks: set[int] = field(default_factory=set)
+    """Ranks that said they dropped part of their data (-1: a line no rank could be given)."""
     gpu_processes: dict[int, set[int]] = field(default_factory=dict)
     """nvidia-smi's process table: the GPUs each pid holds memory on."""
     gpu_process_rows: dict[tuple[int, int], Evidence] = field(default_factory=dict)

@@ -48,12 +48,50 @@ def assess(job: JobEvidence) -> Assessment | None:
     )
     return (
         found
+        or _from_filtering(job)
         or _from_resume_points(job)
         or _from_sources(job)
         or _from_phases(job)
         or _from_barrier(job)
         or _from_data_end(job)
         or _from_join_barrier(job)
+    )
+
+
+def _from_filtering(job: JobEvidence) -> Assessment | None:
+    """Ranks that exited 0 while the others still ran (the launcher's failure summary leaves
+    them out) and said they dropped part of their data ('dropped 48 documents longer than
+    seq_length'): they had fewer batches and finished their loop first. A line that no rank
+    can be given points at the ranks that left when they are the only ones that did. Above a
+    rank that only left (INF202 at 0.65): its own words say why."""
+    if not job.waiting or not job.filtered_ranks:
+        return None
+    gone = set(job.unlisted_exits)
+    ranked = job.filtered_ranks - {-1}
+    # a rank that said so and then fell silent without an error, while others waited (not
+    # when their transport shows every peer alive: a rank still running had not left)
+    quiet = {
+        r
+        for r in (set() if job.peers_proven_alive else job.quiet & ranked)
+        if not job.ranks[r].failed
+        and not job.ranks[r].terminated
+        and r not in job.failing_exits
+        and not job.ranks[r].busy_phase
+    }
+    culprits = (gone | quiet) & ranked if ranked else gone
+    if not culprits:
+        return None
+    said = "said" if ranked else "one process said"
+    return Assessment(
+        RULE,
+        0.7,
+        sorted(culprits),
+        [
+            f"{ranks_text(culprits)} ended without an error while the others still ran, and "
+            f"{said} it dropped part of its data: with fewer batches it finished its loop "
+            "first, and the others waited for it in a collective of a batch it did not have."
+        ],
+        against=[] if ranked else ["the line that says data was dropped names no rank"],
     )
 
 
