@@ -397,6 +397,17 @@ DEVICE_ASSIGNMENT = Rule(
             "DistributedDataParallel device_ids and output_device arguments",
         ),
         Signature(r"An FSDP-managed module unexpectedly has parameters on"),
+        # FSDP's flat parameter (_flat_param.py _check_on_compute_device) and its init
+        # (_init_utils.py): the rank's current device is not the one its module was put on
+        # (torch.cuda.set_device(local_rank) never called, so every rank computes on cuda:0)
+        Signature(
+            r"Expects tensor to be on the compute device (?:cuda|\w+)(?::\d+)?",
+            "Expects tensor to be on the compute device",
+        ),
+        Signature(
+            r"Inconsistent compute device and `device_id` on rank (?P<rank>\d+)",
+            "Inconsistent compute device and `device_id`",
+        ),
         Signature(r"DeviceMesh only support homogeneous hardware"),
         # accelerate accelerator.py and utils/operations.py (debug mode)
         Signature(
@@ -431,8 +442,15 @@ DEVICE_ASSIGNMENT = Rule(
         "device ordinal",
         "RuntimeError: cuda runtime error (101) : invalid device ordinal at "
         "/pytorch/torch/csrc/cuda/Module.cpp:59",
+        # torch/distributed/fsdp/_flat_param.py _check_on_compute_device (corpus case 1622)
+        "AssertionError: Expects tensor to be on the compute device cuda:1, was on cuda:0",
+        "ValueError: Inconsistent compute device and `device_id` on rank 1: cuda:0 vs cuda:1",
     ),
-    negative=("NCCL INFO comm 0x55 rank 1 nranks 2 cudaDev 1 busId 2000 - Init COMPLETE",),
+    negative=(
+        "NCCL INFO comm 0x55 rank 1 nranks 2 cudaDev 1 busId 2000 - Init COMPLETE",
+        # its sibling check on CPU offload: not a device assignment
+        "AssertionError: Expects tensor to be on CPU but got cuda:0",
+    ),
 )
 
 DATALOADER_CUDA_FORK = Rule(
