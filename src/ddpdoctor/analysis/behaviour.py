@@ -243,6 +243,7 @@ def build_evidence(job: JobView, events: list[Event]) -> JobEvidence:
     evidence.resume_points = {u: dict(by_rank) for u, by_rank in job.resume_points.items()}
     evidence.skipped_ranks = set(job.skipped_ranks)
     evidence.filtered_ranks = set(job.filtered_ranks)
+    evidence.filtered_unranked = job.filtered_unranked
     evidence.gpu_processes = {pid: set(gpus) for pid, gpus in job.gpu_processes.items()}
     evidence.gpu_process_rows = {at: Evidence.of(row) for at, row in job.gpu_process_rows.items()}
     evidence.prompts = [replace(Evidence.of(record), rank=rank) for rank, record in job.prompts]

@@ -52,7 +52,9 @@ class JobView:
     skipped_ranks: set[int] = field(default_factory=set)
     """Ranks that said they skip a step or a batch."""
     filtered_ranks: set[int] = field(default_factory=set)
-    """Ranks that said they dropped part of their data (-1: a line no rank could be given)."""
+    """Ranks that said they dropped part of their data."""
+    filtered_unranked: bool = False
+    """A line no rank could be given said that part of the data was dropped."""
     prompts: list[tuple[int | None, Record]] = field(default_factory=list)
     """Questions asked on the terminal, with the asking rank when known."""
     announcements: dict[int, list[Record]] = field(default_factory=dict)
@@ -220,6 +222,7 @@ def build_job(
     starts: dict[str, dict[int, set[int]]] = {}
     skipped: set[int] = set()
     filtered: set[int] = set()
+    filtered_unranked = False
     prompts: list[tuple[int | None, Record]] = []
     announcements: dict[int, list[Record]] = {}
     gpu_processes: dict[int, set[int]] = {}
@@ -286,7 +289,10 @@ def build_job(
                 prompts.append((asker, fact.record))
             elif fact.name == "data_filtered":
                 filterer = resolve_rank(fact.record.origin, single_node, rank_map)
-                filtered.add(-1 if filterer is None else filterer)
+                if filterer is None:
+                    filtered_unranked = True
+                else:
+                    filtered.add(filterer)
             elif fact.name == "skipped_step":
                 skipper = resolve_rank(fact.record.origin, single_node, rank_map)
                 if skipper is not None:
@@ -437,6 +443,7 @@ def build_job(
         loop_ends=loop_ends,
         skipped_ranks=skipped,
         filtered_ranks=filtered,
+        filtered_unranked=filtered_unranked,
         prompts=prompts,
         announcements=announcements,
         gpu_processes=gpu_processes,

@@ -293,7 +293,9 @@ class JobEvidence:
     skipped_ranks: set[int] = field(default_factory=set)
     """Ranks that said they skip a step or a batch."""
     filtered_ranks: set[int] = field(default_factory=set)
-    """Ranks that said they dropped part of their data (-1: a line no rank could be given)."""
+    """Ranks that said they dropped part of their data."""
+    filtered_unranked: bool = False
+    """A line no rank could be given said that part of the data was dropped."""
     gpu_processes: dict[int, set[int]] = field(default_factory=dict)
     """nvidia-smi's process table: the GPUs each pid holds memory on."""
     gpu_process_rows: dict[tuple[int, int], Evidence] = field(default_factory=dict)

@@ -748,9 +748,11 @@ RENDEZVOUS_FAILURE = Rule(
     sources="torch/csrc/distributed/c10d/socket.cpp, TCPStore.cpp, elastic/rendezvous",
     specificity=75,
     signatures=(
-        # init_process_group: not every rank arrived at the store-based barrier
-        # ('store-based' as some copies of it read): the rank that says it waited for the
-        # others; when it alone had joined ('worker_count=1'), every other rank never came
+        # init_process_group (distributed_c10d.py _store_based_barrier): not every rank
+        # arrived. Torch prints "store based"; the one paste of it in corpus case 1658's thread
+        # reads "store-based", so both are read. It is the wait of the rank that says it; when
+        # that rank alone had joined ('worker_count=1', torch 2.x 'num_workers_joined=1'), every
+        # other rank never came
         Signature(
             r"Timed out initializing process group in store[ -]based barrier"
             r"(?: on rank:? (?P<rank>\d{1,7}), for key: \S{1,200} \(world_size=(?P<world>\d{1,7}), "

@@ -64,10 +64,10 @@ def _from_filtering(job: JobEvidence) -> Assessment | None:
     seq_length'): they had fewer batches and finished their loop first. A line that no rank
     can be given points at the ranks that left when they are the only ones that did. Above a
     rank that only left (INF202 at 0.65): its own words say why."""
-    if not job.waiting or not job.filtered_ranks:
+    if not job.waiting or not (job.filtered_ranks or job.filtered_unranked):
         return None
     gone = set(job.unlisted_exits)
-    ranked = job.filtered_ranks - {-1}
+    ranked = job.filtered_ranks
     # a rank that said so and then fell silent without an error, while others waited (not
     # when their transport shows every peer alive: a rank still running had not left)
     quiet = {
@@ -81,15 +81,21 @@ def _from_filtering(job: JobEvidence) -> Assessment | None:
     culprits = (gone | quiet) & ranked if ranked else gone
     if not culprits:
         return None
-    said = "said" if ranked else "one process said"
+    one = len(culprits) == 1
+    it = "it" if one else "they"
+    said = (
+        f"said {it} had dropped part of {'its' if one else 'their'} data"
+        if ranked
+        else "a line of no rank said part of the data was dropped"
+    )
     return Assessment(
         RULE,
         0.7,
         sorted(culprits),
         [
             f"{ranks_text(culprits)} ended without an error while the others still ran, and "
-            f"{said} it dropped part of its data: with fewer batches it finished its loop "
-            "first, and the others waited for it in a collective of a batch it did not have."
+            f"{said}: with fewer batches {it} finished the loop first, and the others waited "
+            f"in a collective of a batch {it} did not have."
         ],
         against=[] if ranked else ["the line that says data was dropped names no rank"],
     )
