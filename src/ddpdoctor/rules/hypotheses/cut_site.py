@@ -288,6 +288,9 @@ LAUNCHERS = re.compile(
 )
 """The launchers' own modules: torch.distributed.launch and torchrun, the elastic agent that
 monitors the workers, torch.multiprocessing.spawn (mp.spawn's join)."""
+WORKER_SIDE = frozenset(("_wrap",))
+"""Launcher-module frames that run inside a worker: spawn.py's _wrap calls the worker's
+function (under a fork start method a worker's own traceback passes through it)."""
 WAIT_FUNCS = frozenset(
     ("wait", "_wait", "_try_wait", "waitpid", "join", "sleep", "select", "poll", "_monitor_workers")
 )
@@ -300,7 +303,10 @@ def _launcher_waiting(site: Site, tail: tuple[str, ...]) -> bool:
     if not waits:
         return False
     return any(
-        (m := FRAME.match(line)) and LAUNCHERS.search(m["path"].replace("\\", "/")) for line in tail
+        (m := FRAME.match(line))
+        and m["func"] not in WORKER_SIDE
+        and LAUNCHERS.search(m["path"].replace("\\", "/"))
+        for line in tail
     )
 
 
