@@ -55,7 +55,8 @@ class Decision:
     inferred: Finding | None = None
     """The finding standing for an inferred root, so the findings list shows the root."""
     title: str | None = None
-    """The title of a verdict that names no kind (what the inference says is missing)."""
+    """The title of a verdict that names no kind (what the inference says is missing), or of
+    one whose kind is only a guess (it then stands for the rule's title)."""
 
 
 def decide(
@@ -158,7 +159,7 @@ def _choose(
         return slow
     if inferred is not None:  # a log that stops at start-up or mid-training, and nothing else
         return _from_hypothesis(graph, inferred)
-    quiet = _quiet(evidence)
+    quiet = _quiet(evidence, job, ctx)
     if quiet.status == Status.OK:
         # failures that only explain each other (a cycle of two relations) are still
         # failures: never "OK" for them
@@ -802,7 +803,7 @@ def _slow(graph: CausalGraph) -> Decision | None:
     return None
 
 
-def _quiet(evidence: JobEvidence) -> Decision:
+def _quiet(evidence: JobEvidence, job: JobView, ctx: Context) -> Decision:
     """Nothing failed and nothing is inferred: an exit code nobody explains, a run that ended
     or went on well, or logs in which nothing at all was recognised: not "OK", there was
     nothing healthy to read."""
@@ -836,15 +837,20 @@ def _quiet(evidence: JobEvidence) -> Decision:
     if evidence.completed_at and not (evidence.started_training or exits_seen):
         # a log that holds the end of training and nothing of the run before it is a fragment
         # (pasted because of what came after it): it cannot vouch for the run
+        # what brings such a fragment to a diagnosis is a job that did not go away: the one
+        # failure it leaves room for is in teardown, named as a guess (the status stays unknown)
         return Decision(
             status=Status.UNKNOWN,
+            rule=ctx.intended.get("teardown"),
             confidence=0.3,
             title="Only the end of training was read",
             notes=[
                 "Only the end of training was read: no training progress before it and no exit "
-                "after it. The run may have ended cleanly, or hung in teardown after that line."
+                "after it. The run may have ended cleanly, or hung in teardown after that line "
+                "(the failure named here, if the processes did not go away)."
             ],
             basis=["- only an end of training: no progress before it, no exit after it"],
+            evidence=[Evidence.of(record) for _, record in job.completions[:2]],
             next_steps=[TEARDOWN_CHECK],
         )
     if evidence.ended or evidence.started_training:

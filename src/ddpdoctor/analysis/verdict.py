@@ -51,7 +51,7 @@ def build_verdict(decision: Decision, findings: list[Finding], job: JobView) -> 
         kind=rule.kind,
         category=category,
         rule=rule.code,
-        title=rule.title,
+        title=decision.title or rule.title,
         confidence=round(decision.confidence, 2),
         culprit=Culprit(ranks=decision.culprit_ranks, hosts=decision.culprit_hosts),
         summary=_summary(decision, rule, findings, job, category, root_hits),
