@@ -7,10 +7,15 @@ tests/test_*_style_runs.py's)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from ddpdoctor.analysis.diagnose import diagnose_paths
 from ddpdoctor.analysis.facts import FACT_PATTERNS
 from ddpdoctor.analysis.scanner import _epoch_state, last_epoch_done
+
+REPO = Path(__file__).resolve().parents[1]
 
 COMPLETED = [f for f in FACT_PATTERNS if f.name == "completed"]
 
@@ -108,10 +113,49 @@ def test_the_announced_number_of_epochs_reached(
 
 
 @pytest.mark.parametrize(
+    ("line", "first", "done"),
+    [
+        # a loop that counts from 0 (the writer's first epoch line said epoch 0): of the 3
+        # epochs announced, 'epoch 2' is the last (fiftysecond-quiet-trio's 'num_epochs 3')
+        ("epoch 2: eval accuracy 0.385", 0, True),
+        ("[GPU3] Epoch 2 | Batchsize: 16 | Steps: 4", 0, True),
+        ("epoch 2:  67%|######6   | 4/6 [00:00<00:00, 41.2it/s]", 0, False),
+        ("epoch 1: eval accuracy 0.333", 0, False),
+        # counted from 1 (or never seen from the start): the last is the number itself
+        ("epoch 2: eval accuracy 0.385", 1, False),
+        ("epoch 3: eval accuracy 0.385", 1, True),
+        ("epoch 2: eval accuracy 0.385", None, False),
+    ],
+)
+def test_a_loop_counted_from_zero_ends_one_before_the_number(
+    line: str, first: int | None, done: bool
+) -> None:
+    state = _epoch_state(line)
+    assert state is not None and last_epoch_done(state, {3}, first) is done
+
+
+def test_a_run_whose_epochs_count_from_zero_and_reach_the_last_is_ok() -> None:
+    """fiftysecond-quiet-trio (a real 3-rank run under notebook_launcher): its config table
+    says 'num_epochs  3', its epochs are 'epoch 0' to 'epoch 2', each with its bar at 6/6 and
+    an evaluation line, then 'done, ...'; torchrun prints nothing on success."""
+    folder = REPO / "tests" / "fixtures" / "real" / "fiftysecond-quiet-trio"
+    verdict = diagnose_paths([str(folder)]).verdict
+    assert (verdict.status, verdict.kind) == ("ok", None)
+
+
+@pytest.mark.parametrize(
     ("line", "n"),
     [
         ("max_epochs=3", 3),
         ("  Num Epochs = 12", 12),
+        # a config table's row, a YAML dump, argparse's Namespace
+        ("1  num_epochs  3", 3),
+        ("total_epochs: 90", 90),
+        ("Namespace(batch_size=16, epochs=5, lr=0.1)", 5),
+        # a count of something else, or a float
+        ("num_epochs_trained 3", None),
+        ("num_epochs: 2.5", None),
+        ("Namespace(warmup_epochs=5, lr=0.1)", None),
         # Composer's and llm-foundry's YAML config: a duration in epochs
         ("max_duration: 3ep", 3),
         ("max_duration: '10ep'", 10),

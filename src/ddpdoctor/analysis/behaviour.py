@@ -309,7 +309,7 @@ def build_evidence(job: JobView, events: list[Event]) -> JobEvidence:
     evidence.unlisted_exits = _unlisted_exits(job, evidence)
     evidence.exited_cleanly = job.interpreter_exit_seen and not errors_logged
     counted = [
-        last_epoch_done(s.last_epoch, job.max_epochs)
+        last_epoch_done(s.last_epoch, job.max_epochs, s.first_epoch)
         for s in job.streams
         if s.last_epoch is not None
     ]

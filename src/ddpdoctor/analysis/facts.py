@@ -196,10 +196,18 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
     ),
     # how many epochs the run is set to train, as configs and trainers print it at start-up:
     # MMEngine's config dump "train_cfg = dict(by_epoch=True, max_epochs=12, ...)", Lightning's
-    # and argparse dumps' "max_epochs=12", transformers' "Num Epochs = 3"
+    # and argparse dumps' "max_epochs=12", transformers' "Num Epochs = 3"; a config table's or
+    # dump's "num_epochs  3", "total_epochs: 3", argparse's Namespace(..., epochs=3, ...)
     FactPattern(
         "max_epochs", r"\bmax_epochs\s?[=:]\s?(?P<n>\d{1,6})\b", "max_epochs", distinct=VALUE
     ),
+    FactPattern(
+        "max_epochs",
+        r"\b(?:num|total|n|train)_epochs\b(?:\s?[=:]\s?|\s{1,8})(?P<n>\d{1,6})(?![\d.])",
+        "_epochs",
+        distinct=VALUE,
+    ),
+    FactPattern("max_epochs", r"[(,]\s?epochs=(?P<n>\d{1,6})[,)]", "epochs=", distinct=VALUE),
     FactPattern("max_epochs", r"\bNum Epochs = (?P<n>\d{1,6})\b", "Num Epochs = ", distinct=VALUE),
     # MosaicML Composer's and llm-foundry's configs, a duration in its Time notation: "3ep"
     FactPattern(

@@ -155,6 +155,7 @@ def merge(acc: SourceScan, part: SourceScan) -> SourceScan:
         if s.progress_total is not None:
             a.progress_done = s.progress_done
         a.last_epoch = s.last_epoch if s.last_epoch is not None else a.last_epoch
+        a.first_epoch = a.first_epoch if a.first_epoch is not None else s.first_epoch
         a.error_lines += s.error_lines
         a.last_error_line = s.last_error_line or a.last_error_line
         a.progress_total = s.progress_total or a.progress_total

@@ -147,6 +147,9 @@ class StreamSummary:
     50/50', MMEngine's 'Epoch(train) [3][12/12]'): (its epoch, the epoch's total when the line
     says it, whether every other counter of the line stands at its total). None: no line
     counted epochs."""
+    first_epoch: int | None = None
+    """The epoch its first line that counts epochs names: 0 for a loop that counts from 0
+    (`for epoch in range(epochs)`), whose last epoch is one less than the epochs announced."""
     open_traceback_line: int = 0
     """Where the writer's last traceback began, while no exception line has closed it yet (0:
     none open). Open at the end of its output: the output was cut inside a traceback."""
@@ -755,6 +758,8 @@ class Scanner:
                         # after 'Epoch: 4/4 ... Train steps: 10'): the total still holds
                         epoch = (epoch[0], known[1], epoch[2] and known[2])
                     summary.last_epoch = epoch
+                    if summary.first_epoch is None:
+                        summary.first_epoch = epoch[0]
                 if key in last_raw:
                     prev_raw[key] = last_raw[key]
                 last_raw[key] = raw
@@ -806,12 +811,15 @@ def _epoch_state(message: str) -> tuple[int, int | None, bool] | None:
     return int(epoch["n"]), total, done
 
 
-def last_epoch_done(state: tuple[int, int | None, bool], max_epochs: set[int]) -> bool:
+def last_epoch_done(
+    state: tuple[int, int | None, bool], max_epochs: set[int], first_epoch: int | None = None
+) -> bool:
     """The writer's last epoch line stands at the run's last epoch, its steps done: by the
-    line's own total, else by the one number of epochs the run's start-up announced."""
+    line's own total, else by the one number of epochs the run's start-up announced (counted
+    from 0 when the writer's first epoch line named epoch 0: 'epochs 3' ends at 'epoch 2')."""
     n, total, done = state
-    if total is None:
-        total = next(iter(max_epochs)) if len(max_epochs) == 1 else None
+    if total is None and len(max_epochs) == 1:
+        total = next(iter(max_epochs)) - (1 if first_epoch == 0 else 0)
     return done and total is not None and n == total
 
 
