@@ -13,7 +13,10 @@ EXPECTED was written from each mode's mechanism and the taxonomy before any diag
 a mode ddpdoctor gets wrong today is a strict xfail whose reason says what it says instead.
 First diagnosis: 7 of 16 right. quiet-trio was a log that ends mid-training (INF212): its
 epochs count from 0 to the 'num_epochs  3' of its config table, read since as a loop that ran
-to its end (analysis/scanner.py last_epoch_done, facts.py max_epochs)."""
+to its end (analysis/scanner.py last_epoch_done, facts.py max_epochs). zero-dawdle and
+limbo-one are right since the launcher's stop of one process after a failure names the rank
+that left no line as alive (tests/test_launcher_stops.py); the same reading made lone-halt
+wrong (its rank 0 had returned, and the process stopped was rank 2)."""
 
 from __future__ import annotations
 
@@ -82,14 +85,14 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
+    "lone-halt": "INF201 failed/slow-rank-timeout on rank 0: the launcher stopped one process "
+    "after rank 1's timeout and rank 0 left no line of its own, so rank 0 is taken for the "
+    "process stopped alive (busy); the stopped one was rank 2, and rank 0 had returned after its "
+    "unrecognised 'accuracy good enough, stopping': uncoordinated exit on rank 0",
     "mem-hog": "NET101 failed/nccl-network, no culprit: only rank 0's 'Connection closed by peer' is "
     "seen; the SIGKILLed rank 2 leaves no line, but a lost peer is an echo, not a network fault",
     "null-peek": "no rule, unknown, no culprit: rank 1's faulthandler dump (string_at, no "
     "'Fatal Python error' header kept) is not read as a native crash of rank 1",
-    "zero-dawdle": "INF202 failed/uncoordinated-exit on rank 0: the busy rank 0 is taken for one "
-    "that left, though ranks 1 and 2 time out waiting 15000ms while it sleeps",
-    "limbo-one": "TMO102 failed/nccl-timeout, no culprit: the silent, stuck rank 1 (the one the "
-    "launcher stops, no timeout of its own) is not named; it hung outside any collective",
     "half-shard": "TMO102 failed/nccl-timeout, no culprit: rank 2, whose epoch is 3 of 6 steps "
     "shorter, went to the evaluation gather while the others all-reduce gradients: uneven inputs",
     "cuda-map": "CUDA110 failed/checkpoint-load-device on rank 0 only: the launcher's report shows "

@@ -128,11 +128,10 @@ MISSES: dict[str, str] = {
     "DataLoader worker process 1') is read as a missing or corrupt input; the case is sound (it "
     "has no lesion, a label key the trainer's oversampling looks up without checking): a bug "
     "in the code, not in the data",
-    "heavy-case": "failed, nccl-timeout, no culprit (TMO102, 0.3): rank 0's timeout in the "
-    "validation's barrier, after its own 'predicting case_...' lines, is taken as a cascade "
-    "whose cause is not in the logs; rank 1 was alive (spawn SIGTERMed it after process 0 "
-    "failed) and had not entered the barrier: busy past the timeout, slow-rank-timeout on "
-    "rank 1",
+    "heavy-case": "hung, hang on rank 1 (INF211, 0.55): the culprit is right (spawn stopped one "
+    "other process after process 0's timeout, so rank 1 was alive outside the barrier), but a "
+    "silent rank other than 0 is read as blocked rather than busy: rank 1 was predicting its "
+    "second case for 25 s, busy past the timeout, slow-rank-timeout on rank 1",
     "frozen-unpack": "unknown, hang, no culprit (INF233, 0.25): the output stopping at "
     "'unpacking dataset...' is read as 'nothing recognised'; the nnU-Net lines before it "
     "(banner, configuration with 'num_epochs': 3) are no progress, and an output that ends on "

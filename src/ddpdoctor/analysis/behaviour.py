@@ -238,6 +238,7 @@ def build_evidence(job: JobView, events: list[Event]) -> JobEvidence:
                 for announcer, record in job.completions[:1]
                 if announcer is None
             )
+    _stopped_alive(job, events, ranks)
     evidence.completed_at = dict(job.completed_at)
     evidence.data_sizes = {u: dict(by_rank) for u, by_rank in job.data_sizes.items()}
     evidence.resume_points = {u: dict(by_rank) for u, by_rank in job.resume_points.items()}
@@ -494,6 +495,19 @@ def _named_absent(captures: dict[str, str]) -> set[int]:
     return absent
 
 
+def _stopped_alive(job: JobView, events: list[Event], ranks: dict[int, RankView]) -> None:
+    """A rank that left no line, which the launcher stopped alive after the one rank seen
+    failed (job.stopped_unseen): it was outside the collective its peer waited in. Not where
+    an end or a stop was announced by no known rank: that one may have left on its own."""
+    unranked_end = any(e.rank is None and e.marker is not None for e in events)
+    if unranked_end:
+        return
+    for rank in job.stopped_unseen:
+        view = ranks.get(rank)
+        if view is not None and not view.present and view.exit_signal is None:
+            view.exit_signal = "SIGTERM"
+
+
 def left_early(job: JobView, events: list[Event]) -> set[int]:
     """Ranks that announced the end of training while another rank, which never announced
     it, was still in a training step: that rank lost its peer or timed out inside the backward
@@ -661,13 +675,19 @@ def _who(who: object) -> str:
 def _unlisted_exits(job: JobView, evidence: JobEvidence) -> set[int]:
     """Ranks of a one-node world with no line of their own that torchrun's failure summary
     leaves out while listing others: every worker that did not exit 0 is listed there (the
-    ones it stopped too, with SIGTERM), so these had already exited 0."""
+    ones it stopped too, with SIGTERM), so these had already exited 0. Not where the launcher
+    said it stopped as many workers as are left out (mp.spawn's 'Terminating process' inside
+    the agent, whose summary lists only the first failure): those were alive."""
     if not (job.launcher_summaries and evidence.single_node and evidence.world_size):
         return set()
+    if job.function_workers:
+        return set()  # its summary lists the first failure only
     listed = set(job.info.per_rank)
     if not listed:
         return set()
-    return {r for r in evidence.missing if r not in listed and r < evidence.world_size}
+    gone = {r for r in evidence.missing if r not in listed and r < evidence.world_size}
+    unlisted_stops = job.stopped_pids - {e.pid for e in job.info.per_rank.values()}
+    return gone if len(gone) > len(unlisted_stops) else set()
 
 
 def _ended_after_full_bar(job: JobView) -> bool:

@@ -143,6 +143,28 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
         r"process (?P<local_rank>\d{1,5}) terminated with signal (?P<signal>SIG[A-Z]{2,6})",
         "terminated with signal SIG",
     ),
+    # a launcher stopping the workers still alive after one failed (torchelastic api.py
+    # "Sending process 27314 closing signal SIGTERM", spawn.py "Terminating process 16855 via
+    # signal SIGTERM"), and spawn's report of the one that raised ("-- Process 0 terminated
+    # with the following error:"): together, how many workers that launcher ran at least
+    FactPattern(
+        "terminated_worker",
+        r"Sending process (?P<pid>\d{1,9}) closing signal SIG[A-Z]{3,6}\b",
+        "closing signal SIG",
+        distinct=VALUE,
+    ),
+    FactPattern(
+        "terminated_worker",
+        r"Terminating process (?P<pid>\d{1,9}) via signal SIG[A-Z]{3,6}\b",
+        "Terminating process ",
+        distinct=VALUE,
+    ),
+    FactPattern(
+        "raised_worker",
+        r"-- Process (?P<local_rank>\d{1,5}) terminated with the following error",
+        "terminated with the following error",
+        distinct=VALUE,
+    ),
     # DeepSpeed's launcher (launcher/launch.py sigkill_handler): the worker's command line,
     # which carries its --local_rank, "exits with return code = -11"
     FactPattern(

@@ -39,6 +39,15 @@ class JobView:
     completed_ranks: set[int] = field(default_factory=set)
     """Ranks whose own lines announced the end of training."""
     completions: list[tuple[int | None, Record]] = field(default_factory=list)
+    stopped_unseen: list[int] = field(default_factory=list)
+    """A missing rank the launcher most likely stopped alive (_stopped_unseen)."""
+    function_workers: bool = False
+    """The agent ran a Python function, not a program (its failure line says 'of fn:', as
+    under accelerate's notebook_launcher or elastic_launch): its failure summary then lists
+    only the first failure, not every worker that did not exit 0."""
+    stopped_pids: frozenset[int] = frozenset()
+    """The workers launchers said they stopped after a failure (their SIGTERM lines, by pid):
+    alive then, whether a failure summary lists them or not."""
     """Every announcement of the end of training, with its rank when known."""
     loop_ends: list[tuple[int | None, Record]] = field(default_factory=list)
     """Ends of the training loop that a framework prints after an exception too (in a
@@ -232,6 +241,8 @@ def build_job(
     failed_exits: list[FactHit] = []
     finished: list[tuple[int | None, Record]] = []
     summaries = 0
+    launched: dict[str, set[str]] = {}  # per file, the pids a launcher stopped after a failure
+    failed_locals: dict[str, set[str]] = {}  # per file, the workers it reported failed
     for scan in scans:
         expect_root = False
         for fact in scan.facts:
@@ -261,6 +272,9 @@ def build_job(
                     ranks.add(rank)
             elif fact.name == "launcher_exit":
                 failed_exits.append(fact)
+                failed_locals.setdefault(fact.record.source, set()).add(
+                    fact.captures.get("local_rank") or fact.captures.get("rank") or ""
+                )
                 local = rank_number(fact.captures.get("local_rank"))
                 code = exit_code_number(fact.captures.get("code")) or signal_code(
                     fact.captures.get("signal")
@@ -284,6 +298,12 @@ def build_job(
                 n = count_number(fact.captures.get("n"), MAX_WORLD_SIZE)
                 if n:
                     world_hints.append(n)
+            elif fact.name == "terminated_worker":
+                launched.setdefault(fact.record.source, set()).add(fact.captures.get("pid", ""))
+            elif fact.name == "raised_worker":
+                failed_locals.setdefault(fact.record.source, set()).add(
+                    fact.captures.get("local_rank", "")
+                )
             elif fact.name == "prompt":
                 asker = resolve_rank(fact.record.origin, single_node, rank_map)
                 prompts.append((asker, fact.record))
@@ -358,6 +378,8 @@ def build_job(
             local = rank_number(fact.captures.get("local_rank"))
             if local is not None and single_node and per_rank.get(local) is not None:
                 del per_rank[local]
+    if last_restart is None and recovered_at is None:
+        world_hints.extend(_launched_at_least(launched, failed_locals))
     hangs: list[RunHang] = []
     job_exit: int | None = None
     for events in run_events or []:
@@ -373,6 +395,11 @@ def build_job(
     if ranks and (world is None or max(ranks) >= world):
         world = max(ranks) + 1  # ranks count from 0: the highest one seen bounds the size
     missing = sorted(set(range(world)) - ranks) if world and world <= 100_000 else []
+    stopped_unseen = (
+        _stopped_unseen(launched, failed_locals, ranks, missing)
+        if single_node and last_restart is None and recovered_at is None
+        else []
+    )
     last_progress: dict[int, Evidence] = {}
     for scan in scans:
         for stream in scan.streams.values():
@@ -424,7 +451,7 @@ def build_job(
     elif codes:
         bad = [c for c in codes if c != 0]
         info.exit_code = bad[0] if bad else 0
-        sig = next((e.signal for e in per_rank.values() if e.signal), None)
+        sig = next((e.signal for e in per_rank.values() if e.signal and e.code is not None), None)
         info.exit_signal = sig
     return JobView(
         info=info,
@@ -440,6 +467,9 @@ def build_job(
         exit_sources=exit_sources,
         completed_ranks=completed_ranks,
         completions=completions,
+        stopped_unseen=stopped_unseen,
+        function_workers=any(" of fn: " in f.record.text for f in failed_exits),
+        stopped_pids=frozenset(int(p) for pids in launched.values() for p in pids if p.isdigit()),
         loop_ends=loop_ends,
         skipped_ranks=skipped,
         filtered_ranks=filtered,
@@ -509,6 +539,35 @@ def _agent_exits(failed_exits: list[FactHit]) -> list[list[FactHit]]:
         key = (record.source, record.origin.host, record.origin.pid)
         agents.setdefault(key, []).append(fact)
     return [sorted(exits, key=lambda f: f.record.line) for exits in agents.values()]
+
+
+def _launched_at_least(launched: dict[str, set[str]], failed: dict[str, set[str]]) -> list[int]:
+    """How many workers a launcher ran at least: those it stopped after a failure (one line
+    per pid) and those it reported failed, in the same file. A lower bound of the world size
+    (one node's launcher knows only its own workers): with only rank 0 seen, a launcher that
+    stopped one other process after rank 0's error ran two. Only where a failure was
+    reported (a stop ordered from outside stops every worker, and none failed) and in a
+    single attempt (a restarted group's stops repeat with new pids)."""
+    return [
+        len(pids) + len(failed[source])
+        for source, pids in launched.items()
+        if failed.get(source) and len(pids) + len(failed[source]) >= 2
+    ]
+
+
+def _stopped_unseen(
+    launched: dict[str, set[str]], failed: dict[str, set[str]], seen: set[int], missing: list[int]
+) -> list[int]:
+    """The one rank that left no line but that a launcher most likely stopped alive: every
+    rank seen is one the launcher reported failed (spawn's process 0, its only talker), and it
+    stopped one other process while one rank is missing. A guess (a rank may have exited on
+    its own before, unseen, while the stopped process was another): build_evidence takes it
+    only where no announcement of an end or a stop is left without a rank."""
+    for source, pids in launched.items():
+        failed_here = {int(x) for x in failed.get(source, set()) if x.isdigit()}
+        if len(missing) == 1 and failed_here and seen <= failed_here and len(pids) == 1:
+            return missing
+    return []
 
 
 def _last_restart(failed_exits: list[FactHit]) -> Restart | None:

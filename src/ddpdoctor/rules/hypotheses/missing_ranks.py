@@ -63,6 +63,8 @@ def assess(job: JobEvidence) -> Assessment | None:
     missing = job.missing
     if not missing or not job.timed_out:
         return None
+    if all(job.ranks[r].terminated for r in missing):
+        return None  # the launcher stopped them alive: they had not died first (INF201)
     # the ranks that timed out did so at the rendezvous (the others lost the store's host
     # when it gave up)
     waiting = {r for r in job.waiting if job.ranks[r].wait_kinds}

@@ -70,7 +70,8 @@ def assess(job: JobEvidence) -> Assessment | None:
                 evidence=[line],
             )
         )
-    terminated = {r for r in quiet if job.ranks[r].terminated}
+    # (a rank that left no line at all, which the launcher stopped alive, counts as one too)
+    terminated = {r for r in quiet | missing if job.ranks[r].terminated}
     # the others' timeouts show the silent ranks were running (their transport would have
     # reported a peer that exited as a closed connection)
     running = (quiet - terminated) if job.peers_proven_alive else set()

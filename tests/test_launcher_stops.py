@@ -1,0 +1,104 @@
+"""What a launcher's stop lines say about the workers (analysis/facts.py terminated_worker,
+raised_worker; analysis/job.py _launched_at_least, _stopped_unseen; behaviour.py
+_stopped_alive, _unlisted_exits). A launcher that stops the workers still alive after one
+failed ran at least that many plus the failed one, and those it stopped were alive: a rank
+that left no line but was stopped was outside the collective its peer timed out in, not dead
+first. All on real captures."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ddpdoctor.analysis.diagnose import diagnose_paths
+from ddpdoctor.analysis.facts import FACT_PATTERNS
+
+REAL = Path(__file__).resolve().parent / "fixtures" / "real"
+CORPUS = Path(__file__).resolve().parents[1] / "corpus" / "cases"
+
+
+def _captured(name: str, line: str) -> list[dict[str, str]]:
+    return [
+        {k: v for k, v in m.groupdict().items() if v is not None}
+        for f in FACT_PATTERNS
+        if f.name == name and (m := f.compiled.search(line))
+    ]
+
+
+@pytest.mark.parametrize(
+    ("line", "pid"),
+    [
+        # torchelastic's agent (api.py) and mp.spawn (spawn.py), as torch 2.13 prints them
+        (
+            "W1204 11:15:37.749000 7236 torch/distributed/elastic/multiprocessing/api.py:1028] "
+            "Sending process 7250 closing signal SIGTERM",
+            "7250",
+        ),
+        (
+            "W1204 07:35:02.472000 16836 torch/multiprocessing/spawn.py:165] Terminating "
+            "process 16855 via signal SIGTERM",
+            "16855",
+        ),
+        # older torchrun, without the glog header
+        (
+            "WARNING:torch.distributed.elastic.multiprocessing.api:Sending process 27314 "
+            "closing signal SIGTERM",
+            "27314",
+        ),
+    ],
+)
+def test_a_launcher_stopping_a_worker_names_its_pid(line: str, pid: str) -> None:
+    assert _captured("terminated_worker", line) == [{"pid": pid}]
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "Sending process 1 closing signal",  # no signal named
+        "Terminating process group",
+        "[rank0]: terminating process 12 via kill",
+    ],
+)
+def test_other_lines_name_no_stopped_worker(line: str) -> None:
+    assert _captured("terminated_worker", line) == []
+
+
+def test_spawns_report_of_the_worker_that_raised_names_it() -> None:
+    line = "-- Process 0 terminated with the following error:"
+    assert _captured("raised_worker", line) == [{"local_rank": "0"}]
+    assert _captured("raised_worker", "process 0 terminated with exit code 1") == []
+
+
+def test_a_worker_stopped_after_the_only_ranks_failure_counts_in_the_world() -> None:
+    """fortythird-heavy-case: only rank 0 logs; its validation barrier times out after 15 s,
+    mp.spawn reports process 0's error and stops one other process. The world is at least 2,
+    and the rank that left no line is that process: alive, outside the barrier, named."""
+    report = diagnose_paths([str(REAL / "fortythird-heavy-case")])
+    assert report.job.world_size == 2 and report.job.ranks_missing == [1]
+    assert report.verdict.culprit.ranks == [1]
+    assert report.verdict.kind != "nccl-timeout"
+    assert any("Terminating process" in e.text for e in report.verdict.evidence)
+
+
+def test_several_stopped_workers_are_not_guessed_to_be_the_missing_ones() -> None:
+    """Corpus 146 (training split): one rank's watchdog timeout and seven others stopped by
+    the agent, whose logs were not given: the seven were alive, but which of them the
+    timed-out rank waited for is not known, so no busy rank is named."""
+    case = next(CORPUS.glob("146-*"))
+    verdict = diagnose_paths([str(case / "logs")]).verdict
+    assert (verdict.kind, verdict.rule) == ("nccl-timeout", "INF204")
+
+
+def test_a_stop_ordered_from_outside_adds_no_worker() -> None:
+    """third-sigterm: two nodes' agents got SIGTERM and stopped their four workers; none
+    failed, so the stops bound nothing beyond what the ranks said (world 4)."""
+    report = diagnose_paths([str(REAL / "third-sigterm")])
+    assert report.job.world_size == 4 and report.job.ranks_missing == []
+
+
+def test_stops_the_summary_lists_leave_no_rank_unaccounted() -> None:
+    """fortyeighth-doc-filter: torchrun's summary lists the rank it stopped (exitcode -15 with
+    its pid), so the rank it leaves out had exited 0: uneven inputs on it, as before."""
+    verdict = diagnose_paths([str(REAL / "fortyeighth-doc-filter")]).verdict
+    assert (verdict.kind, verdict.culprit.ranks) == ("uneven-inputs", [0])
