@@ -121,10 +121,11 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "frozen-download": "unknown, hang, no culprit (INF212, 0.3): 'the log ends in the middle "
-    "of training'; the launcher's 'Killing training processes' and 'Killing global rank N "
-    "(PID ...) with SIGTERM' for every rank (it was stopped from outside after 40 s) are not "
-    "read as a stop of a stalled job, and rank 0's last words in logs/rank0.stderr.txt "
+    "frozen-download": "failed, host-oom, no culprit (INF231, 0.4): the launcher's 'Killing "
+    "training processes' and 'Killing global rank N (PID ...) with SIGTERM' for every rank (it "
+    "was stopped from outside after 40 s; its lines carry no time, so the silence before them "
+    "is not measured) are read as a worker that died without a word, and rank 0's last words "
+    "in logs/rank0.stderr.txt "
     "('Downloading shards for epoch 2 from remote to local cache', a phase it began alone) "
     "against ranks 1 and 2 silent in their files after epoch 1's evaluation do not name rank "
     "0 as the one stuck",

@@ -102,3 +102,38 @@ def test_stops_the_summary_lists_leave_no_rank_unaccounted() -> None:
     its pid), so the rank it leaves out had exited 0: uneven inputs on it, as before."""
     verdict = diagnose_paths([str(REAL / "fortyeighth-doc-filter")]).verdict
     assert (verdict.kind, verdict.culprit.ranks) == ("uneven-inputs", [0])
+
+
+def _case(number: str) -> str:
+    return str(next(CORPUS.glob(f"{number}-*")) / "logs")
+
+
+@pytest.mark.parametrize(
+    ("case", "rule", "kind"),
+    [
+        # DeepSpeed's launcher killing its workers ('Killing subprocess N', cut before the
+        # return code) right after 'Loading checkpoint shards: 0%' or a memory report, with no
+        # traceback in the console the workers share: killed from outside (host memory)
+        ("437", "INF231", "host-oom"),
+        ("825", "INF231", "host-oom"),
+        # torchrun's SIGTERMs glued to a bar at its total (1873/1873): after the loop
+        ("150", "INF210", "exit-teardown-crash"),
+        # the launcher's line alone, no worker's: their output went elsewhere
+        ("345", "INF208", "python-exception"),
+    ],
+)
+def test_a_launcher_stopping_workers_none_of_which_printed_an_error(
+    case: str, rule: str, kind: str
+) -> None:
+    """Training-split corpus cases: the launcher stopped its workers after a failure it does
+    not name, and no worker printed an error where their own lines are."""
+    verdict = diagnose_paths([_case(case)]).verdict
+    assert (verdict.rule, verdict.kind, verdict.status) == (rule, kind, "failed")
+
+
+def test_a_launcher_stop_long_after_the_last_progress_ends_a_hang() -> None:
+    """seventh-ack-wait (a real DeepSpeed run): a step every 0.7 s, then 105 s of nothing
+    until launch.py's sigkill_handler killed the workers (the capture's timeout): a job
+    stuck before the stop, not a worker that died."""
+    verdict = diagnose_paths([str(REAL / "seventh-ack-wait")]).verdict
+    assert (verdict.status, verdict.kind, verdict.rule) == ("hung", "hang", "INF229")

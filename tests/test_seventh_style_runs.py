@@ -82,7 +82,8 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "ack-wait": "unknown/hang [] ('the log ends after its training progress without an end'): rank 1 "
+    "ack-wait": "hung/hang [] (INF229: progress every 0.7 s, then 105 s of nothing until "
+    "launch.py's sigkill_handler killed the workers): the kind is right but no rank is named: rank 1 "
     "sits in queue.get() and rank 0 in ZeRO's gradient all_reduce, which runs on DeepSpeed's "
     "data-parallel group (torch's 30 min default, not init_distributed's 20 s), so nothing timed "
     "out; the capture's timeout ended it and launch.py's sigkill_handler lines are the only end",

@@ -297,6 +297,18 @@ def build_evidence(job: JobView, events: list[Event]) -> JobEvidence:
     evidence.ended |= bool(info.per_rank or info.exit_code is not None or job.completed_at)
     evidence.started_training = any(s.progress_lines for s in job.streams)
     evidence.normal_seen = job.normal_seen
+    reactions = {
+        (h.record.source, h.record.line) for e in events if e.echo is Echo.LAUNCHER for h in e.hits
+    }
+    evidence.worker_lines = sum(s.lines_seen for s in job.streams) - len(reactions)
+    reacted = [
+        h.record.time
+        for e in events
+        if e.echo is Echo.LAUNCHER
+        for h in e.hits
+        if h.record.time is not None
+    ]
+    evidence.launcher_reacted_at = min(reacted) if reacted else None
     evidence.last_step = _last_step(job)
     evidence.source_counters = _source_counters(job)
     evidence.ended_on_full_bar = any(

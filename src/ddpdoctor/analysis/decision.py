@@ -20,7 +20,14 @@ from ddpdoctor.analysis.relations import (
     failing,
     split_at_restart,
 )
-from ddpdoctor.model.evidence import Activity, JobEvidence, RankView, Stall
+from ddpdoctor.model.evidence import (
+    STALL_FACTOR,
+    STALL_MIN_S,
+    Activity,
+    JobEvidence,
+    RankView,
+    Stall,
+)
 from ddpdoctor.model.findings import Evidence, Finding
 from ddpdoctor.model.taxonomy import Category, Role, Status
 from ddpdoctor.rules.base import Echo, Marker, Rule
@@ -717,11 +724,6 @@ def _from_echoes(
         )
     )
     return decision
-
-
-STALL_FACTOR = 20
-"""A silence this many times the job's own pace of progress lines is a stall, not a slow step."""
-STALL_MIN_S = 30.0
 
 
 def _stalled_before_stop(echoes: list[Event], evidence: JobEvidence) -> tuple[float, float] | None:

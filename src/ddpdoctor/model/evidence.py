@@ -41,6 +41,12 @@ COLLECTIVE_FUNCTIONS = frozenset(
 """torch.distributed's collective functions, as they appear in stacks and tracebacks."""
 
 
+STALL_FACTOR = 20
+"""A silence this many times the job's own pace of progress lines is a stall, not a slow step."""
+STALL_MIN_S = 30.0
+"""...and never less than this many seconds."""
+
+
 @dataclass(frozen=True, slots=True)
 class Activity:
     """Where one rank was when `ddpdoctor run` caught the job stalled, from its stack."""
@@ -264,6 +270,9 @@ class JobEvidence:
     end, whatever the program printed after it."""
     normal_seen: bool = False
     """Messages of normal operation were read (start-up, DDP notes): healthy as far as they go."""
+    worker_lines: int = 0
+    """Lines read that are not a launcher's reaction to a failure (its stop of the workers,
+    its summary): what the workers themselves printed, where they share its console."""
     warnings: list[str] = field(default_factory=list)
     """Titles of the warnings read (rules of severity warning, not those the job went on
     from), in rule-code order: something was recognised even where nothing failed."""
@@ -313,6 +322,18 @@ class JobEvidence:
     """The time of the latest timed progress line of any writer."""
     step_s: float | None = None
     """The longest gap between a writer's last two timed progress lines: the job's pace."""
+    launcher_reacted_at: datetime | None = None
+    """When a launcher first reacted to a failure (stopped the workers, summed up), by the
+    clock: a reaction long after the job's last progress came to a job already stuck."""
+
+    def stalled_before(self, moment: datetime | None) -> bool:
+        """The job had reported progress at a steady pace, then nothing for far longer than
+        that pace until this moment: it was stuck before it."""
+        last, pace = self.last_progress_at, self.step_s
+        if moment is None or last is None or pace is None:
+            return False
+        return (moment - last).total_seconds() >= max(STALL_MIN_S, STALL_FACTOR * pace)
+
     restart_ended_at: datetime | None = None
     """The launcher restarted failed workers and a later attempt announced the end of training
     at this time (no failure summary after): earlier failures belong to attempts the job

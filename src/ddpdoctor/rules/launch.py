@@ -247,6 +247,13 @@ LAUNCHER_SIGTERM = Rule(
             r"terminating with SIGKILL",
             "Failed to kill global rank ",
         ),
+        # DeepSpeed's launcher (launcher/launch.py sigkill_handler), once a worker exited
+        # non-zero (its "exits with return code = N" follows) or the launcher got SIGINT/SIGTERM
+        # ("Main process received SIGTERM, exiting" follows): every worker, the dead one too
+        Signature(
+            r"\[launch\.py:\d{1,5}:sigkill_handler\] Killing subprocess (?P<pid>\d+)",
+            "Killing subprocess ",
+        ),
     ),
     explanation=Explanation(
         what="torchrun stopped the surviving workers because one worker failed.",
@@ -266,6 +273,7 @@ LAUNCHER_SIGTERM = Rule(
         "3472 via signal SIGTERM",
         "Killing global rank 0 (PID 6270) with SIGTERM",
         "Failed to kill global rank 2 (PID 6281) with SIGTERM; terminating with SIGKILL instead",
+        "[2023-10-02 16:21:37,893] [INFO] [launch.py:428:sigkill_handler] Killing subprocess 30418",
     ),
     negative=(
         "torch.distributed.elastic.multiprocessing.api.SignalException: Process 1 got signal: 15",

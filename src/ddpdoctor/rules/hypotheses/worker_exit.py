@@ -1,13 +1,18 @@
 """INF208: the launcher reports a worker that failed, and that worker's own error is not in
 the logs (its output went elsewhere). Where its output is shown (the console holds the
 traceback of a rank it left waiting) and it printed no traceback, it ended itself: a rank that
-left on its own (INF202)."""
+left on its own (INF202). Where the launcher stopped its workers after a failure it does not
+name, in a console that holds what the workers printed, and none of them printed an error, the
+one that ended died without a word: killed from outside (INF231), or, after its training loop
+had run to its end, in teardown (INF210)."""
 
 from __future__ import annotations
 
 from ddpdoctor.model.evidence import JobEvidence
+from ddpdoctor.model.taxonomy import Status
+from ddpdoctor.rules import inferred
 from ddpdoctor.rules.base import Explanation, Rule
-from ddpdoctor.rules.hypotheses import uncoordinated_exit
+from ddpdoctor.rules.hypotheses import killed_rank, uncoordinated_exit
 from ddpdoctor.rules.hypotheses.base import Assessment, ranks_text
 
 RULE = Rule(
@@ -41,6 +46,10 @@ def assess(job: JobEvidence) -> Assessment | None:
     if not failing:
         if "launcher" not in job.echoes or job.echoes & {"lost-peer", "stopped"}:
             return None
+        if job.worker_lines > 0 and not any(v.failed or v.warned for v in job.ranks.values()):
+            if job.stalled_before(job.launcher_reacted_at):
+                return _stalled_then_stopped(job)
+            return _died_without_a_word(job)
         return Assessment(
             RULE,
             0.4,
@@ -72,6 +81,59 @@ def assess(job: JobEvidence) -> Assessment | None:
         0.5,
         sorted(failing),
         [f"the launcher reports {ranks_text(set(failing))} exiting with an error ({codes})."],
+    )
+
+
+def _stalled_then_stopped(job: JobEvidence) -> Assessment:
+    """The launcher's stop came long after the job's last progress, at far more than its
+    pace: the job was stuck before, and whatever ended it (a worker, or a stop from outside
+    that the launcher passed on) ended a hang."""
+    assert job.launcher_reacted_at is not None and job.last_progress_at is not None
+    silence = (job.launcher_reacted_at - job.last_progress_at).total_seconds()
+    return Assessment(
+        inferred.STALLED_THEN_STOPPED,
+        0.5,
+        [],
+        [
+            f"the job printed progress every {job.step_s:.3g} s, then nothing for "
+            f"{silence:.0f} s and no error until the launcher stopped its workers: it was "
+            "stuck before that, and the stop is not the cause."
+        ],
+        status=Status.HUNG,
+    )
+
+
+def _died_without_a_word(job: JobEvidence) -> Assessment:
+    """The launcher stopped the workers after one ended, the workers' own lines are in the
+    same output, and none printed an error: a Python exception would have printed its
+    traceback there, so the worker was killed (the OOM killer's SIGKILL, a memory limit) or
+    crashed natively; after a loop that ran to its end, that was in teardown."""
+    after_the_loop = bool(
+        job.ended_on_full_bar or job.ended_after_full_bar or job.ended_on_last_epoch
+    )
+    if after_the_loop:
+        return Assessment(
+            inferred.TEARDOWN_CRASH,
+            0.4,
+            [],
+            [
+                "the launcher stopped the workers because one ended, after the training loop "
+                "had run to its end, and no worker printed an error in the output that holds "
+                "their lines: the worker died on its way out (teardown), not in training."
+            ],
+            against=["which worker ended, and how, is not in these logs"],
+        )
+    return Assessment(
+        killed_rank.RULE,
+        0.4,
+        [],
+        [
+            "the launcher stopped the workers because one ended, and no worker printed an "
+            "error in the output that holds their lines: a Python exception would have "
+            "printed its traceback there, so the worker died without a word, killed from "
+            "outside (the kernel's OOM killer, a memory limit) or by a native crash."
+        ],
+        against=["which worker ended, and how, is not in these logs"],
     )
 
 
