@@ -89,8 +89,9 @@ MISSES: dict[str, str] = {
     "after rank 1's timeout and rank 0 left no line of its own, so rank 0 is taken for the "
     "process stopped alive (busy); the stopped one was rank 2, and rank 0 had returned after its "
     "unrecognised 'accuracy good enough, stopping': uncoordinated exit on rank 0",
-    "mem-hog": "NET101 failed/nccl-network, no culprit: only rank 0's 'Connection closed by peer' is "
-    "seen; the SIGKILLed rank 2 leaves no line, but a lost peer is an echo, not a network fault",
+    "mem-hog": "INF202 failed/uncoordinated-exit, no culprit: only rank 0's 'Connection closed by "
+    "peer [127.0.0.1]' is seen, read as a peer on the same host that went away first (not the "
+    "network), but not as one killed: the SIGKILLed rank 2 leaves no line: host-oom on rank 2",
     "null-peek": "no rule, unknown, no culprit: rank 1's faulthandler dump (string_at, no "
     "'Fatal Python error' header kept) is not read as a native crash of rank 1",
     "half-shard": "TMO102 failed/nccl-timeout, no culprit: rank 2, whose epoch is 3 of 6 steps "

@@ -57,11 +57,13 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "own-stop": "failed, nccl-network with no culprit (NET101, 0.3): 'Epoch 2: early stopping' "
+    "own-stop": "failed, uncoordinated-exit with no culprit (INF202, 0.35: the lost connections "
+    "are on 127.0.0.1, so a peer went away first): the kind is right, but 'Epoch 2: early stopping' "
     "is printed by rank 2 without a rank (every rank prints unprefixed), and rank 2's exit 0 "
     "leaves no line: nothing ties the stop to a rank, so only the others' lost connections "
     "are left",
-    "short-shard": "failed, nccl-network with no culprit (NET101, 0.3): 'Train steps: 7' "
+    "short-shard": "failed, uncoordinated-exit with no culprit (INF202, 0.35: a peer on 127.0.0.1 "
+    "went away first): 'Train steps: 7' "
     "against 'Train steps: 10' are the three ranks' summaries, printed unprefixed: the amounts "
     "of data differ, but nothing says whose they are",
 }

@@ -138,9 +138,9 @@ MISSES: dict[str, str] = {
     "a step begun ('unpacking dataset...', no 'unpacking done...') is not read as rank 0 (the "
     "only rank that prints) stuck in it; the run was stopped by `timeout` after 40 s of "
     "silence: hung, hang, rank 0",
-    "short-shard": "failed, nccl-network, no culprit (NET101, 0.3): process 0's 'Connection "
-    "closed by peer' in loss.backward() (a peer that had given up and exited) is read as a "
-    "transport fault; every rank was on one host and rank 2 had left the epoch a batch early "
+    "short-shard": "failed, uncoordinated-exit on ranks 1 and 2 (INF202, 0.35): process 0's "
+    "'Connection closed by peer [127.0.0.1]' in loss.backward() is read as a peer on the same "
+    "host that went away first, any of the ranks that lost none; rank 2 had left the epoch a batch early "
     "(4, 4, 3 batches): uneven-inputs on rank 2",
     "gpu-resume": "failed, checkpoint-load-device on rank 0 only (CUDA110, 0.9): the kind is "
     "right, but spawn prints only the first failed process's traceback, and rank 1 raised the "

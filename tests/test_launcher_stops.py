@@ -137,3 +137,26 @@ def test_a_launcher_stop_long_after_the_last_progress_ends_a_hang() -> None:
     stuck before the stop, not a worker that died."""
     verdict = diagnose_paths([str(REAL / "seventh-ack-wait")]).verdict
     assert (verdict.status, verdict.kind, verdict.rule) == ("hung", "hang", "INF229")
+
+
+def test_a_peer_lost_on_the_loopback_is_no_network_fault() -> None:
+    """fortieth-own-stop: rank 2 printed 'Epoch 2: early stopping' (no rank prefix) and
+    exited 0; ranks 0 and 1 lost it: 'Connection closed by peer [127.0.0.1]:15242'. A
+    loopback connection does not fail for network reasons: a peer process went away."""
+    verdict = diagnose_paths([str(REAL / "fortieth-own-stop")]).verdict
+    assert (verdict.kind, verdict.rule) == ("uncoordinated-exit", "INF202")
+    assert verdict.category != "infrastructure"
+
+
+@pytest.mark.parametrize(
+    "fixture",
+    [
+        # a stop from outside (the pod evicted) ended the ranks: the stop is the cause
+        "sixteenth-pod-evict",
+        # ranks timed out waiting: they waited on a live peer
+        "sixteenth-push-slow",
+    ],
+)
+def test_loopback_losses_after_a_stop_or_beside_timeouts_are_read_as_before(fixture: str) -> None:
+    verdict = diagnose_paths([str(REAL / fixture)]).verdict
+    assert verdict.rule != "INF202"

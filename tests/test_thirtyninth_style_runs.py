@@ -61,10 +61,11 @@ MISSES: dict[str, str] = {
     "nothing the run printed ties the one worker torchrun still had to stop ('Sending process "
     "N closing signal SIGTERM', a pid printed nowhere else) to rank 0, whose upload thread "
     "kept it alive",
-    "last-barrier": "failed, nccl-network with no culprit (NET101, 0.3): rank 0 lost its peers "
+    "last-barrier": "failed, uncoordinated-exit with no culprit (INF202, 0.35: peers on "
+    "127.0.0.1 went away first): rank 0 lost its peers "
     "in a barrier it alone entered after 'Training completed'; ranks 1 and 2 had exited 0 "
     "(they printed nothing; torchrun's summary says <NO_OTHER_FAILURES>), which nothing reads, "
-    "so only the lost connection is left (a collective only rank 0 called at the end would be "
+    "so only the lost connections are left (a collective only rank 0 called at the end would be "
     "as fair an answer as teardown)",
 }
 

@@ -301,6 +301,15 @@ def build_evidence(job: JobView, events: list[Event]) -> JobEvidence:
         (h.record.source, h.record.line) for e in events if e.echo is Echo.LAUNCHER for h in e.hits
     }
     evidence.worker_lines = sum(s.lines_seen for s in job.streams) - len(reactions)
+    peers = [
+        PEER_ADDRESS.findall(h.record.text)
+        for e in events
+        if e.echo is Echo.LOST_PEER
+        for h in e.hits
+    ]
+    evidence.lost_peers_on_loopback = bool(peers) and all(
+        found and all(LOOPBACK.fullmatch(a) for a in found) for found in peers
+    )
     reacted = [
         h.record.time
         for e in events
@@ -505,6 +514,12 @@ def _named_absent(captures: dict[str, str]) -> set[int]:
     if captures.get("joined") == "1" and rank is not None and world is not None and rank < world:
         absent |= set(range(min(world, 1 << 16))) - {rank}  # it alone had arrived
     return absent
+
+
+PEER_ADDRESS = re.compile(r"\[(\d{1,3}(?:\.\d{1,3}){3}|localhost|::1|[\w.-]{1,253})\]:\d{1,5}")
+"""The peer a transport names when its connection was lost (gloo's 'Connection closed by peer
+[127.0.0.1]:15242', 'Read error [10.0.0.5]:4242')."""
+LOOPBACK = re.compile(r"127(?:\.\d{1,3}){3}|localhost|::1")
 
 
 def _stopped_alive(job: JobView, events: list[Event], ranks: dict[int, RankView]) -> None:

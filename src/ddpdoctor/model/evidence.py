@@ -270,6 +270,10 @@ class JobEvidence:
     end, whatever the program printed after it."""
     normal_seen: bool = False
     """Messages of normal operation were read (start-up, DDP notes): healthy as far as they go."""
+    lost_peers_on_loopback: bool = False
+    """Every lost connection to a peer names a loopback address (127.0.0.1, localhost, ::1):
+    the peer was a process on the same host, and a connection on the loopback does not fail
+    for network reasons: the process at its other end went away."""
     worker_lines: int = 0
     """Lines read that are not a launcher's reaction to a failure (its stop of the workers,
     its summary): what the workers themselves printed, where they share its console."""

@@ -85,6 +85,10 @@ def assess(job: JobEvidence) -> Assessment | None:
         left = set()
     if job.peers_proven_alive:
         left = set()  # they timed out on a transport that sees a peer leave: nobody left
+    if not left and not any(v.failed for v in job.ranks.values()):
+        loopback = _from_loopback(job)
+        if loopback is not None:
+            return loopback
     if left and waiting and len(waiting) >= len(quiet):
         return Assessment(
             RULE,
@@ -97,6 +101,33 @@ def assess(job: JobEvidence) -> Assessment | None:
             ],
         )
     return None
+
+
+def _from_loopback(job: JobEvidence) -> Assessment | None:
+    """Ranks lost their peers on the loopback address (same host) and no rank printed an
+    error of its own: a loopback connection does not fail for network reasons, so the peer
+    process went away first (exited on its own, or was killed or crashed without its output
+    here). Which rank it was is not known: the ranks of the world that lost no peer and were
+    not seen failing, where the world is known, else none."""
+    if not job.lost_peers_on_loopback or job.timed_out or "stopped" in job.echoes:
+        return None  # a timeout waited on a live peer; a stop from outside ended them all
+    lost = {r for r, v in job.ranks.items() if "lost-peer" in v.echoes}
+    world = set(range(job.world_size)) if job.world_size else set(job.ranks)
+    others = {r for r in world - lost if not job.ranks.get(r) or not job.ranks[r].waiting}
+    culprits = others if others and len(others) < len(world) else set()
+    return Assessment(
+        RULE,
+        0.35,
+        sorted(culprits),
+        [
+            f"{ranks_text(lost) if lost else 'ranks'} lost the connection to a peer on the "
+            "same host (a loopback address), and no rank printed an error of its own: the "
+            "loopback does not fail for network reasons, so the peer process ended first "
+            "(it left on its own, or was killed or crashed without a trace here). This is "
+            "not a network fault."
+        ],
+        against=["how the peer ended is not in these logs (an OOM kill leaves the same trace)"],
+    )
 
 
 def _from_summary(job: JobEvidence) -> Assessment | None:
