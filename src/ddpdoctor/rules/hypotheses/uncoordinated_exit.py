@@ -1,6 +1,7 @@
 """INF202: a rank left the job without an error while the others kept going and then failed
 waiting for it. Evidence: an early stop announced by some ranks only; ranks that simply stopped
-printing (exit 0, no error) while the others timed out or lost their peer."""
+printing (exit 0, no error) while the others timed out or lost their peer; peers lost on the
+loopback address with no error anywhere (a process on the same host went away)."""
 
 from __future__ import annotations
 
