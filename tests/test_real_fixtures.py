@@ -312,3 +312,12 @@ def test_glibcs_heap_check_names_the_native_crash() -> None:
     assert verdict.evidence[0].text == "free(): double free detected in tcache 2"
     roles = {f.rule: f.role for f in report.findings}
     assert roles["NET101"] == "cascade"
+
+
+def test_a_rank_whose_stderr_was_lost_mid_traceback_had_raised() -> None:
+    """Real run (accelerate-worker-killed under load): rank 1's traceback stops after its
+    first frame and CPython reports 'lost sys.stderr'. Rank 1 raised; it did not end itself
+    without a word (an uncoordinated exit) while rank 0 went on."""
+    report = diagnose_paths([str(HEALTHY / "accelerate-worker-killed-lost-stderr")])
+    assert report.verdict.kind != "uncoordinated-exit", report.verdict.summary
+    assert report.verdict.culprit.ranks == [1]

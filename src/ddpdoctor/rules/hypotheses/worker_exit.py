@@ -145,6 +145,9 @@ def _exited_without_a_traceback(job: JobEvidence, failing: dict[int, int]) -> se
     if not job.waiting:
         return set()
     shown = {s for r in job.waiting for s in job.ranks[r].sources}
+    # a rank whose output ends inside a traceback of its own did raise: its stderr was cut
+    # (Python's 'lost sys.stderr'), not silent
+    raised = {c.where.rank for c in job.cut_tracebacks}
     return {
         r
         for r in failing
@@ -153,4 +156,5 @@ def _exited_without_a_traceback(job: JobEvidence, failing: dict[int, int]) -> se
         and not view.warned
         and view.exit_signal is None
         and view.exit_source in shown
+        and r not in raised
     }
