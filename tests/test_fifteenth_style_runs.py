@@ -97,12 +97,14 @@ MISSES: dict[str, str] = {
     "restore-node0": "failed, collective-mismatch on ranks 0 and 1 (INF203, 0.4): the culprits "
     "are right, but not that ranks 0 and 1 had finished ('done training') and waited in the "
     "closing barrier while ranks 2 and 3 trained on",
-    "tokens-skew": "failed, rendezvous-failure on rank 1 (LCH108, 0.75): node 1's agent losing "
-    "node 0's TCPStore after node 0's agent exited is read as the root, before rank 1's gloo "
-    "EnforceNotMet ('3280 vs 8 ... collective mismatch') and the different batch counts",
-    "lock-stale": "unknown, no kind (0.2): 'the job exited with code 1, but its output names no "
-    "cause'; ranks 0 and 1's 10 s send/recv timeouts and ranks 2 and 3's silence after their "
-    "distributed init are not read as ranks stuck outside a collective",
+    "tokens-skew": "failed, collective-mismatch on rank 1 (COL101, 0.9): rank 1's gloo "
+    "EnforceNotMet ('3280 vs 8 ... collective mismatch') is read as a collective in a "
+    "rank-dependent branch (node 1's agent losing node 0's store in its monitoring loop is now "
+    "a consequence, LCH121), not as the different batch counts of the two nodes",
+    "lock-stale": "failed, nccl-timeout, no culprit (TMO102, 0.3): ranks 0 and 1's 10 s "
+    "send/recv timeouts are read as secondary errors whose cause is not in the logs; ranks 2 "
+    "and 3's silence after their distributed init is not read as ranks stuck outside a "
+    "collective (hung, hang, ranks 2 and 3)",
 }
 
 

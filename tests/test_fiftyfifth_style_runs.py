@@ -14,7 +14,13 @@ used to build the rules: the diagnosis must generalise. Captured by
 tests/fixtures/real/capture_fiftyfifth.sh.
 
 EXPECTED was written from each mode's mechanism and the taxonomy before any diagnosis was seen;
-a mode ddpdoctor gets wrong today is a strict xfail whose reason says what it says instead."""
+a mode ddpdoctor gets wrong today is a strict xfail whose reason says what it says instead.
+First diagnosis: 3 of 16 right. SkyPilot's node prefix '(head, rank=0, pid=P, ip=...)' is read
+since as the node (its address the writer's host, its rank the node's, not a worker's), with
+torch's '[rankN]:' read after it (ingest/prefixes.py SKYPILOT): nine more right. A node's
+torchrun losing the rendezvous store in its monitoring loop after the first node's agent exited
+is that node's consequence, not a rendezvous failure (LCH121): rss-spike and tracker-gone right.
+14 of 16."""
 
 from __future__ import annotations
 
@@ -102,61 +108,16 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "weight-gap": "failed, python-exception on ranks 0,1 (INF208, 0.5): SkyPilot's line prefix "
-    "hides every '[rankN]:' (no rank seen), so rank 2's \"KeyError: 'ship'\" is the error of no "
-    "rank; the two torchruns' 'failed (exitcode: 1) local_rank: 0' / 'local_rank: 1' lines are "
-    "read as global ranks 0 and 1 whose output is missing. The culprit is rank 2 (node 1's local "
-    "rank 0), whose traceback is in the console",
-    "img-hole": "failed, data-error on rank 1 (DATA101, 0.9): the kind is right, but the "
-    "FileNotFoundError lines carry SkyPilot's prefix before '[rank3]:' and have no rank; the "
-    "culprit comes from node 1's torchrun 'local_rank: 1', a local rank taken for a global one: "
-    "rank 3 is the rank whose image was missing",
-    "rss-spike": "failed, rendezvous-failure on rank 1 (LCH108, 0.75): rank 1's SIGKILL (node "
-    "0's torchrun 'failed (exitcode: -9) local_rank: 1', LCH101) is found, but node 1's torchrun "
-    "losing the c10d store that node 0's torchrun hosted (RendezvousConnectionError when node 0 "
-    "had already shut down) wins: that is a consequence, the rendezvous had formed and trained; "
-    "host-oom on rank 1",
-    "null-aug": "failed, uncoordinated-exit on ranks 0,2,3 (INF202, 0.6): node 1's torchrun "
-    "'failed (exitcode: -11) local_rank: 1' (rank 3's SIGSEGV) is read as rank 1, and ranks 0, "
-    "2 and 3 (whose '[rankN]:' lines the prefix hides) as having left without an error; rank 3 "
-    "died of a native crash",
-    "cache-crawl": "failed, python-exception on ranks 0,1 (INF208, 0.5): rank 2's WARNING lines "
-    "'Decoded-image cache on this node is stale: rebuilding k/8' and the others' 'Timed out "
-    "waiting 15000ms' carry no rank through SkyPilot's prefix; the torchruns' exit lines of "
-    "local ranks 0 and 1 are read as ranks 0 and 1 with their output missing; rank 2 was busy "
-    "past the 15 s timeout: slow-rank-timeout on rank 2",
-    "event-stall": "failed, python-exception on rank 0 (INF208, 0.5): the three timeouts carry "
-    "no rank through the prefix and torchrun's 'local_rank: 0' exit line is read as rank 0 "
-    "whose output is missing; rank 1 printed nothing after epoch 2 and never reached the "
-    "collective the others timed out in: a hang on rank 1",
-    "norm-solo": "failed, python-exception on ranks 0,1 (INF208, 0.5): rank 0's timeout in "
-    "dist.all_reduce(norm) (a collective the others never issued; they time out in DDP's "
-    "buffer broadcast) carries no rank through the prefix; the torchruns' 'local_rank' exit "
-    "lines are read as ranks 0 and 1 with their output missing: collective-mismatch on rank 0",
-    "skip-share": "failed, rendezvous-failure on rank 1 (LCH108, 0.75): the culprit is right "
-    "(node 0's torchrun names local rank 1, which is global rank 1 on the head), but gloo's "
-    'abort "Received data size doesn\'t match expected size" (COL101, found with no rank) '
-    "loses to node 1's torchrun losing node 0's c10d store at teardown, a consequence; rank 1 "
-    "dropped twelve unlabelled samples from its share, ran out of batches first: uneven-inputs",
-    "head-quits": "failed, early-stop with no culprit (INF207, 0.7): rank 0's 'Early stopping: "
-    "val_acc has not improved ...' is read as every rank's stop (the others' lines carry no "
-    "rank through the prefix), but the stopper existed on rank 0 only: ranks 1, 2 and 3 went on "
-    "into epoch 3 and lost it in loss.backward(): uncoordinated-exit on rank 0",
-    "blank-frame": "failed, early-stop with no culprit (INF207, 0.7): rank 3's 'ERROR - trainer "
-    "- Loss is nan, stopping training' is read as an agreed stop of every rank; only rank 3 "
-    "stopped (sys.exit(1), node 1's torchrun names rank 3) while ranks 0, 1 and 2 went on and "
-    "lost it: uncoordinated-exit on rank 3",
-    "gpu-map": "failed, checkpoint-load-device on rank 0 (CUDA110, 0.9): the kind is right, but "
-    "the four ranks' 'Attempting to deserialize object on a CUDA device' carry no rank through "
-    "SkyPilot's prefix and only rank 0 is named (from the torchruns' 'local_rank: 0' lines); "
-    "every rank, 0 to 3, failed in torch.load",
-    "pickle-args": "failed, weights-only-load on rank 0 (ENV102, 0.9): the kind is right, but "
-    "the four ranks' 'Weights only load failed' carry no rank through SkyPilot's prefix and "
-    "only rank 0 is named; every rank, 0 to 3, failed in torch.load",
-    "tracker-gone": "failed, rendezvous-failure on rank 0 (LCH108, 0.75): rank 0's "
-    "\"ModuleNotFoundError: No module named 'mlflow'\" (ENV101, found with no rank) loses to "
-    "node 1's torchrun losing the c10d store after node 0's torchrun exited, a consequence: "
-    "missing-module on rank 0",
+    "cache-crawl": "hung, hang on rank 2 (INF211, 0.55): the culprit is right (node 1's torchrun "
+    "stopped rank 2 alive while ranks 0, 1 and 3 timed out), but rank 2's WARNING lines 'Decoded-"
+    "image cache on this node is stale: rebuilding k/8' carry no rank (python logging under "
+    "SkyPilot's node prefix), so its long task is not seen and a silent rank other than 0 is read "
+    "as blocked: rank 2 was busy past the 15 s timeout, slow-rank-timeout on rank 2",
+    "skip-share": "failed, collective-mismatch on rank 1 (COL101, 0.9): the culprit is right, but "
+    "gloo's abort \"Received data size doesn't match expected size\" (rank 1's 4-byte evaluation "
+    "all-reduce against the others' gradient bucket) is read as a collective in a rank-dependent "
+    "branch; rank 1 dropped twelve unlabelled samples from its share and ran out of batches "
+    "first: uneven-inputs",
 }
 
 

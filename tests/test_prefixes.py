@@ -397,6 +397,38 @@ def test_a_ray_worker_prefix_names_its_process_and_node_not_a_rank() -> None:
     assert parsed.text == "Epoch 1: loss 0.31"
 
 
+@pytest.mark.parametrize(
+    ("line", "host", "rank", "text"),
+    [
+        # SkyPilot's console (sky launch --num-nodes 2): the node, then the worker's own tag
+        (
+            "(worker1, rank=1, pid=15089, ip=10.0.0.12) [rank2]: Traceback (most recent call "
+            "last):",
+            "10.0.0.12",
+            2,
+            "Traceback (most recent call last):",
+        ),
+        (
+            "(head, rank=0, pid=15079, ip=10.0.0.11) 2026-12-04 20:04:26,091 - INFO - trainer - "
+            "Epoch 1/3 step 4/8 loss 0.6532",
+            "10.0.0.11",
+            None,
+            "Epoch 1/3 step 4/8 loss 0.6532",
+        ),
+        # without its address the node's name is the host
+        ("(head, rank=0, pid=2342) [rank1]: x", "head", 1, "x"),
+    ],
+)
+def test_a_skypilot_node_prefix_names_the_node_not_a_rank(
+    line: str, host: str, rank: int | None, text: str
+) -> None:
+    """SkyPilot's 'rank' is the node's and its pid the node's run script: the node is the
+    writer's host, the worker's rank comes only from what follows (ingest/prefixes.py)."""
+    parsed = parse_line(line, 2026)
+    assert (parsed.origin.host, parsed.origin.rank, parsed.origin.pid) == (host, rank, None)
+    assert parsed.text.endswith(text) and not parsed.text.startswith("(")
+
+
 def test_a_json_log_line_gives_its_time_level_and_pod() -> None:
     """A structured line as the sixteenth set's pods wrote it (tests/fixtures/real/sixteenth-
     pod-evict): its own fields say when, how bad and which pod; its rank field names the

@@ -324,6 +324,16 @@ RAY = re.compile(
     r"(?:, ip=(?P<dip>[\d.]{7,15}))?\) "
 )
 
+# SkyPilot's per-node prefix on the job's console (`sky launch --num-nodes N`, `sky logs`):
+# "(head, rank=0, pid=15079, ip=10.0.0.11) ", "(worker1, rank=1, pid=15089, ip=10.0.0.12) ".
+# Its rank is the NODE's (SKYPILOT_NODE_RANK) and its pid the node's run script: neither is a
+# worker's; the node (its address, else its name) is the writer's host, and what follows is
+# the workers' own output, prefixes and all ("[rank2]: Traceback ...").
+SKYPILOT = re.compile(
+    r"\((?P<node>head|worker\d{1,5}), rank=\d{1,5}, pid=\d{1,9}"
+    r"(?:, ip=(?P<ip>[\d.]{7,15}|[0-9a-f:]{3,39}))?\) "
+)
+
 # A logger's name in brackets before its timestamp, as torchtitan's logger writes every line:
 # "[titan] 2025-09-02 16:40:17,305 - root - INFO - step: 10 ..."
 LOGGER_TAG = re.compile(r"\[[A-Za-z][\w.-]{0,30}\] (?=\d{4}-\d\d-\d\d[ T]\d\d:\d\d)")
@@ -681,6 +691,12 @@ def parse_line(raw: str, year: int = 1970, with_time: bool = True) -> ParsedLine
             prefix_parts.append(f"{m.group('host')}:{m.group('pid')}")
             pos = m.end()
             break
+        m = SKYPILOT.match(text, pos) if c == "(" and nxt in "hw" else None
+        if m:
+            origin.host = origin.host or m.group("ip") or m.group("node")
+            prefix_parts.append(m.group(0).strip())
+            pos = m.end()
+            continue
         m = RAY.match(text, pos) if c == "(" else None
         if m:
             if m.group("pid"):

@@ -1230,6 +1230,37 @@ STORE_WENT_AWAY = Rule(
     ),
 )
 
+AGENT_LOST_STORE = Rule(
+    code="LCH121",
+    kind="rendezvous-failure",
+    title="A node's torchrun lost the rendezvous store while its workers ran (its host ended)",
+    sources="torch/distributed/elastic/agent/server/api.py _invoke_run (num_nodes_waiting), "
+    "rendezvous/c10d_rendezvous_backend.py _call_store",
+    echo=Echo.LOST_PEER,
+    specificity=85,
+    signatures=(Signature(r"RendezvousConnectionError"),),
+    # the agent's monitoring loop, after the rendezvous had formed: it polls the store for
+    # nodes waiting to join, and the store's host (the first node's agent) had exited
+    context_all=(r"num_nodes_waiting|in _invoke_run\b",),
+    explanation=Explanation(
+        what="A node's torchrun agent, watching its running workers, could not reach the c10d "
+        "rendezvous store: RendezvousConnectionError raised under its monitoring loop "
+        "(num_nodes_waiting), not while the nodes were meeting.",
+        why="The store lives in the agent of the node that hosts the rendezvous endpoint. Once "
+        "that agent exits (its workers failed, or it was stopped), every other node's agent "
+        "loses the store at its next poll: a consequence of the first node's end.",
+        fix="Read the first node's output: what ended its workers is the cause.",
+        false_positives="None as a cause: a rendezvous that never formed fails while joining "
+        "(next_rendezvous), read as LCH108.",
+    ),
+    fix=("Look at the node that hosted the rendezvous store: its workers ended first.",),
+    positive=(
+        "torch.distributed.elastic.rendezvous.api.RendezvousConnectionError: The connection to "
+        "the C10d store has failed. See inner exception for details.",
+    ),
+    negative=("RendezvousTimeoutError",),
+)
+
 RENDEZVOUS_RETRY = Rule(
     code="LCH110",
     kind="rendezvous-failure",
@@ -1338,6 +1369,7 @@ SLURM_STEP_REFUSED = Rule(
 RULES = (
     INTERRUPTED,
     STORE_WENT_AWAY,
+    AGENT_LOST_STORE,
     SLURM_STEP_REFUSED,
     STORE_ERROR,
     RENDEZVOUS_RETRY,
