@@ -796,3 +796,17 @@ def test_a_ranks_tag_after_the_time_names_the_writer(line: str, text: str, rank:
 )
 def test_a_loggers_name_can_name_the_rank(line: str, rank: int | None) -> None:
     assert parse_line(line).origin.rank == rank
+
+
+@pytest.mark.parametrize(
+    ("line", "rank", "host"),
+    [
+        # a program's own tag names its rank, not a host (pdsh's "host: ")
+        ("rank1: RuntimeError: boom", 1, None),
+        ("node-1: RuntimeError: boom", None, "node-1"),
+        ("worker-3: RuntimeError: boom", None, "worker-3"),
+    ],
+)
+def test_a_rank_tag_is_no_pdsh_host(line: str, rank: int | None, host: str | None) -> None:
+    parsed = parse_line(line, 2026)
+    assert (parsed.origin.rank, parsed.origin.host) == (rank, host)

@@ -106,7 +106,10 @@ PDSH_ADDRESS = re.compile(r"(?P<host>\d{1,3}(?:\.\d{1,3}){3}):\s")
 # Slurm `srun --label`: task id (SLURM_PROCID) then ': ', possibly space-padded.
 SLURM = re.compile(r"\s*(?P<task>\d{1,5}): ")
 # pdsh / DeepSpeed multi-node: `worker-1: `; a host-like token with a digit or a dash.
-PDSH = re.compile(r"(?P<host>(?=[a-z0-9._-]*[0-9-])[a-z][a-z0-9._-]{0,62}):\s(?!\s*error:)")
+# (not a rank's own tag, "rank1: ", which the program prints: see RANK_MARKS)
+PDSH = re.compile(
+    r"(?!rank[_-]?\d{1,5}:)(?P<host>(?=[a-z0-9._-]*[0-9-])[a-z][a-z0-9._-]{0,62}):\s(?!\s*error:)"
+)
 # `docker compose logs` (and SageMaker local mode): `trainer-worker-1  | `, the container name
 # padded, then a bar; the container is the host. Its name carries the replica number, a digit.
 COMPOSE = re.compile(r"(?P<host>(?=[a-z0-9._-]{0,62}[0-9])[a-z][a-z0-9._-]{0,62}) {1,40}\| ")
