@@ -16,7 +16,11 @@ CLI's whole console (console.log). Neither the program nor the launch was used t
 the diagnosis must generalise. Captured by tests/fixtures/real/capture_fiftyfourth.sh.
 
 EXPECTED was written from each mode's mechanism and the taxonomy before any diagnosis was seen;
-a mode ddpdoctor gets wrong today is a strict xfail whose reason says what it says instead."""
+a mode ddpdoctor gets wrong today is a strict xfail whose reason says what it says instead.
+First diagnosis (this session's code, 2026-12-04 20:20): 14 of 17 right. kernel-null is right
+since the CLI's 'subprocess.CalledProcessError: Command '['torchrun', ...]' returned non-zero
+exit status 1.' is read as the wrapper's report of the launcher's failure (LCH103), not an
+uncaught exception of its own that took the SIGSEGV of rank 2 for its exit path: 15 of 17."""
 
 from __future__ import annotations
 
@@ -104,11 +108,6 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "kernel-null": "failed, python-exception on rank 2 (INF208, 0.5): 'A worker exited with an "
-    "error and its own output is not in the logs ... its stderr went elsewhere'; but the console "
-    "holds every rank's output (torchrun without --redirects: ranks 0 and 1's '[rankN]:' "
-    "tracebacks are in it), and the agent's 'failed (exitcode: -11) local_rank: 2' and its "
-    "'Signal 11 (SIGSEGV)' say rank 2 died of a signal with no Python exception: a native crash",
     "prefetch-wait": "failed, slow-rank-timeout on rank 1 (INF201, 0.7): the culprit is right, "
     "but the 'busy' evidence is rank 0's own tqdm bar ('21/54 [00:16<00:25'), redrawn when rank "
     "0 exited: its 16 s are rank 0's wait in the gradient all-reduce, not work on rank 1 (only "

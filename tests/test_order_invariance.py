@@ -95,17 +95,7 @@ def test_reversed_and_renamed_inputs_give_the_same_verdict(
 RANK_PREFIX = re.compile(r"^\[(?:rank|default)(\d+)\]:")
 
 
-_CLI_ECHO = (
-    "split per writer, the fine-tuning CLI's own 'subprocess.CalledProcessError: Command "
-    "'['torchrun', ...]' returned non-zero exit status 1.' lands in the launcher's file with "
-    "torchrun's lines and is read as the training script's uncaught exception (PY101, "
-    "python-exception on rank 0, 'Raised from your code at fiftyfourth_cli.py:74'): it is the "
-    "wrapper's echo of torchrun's failure, not a root; the one console's verdict is "
-)
-SPLIT_KNOWN: dict[str, str] = {
-    "real/fiftyfourth-lone-halt": _CLI_ECHO + "uncoordinated-exit on rank 0 (INF202)",
-    "real/fiftyfourth-sample-gather": _CLI_ECHO + "collective-mismatch on rank 0 (INF203)",
-}
+SPLIT_KNOWN: dict[str, str] = {}
 """Consoles whose split verdict differs today, each a strict xfail saying why (a fix turns it
 into a failure)."""
 

@@ -297,6 +297,15 @@ CHILD_FAILED = Rule(
         ),
         # mp.spawn's parent re-raising the first failed child's error (its traceback follows)
         Signature(r"ProcessRaisedException"),
+        # a CLI that runs the launcher as a child (LLaMA-Factory's and ms-swift's torchrun
+        # under FORCE_TORCHRUN, ultralytics' DDP command) and raises when it fails: CPython's
+        # subprocess.run(check=True), "Command '[...]' returned non-zero exit status 1."
+        Signature(
+            r"CalledProcessError: Command '\[[^\]]{0,3000}?(?:torchrun|torch\.distributed\.(?:run|launch)"
+            r"|/deepspeed'|'deepspeed'|accelerate', 'launch')[^\]]{0,6000}\]' returned non-zero exit "
+            r"status",
+            "returned non-zero exit status",
+        ),
         Signature(
             r"process (?P<local_rank>\d{1,7}) terminated with exit code (?P<code>\d+)",
             "terminated with exit code",
@@ -314,8 +323,15 @@ CHILD_FAILED = Rule(
         "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
         "torch.multiprocessing.spawn.ProcessRaisedException: ",
         "torch.multiprocessing.spawn.ProcessExitedException: process 0 terminated with exit code 1",
+        "subprocess.CalledProcessError: Command '['torchrun', '--nnodes', '1', '--nproc_per_node', "
+        "'3', 'train.py', 'config.yaml']' returned non-zero exit status 1.",
     ),
-    negative=("Sending process 1 closing signal SIGTERM",),
+    negative=(
+        "Sending process 1 closing signal SIGTERM",
+        # a command that is no launcher: the program's own subprocess failed
+        "subprocess.CalledProcessError: Command '['git', 'rev-parse', 'HEAD']' returned non-zero "
+        "exit status 128.",
+    ),
 )
 
 NATIVE_CRASH = Rule(
