@@ -12,14 +12,15 @@ from corpus.scoreboard import SHARED, load_cases, render, score, totals
 # has; ../shared/corpus is floored on its own, where it sits beside the checkout). Raise them
 # when the tool improves; never lower them.
 TRAIN_FLOORS = {
-    "kind": 485,
-    "category": 399,
+    "kind": 497,
+    "category": 407,
     "culprit_with_kind": 53,
-    "fix": 432,
+    "fix": 437,
 }
-"""Raised to the training split's figures at the end of session 21 (2026-12-04, 549 repo cases
-with the session's 13 harvested training cases: kind 485, category 399, culprit with kind 53,
-fix 432). Session 20's (533 cases): kind 468, category 385, culprit with kind 50, fix 418.
+"""Raised to the training split's figures at the end of session 22 (2026-12-04, 555 repo cases
+with the session's 6 harvested training cases: kind 497, category 407, culprit with kind 53,
+fix 437). Session 21's (549 cases): kind 485, category 399, culprit with kind 53, fix 432.
+Session 20's (533 cases): kind 468, category 385, culprit with kind 50, fix 418.
 Session 19's (515 cases): kind 447,
 category 369, culprit with kind 43, fix 393. Session 18's (476 cases): kind 414, category
 343, culprit with kind 42, fix 355. Session 12's (411 cases): kind 346, category 298, culprit with kind 37, fix
