@@ -20,7 +20,9 @@ a mode ddpdoctor gets wrong today is a strict xfail whose reason says what it sa
 First diagnosis (this session's code, 2026-12-04 20:20): 14 of 17 right. kernel-null is right
 since the CLI's 'subprocess.CalledProcessError: Command '['torchrun', ...]' returned non-zero
 exit status 1.' is read as the wrapper's report of the launcher's failure (LCH103), not an
-uncaught exception of its own that took the SIGSEGV of rank 2 for its exit path: 15 of 17."""
+uncaught exception of its own that took the SIGSEGV of rank 2 for its exit path. prefetch-wait is
+right since a bar counting to the Trainer's 'Total optimization steps' is the training loop's
+(rank 0's, redrawn at its close after 16 s of waiting), not work of a busy rank: 16 of 17."""
 
 from __future__ import annotations
 
@@ -108,11 +110,6 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "prefetch-wait": "failed, slow-rank-timeout on rank 1 (INF201, 0.7): the culprit is right, "
-    "but the 'busy' evidence is rank 0's own tqdm bar ('21/54 [00:16<00:25'), redrawn when rank "
-    "0 exited: its 16 s are rank 0's wait in the gradient all-reduce, not work on rank 1 (only "
-    "rank 0 draws the bar); rank 1 printed nothing and had steps left, waiting on an event "
-    "nobody set until torchrun SIGTERMed it: a hang",
     "tracker-linger": "hung, exit-teardown-crash with no culprit (INF210, 0.6): status and kind "
     "are right, but the rank whose non-daemon thread kept it alive (rank 2) is not named; the "
     "console shows it only as the pid in torchrun's 'Sending process N closing signal SIGTERM' "

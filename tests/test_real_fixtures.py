@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from ddpdoctor.analysis.diagnose import diagnose_paths
+from ddpdoctor.analysis.facts import FACT_PATTERNS
 from tests.conftest import REPO
 
 HEALTHY = REPO / "tests" / "fixtures" / "real"
@@ -321,3 +322,28 @@ def test_a_rank_whose_stderr_was_lost_mid_traceback_had_raised() -> None:
     report = diagnose_paths([str(HEALTHY / "accelerate-worker-killed-lost-stderr")])
     assert report.verdict.kind != "uncoordinated-exit", report.verdict.summary
     assert report.verdict.culprit.ranks == [1]
+
+
+@pytest.mark.parametrize(
+    ("line", "n"),
+    [
+        ("[INFO|trainer.py:2142] 2026-12-04 20:16:21,135 >>   Total optimization steps = 54", 54),
+        ("  Total optimization steps = 1,250", 1250),
+        ("Namespace(lr=0.1, max_steps=1000, seed=1)", 1000),
+        ("max_steps: -1", None),
+    ],
+)
+def test_the_optimisation_steps_a_run_announces(line: str, n: int | None) -> None:
+    found = [
+        m["n"] for f in FACT_PATTERNS if f.name == "train_steps" and (m := f.compiled.search(line))
+    ]
+    assert [int(x.replace(",", "")) for x in found] == ([] if n is None else [n])
+
+
+def test_the_trainers_own_bar_redrawn_at_its_close_proves_no_busy_rank() -> None:
+    """fiftyfourth-prefetch-wait (a real run): rank 1 waits for ever on an event before its
+    next batch; rank 0's label-less Trainer bar (its total the 'Total optimization steps = 54'
+    the banner announced) is redrawn at 21/54 [00:16] when rank 0's all-reduce times out. That
+    bar is the training loop's, not a busy rank's work: rank 1 was stuck, not busy."""
+    verdict = diagnose_paths([str(HEALTHY / "fiftyfourth-prefetch-wait")]).verdict
+    assert (verdict.status, verdict.kind, verdict.culprit.ranks) == ("hung", "hang", [1])

@@ -646,7 +646,7 @@ def _busy_progress(job: JobView, timeout_ms: float | None) -> tuple[float, Evide
         # a short timeout's bar: a training loop's bar that stopped when its rank began to wait
         # shows about the timeout too ('train: 13%| 4/30 [00:15<01:43'); only work of the
         # rank's own that moved ('class weights: 62%| 31/50 [00:15<00:09') proves it busy
-        busy = busy and (elapsed >= BUSY_PROGRESS_MIN_S or _own_work_bar(fact))
+        busy = busy and (elapsed >= BUSY_PROGRESS_MIN_S or _own_work_bar(fact, job.train_steps))
     return (elapsed, Evidence.of(fact.record, fact.record.text[-160:])) if busy else None
 
 
@@ -654,11 +654,13 @@ TRAINING_BAR = re.compile(r"(?i)train|epoch|\bep ?\d|\biter|\bstep")
 """Words of a training loop's own bar ('train:', 'Epoch 1:', 'r0 ep1:', 'Steps')."""
 
 
-def _own_work_bar(fact: FactHit) -> bool:
-    """A bar that moved (its count above 0) and whose line names no training loop: work of
-    the rank's own (preprocessing, weights, an index), not the loop the others waited in."""
+def _own_work_bar(fact: FactHit, train_steps: set[int]) -> bool:
+    """A bar that moved (its count above 0) and whose line names no training loop, nor counts
+    to the optimisation steps the run announced (the Trainer's bar has no label): work of the
+    rank's own (preprocessing, weights, an index), not the loop the others waited in."""
     moved = (count_number(fact.captures.get("n")) or 0) > 0
-    return moved and TRAINING_BAR.search(fact.record.text) is None
+    loop = count_number(fact.captures.get("total")) in train_steps
+    return moved and not loop and TRAINING_BAR.search(fact.record.text) is None
 
 
 def _stall(job: JobView) -> Stall | None:

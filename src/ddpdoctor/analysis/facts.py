@@ -231,6 +231,18 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
     ),
     FactPattern("max_epochs", r"[(,]\s?epochs=(?P<n>\d{1,6})[,)]", "epochs=", distinct=VALUE),
     FactPattern("max_epochs", r"\bNum Epochs = (?P<n>\d{1,6})\b", "Num Epochs = ", distinct=VALUE),
+    # how many optimisation steps the run is set to take: transformers' Trainer banner ("Total
+    # optimization steps = 54"), configs' and argparse dumps' "max_steps=1000": a bar that counts
+    # to it is the training loop's own, whatever its label (the Trainer's bar has none)
+    FactPattern(
+        "train_steps",
+        r"\bTotal optimization steps = (?P<n>[\d,]{1,12})\b",
+        "Total optimization steps",
+        distinct=VALUE,
+    ),
+    FactPattern(
+        "train_steps", r"\bmax_steps\s?[=:]\s?(?P<n>\d{1,9})\b", "max_steps", distinct=VALUE
+    ),
     # MosaicML Composer's and llm-foundry's configs, a duration in its Time notation: "3ep"
     FactPattern(
         "max_epochs",

@@ -55,6 +55,9 @@ class JobView:
     data_sizes: dict[str, dict[int, int]] = field(default_factory=dict)
     """Per unit ('batches', 'samples'), how many each rank said it has, once."""
     max_epochs: set[int] = field(default_factory=set)
+    train_steps: set[int] = field(default_factory=set)
+    """The numbers of optimisation steps the run announced (Trainer's 'Total optimization
+    steps', max_steps): a bar counting to one is the training loop's."""
     """The numbers of epochs the run was configured to train, as its start-up printed them."""
     resume_points: dict[str, dict[int, int]] = field(default_factory=dict)
     """Per unit ('step', 'epoch'), where each rank said it started or resumed training."""
@@ -228,6 +231,7 @@ def build_job(
     loop_ends: list[tuple[int | None, Record]] = []
     sizes: dict[str, dict[int, set[int]]] = {}
     max_epochs: set[int] = set()
+    train_steps: set[int] = set()
     starts: dict[str, dict[int, set[int]]] = {}
     skipped: set[int] = set()
     filtered: set[int] = set()
@@ -327,6 +331,10 @@ def build_job(
                 epochs = count_number(fact.captures.get("n"), 10**6)
                 if epochs:
                     max_epochs.add(epochs)
+            elif fact.name == "train_steps":
+                steps = count_number(fact.captures.get("n", "").replace(",", ""), 10**9)
+                if steps:
+                    train_steps.add(steps)
             elif fact.name == "data_size":
                 named = rank_number(fact.captures.get("named_rank"))
                 sized = (
@@ -481,6 +489,7 @@ def build_job(
         resume_points=_said_once(starts),
         data_sizes=_said_once(sizes),
         max_epochs=max_epochs,
+        train_steps=train_steps,
         cut_tracebacks=cut_tracebacks,
         normal_seen=normal_seen,
         interpreter_exit_seen=interpreter_exit_seen,
