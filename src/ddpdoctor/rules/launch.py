@@ -300,11 +300,13 @@ CHILD_FAILED = Rule(
         # a CLI that runs the launcher as a child (LLaMA-Factory's and ms-swift's torchrun
         # under FORCE_TORCHRUN, ultralytics' DDP command) and raises when it fails: CPython's
         # subprocess.run(check=True), "Command '[...]' returned non-zero exit status 1."
+        # (the launcher is the command's first word, or Python's -m module: read from the
+        # head only, so that the line's length never multiplies the work)
         Signature(
-            r"CalledProcessError: Command '\[[^\]]{0,3000}?(?:torchrun|torch\.distributed\.(?:run|launch)"
-            r"|/deepspeed'|'deepspeed'|accelerate', 'launch')[^\]]{0,6000}\]' returned non-zero exit "
-            r"status",
-            "returned non-zero exit status",
+            r"CalledProcessError: Command '\['(?:[^',\]]{0,300}/)?(?:torchrun|deepspeed|accelerate)'"
+            r"|CalledProcessError: Command '\['[^',\]]{0,300}', '-m', "
+            r"'torch\.distributed\.(?:run|launch)'",
+            "CalledProcessError: Command '['",
         ),
         Signature(
             r"process (?P<local_rank>\d{1,7}) terminated with exit code (?P<code>\d+)",
