@@ -355,6 +355,9 @@ DEVICE_ASSIGNMENT = Rule(
     sources="NCCL init.cc (Duplicate GPU detected), CUDA runtime",
     specificity=85,
     signatures=(
+        # init_process_group(device_id=...) naming a GPU this process does not see (census
+        # c10d-device-id-out-of-range)
+        Signature(r"device_id cuda:\d{1,4} is out of range", "is out of range"),
         # cudaErrorDevicesUnavailable in the words of CUDA 11+ and of earlier releases: the
         # GPU is in exclusive-process mode and another process holds it
         Signature(r"CUDA-capable device\(s\) is/are busy or unavailable", "busy or unavailable"),
@@ -368,8 +371,11 @@ DEVICE_ASSIGNMENT = Rule(
         # invalid device ordinal', torch < 1.9's THC check 'THCudaCheck FAIL file=... error=101
         # : invalid device ordinal' and 'cuda runtime error (101) : invalid device ordinal'
         Signature(r"(?:CUDA error: |error=101 : |error \(101\) : )invalid device ordinal"),
+        # two GPUs (a rank's tensors on another rank's device); a GPU and the CPU is a tensor
+        # the program left on the CPU, its own bug (census aten-tensors-on-cpu-and-gpu)
         Signature(
-            r"Expected all tensors to be on the same device, but found at least two devices",
+            r"Expected all tensors to be on the same device, but found at least two devices"
+            r"(?!, (?:cuda:\d{1,4} and cpu|cpu and cuda:\d{1,4})\b)",
             "Expected all tensors to be on the same device",
         ),
         Signature(r"Tensors must be CUDA and dense"),
@@ -436,6 +442,8 @@ DEVICE_ASSIGNMENT = Rule(
         "import torch; export CUDA_DEVICE_ORDER=PCI_BUS_ID.",
     ),
     positive=(
+        "ValueError: device_id cuda:4 is out of range. Please use a device index less than the "
+        "number of accelerators available: 4.",
         "Duplicate GPU detected : rank 0 and rank 1 both on CUDA device 2000",
         # corpus case 1205 (torch.distributed.launch with more processes than GPUs)
         "THCudaCheck FAIL file=/pytorch/torch/csrc/cuda/Module.cpp line=37 error=101 : invalid "
@@ -447,6 +455,8 @@ DEVICE_ASSIGNMENT = Rule(
         "ValueError: Inconsistent compute device and `device_id` on rank 1: cuda:0 vs cuda:1",
     ),
     negative=(
+        "RuntimeError: Expected all tensors to be on the same device, but found at least two "
+        "devices, cuda:0 and cpu!",
         "NCCL INFO comm 0x55 rank 1 nranks 2 cudaDev 1 busId 2000 - Init COMPLETE",
         # its sibling check on CPU offload: not a device assignment
         "AssertionError: Expects tensor to be on CPU but got cuda:0",

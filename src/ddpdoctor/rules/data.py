@@ -15,6 +15,16 @@ DATA_ERROR = Rule(
     confirm="which sample failed: the worker's traceback names the dataset's __getitem__ or "
     "the transform; load that index alone, outside the DataLoader",
     signatures=(
+        # a checkpoint's zip archive without its records (a truncated or half-written file,
+        # census serialization-locating-file); the HF Trainer's DeepSpeed resume that could not
+        # read its checkpoint (hf-deepspeed-failed-resume)
+        Signature(
+            r"PytorchStreamReader failed locating file \S{1,200}: file not found",
+            "PytorchStreamReader failed locating file",
+        ),
+        Signature(
+            r"\[deepspeed\] failed to resume from checkpoint", "failed to resume from checkpoint"
+        ),
         Signature(r"broken data stream when reading image file"),
         Signature(r"OSError: Unable to open file", "Unable to open file"),
         Signature(r"DatasetGenerationError"),
@@ -114,6 +124,8 @@ DATA_ERROR = Rule(
         ),
     ),
     positive=(
+        "RuntimeError: PytorchStreamReader failed locating file data.pkl: file not found",
+        "ValueError: [deepspeed] failed to resume from checkpoint /scratch/out/checkpoint-2000",
         "FileNotFoundError: [Errno 2] No such file or directory: "
         "'E:/visionlab/data/imnet_val/val5k/val_file_list.pickle'",
         "E1204 00:23:30.193631 24467 train.py:48] could not read /data/shard-1.txt: [Errno 2] "

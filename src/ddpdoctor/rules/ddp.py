@@ -11,6 +11,12 @@ DDP_UNUSED_PARAMETERS = Rule(
     title="DDP reducer did not get gradients for some parameters",
     sources="reducer.cpp Reducer::ensure_prior_reduction_finished()",
     signatures=(
+        # the same reducer under static_graph=True (reducer.cpp): a parameter used in one
+        # iteration and not in another (census reducer-static-graph-changed)
+        Signature(
+            r"Your training graph has changed in this iteration",
+            "training graph has changed in this iteration",
+        ),
         Signature(r"Expected to have finished reduction in the prior iteration"),
         # Lightning's wording of the same reducer error
         Signature(r"parameters that were not used in producing the loss"),
@@ -74,6 +80,9 @@ DDP_UNUSED_PARAMETERS = Rule(
     ),
     references=("https://pytorch.org/docs/stable/notes/ddp.html",),
     positive=(
+        "RuntimeError: Your training graph has changed in this iteration, e.g., one parameter is "
+        "unused in first iteration, but then got used in the second iteration. this is not "
+        "compatible with static_graph set to True.",
         "RuntimeError: Expected to have finished reduction in the prior iteration before "
         "starting a new one. This error indicates that your module has parameters that were "
         "not used in producing loss.",

@@ -564,6 +564,15 @@ LAUNCHER_ENV_MISSING = Rule(
     sources="torch/distributed/rendezvous.py _env_rendezvous_handler, user code",
     specificity=85,
     signatures=(
+        # torch.distributed's get_node_local_rank without torchrun's env (census
+        # c10d-local-rank-missing); Accelerate's multi-node launch without MASTER_ADDR; the HF
+        # Trainer asked for FSDP in a process that no launcher started
+        Signature(r"LOCAL_RANK is not in the environment", "LOCAL_RANK is not in the environment"),
+        Signature(
+            r"Tried to launch on distributed with multinode, but `MASTER_ADDR` env was not set",
+            "`MASTER_ADDR` env was not set",
+        ),
+        Signature(r"Using fsdp only works in distributed training", "Using fsdp only works"),
         Signature(
             r"environment variable (?P<var>RANK|WORLD_SIZE|MASTER_ADDR|MASTER_PORT|LOCAL_RANK) "
             r"expected, but not set",
@@ -600,6 +609,11 @@ LAUNCHER_ENV_MISSING = Rule(
         "WORLD_SIZE, which torchrun sets.",
     ),
     positive=(
+        "RuntimeError: LOCAL_RANK is not in the environment. Consider passing fallback_rank to "
+        "allow `get_node_local_rank` to work",
+        "ValueError: Tried to launch on distributed with multinode, but `MASTER_ADDR` env was not "
+        "set, please try exporting rank 0's hostname as `MASTER_ADDR`",
+        "ValueError: Using fsdp only works in distributed training.",
         "ValueError: Error initializing torch.distributed using env:// rendezvous: environment "
         "variable RANK expected, but not set",
         "KeyError: 'LOCAL_RANK'",
@@ -774,6 +788,12 @@ RENDEZVOUS_FAILURE = Rule(
     sources="torch/csrc/distributed/c10d/socket.cpp, TCPStore.cpp, elastic/rendezvous",
     specificity=75,
     signatures=(
+        # DeepSpeed's runner cannot tell the master's address itself (census
+        # ds-master-addr-detect)
+        Signature(
+            r"Unable to detect suitable master address via 'hostname -I'",
+            "Unable to detect suitable master address",
+        ),
         # init_process_group (distributed_c10d.py _store_based_barrier): not every rank
         # arrived. Torch prints "store based"; the one paste of it in corpus case 1658's thread
         # reads "store-based", so both are read. It is the wait of the rank that says it; when
@@ -892,6 +912,8 @@ RENDEZVOUS_FAILURE = Rule(
         ),
     ),
     positive=(
+        "[ERROR] [runner.py:506:main] Unable to detect suitable master address via 'hostname -I', "
+        "please manually specify one via --master_addr",
         "[E socket.cpp:860] [c10d] The client socket has timed out after 60s while trying to "
         "connect to 10.20.0.1:1234",
         "torch.distributed.DistNetworkError: The server socket has failed to listen on any local "

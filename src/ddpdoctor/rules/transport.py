@@ -184,6 +184,12 @@ P2P_ERROR = Rule(
     split_gpus_configure=True,
     specificity=70,
     signatures=(
+        # Accelerate refusing P2P/IB on RTX 40xx cards without NCCL_P2P_DISABLE (census
+        # accelerate-rtx4000-p2p): the peer-to-peer path those cards lack
+        Signature(
+            r"Using RTX 4000 series doesn't support faster communication broadband via P2P or IB",
+            "RTX 4000 series doesn't support",
+        ),
         # not an allocation that ran out of memory there (NCCL's "Cuda failure 'out of
         # memory'" while the P2P transport allocates its buffers: an OOM)
         Signature(r"transport/p2p\.cc:\d+ NCCL WARN(?! Cuda failure 'out of memory')", "p2p.cc"),
@@ -200,7 +206,11 @@ P2P_ERROR = Rule(
         false_positives="None known.",
     ),
     fix=BISECTION_FIX,
-    positive=("NCCL WARN Cuda failure 'peer access is not supported between these two devices'",),
+    positive=(
+        "NotImplementedError: Using RTX 4000 series doesn't support faster communication "
+        'broadband via P2P or IB. Please set `NCCL_P2P_DISABLE="1"` and `NCCL_IB_DISABLE="1"',
+        "NCCL WARN Cuda failure 'peer access is not supported between these two devices'",
+    ),
     negative=("NCCL INFO Channel 00 : 0[0] -> 1[1] via P2P/IPC",),
 )
 
