@@ -788,6 +788,22 @@ RENDEZVOUS_FAILURE = Rule(
     sources="torch/csrc/distributed/c10d/socket.cpp, TCPStore.cpp, elastic/rendezvous",
     specificity=75,
     signatures=(
+        # torchelastic's etcd rendezvous: its store's wait for keys, and a handler in a state it
+        # cannot go on from (census rdzv-etcd-store-timeout, rdzv-etcd-worker-must-die)
+        Signature(r"Timeout while waiting for keys in EtcdStore", "waiting for keys in EtcdStore"),
+        Signature(
+            r"Unexpected state of EtcdRendezvousHandler, worker needs to die",
+            "Unexpected state of EtcdRendezvousHandler",
+        ),
+        # the endpoint parser (rendezvous/utils.py) and the static rendezvous without a node
+        # rank: an --rdzv-endpoint or --node-rank the nodes cannot meet with
+        Signature(
+            r"The (?:port number|hostname) of the rendezvous endpoint '[^']{0,300}' must be",
+            "of the rendezvous endpoint",
+        ),
+        Signature(
+            r"rank is absent in RendezvousParameters", "rank is absent in RendezvousParameters"
+        ),
         # DeepSpeed's runner cannot tell the master's address itself (census
         # ds-master-addr-detect)
         Signature(
@@ -912,6 +928,10 @@ RENDEZVOUS_FAILURE = Rule(
         ),
     ),
     positive=(
+        "LookupError: Timeout while waiting for keys in EtcdStore",
+        "ValueError: The port number of the rendezvous endpoint 'gpu-node-0:$MASTER_PORT' must be "
+        "an integer between 0 and 65536.",
+        "ValueError: rank is absent in RendezvousParameters.Try add --node-rank to the cmd request",
         "[ERROR] [runner.py:506:main] Unable to detect suitable master address via 'hostname -I', "
         "please manually specify one via --master_addr",
         "[E socket.cpp:860] [c10d] The client socket has timed out after 60s while trying to "

@@ -221,6 +221,12 @@ SOCKET_INTERFACE = Rule(
     sources="NCCL bootstrap.cc / socket.cc, gloo/transport/tcp/device.cc",
     specificity=70,
     signatures=(
+        # gloo's TCP device given an empty interface or host name (GLOO_SOCKET_IFNAME="", a
+        # hostname that resolves to nothing: census gloo-tcp-device-empty-host)
+        Signature(
+            r"GlooDeviceFactory::makeTCPDevice\(\): interface or hostname can't be empty",
+            "interface or hostname can't be empty",
+        ),
         Signature(r"no socket interface found"),
         Signature(r"Unable to find address for: ?(?P<ifname>\S+)", "Unable to find address for"),
         Signature(r"neither AF_INET"),
@@ -250,6 +256,7 @@ SOCKET_INTERFACE = Rule(
         "NCCL_SOCKET_FAMILY=AF_INET.",
     ),
     positive=(
+        "RuntimeError: GlooDeviceFactory::makeTCPDevice(): interface or hostname can't be empty",
         "RuntimeError: [enforce fail at ../third_party/gloo/gloo/transport/tcp/device.cc:84] "
         "ifa != nullptr. Unable to find address for: eth7",
         "NCCL WARN Bootstrap : no socket interface found",
