@@ -417,6 +417,14 @@ NCCL_REJECTED_CALL = Rule(
     "(2.3.5-2.30.7) via torch/csrc/distributed/c10d/NCCLUtils.hpp",
     specificity=60,
     signatures=(
+        # the same ncclInvalidArgument before NCCL 2.18 (census nccl-result-invalid-argument-old),
+        # raised by a collective (ProcessGroupNCCL.cpp); not by the communicator's creation
+        # (NCCLUtils.hpp's ncclCommInitRank: a rank not below the world size, corpus 434)
+        Signature(
+            r"NCCL error in: (?![^\n]{0,400}?NCCLUtils\.hpp)[^\n]{0,400}?, invalid argument, NCCL "
+            r"version",
+            "invalid argument, NCCL version",
+        ),
         # ncclGetErrorString(ncclInvalidArgument), as torch's "NCCL error in: ..." quotes it
         Signature(
             r"invalid argument \(run with NCCL_DEBUG=WARN for details\)",
@@ -447,13 +455,19 @@ NCCL_REJECTED_CALL = Rule(
         "rank) before init), contiguous, of a dtype NCCL reduces; unset NCCL_ALGO/NCCL_PROTO.",
     ),
     positive=(
+        "RuntimeError: NCCL error in: /pytorch/torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:"
+        "1169, invalid argument, NCCL version 2.10.3",
         "torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/"
         "ProcessGroupNCCL.cpp:2006, invalid argument (run with NCCL_DEBUG=WARN for details), "
         "NCCL version 2.20.5",
         "node07:2291:2384 [3] enqueue.cc:2063 NCCL WARN No algorithm/protocol available for "
         "function AllReduce with datatype ncclFloat8e4m3.",
     ),
-    negative=("NCCL INFO NCCL_PROTO set by environment to simple",),
+    negative=(
+        "RuntimeError: NCCL error in: /pytorch/torch/lib/c10d/../c10d/NCCLUtils.hpp:82, invalid "
+        "argument, NCCL version 2.4.8",
+        "NCCL INFO NCCL_PROTO set by environment to simple",
+    ),
 )
 
 RULES = (

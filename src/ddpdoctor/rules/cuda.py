@@ -12,6 +12,8 @@ CUDA_OOM = Rule(
     sources="c10/cuda/CUDACachingAllocator.cpp",
     specificity=60,
     signatures=(
+        # NCCL's own allocation of GPU memory (census nccl-warn-cuda-malloc)
+        Signature(r"NCCL WARN Failed to CUDA malloc \d{1,15} bytes", "Failed to CUDA malloc"),
         # NCCL running out of GPU memory for its buffers
         Signature(r"Cuda failure 'out of memory'", "Cuda failure 'out of memory'"),
         Signature(
@@ -51,6 +53,7 @@ CUDA_OOM = Rule(
         "from cuda:0 otherwise lands on cuda:0 in every rank.",
     ),
     positive=(
+        "gpu-n7:2291:2384 [3] include/alloc.h:161 NCCL WARN Failed to CUDA malloc 2097152 bytes",
         "RuntimeError: cuda runtime error (2) : out of memory at "
         "/pytorch/aten/src/THC/generic/THCStorage.cu:58",
         "torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 336.00 MiB. GPU  "
@@ -230,6 +233,10 @@ CUDA_LIBRARY_MISMATCH = Rule(
     sources="torch/cuda/__init__.py _check_capability, CUDA runtime, dynamic loader",
     specificity=80,
     signatures=(
+        # NCCL's loader: NVML's library missing, or a driver too old for the CUDA entry points
+        # it needs (census nccl-warn-libnvml-open, nccl-warn-cuda-pfn)
+        Signature(r"NCCL WARN Failed to open libnvidia-ml\.so", "Failed to open libnvidia-ml"),
+        Signature(r"CUDA some PFN functions not found in the library", "PFN functions not found"),
         Signature(r"the provided PTX was compiled with an unsupported toolchain"),
         Signature(r"no kernel image is available for execution on the device"),
         # "NVIDIA GeForce RTX 3090 with CUDA capability sm_86 is not compatible with the
@@ -334,6 +341,7 @@ CUDA_LIBRARY_MISMATCH = Rule(
     ),
     capture_fix=(*ARCH_FIXES, FABRIC_MANAGER_FIX),
     positive=(
+        "gpu-n7:2291:2384 [3] misc/nvmlwrap.cc:66 NCCL WARN Failed to open libnvidia-ml.so.1",
         "c3f9e81a05b7:61204:61204 [0] NCCL WARN Cuda failure 'named symbol not found'",
         "NVIDIA A100-PCIE-40GB with CUDA capability sm_80 is not compatible with the current "
         "PyTorch installation.",
@@ -355,6 +363,12 @@ DEVICE_ASSIGNMENT = Rule(
     sources="NCCL init.cc (Duplicate GPU detected), CUDA runtime",
     specificity=85,
     signatures=(
+        # NVLS asked for while several ranks of a communicator share one GPU (census
+        # nccl-warn-nvls-multi-rank)
+        Signature(
+            r"communicator has multiple ranks using the same NVML device",
+            "multiple ranks using the same NVML device",
+        ),
         # init_process_group(device_id=...) naming a GPU this process does not see (census
         # c10d-device-id-out-of-range)
         Signature(r"device_id cuda:\d{1,4} is out of range", "is out of range"),
@@ -442,6 +456,8 @@ DEVICE_ASSIGNMENT = Rule(
         "import torch; export CUDA_DEVICE_ORDER=PCI_BUS_ID.",
     ),
     positive=(
+        "gpu-n7:2291:2384 [3] transport/nvls.cc:254 NCCL WARN NCCL_NVLS_ENABLE has been set to "
+        '"1" and communicator has multiple ranks using the same NVML device.',
         "ValueError: device_id cuda:4 is out of range. Please use a device index less than the "
         "number of accelerators available: 4.",
         "Duplicate GPU detected : rank 0 and rank 1 both on CUDA device 2000",

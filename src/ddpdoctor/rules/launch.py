@@ -27,6 +27,8 @@ HOST_OOM_KILL = Rule(
     "kernel OOM killer, Slurm",
     specificity=60,
     signatures=(
+        # NCCL's own host allocation (census nccl-warn-malloc)
+        Signature(r"NCCL WARN Failed to malloc \d{1,15} bytes", "Failed to malloc"),
         # Python could not get host memory (an address-space or cgroup limit, no OOM killer)
         Signature(r"^\**MemoryError\b", "MemoryError"),
         # C++ allocation failure reported by an extension or the runtime
@@ -132,6 +134,7 @@ HOST_OOM_KILL = Rule(
         "Ask the scheduler for more memory (Slurm --mem) or use fewer ranks per node.",
     ),
     positive=(
+        "gpu-n7:2291:2384 [3] include/alloc.h:47 NCCL WARN Failed to malloc 1073741824 bytes",
         "ERROR:torch.distributed.elastic.multiprocessing.api:failed (exitcode: -9) local_rank: 3 "
         "(pid: 812917) of binary: /usr/bin/python",
         "traceback : Signal 9 (SIGKILL) received by PID 4242",
@@ -788,6 +791,12 @@ RENDEZVOUS_FAILURE = Rule(
     sources="torch/csrc/distributed/c10d/socket.cpp, TCPStore.cpp, elastic/rendezvous",
     specificity=75,
     signatures=(
+        # NCCL's bootstrap root seeing a rank check in twice: two processes took the same rank
+        # (census nccl-warn-bootstrap-checked-in)
+        Signature(
+            r"Bootstrap Root : rank \d{1,7} of \d{1,7} ranks has already checked in",
+            "has already checked in",
+        ),
         # torchelastic's etcd rendezvous: its store's wait for keys, and a handler in a state it
         # cannot go on from (census rdzv-etcd-store-timeout, rdzv-etcd-worker-must-die)
         Signature(r"Timeout while waiting for keys in EtcdStore", "waiting for keys in EtcdStore"),
@@ -928,6 +937,8 @@ RENDEZVOUS_FAILURE = Rule(
         ),
     ),
     positive=(
+        "gpu-n7:2291:2384 [3] bootstrap.cc:145 NCCL WARN Bootstrap Root : rank 1 of 8 ranks has "
+        "already checked in",
         "LookupError: Timeout while waiting for keys in EtcdStore",
         "ValueError: The port number of the rendezvous endpoint 'gpu-node-0:$MASTER_PORT' must be "
         "an integer between 0 and 65536.",

@@ -89,6 +89,18 @@ IB_ERROR = Rule(
     proves_infrastructure=True,
     specificity=70,
     signatures=(
+        # the IB transport's own faults (census nccl-warn-ib-*, nccl-warn-ibv-*): an async
+        # event on a port, QP or CQ, a verb that failed, NICs of different link types or counts
+        Signature(
+            r"NET/IB : \S{1,80} (?:Got non-fatal async event|async fatal event on (?:QP|CQ))",
+            "async",
+        ),
+        Signature(r"Call to ibv_\w{1,40} failed", "Call to ibv_"),
+        Signature(
+            r"NET/IB : (?:Attempted to connect incompatible devices|Local mergedDev=\S{1,200} has a "
+            r"different number of devices)",
+            "NET/IB : ",
+        ),
         Signature(r"ibv_poll_cq.{0,80}(?:failed|error)", "ibv_poll_cq"),
         Signature(r"local catastrophic error"),
         Signature(
@@ -114,6 +126,12 @@ IB_ERROR = Rule(
     ),
     fix=BISECTION_FIX,
     positive=(
+        "gpu-n3:2291:2384 [3] NCCL INFO NET/IB : mlx5_0:1 Got non-fatal async event: port "
+        "error(10)",
+        "gpu-n3:2291:2384 [3] misc/ibvwrap.cc:42 NCCL WARN Call to ibv_create_cq failed with error "
+        "Cannot allocate memory",
+        "gpu-n3:2291:2384 [3] NCCL WARN NET/IB : Attempted to connect incompatible devices: "
+        "[0]mlx5_0:1/IB and [0]mlx5_4:1/RoCE.",
         "NCCL WARN NET/IB : Got completion from peer 10.0.0.5<42115> with error 5, opcode 0, "
         "len 0, vendor err 249",
         "node07:2291:2384 [3] transport/net_ib/common.cc:120 NCCL WARN NET/IB : mlx5_0:1 async "
@@ -221,6 +239,15 @@ SOCKET_INTERFACE = Rule(
     sources="NCCL bootstrap.cc / socket.cc, gloo/transport/tcp/device.cc",
     specificity=70,
     signatures=(
+        # no interface NCCL could use: the IB transport's IP interface, the socket transport's,
+        # the out-of-band one asked for by name (census nccl-warn-ib-no-ip-if, -net-socket-no-if,
+        # -oob-ifname)
+        Signature(r"NET/IB : No IP interface found", "No IP interface found"),
+        Signature(r"NET/Socket : no interface found", "NET/Socket : no interface found"),
+        Signature(
+            r"no device found matching \S{1,80}, verify NCCL_OOB_NET_IFNAME",
+            "verify NCCL_OOB_NET_IFNAME",
+        ),
         # gloo's TCP device given an empty interface or host name (GLOO_SOCKET_IFNAME="", a
         # hostname that resolves to nothing: census gloo-tcp-device-empty-host)
         Signature(
@@ -256,6 +283,9 @@ SOCKET_INTERFACE = Rule(
         "NCCL_SOCKET_FAMILY=AF_INET.",
     ),
     positive=(
+        "gpu-n7:2291:2384 [3] transport/net_ib/init.cc:307 NCCL WARN NET/IB : No IP interface found.",
+        "gpu-n7:2291:2384 [3] bootstrap.cc:577 NCCL WARN no device found matching ib0, verify "
+        "NCCL_OOB_NET_IFNAME",
         "RuntimeError: GlooDeviceFactory::makeTCPDevice(): interface or hostname can't be empty",
         "RuntimeError: [enforce fail at ../third_party/gloo/gloo/transport/tcp/device.cc:84] "
         "ifa != nullptr. Unable to find address for: eth7",
@@ -276,6 +306,12 @@ NCCL_SYSTEM_ERROR = Rule(
     sources="ProcessGroupNCCL.cpp C10D_NCCL_CHECK, NCCL ncclSystemError",
     specificity=40,
     signatures=(
+        # a connect NCCL gave up on after its retries or timeouts (census
+        # nccl-warn-start-connect-retries, -timeouts)
+        Signature(
+            r"socketStartConnect: exceeded (?:retries|timeouts) \(\d{1,9}\)",
+            "socketStartConnect: exceeded",
+        ),
         # a connect() of NCCL's bootstrap or socket transport failed: often the wrong interface
         Signature(
             r"NCCL WARN.{0,120}(?:No route to host|Connection refused|Network is unreachable)",
@@ -300,6 +336,8 @@ NCCL_SYSTEM_ERROR = Rule(
         "In containers, enlarge /dev/shm (docker --shm-size=16g or --ipc=host).",
     ),
     positive=(
+        "gpu-n7:2291:2384 [3] misc/socket.cc:467 NCCL WARN socketStartConnect: exceeded retries "
+        "(20000)",
         "RuntimeError: NCCL error in: /pytorch/torch/lib/c10d/ProcessGroupNCCL.cpp:410, "
         "unhandled system error, NCCL version 2.4.8",
     ),
@@ -432,6 +470,11 @@ NCCL_SHM_SEGMENT = Rule(
     category=Category.ENVIRONMENT,
     specificity=45,
     signatures=(
+        # the segment could be created but not grown to its size: /dev/shm is full or too small
+        # (census nccl-warn-shm-extend)
+        Signature(
+            r"failed to extend /dev/shm/\S{1,200} to \d{1,15} bytes", "failed to extend /dev/shm/"
+        ),
         Signature(
             r"Error while (?:creating|attaching to) shared memory segment",
             "shared memory segment",
@@ -459,6 +502,8 @@ NCCL_SHM_SEGMENT = Rule(
         "network between the node's GPUs, slower).",
     ),
     positive=(
+        "gpu-n7:2291:2384 [3] misc/shmutils.cc:72 NCCL WARN Error: failed to extend "
+        "/dev/shm/nccl-Yh3Kx1 to 9637892 bytes",
         "node07:2291:2384 [3] misc/shmutils.cc:113 NCCL WARN Error while creating shared "
         "memory segment /dev/shm/nccl-VEqvSO (size 9637888)",
         "4e9a7654171e:8639:8745 [0] include/shm.h:28 NCCL WARN Call to posix_fallocate failed "
@@ -478,6 +523,12 @@ NCCL_INTERNAL_ERROR = Rule(
     "torch/csrc/distributed/c10d/NCCLUtils.hpp",
     specificity=40,
     signatures=(
+        # the same ncclInternalError as torch printed it before NCCL 2.18's longer wording
+        # (census nccl-result-internal-old)
+        Signature(
+            r"NCCL error in: [^\n]{0,400}?, internal error, NCCL version",
+            "internal error, NCCL version",
+        ),
         Signature(
             r"internal error - please report this issue to the NCCL developers",
             "internal error - please report this issue to the NCCL developers",
@@ -502,6 +553,8 @@ NCCL_INTERNAL_ERROR = Rule(
     confirm="the WARN line NCCL prints before the error (NCCL_DEBUG=WARN): it names the "
     "network, topology or plugin call that failed",
     positive=(
+        "RuntimeError: NCCL error in: /opt/conda/conda-bld/pytorch_1646755903507/work/torch/csrc/"
+        "distributed/c10d/ProcessGroupNCCL.cpp:1169, internal error, NCCL version 2.10.3",
         "torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/"
         "NCCLUtils.hpp:317, internal error - please report this issue to the NCCL developers, "
         "NCCL version 2.20.5",
