@@ -562,8 +562,50 @@ NCCL_INTERNAL_ERROR = Rule(
     negative=("NCCL INFO Using network Socket",),
 )
 
+NCCL_UDS_IPC = Rule(
+    code="NET112",
+    kind="nccl-p2p",
+    title="NCCL's local socket between the ranks of a node failed (cuMem handle exchange)",
+    sources="NCCL src/misc/ipcsocket.cc (UDS send, receive, bind)",
+    category=Category.CONFIGURATION,
+    specificity=80,
+    signatures=(
+        # the Unix-domain socket the ranks of one node pass their cuMem (P2P) memory handles
+        # through: its errno names the system call's complaint (refused, in use), not a
+        # network's (census nccl-warn-uds-send, nccl-warn-uds-bind)
+        Signature(
+            r"UDS: (?:Sending data over|Receiving data over|Binding to) socket \S{1,300} failed",
+            "UDS: ",
+        ),
+    ),
+    explanation=Explanation(
+        what="NCCL could not pass a GPU memory handle to another rank of the same node over its "
+        "Unix-domain socket (the cuMem IPC path of the P2P transport).",
+        why="The ranks of one node do not share what that socket needs: separate containers or "
+        "network namespaces per rank, a private /tmp, an abstract socket name already bound by "
+        "a stale process of an earlier job, or a seccomp/AppArmor profile that denies it.",
+        fix="Run the node's ranks in one container (or share its IPC and network namespace); "
+        "kill stale processes of earlier jobs; to get going, NCCL_CUMEM_ENABLE=0 or "
+        "NCCL_P2P_DISABLE=1.",
+        false_positives="None known: the line is NCCL's own.",
+    ),
+    fix=(
+        "Run all ranks of a node in one container or pod (or share ipc/network namespaces: "
+        "docker --ipc=host --network=host), and kill stale processes of earlier jobs.",
+        "Meanwhile: NCCL_CUMEM_ENABLE=0 (no cuMem handles over the socket) or NCCL_P2P_DISABLE=1.",
+    ),
+    positive=(
+        "gpu-n7:2291:2384 [3] misc/ipcsocket.cc:221 NCCL WARN UDS: Sending data over socket "
+        "/tmp/nccl-socket-3-5f2a1c9e04b7d813 failed : Connection refused (111)",
+        "gpu-n7:2291:2384 [0] misc/ipcsocket.cc:57 NCCL WARN UDS: Binding to socket "
+        "/tmp/nccl-socket-0-9b1f3e6a22c4d001 failed : Address already in use (98)",
+    ),
+    negative=("gpu-n7:2291:2384 [3] NCCL INFO UDS: Creating socket /tmp/nccl-socket-3-5f2a",),
+)
+
 RULES = (
     PEER_CLOSED,
+    NCCL_UDS_IPC,
     NCCL_INTERNAL_ERROR,
     IB_ERROR,
     IB_RETRY_EXCEEDED,
