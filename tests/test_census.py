@@ -227,3 +227,44 @@ def test_each_message_of_normal_operation_is_a_benign_census_message(fact: FactP
     assert any(fact.compiled.search(example) for example in benign), fact.regex
     claimed = [m.id for m in MESSAGES if m.kind in KINDS and fact.compiled.search(m.example)]
     assert claimed == [], f"a failure message reads as normal operation: {claimed}"
+
+
+@pytest.mark.parametrize(
+    ("line", "category", "step"),
+    [
+        # NICs of two link types paired across ranks: which HCAs NCCL is given, configuration
+        (
+            "gpu-n3:2291:2384 [3] connect.cc:987 NCCL WARN NET/IB : Attempted to connect "
+            "incompatible devices: [0]mlx5_0:1/IB and [0]mlx5_4:1/RoCE. Try selecting NICs of "
+            "only one link type using NCCL_IB_HCA",
+            "configuration",
+            "NCCL_IB_HCA",
+        ),
+        # a port that went down: the fabric's own fault
+        (
+            "gpu-n3:2291:2384 [3] common.cc:179 NCCL WARN NET/IB : mlx5_0:1 Got non-fatal async "
+            "event: port error(10)",
+            "infrastructure",
+            None,
+        ),
+    ],
+)
+def test_an_ib_line_of_configuration_is_not_blamed_on_the_fabric(
+    tmp_path,
+    line: str,
+    category: str,
+    step: str | None,  # type: ignore[no-untyped-def]
+) -> None:
+    """NET102 (census nccl-warn-ib-incompatible-devices, nccl-warn-ib-nonfatal-event): one
+    rule for NCCL's IB transport, whose lines prove a fabric fault unless they say the NICs
+    given to NCCL do not match."""
+    log = tmp_path / "rank3.log"
+    log.write_text(line + "\n", encoding="utf-8")
+    verdict = diagnose_json(log)["verdict"]
+    assert (verdict["rule"], verdict["kind"], verdict["category"]) == (
+        "NET102",
+        "nccl-network",
+        category,
+    )
+    if step is not None:
+        assert step in verdict["fix"][0]

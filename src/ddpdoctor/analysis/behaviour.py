@@ -297,10 +297,12 @@ def build_evidence(job: JobView, events: list[Event]) -> JobEvidence:
     evidence.ended |= bool(info.per_rank or info.exit_code is not None or job.completed_at)
     evidence.started_training = any(s.progress_lines for s in job.streams)
     evidence.normal_seen = job.normal_seen
-    reactions = {
-        (h.record.source, h.record.line) for e in events if e.echo is Echo.LAUNCHER for h in e.hits
-    }
-    evidence.worker_lines = sum(s.lines_seen for s in job.streams) - len(reactions)
+    reactions = [h.record for e in events if e.echo is Echo.LAUNCHER for h in e.hits]
+    reacted = [r.time for r in reactions if r.time is not None]
+    evidence.launcher_reacted_at = min(reacted) if reacted else None
+    evidence.worker_lines = sum(s.lines_seen for s in job.streams) - len(
+        {(r.source, r.line) for r in reactions}
+    )
     peers = [
         PEER_ADDRESS.findall(h.record.text)
         for e in events
@@ -310,14 +312,6 @@ def build_evidence(job: JobView, events: list[Event]) -> JobEvidence:
     evidence.lost_peers_on_loopback = bool(peers) and all(
         found and all(LOOPBACK.fullmatch(a) for a in found) for found in peers
     )
-    reacted = [
-        h.record.time
-        for e in events
-        if e.echo is Echo.LAUNCHER
-        for h in e.hits
-        if h.record.time is not None
-    ]
-    evidence.launcher_reacted_at = min(reacted) if reacted else None
     evidence.last_step = _last_step(job)
     evidence.source_counters = _source_counters(job)
     evidence.ended_on_full_bar = any(

@@ -20,14 +20,7 @@ from ddpdoctor.analysis.relations import (
     failing,
     split_at_restart,
 )
-from ddpdoctor.model.evidence import (
-    STALL_FACTOR,
-    STALL_MIN_S,
-    Activity,
-    JobEvidence,
-    RankView,
-    Stall,
-)
+from ddpdoctor.model.evidence import Activity, JobEvidence, RankView, Stall
 from ddpdoctor.model.findings import Evidence, Finding
 from ddpdoctor.model.taxonomy import Category, Role, Status
 from ddpdoctor.rules.base import Echo, Marker, Rule
@@ -729,7 +722,6 @@ def _from_echoes(
 def _stalled_before_stop(echoes: list[Event], evidence: JobEvidence) -> tuple[float, float] | None:
     """(silence, pace) in seconds when the stop came long after the last progress line, by the
     clock: a job that had been reporting progress at a steady pace and then went quiet."""
-    last, pace = evidence.last_progress_at, evidence.step_s
     times = [
         h.record.time
         for e in echoes
@@ -737,10 +729,12 @@ def _stalled_before_stop(echoes: list[Event], evidence: JobEvidence) -> tuple[fl
         for h in e.hits
         if h.record.time is not None
     ]
-    if last is None or pace is None or not times:
+    stop = min(times) if times else None
+    if not evidence.stalled_before(stop):
         return None
-    silence = (min(times) - last).total_seconds()
-    return (silence, pace) if silence >= max(STALL_MIN_S, STALL_FACTOR * pace) else None
+    assert stop is not None and evidence.last_progress_at is not None
+    assert evidence.step_s is not None
+    return (stop - evidence.last_progress_at).total_seconds(), evidence.step_s
 
 
 def _by_hand(echoes: list[Event]) -> bool:

@@ -39,6 +39,7 @@ class JobView:
     completed_ranks: set[int] = field(default_factory=set)
     """Ranks whose own lines announced the end of training."""
     completions: list[tuple[int | None, Record]] = field(default_factory=list)
+    """Every announcement of the end of training, with its rank when known."""
     stopped_unseen: list[int] = field(default_factory=list)
     """A missing rank the launcher most likely stopped alive (_stopped_unseen)."""
     function_workers: bool = False
@@ -48,17 +49,16 @@ class JobView:
     stopped_pids: frozenset[int] = frozenset()
     """The workers launchers said they stopped after a failure (their SIGTERM lines, by pid):
     alive then, whether a failure summary lists them or not."""
-    """Every announcement of the end of training, with its rank when known."""
     loop_ends: list[tuple[int | None, Record]] = field(default_factory=list)
     """Ends of the training loop that a framework prints after an exception too (in a
     `finally:`): completions only where their writer had not failed before them."""
     data_sizes: dict[str, dict[int, int]] = field(default_factory=dict)
     """Per unit ('batches', 'samples'), how many each rank said it has, once."""
     max_epochs: set[int] = field(default_factory=set)
+    """The numbers of epochs the run was configured to train, as its start-up printed them."""
     train_steps: set[int] = field(default_factory=set)
     """The numbers of optimisation steps the run announced (Trainer's 'Total optimization
     steps', max_steps): a bar counting to one is the training loop's."""
-    """The numbers of epochs the run was configured to train, as its start-up printed them."""
     resume_points: dict[str, dict[int, int]] = field(default_factory=dict)
     """Per unit ('step', 'epoch'), where each rank said it started or resumed training."""
     skipped_ranks: set[int] = field(default_factory=set)
@@ -459,7 +459,7 @@ def build_job(
     elif codes:
         bad = [c for c in codes if c != 0]
         info.exit_code = bad[0] if bad else 0
-        sig = next((e.signal for e in per_rank.values() if e.signal and e.code is not None), None)
+        sig = next((e.signal for e in per_rank.values() if e.signal), None)
         info.exit_signal = sig
     return JobView(
         info=info,

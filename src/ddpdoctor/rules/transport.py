@@ -89,16 +89,20 @@ IB_ERROR = Rule(
     proves_infrastructure=True,
     specificity=70,
     signatures=(
-        # the IB transport's own faults (census nccl-warn-ib-*, nccl-warn-ibv-*): an async
-        # event on a port, QP or CQ, a verb that failed, NICs of different link types or counts
+        # the IB transport's own faults (census nccl-warn-ib-*, nccl-warn-ibv-*): a port that
+        # went down (of the non-fatal events only that one: a GID or LID change is no fault), a
+        # fatal event on a QP or CQ, a verb that failed
         Signature(
-            r"NET/IB : \S{1,80} (?:Got non-fatal async event|async fatal event on (?:QP|CQ))",
+            r"NET/IB : \S{1,80} (?:Got non-fatal async event: port error|async fatal event on "
+            r"(?:QP|CQ))",
             "async",
         ),
         Signature(r"Call to ibv_\w{1,40} failed", "Call to ibv_"),
+        # NICs of different link types or counts paired across ranks: the selection of HCAs,
+        # a configuration (capture_category below), not a fault of the fabric
         Signature(
-            r"NET/IB : (?:Attempted to connect incompatible devices|Local mergedDev=\S{1,200} has a "
-            r"different number of devices)",
+            r"NET/IB : (?P<what>Attempted to connect incompatible devices|Local mergedDev=)"
+            r"(?:\S{1,200} has a different number of devices)?",
             "NET/IB : ",
         ),
         Signature(r"ibv_poll_cq.{0,80}(?:failed|error)", "ibv_poll_cq"),
@@ -125,6 +129,21 @@ IB_ERROR = Rule(
         false_positives="ibv_reg_mr failures are configuration (memlock), not hardware.",
     ),
     fix=BISECTION_FIX,
+    capture_fix=(
+        (
+            "what",
+            "Attempted to connect incompatible devices|Local mergedDev=",
+            "Give every rank NICs of one link type and count: list them in NCCL_IB_HCA (e.g. "
+            "NCCL_IB_HCA=mlx5_0,mlx5_1), the same on every node.",
+        ),
+    ),
+    capture_category=(
+        (
+            "what",
+            "Attempted to connect incompatible devices|Local mergedDev=",
+            Category.CONFIGURATION,
+        ),
+    ),
     positive=(
         "gpu-n3:2291:2384 [3] NCCL INFO NET/IB : mlx5_0:1 Got non-fatal async event: port "
         "error(10)",
@@ -137,7 +156,11 @@ IB_ERROR = Rule(
         "node07:2291:2384 [3] transport/net_ib/common.cc:120 NCCL WARN NET/IB : mlx5_0:1 async "
         "fatal event: local catastrophic error",
     ),
-    negative=("NCCL INFO NET/IB : Using [0]mlx5_0:1/IB ; OOB ib0:10.0.0.5<0>",),
+    negative=(
+        "gpu-n3:2291:2384 [3] NCCL INFO NET/IB : mlx5_0:1 Got non-fatal async event: GID table "
+        "change(18)",
+        "NCCL INFO NET/IB : Using [0]mlx5_0:1/IB ; OOB ib0:10.0.0.5<0>",
+    ),
 )
 
 IB_RETRY_EXCEEDED = Rule(
