@@ -87,9 +87,10 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "file-shards": "failed, collective-mismatch on rank 3 (COL101, 0.75): the rank gloo aborted "
-    "('1384 vs 4') is named, not that ranks 2 and 3 deal 8 batches against 12 and left the "
-    "epoch first",
+    "file-shards": "failed, uneven-inputs on rank 3 (INF209, 0.6): the kind is right, but only "
+    "the rank gloo aborted in its 4-byte collective ('1384 vs 4') is named, not rank 2, which "
+    "also dealt 8 batches against 12 ('worker 2/4 ...: 8 batches per epoch' is not read as rank "
+    "2's count) and waited in an all_reduce of its own",
     "vocab-index": "failed, nccl-timeout on rank 0 (INF204, 0.35): the culprit is right, but "
     "rank 0 is said to have left no logs (it printed no [rank0] line) instead of being busy "
     "building its index past the 15 s timeout",

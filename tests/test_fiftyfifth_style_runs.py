@@ -113,11 +113,6 @@ MISSES: dict[str, str] = {
     "image cache on this node is stale: rebuilding k/8' carry no rank (python logging under "
     "SkyPilot's node prefix), so its long task is not seen and a silent rank other than 0 is read "
     "as blocked: rank 2 was busy past the 15 s timeout, slow-rank-timeout on rank 2",
-    "skip-share": "failed, collective-mismatch on rank 1 (COL101, 0.9): the culprit is right, but "
-    "gloo's abort \"Received data size doesn't match expected size\" (rank 1's 4-byte evaluation "
-    "all-reduce against the others' gradient bucket) is read as a collective in a rank-dependent "
-    "branch; rank 1 dropped twelve unlabelled samples from its share and ran out of batches "
-    "first: uneven-inputs",
 }
 
 

@@ -47,13 +47,7 @@ EXPECTED: dict[str, Expected] = {
 }
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
-MISSES: dict[str, str] = {
-    "short-ann": "failed, collective-mismatch on rank 1 (COL101, 0.9): the culprit is right, "
-    "but gloo's '132 vs 4. Received data size doesn't match expected size' (rank 1's one-float "
-    "validation all-reduce against the others' gradient bucket) is read as a collective in a "
-    "rank-dependent branch; nothing the run printed says rank 1 had 9 iterations (only rank 0 "
-    "logs, and its 'Epoch(train) [1][ 8/12]' is its own count)",
-}
+MISSES: dict[str, str] = {}
 
 
 RUNS = RunSet("fortyfirst-", EXPECTED, MISSES, label_nowhere=True)

@@ -248,6 +248,11 @@ POSITIVE = {
         # loop's end) while ranks 0 and 1 waited inside a training step (DDP's backward)
         (lambda t: real("nineteenth-shard-uneven"), [2]),
         (lambda t: real("twentieth-own-shards"), [2]),
+        # no counters, sizes or phase of its own: gloo aborted rank 1 in a collective of 4
+        # bytes ('132 vs 4': the evaluation's metric) when a peer sent it a gradient bucket,
+        # while ranks 0 and 2 lost it inside loss.backward(): it had left the training loop
+        (lambda t: real("fortyfirst-short-ann"), [1]),
+        (lambda t: real("twentyseventh-thin-r2"), [2]),
     ],
 }
 POSITIVE["INF231"] = [
@@ -328,6 +333,13 @@ NEAR_MISS = {
         lambda t: real("nineteenth-nan-quiet"),
     ],
     "INF209": [
+        # gloo aborted rank 1 in an 8-byte collective while rank 0 was in DDP's backward, but a
+        # line said a batch was skipped ('attempting to recover from OOM in forward/backward
+        # pass', of no rank): a collective skipped inside the loop, not data that ran out
+        lambda t: real("fifteenth-oom-forward"),
+        # the main process aborted in a 4-byte collective while the others trained: a metric
+        # it alone reduces ('if rank == 0'), not a rank out of data
+        lambda t: real("thirtyseventh-solo-reduce"),
         # machine 1's ranks removed all 64 images and spun in an empty sampler: silent but
         # alive (ranks 0 and 1 timed out, nobody lost a peer), a hang, not ranks that left
         lambda t: real("thirteenth-all-crowd"),

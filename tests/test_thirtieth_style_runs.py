@@ -90,14 +90,7 @@ EXPECTED: dict[str, Expected] = {
 }
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
-MISSES: dict[str, str] = {
-    "lopsided": "COL101 says failed, collective-mismatch, rank 1: it reads rank 1's gloo abort "
-    "(\"Received data size doesn't match expected size. Is there a distributed collective "
-    'mismatch in your code?", SIGABRT) as ranks calling different collectives in a rank-dependent branch; '
-    "every rank calls the same collectives in the same code, rank 1 only ran out of batches "
-    "first (half its loader) and reached the validation all-reduce while ranks 0 and 2 were "
-    "still all-reducing gradients: uneven inputs, as in twentyninth's shard-files",
-}
+MISSES: dict[str, str] = {}
 
 
 RUNS = RunSet("thirtieth-", EXPECTED, MISSES, label_nowhere=True)

@@ -50,7 +50,13 @@ EXPECTED: dict[str, Expected] = {
 }
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
-MISSES: dict[str, str] = {}
+MISSES: dict[str, str] = {
+    "last-norm": "failed, uneven-inputs on rank 2 (INF209, 0.6): the culprit is right, but gloo's "
+    "abort of rank 2 in a 4-byte collective ('408 vs 4') while the others waited inside a "
+    "training step is read as rank 2 leaving the loop with fewer batches; it called an extra "
+    "all-reduce of its gradient norm inside the loop (only the last rank logs it), said nothing "
+    "of it, and had as many batches: a collective mismatch",
+}
 
 
 RUNS = RunSet("thirtyfirst-", EXPECTED, MISSES, label_nowhere=True)

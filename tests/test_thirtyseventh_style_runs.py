@@ -112,11 +112,6 @@ MISSES: dict[str, str] = {
     "rank 0 'computing feature statistics', ranks 1 and 2 'waiting for "
     "exp/train/feats_stats.npz' (rank 0's file), so the job was stalled on rank 0 when it was "
     "stopped",
-    "short-split": "failed, collective-mismatch, rank 2 (COL101, 0.9): the culprit is right, "
-    "the kind is not: rank 2's gloo abort ('452 vs 4. Received data size doesn't match expected "
-    "size') came from rank 2 leaving the epoch after 6 batches while the others had 9 (the "
-    "program logs 'number of batches on this process: 9', '9', '6'): uneven inputs, with no "
-    "collective in a rank-dependent branch to fix",
 }
 
 

@@ -100,12 +100,7 @@ EXPECTED: dict[str, Expected] = {
 }
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
-MISSES: dict[str, str] = {
-    "thin-r2": "failed, collective-mismatch on rank 2 (COL101, 0.9): the culprit is right, but "
-    "gloo's 'op.preamble.length <= op.nbytes. 452 vs 4' (rank 2's one-float epoch-end loss "
-    "all-reduce against ranks 0-1's gradient bucket) is read as a collective in a rank-dependent "
-    "branch, not a rank whose own slice of the data ran out after 4 steps",
-}
+MISSES: dict[str, str] = {}
 
 
 RUNS = RunSet("twentyseventh-", EXPECTED, MISSES, label_nowhere=True)

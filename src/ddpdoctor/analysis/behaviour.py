@@ -245,6 +245,7 @@ def build_evidence(job: JobView, events: list[Event]) -> JobEvidence:
     evidence.skipped_ranks = set(job.skipped_ranks)
     evidence.filtered_ranks = set(job.filtered_ranks)
     evidence.filtered_unranked = job.filtered_unranked
+    evidence.skipped_unranked = job.skipped_unranked
     evidence.gpu_processes = {pid: set(gpus) for pid, gpus in job.gpu_processes.items()}
     evidence.gpu_process_rows = {at: Evidence.of(row) for at, row in job.gpu_process_rows.items()}
     evidence.prompts = [replace(Evidence.of(record), rank=rank) for rank, record in job.prompts]
@@ -469,6 +470,7 @@ def _add_event(evidence: JobEvidence, event: Event) -> None:
             view.wait_kinds.add(event.rule.kind)
     elif event.primary:
         view.failed = True
+        _note_size_abort(evidence, rank, event)
     elif event.rule.severity == "warning" and event.marker is None:
         view.warned = True
     if event.marker == Marker.STOP:
@@ -480,6 +482,22 @@ def _add_event(evidence: JobEvidence, event: Event) -> None:
         _mark_named_absent(evidence, event)
 
     view.evidence.extend(Evidence.of(h.record) for h in event.hits[:2])
+
+
+def _note_size_abort(evidence: JobEvidence, rank: int, event: Event) -> None:
+    sizes = _size_abort(event)
+    if sizes is not None:
+        evidence.size_aborts.setdefault(rank, sizes)
+
+
+def _size_abort(event: Event) -> tuple[int, int] | None:
+    """(bytes sent, bytes expected) of a size check that aborted a collective."""
+    for hit in event.hits:
+        sent = _digits(hit.captures.get("sent_bytes"), 15)
+        expected = _digits(hit.captures.get("expected_bytes"), 15)
+        if sent is not None and expected is not None:
+            return sent, expected
+    return None
 
 
 def _mark_named_absent(evidence: JobEvidence, event: Event) -> None:

@@ -181,6 +181,14 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
         r"Exited with exit code (?P<code>\d{1,3})",
         "Exited with exit code ",
     ),
+    # OpenMPI's mpirun when a rank died of a signal: "mpirun noticed that process rank 3 with
+    # PID 4242 on node gpu-ws01 exited on signal 6 (Aborted)." (orte/errmgr; census)
+    FactPattern(
+        "launcher_exit",
+        r"mpirun noticed that process rank (?P<rank>\d{1,7}) with PID \d{1,10} on node "
+        r"\S{1,255} exited on signal (?P<signum>\d{1,2})\b",
+        "mpirun noticed that process rank",
+    ),
     # a launcher written in Python that names the global rank of a process that ended
     # (rules/launch.py RANK_EXITED_WITH_CODE: Composer's, homegrown ones)
     FactPattern("launcher_exit", RANK_EXITED_WITH_CODE + r"(?P<code>-?\d{1,3})\b", " with "),
@@ -272,6 +280,11 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
         r"|\b(?:batch|step|iteration)\b[^\n]{0,60}\bskipping\b)",
         "kip",
         distinct=WRITER,
+    ),
+    # ... or that it caught an out-of-memory error and goes on without the batch (fairseq's
+    # "attempting to recover from OOM in forward/backward pass")
+    FactPattern(
+        "skipped_step", r"\b[Rr]ecover(?:ing)? from (?:an? )?OOM\b", "from OOM", distinct=WRITER
     ),
     # a rank saying it dropped part of its data ("dropped 48 documents longer than
     # seq_length", "Filtered 4 prompts longer than prompt_max_len=16", "removed 12 samples
@@ -557,6 +570,14 @@ def signal_code(name: str | None) -> int | None:
         return -int(signal.Signals[name])
     except KeyError:
         return None
+
+
+def signal_number_code(number: str | None) -> int | None:
+    """The exit code torchelastic would print for a signal a launcher names by number
+    (mpirun's 'exited on signal 6' -> -6)."""
+    if not number or not number.isdigit() or not 0 < int(number) < 65:
+        return None
+    return -int(number)
 
 
 def signal_name(exit_code: int) -> str | None:

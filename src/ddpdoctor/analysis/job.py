@@ -8,7 +8,13 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from itertools import pairwise
 
-from ddpdoctor.analysis.facts import parse_mpi_exit, parse_summary_entry, signal_code, signal_name
+from ddpdoctor.analysis.facts import (
+    parse_mpi_exit,
+    parse_summary_entry,
+    signal_code,
+    signal_name,
+    signal_number_code,
+)
 from ddpdoctor.analysis.scanner import FactHit, SourceScan, StreamSummary
 from ddpdoctor.ingest.bounds import count_number, exit_code_number, pid_number, rank_number
 from ddpdoctor.ingest.filenames import attempt_of, origin_from_path
@@ -67,6 +73,8 @@ class JobView:
     """Ranks that said they dropped part of their data."""
     filtered_unranked: bool = False
     """A line no rank could be given said that part of the data was dropped."""
+    skipped_unranked: bool = False
+    """A line no rank could be given said a step or a batch was skipped."""
     prompts: list[tuple[int | None, Record]] = field(default_factory=list)
     """Questions asked on the terminal, with the asking rank when known."""
     announcements: dict[int, list[Record]] = field(default_factory=dict)
@@ -236,6 +244,7 @@ def build_job(
     skipped: set[int] = set()
     filtered: set[int] = set()
     filtered_unranked = False
+    skipped_unranked = False
     prompts: list[tuple[int | None, Record]] = []
     announcements: dict[int, list[Record]] = {}
     gpu_processes: dict[int, set[int]] = {}
@@ -280,8 +289,10 @@ def build_job(
                     fact.captures.get("local_rank") or fact.captures.get("rank") or ""
                 )
                 local = rank_number(fact.captures.get("local_rank"))
-                code = exit_code_number(fact.captures.get("code")) or signal_code(
-                    fact.captures.get("signal")
+                code = (
+                    exit_code_number(fact.captures.get("code"))
+                    or signal_code(fact.captures.get("signal"))
+                    or signal_number_code(fact.captures.get("signum"))
                 )
                 named = rank_number(fact.captures.get("rank"))  # a global rank, where it says one
                 rank = named if named is not None else local if single_node else None
@@ -321,6 +332,8 @@ def build_job(
                 skipper = resolve_rank(fact.record.origin, single_node, rank_map)
                 if skipper is not None:
                     skipped.add(skipper)
+                else:
+                    skipped_unranked = True
             elif fact.name == "resume_point":
                 starter = resolve_rank(fact.record.origin, single_node, rank_map)
                 n = count_number(fact.captures.get("n"), 10**9)
@@ -482,6 +495,7 @@ def build_job(
         skipped_ranks=skipped,
         filtered_ranks=filtered,
         filtered_unranked=filtered_unranked,
+        skipped_unranked=skipped_unranked,
         prompts=prompts,
         announcements=announcements,
         gpu_processes=gpu_processes,

@@ -305,9 +305,15 @@ class JobEvidence:
     """Per unit ('step', 'epoch'), where each rank said it started or resumed training."""
     skipped_ranks: set[int] = field(default_factory=set)
     """Ranks that said they skip a step or a batch."""
+    size_aborts: dict[int, tuple[int, int]] = field(default_factory=dict)
+    """Ranks whose collective a peer's larger message aborted (gloo's size check): (bytes
+    sent, bytes its own collective expected). The rank was in another collective than that
+    peer."""
     filtered_ranks: set[int] = field(default_factory=set)
     """Ranks that said they dropped part of their data."""
     filtered_unranked: bool = False
+    skipped_unranked: bool = False
+    """A line no rank could be given said a step or a batch was skipped."""
     """A line no rank could be given said that part of the data was dropped."""
     gpu_processes: dict[int, set[int]] = field(default_factory=dict)
     """nvidia-smi's process table: the GPUs each pid holds memory on."""

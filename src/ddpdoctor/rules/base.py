@@ -80,6 +80,9 @@ CAPTURES: dict[str, str] = {
     "op": "the collective or transfer operation (ALLREDUCE, recv, ...)",
     "group": "the index of the process group being created (new_group) the rank waited in",
     "numel": "the number of elements of the collective's input",
+    "sent_bytes": "the bytes a peer sent to a collective that expected fewer (gloo's size "
+    "check: the peer was in another, larger collective)",
+    "expected_bytes": "the bytes the rank's own collective expected from that peer",
     # details quoted in the verdict
     "params": "parameter names (unused, marked twice)",
     "indices": "parameter indices",

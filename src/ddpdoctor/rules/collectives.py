@@ -18,7 +18,11 @@ COLLECTIVE_MISMATCH = Rule(
     signatures=(
         Signature(r"Detected mismatch between collectives on ranks"),
         # gloo/transport/tcp/pair.cc: shapes differ between ranks
-        Signature(r"op\.preamble\.length <= op\.nbytes", "op.preamble.length"),
+        Signature(
+            r"op\.preamble\.length <= op\.nbytes"
+            r"(?:\. (?P<sent_bytes>\d{1,15}) vs (?P<expected_bytes>\d{1,15}))?",
+            "op.preamble.length",
+        ),
         Signature(r"Is there a distributed collective mismatch in your code"),
         # FSDP's execution order check (torch/distributed/fsdp/_exec_order_utils.py, with
         # TORCH_DISTRIBUTED_DEBUG=DETAIL): ranks all-gather different modules' parameters
@@ -28,7 +32,8 @@ COLLECTIVE_MISMATCH = Rule(
         ),
         # NCCL transport/net_socket.cc: a peer sent more bytes than this rank expects
         Signature(
-            r"message truncated : receiving \d+ bytes instead of \d+",
+            r"message truncated : receiving (?P<sent_bytes>\d{1,15}) bytes instead of "
+            r"(?P<expected_bytes>\d{1,15})",
             "message truncated : receiving",
         ),
         # NCCL bootstrap.cc / socket.cc: a peer's message of another size than this rank expects

@@ -52,6 +52,7 @@ def assess(job: JobEvidence) -> Assessment | None:
         or _from_resume_points(job)
         or _from_sources(job)
         or _from_phases(job)
+        or _from_scalar_abort(job)
         or _from_barrier(job)
         or _from_data_end(job)
         or _from_join_barrier(job)
@@ -328,6 +329,63 @@ def _from_phases(job: JobEvidence) -> Assessment | None:
         against=[
             "an evaluation called on some ranks only (a rank-dependent branch) gives the same "
             "picture"
+        ],
+    )
+
+
+SCALAR_BYTES = 16
+"""A collective this small carries a metric or a flag (one or two numbers), not gradients."""
+
+
+def _from_scalar_abort(job: JobEvidence) -> Assessment | None:
+    """gloo aborted a rank other than the main process in a collective of one or two numbers
+    (a metric, a flag) when a peer sent it a larger tensor, while the other ranks that left a
+    traceback were inside a training step (DDP's gradient all-reduce in backward, its forward):
+    that rank had left the training loop for what follows it, as a rank with fewer batches
+    does, and did not say it skipped a step. Work on some ranks only singles out the main
+    process (a metric it alone logs), which is left to the collective mismatch; so is a rank
+    that said it skipped a batch. Weaker than counts or announcements of the data (0.6+)."""
+    aborts = job.size_aborts
+    small = {
+        r
+        for r, (sent, expected) in aborts.items()
+        if expected <= SCALAR_BYTES < sent and r != MAIN_PROCESS
+    }
+    if (
+        not small
+        or small & job.skipped_ranks
+        or job.skipped_unranked
+        or len(small) * 2 > max(len(job.ranks), 2)
+    ):
+        return None
+    phases = {
+        r: next((s.phase for s in reversed(v.wait_sites) if s.phase), None)
+        for r, v in job.ranks.items()
+        if r not in small
+    }
+    training = {r for r, p in phases.items() if p == TRAINING}
+    if not training or any(p == EVALUATION for p in phases.values()):
+        return None
+    sent, expected = aborts[min(small)]
+    return Assessment(
+        RULE,
+        0.65,
+        sorted(small),
+        [
+            f"gloo aborted {ranks_text(small)} in a collective of {expected} bytes (a metric "
+            f"or a flag) when a peer sent {sent}, while {ranks_text(training)} still waited "
+            f"inside a training step: {ranks_text(small)} had left the training loop first, "
+            "as a rank with fewer batches does."
+        ],
+        against=[
+            "a small collective called on that rank alone inside the loop (a metric it logs "
+            "by itself) gives the same abort"
+        ],
+        evidence=[e for r in sorted(small) for e in job.ranks[r].evidence[:1]],
+        next_steps=[
+            f"If every rank had as many batches: find the collective of {expected} bytes that "
+            f"{ranks_text(small)} called alone (a metric or a flag under a condition only it "
+            "met) and call it on every rank."
         ],
     )
 
