@@ -23,7 +23,9 @@ gloo's size-mismatch abort of the rank with the shorter shard is read as a colle
 the argparse rejection of dali-cpu is not tied to the 'Please install DALI' line. Since INF209
 reads gloo's abort of a rank other than 0 in a one-number collective, while the others were in
 a training step, as that rank leaving the loop first (written for older sets before this one
-was merged): lean-shard right, 13 of 16."""
+was merged): lean-shard right, 13 of 16. DeepLearningExamples' end of training (dllogger's
+'DLL <time> - Summary:' line, main.py's 'Experiment ended') read as the end: quiet-lap and
+loud-lap right, 15 of 16."""
 
 from __future__ import annotations
 
@@ -117,14 +119,6 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "quiet-lap": "unknown, hang, no culprit (INF212, 0.3): 'The log ends in the middle of "
-    "training, without an end', its evidence the last line 'Experiment ended': the example's end "
-    "(after dllogger's 'DLL ... - Summary: train.loss : ... val.top1 : ...') is not known as the "
-    "end of training, and the legacy launcher prints nothing when every worker exits 0, so no "
-    "end and no exit code are seen; all three epochs ran and saved: ok",
-    "loud-lap": "unknown, hang, no culprit (INF212, 0.3): as quiet-lap, its evidence the last "
-    "line 'Experiment ended' (the example's end after the DLL 'Summary:' line, unknown as an "
-    "end; the launcher silent on success); the warnings themselves mislead nothing: ok",
     "dali-absent": "failed, python-exception on ranks 0 and 1 (PY104, 0.9): the argparse error "
     "\"argument --data-backend: invalid choice: 'dali-cpu' (choose from 'pytorch', "
     "'synthetic')\" is read as a launch command the script disagrees with; the line before it "

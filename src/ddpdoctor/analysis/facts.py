@@ -418,6 +418,11 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
     FactPattern(
         "completed", r"\*\*\* Best metric: \S{1,40} \(epoch \d{1,9}\)", "*** Best metric: "
     ),
+    # NVIDIA DeepLearningExamples' scripts after their epoch loop: dllogger's summary, logged
+    # with an empty step ("DLL 2026-12-04 22:48:49.505865 - Summary: train.loss : 0.06623"),
+    # then the image-classification main.py's own "Experiment ended"
+    FactPattern("completed", r"^DLL [\d-]{10} [\d:.]{8,15} - Summary: ", " - Summary: "),
+    FactPattern("completed", MESSAGE_START + r"Experiment ended$", "Experiment ended"),
     # fairseq_cli/train.py after its epoch loop: "done training in 6318.4 seconds"
     FactPattern("completed", r"\bdone training in [\d.]{1,12} seconds", "done training in "),
     # YOLOv5 and ultralytics' trainer after its epoch loop (rank 0 only): "\n100 epochs
