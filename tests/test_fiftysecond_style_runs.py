@@ -85,10 +85,6 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "lone-halt": "INF201 failed/slow-rank-timeout on rank 0: the launcher stopped one process "
-    "after rank 1's timeout and rank 0 left no line of its own, so rank 0 is taken for the "
-    "process stopped alive (busy); the stopped one was rank 2, and rank 0 had returned after its "
-    "unrecognised 'accuracy good enough, stopping': uncoordinated exit on rank 0",
     "mem-hog": "INF202 failed/uncoordinated-exit, no culprit: only rank 0's 'Connection closed by "
     "peer [127.0.0.1]' is seen, read as a peer on the same host that went away first (not the "
     "network), but not as one killed: the SIGKILLed rank 2 leaves no line: host-oom on rank 2",

@@ -105,7 +105,8 @@ EARLY_STOP = Rule(
         # leaves with sys.exit(1), as DeiT's "Loss is nan, stopping training")
         Signature(
             r"(?i:\b(?:reached|under|below|above|exceed(?:s|ed)?|target|threshold|patience"
-            r"|converged|no improvement|nan|inf)\b[^\n]{0,80}?[,;:]? stopping)(?:[.!]?$| early\b)",
+            r"|converged|enough|no improvement|nan|inf)\b[^\n]{0,80}?[,;:]? stopping)"
+            r"(?:[.!]?$| early\b)",
             " stopping",
         ),
         # the same after a metric that stopped improving, in the imperative: "Epoch 1 cv_loss
@@ -148,6 +149,8 @@ EARLY_STOP = Rule(
         "Early stopping at epoch 3: val_loss did not improve",
         "Found /tmp/runs/STOP: stopping after iteration 4.",
         "sample budget of 24 reached, stopping",
+        # tests/fixtures/real/fiftysecond-lone-halt: a target met in the program's own words
+        "accuracy good enough, stopping",
         # tests/fixtures/real/twentyseventh-goal-halt
         "mean loss 0.4933 under 0.60 after epoch 1: stopping",
         "Early stopping: val_loss did not improve for 5 epochs",
