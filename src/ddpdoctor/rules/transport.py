@@ -226,9 +226,11 @@ P2P_ERROR = Rule(
     specificity=70,
     signatures=(
         # Accelerate refusing P2P/IB on RTX 40xx cards without NCCL_P2P_DISABLE (census
-        # accelerate-rtx4000-p2p): the peer-to-peer path those cards lack
+        # accelerate-rtx4000-p2p): the peer-to-peer path those cards lack, a setting to make
+        # (capture_category below), not a fault of the node
         Signature(
-            r"Using RTX 4000 series doesn't support faster communication broadband via P2P or IB",
+            r"Using (?P<what>RTX 4000 series) doesn't support faster communication broadband "
+            r"via P2P or IB",
             "RTX 4000 series doesn't support",
         ),
         # not an allocation that ran out of memory there (NCCL's "Cuda failure 'out of
@@ -244,9 +246,20 @@ P2P_ERROR = Rule(
         "containers, or broken NVLink.",
         fix="Confirm with NCCL_P2P_DISABLE=1; check `nvidia-smi topo -m`, disable ACS / set "
         "iommu=pt, update or roll back the driver.",
-        false_positives="None known.",
+        false_positives="Accelerate's refusal on RTX 40xx cards is a setting the cards need, "
+        "not a fault (its category is configuration).",
     ),
     fix=BISECTION_FIX,
+    capture_fix=(
+        (
+            "what",
+            "RTX 4000 series",
+            "Set NCCL_P2P_DISABLE=1 and NCCL_IB_DISABLE=1 before launching (GeForce RTX 40xx "
+            "cards have no peer-to-peer path; `accelerate launch` sets both itself, torchrun "
+            "and deepspeed do not).",
+        ),
+    ),
+    capture_category=(("what", "RTX 4000 series", Category.CONFIGURATION),),
     positive=(
         "NotImplementedError: Using RTX 4000 series doesn't support faster communication "
         'broadband via P2P or IB. Please set `NCCL_P2P_DISABLE="1"` and `NCCL_IB_DISABLE="1"',
