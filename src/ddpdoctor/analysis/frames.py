@@ -51,7 +51,11 @@ def _step_forward(path: str, func: str) -> bool:
 # Which part of a training program a frame belongs to: the evaluation loop (a validation
 # step, an evaluate() function, a framework's evaluation loop) or a training step (the
 # backward pass, DDP's forward hooks, a train step). Names in torch itself say neither.
-EVALUATION_NAME = re.compile(r"(?i)valid|evaluat|(?:^|_)eval(?:$|_)|(?:^|_)test_step|predict")
+# (accelerate's gather_for_metrics gathers an evaluation's predictions: the loop that calls it
+# may be named anything, accelerate's own examples call it inside training_function)
+EVALUATION_NAME = re.compile(
+    r"(?i)valid|evaluat|(?:^|_)eval(?:$|_)|(?:^|_)test_step|predict|_for_metrics$"
+)
 TRAINING_NAME = re.compile(r"(?i)(?:^|_)train")
 DDP_FORWARD = re.compile(r"torch/nn/parallel/distributed\.py$")
 FSDP_PATH = re.compile(r"torch/distributed/(?:_composable/)?fsdp/")

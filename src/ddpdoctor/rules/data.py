@@ -25,6 +25,13 @@ DATA_ERROR = Rule(
         Signature(
             r"\[deepspeed\] failed to resume from checkpoint", "failed to resume from checkpoint"
         ),
+        # accelerate's Accelerator.load_state (accelerator.py) when the state folder is not
+        # there, as on a node whose disk never got the checkpoint (census
+        # accelerate-load-state-missing-folder)
+        Signature(
+            r"ValueError: Tried to find (?P<path>\S{1,300}) but folder does not exist",
+            "but folder does not exist",
+        ),
         Signature(r"broken data stream when reading image file"),
         Signature(r"OSError: Unable to open file", "Unable to open file"),
         Signature(r"DatasetGenerationError"),
@@ -126,6 +133,7 @@ DATA_ERROR = Rule(
     positive=(
         "RuntimeError: PytorchStreamReader failed locating file data.pkl: file not found",
         "ValueError: [deepspeed] failed to resume from checkpoint /scratch/out/checkpoint-2000",
+        "ValueError: Tried to find epoch_1 but folder does not exist",
         "FileNotFoundError: [Errno 2] No such file or directory: "
         "'E:/visionlab/data/imnet_val/val5k/val_file_list.pickle'",
         "E1204 00:23:30.193631 24467 train.py:48] could not read /data/shard-1.txt: [Errno 2] "
