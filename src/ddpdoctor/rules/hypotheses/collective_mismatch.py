@@ -160,9 +160,15 @@ def _from_wait_sites(job: JobEvidence) -> Assessment | None:
     ahead = _gone_on(groups, where) if guess else None
     if ahead is not None:
         odd = ahead
+    # a rank the launcher had to stop, silent and in no collective: the one collective it
+    # never joined holds the peers that need it (a broadcast's root, its children) while
+    # the others, served, go on to the next; their different collectives are its absence
+    absent = {
+        r for r in job.quiet if job.ranks[r].terminated and not job.ranks[r].wait_sites
+    } - set(where)
     return Assessment(
         RULE,
-        0.45 if guess else 0.6,
+        0.35 if absent else 0.45 if guess else 0.6,
         sorted(odd),
         [f"the ranks timed out in different collectives: {_describe(text)}."]
         + (
@@ -179,7 +185,15 @@ def _from_wait_sites(job: JobEvidence) -> Assessment | None:
             if guess
             else []
         ),
-        against=["a guess between evenly split ranks"] if guess else [],
+        against=(["a guess between evenly split ranks"] if guess else [])
+        + (
+            [
+                f"{ranks_text(absent)} was stopped alive in no collective: a collective it never "
+                "joined holds some ranks while the others go on"
+            ]
+            if absent
+            else []
+        ),
     )
 
 
