@@ -125,8 +125,7 @@ EXPECTED: dict[str, Expected] = {
 }
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
-MISSES: dict[str, str] = {
-}
+MISSES: dict[str, str] = {}
 
 
 RUNS = RunSet("fiftyeighth-", EXPECTED, MISSES, label_nowhere=True)
