@@ -344,7 +344,10 @@ def _from_scalar_abort(job: JobEvidence) -> Assessment | None:
     that rank had left the training loop for what follows it, as a rank with fewer batches
     does, and did not say it skipped a step. Work on some ranks only singles out the main
     process (a metric it alone logs), which is left to the collective mismatch; so is a rank
-    that said it skipped a batch. Weaker than counts or announcements of the data (0.6+)."""
+    that said it skipped a batch, and so are ranks whose Flight Recorder dumps were given (they
+    show the calls themselves). Weaker than counts or announcements of the data (0.6+)."""
+    if job.flight is not None and job.flight.divergences:
+        return None  # the recorders show the calls themselves (their sizes, their frames)
     aborts = job.size_aborts
     small = {
         r
