@@ -12,14 +12,15 @@ from corpus.scoreboard import SHARED, load_cases, render, score, totals
 # has; ../shared/corpus is floored on its own, where it sits beside the checkout). Raise them
 # when the tool improves; never lower them.
 TRAIN_FLOORS = {
-    "kind": 497,
-    "category": 407,
+    "kind": 501,
+    "category": 410,
     "culprit_with_kind": 53,
-    "fix": 437,
+    "fix": 440,
 }
-"""Raised to the training split's figures at the end of session 22 (2026-12-04, 555 repo cases
-with the session's 6 harvested training cases: kind 497, category 407, culprit with kind 53,
-fix 437). Session 21's (549 cases): kind 485, category 399, culprit with kind 53, fix 432.
+"""Raised to the training split's figures at the end of session 23 (2026-12-04, 562 repo cases
+with the session's 7 harvested training cases: kind 501, category 410, culprit with kind 53,
+fix 440). Session 22's (555 cases): kind 497, category 407, culprit with kind 53, fix 437.
+Session 21's (549 cases): kind 485, category 399, culprit with kind 53, fix 432.
 Session 20's (533 cases): kind 468, category 385, culprit with kind 50, fix 418.
 Session 19's (515 cases): kind 447,
 category 369, culprit with kind 43, fix 393. Session 18's (476 cases): kind 414, category
