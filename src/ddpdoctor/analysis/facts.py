@@ -423,6 +423,9 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
     # then the image-classification main.py's own "Experiment ended"
     FactPattern("completed", r"^DLL [\d-]{10} [\d:.]{8,15} - Summary: ", " - Summary: "),
     FactPattern("completed", MESSAGE_START + r"Experiment ended$", "Experiment ended"),
+    # NVlabs' StyleGAN2-ADA / StyleGAN3 training_loop.py after its loop, on rank 0: a blank
+    # line, then the bare word (nothing else on the line)
+    FactPattern("completed", MESSAGE_START + r"Exiting\.\.\.$", "Exiting..."),
     # fairseq_cli/train.py after its epoch loop: "done training in 6318.4 seconds"
     FactPattern("completed", r"\bdone training in [\d.]{1,12} seconds", "done training in "),
     # YOLOv5 and ultralytics' trainer after its epoch loop (rank 0 only): "\n100 epochs

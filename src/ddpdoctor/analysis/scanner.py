@@ -177,12 +177,13 @@ class StreamSummary:
 # then skips other positions in C (3.6 -> 2.3 us a line on the benchmark's tails). Runs are
 # bounded (a percentage has at most 3 digits): `\d+%` from every digit of a long number, or
 # `\s*...\s*` over a long run of blanks, was quadratic.
-_PROGRESS_WORD = r"\b(?:step|iter(?:ation)?|epoch|loss|batch|eta)\b\s{0,8}[:=\[]?\s{0,8}\d"
+# (kimg: thousands of images shown, StyleGAN's unit of training: "tick 6     kimg 0.4")
+_PROGRESS_WORD = r"\b(?:step|iter(?:ation)?|epoch|loss|batch|eta|kimg)\b\s{0,8}[:=\[]?\s{0,8}\d"
 _PROGRESS_BAR = r"\d{1,3}%\||\d\s?(?:it/s|s/it)\b"
 """A progress bar: tqdm's 'NN%|', or an iteration rate ('2.6it/s', '1.3 s/it') that bars
 without tqdm's frame print too (rich, ultralytics' '96% ━━━ 55/57 2.6it/s')."""
-PROGRESS_LINE = re.compile(rf"(?i)(?=[seilb\d])(?:{_PROGRESS_WORD}|{_PROGRESS_BAR})")
-PROGRESS_WORDS = ("step", "iter", "epoch", "loss", "batch", "eta")
+PROGRESS_LINE = re.compile(rf"(?i)(?=[seilbk\d])(?:{_PROGRESS_WORD}|{_PROGRESS_BAR})")
+PROGRESS_WORDS = ("step", "iter", "epoch", "loss", "batch", "eta", "kimg")
 """What _PROGRESS_WORD's match begins with (iteration with iter), in lower case."""
 PROGRESS_WORD_AT = re.compile(_PROGRESS_WORD)
 PROGRESS_BAR = re.compile(_PROGRESS_BAR)
