@@ -18,7 +18,14 @@ NODE, not a rank), then srun's own lines where real srun prints them ("srun: err
 Neither the program nor the launch were used to build the rules: the diagnosis must generalise.
 
 EXPECTED was written from each mode's mechanism and the taxonomy before any diagnosis was seen;
-a mode ddpdoctor gets wrong today is a strict xfail whose reason says what it says instead."""
+a mode ddpdoctor gets wrong today is a strict xfail whose reason says what it says instead.
+First diagnosis: 8 of 15 right (calm-quad, loud-quad, goal-met, key-miss, shard-gone,
+head-resume, wall-hit, solo-goal). Under most misses one cause: srun's --label 'K: ' names the
+srun TASK (one torchrun a node), but it is read as rank K, so node02's torchrun lines are rank
+1's and node01's are rank 0's, and torchtitan's '[titan]' records of ranks other than 0 carry no
+rank at all (rss-climb, null-pack, reindex-crawl, event-park, short-shard, tps-solo with node02's
+keep-alive RendezvousConnectionError on top); a hang ended by the time limit is read as the time
+limit (stale-lock)."""
 
 from __future__ import annotations
 
@@ -106,7 +113,44 @@ EXPECTED: dict[str, Expected] = {
 }
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
-MISSES: dict[str, str] = {}
+MISSES: dict[str, str] = {
+    "rss-climb": "failed, host-oom on rank 0 (LCH101): the kind is right, but node01's torchrun "
+    "line '0: E... failed (exitcode: -9) local_rank: 1 (pid: P)' is given the rank of srun's "
+    "label '0: ', which is the srun TASK (node01), not a rank: the killed worker is local rank 1 "
+    "of node01, global rank 1",
+    "null-pack": "failed, python-exception on rank 3 (INF208, 'A worker exited with an error and "
+    "its own output is not in the logs'): node02's torchrun line '1: E... failed (exitcode: -11) "
+    "local_rank: 1' (and its summary's 'exitcode  : -11 ... (SIGSEGV)') is read as rank 1's, "
+    "from srun's task label '1: ', so the SIGSEGV (LCH104) is a cascade on rank 1 and rank 3, "
+    "which printed nothing, is guessed to have lost its output: rank 3 died of SIGSEGV without "
+    "a traceback, native-crash on rank 3",
+    "reindex-crawl": "hung, hang on rank 2 (INF211): the culprit is right, but rank 2's lines "
+    "'1: [titan] ... root - WARNING - Shard index is stale, re-indexing data (k/8)' carry no "
+    "rank of their own (torchtitan's format has none; '1: ' is srun's task label, node02), so "
+    "its long task is not seen and the rank stopped alive by node02's torchrun is read as "
+    "blocked: rank 2 was busy past the 15 s timeout, slow-rank-timeout on rank 2",
+    "event-park": "failed, nccl-timeout with no culprit (TMO102 on ranks 0,2,3): the silent rank "
+    "1 is not found, because node02's torchrun lines ('1: E... failed (exitcode: 1) local_rank: "
+    "0', its ChildFailedError summary) are read as rank 1's from srun's task label '1: ': rank "
+    "1 seems to have spoken and failed; rank 1 waited silently outside any collective, hang on "
+    "rank 1",
+    "tps-solo": "failed, rendezvous-failure on rank 1 (LCH108, 0.75) over COL101 on rank 0: "
+    "node02's torchrun losing node01's c10d store after node01's agent exited, '1: W... The "
+    "node 'localhost_P_0' has failed to send a keep-alive heartbeat to the rendezvous '59010' "
+    "due to an error of type RendezvousConnectionError' (a heartbeat, not the shutdown already "
+    "known as a consequence), read as rank 1's (srun's task label) rendezvous that failed; "
+    "rank 0's gloo abort 'Received data size doesn't match expected size. Is there a "
+    "distributed collective mismatch' after its all_reduce under `if rank == 0` is the cause",
+    "short-shard": "failed, uncoordinated-exit with no culprit (INF202, 0.3): rank 3's "
+    "'1: [titan] ... root - WARNING - Ran out of data; last step was 17.' carries no rank of "
+    "its own ('1: ' is srun's task label, node02), so the rank out of batches is neither named "
+    "nor read as a data end; rank 3 had 17 batches against 1600, uneven-inputs on rank 3",
+    "stale-lock": "failed, preempted (LCH109) on the time limit: '0: slurmstepd-node01: error: "
+    "*** STEP 59014.0 ON node01 CANCELLED AT ... DUE TO TIME LIMIT ***' is taken as the end's "
+    "cause, though rank 0's last line 'Saving a full checkpoint at step 10.' came 37 s before "
+    "it and no rank made progress since (ranks 1-3 in the checkpoint group's barrier, 30 min "
+    "timeout): the job hung on rank 0 and the time limit only ended it, hang on rank 0",
+}
 
 
 RUNS = RunSet("fiftyninth-", EXPECTED, MISSES, label_nowhere=True)
