@@ -25,7 +25,10 @@ srun TASK (one torchrun a node), but it is read as rank K, so node02's torchrun 
 1's and node01's are rank 0's, and torchtitan's '[titan]' records of ranks other than 0 carry no
 rank at all (rss-climb, null-pack, reindex-crawl, event-park, short-shard, tps-solo with node02's
 keep-alive RendezvousConnectionError on top); a hang ended by the time limit is read as the time
-limit (stale-lock)."""
+limit (stale-lock). Since, slurmstepd's '*** STEP 59014.0 ON node01 CANCELLED' is no training
+progress (its STEP had stood for the job's last progress line, which carries no time, so the
+37 s of silence before the stop were not measured), and a step's line and its save's at one
+time give the pace from the step before: stale-lock is hung, hang (its culprit still missing)."""
 
 from __future__ import annotations
 
@@ -145,11 +148,11 @@ MISSES: dict[str, str] = {
     "'1: [titan] ... root - WARNING - Ran out of data; last step was 17.' carries no rank of "
     "its own ('1: ' is srun's task label, node02), so the rank out of batches is neither named "
     "nor read as a data end; rank 3 had 17 batches against 1600, uneven-inputs on rank 3",
-    "stale-lock": "failed, preempted (LCH109) on the time limit: '0: slurmstepd-node01: error: "
-    "*** STEP 59014.0 ON node01 CANCELLED AT ... DUE TO TIME LIMIT ***' is taken as the end's "
-    "cause, though rank 0's last line 'Saving a full checkpoint at step 10.' came 37 s before "
-    "it and no rank made progress since (ranks 1-3 in the checkpoint group's barrier, 30 min "
-    "timeout): the job hung on rank 0 and the time limit only ended it, hang on rank 0",
+    "stale-lock": "hung, hang with no culprit (INF229, 0.55): status and kind are right (37 s "
+    "without progress before the time limit's SIGTERM, against a step every 0.2 s), but not "
+    "rank 0: its last line 'Saving a full checkpoint at step 10.' is the last progress of the "
+    "job, and ranks 1-3 wait silently in the checkpoint group's barrier (30 min timeout), so "
+    "nothing sets rank 0 apart",
 }
 
 

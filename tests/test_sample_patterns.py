@@ -9,13 +9,15 @@ import re
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ddpdoctor.analysis.scanner import PROGRESS_COUNTER, PROGRESS_LINE
+from ddpdoctor.analysis.scanner import PROGRESS_COUNTER, PROGRESS_LINE, _progress_line
 
-PLAIN_LINE = re.compile(r"(?i)\b(?:step|iter(?:ation)?|epoch|loss|batch)\b\s*[:=\[]?\s*\d|\d+%\|")
+PLAIN_LINE = re.compile(
+    r"(?i)\b(?:step|iter(?:ation)?|epoch|loss|batch|eta|kimg)\b\s*[:=\[]?\s*\d|\d+%\|"
+)
 PLAIN_COUNTER = re.compile(
     r"(?i)\b(?:step|iter(?:ation)?|batch|it)\b\D{0,3}?(?P<n>\d+)\s*/\s*(?P<total>\d+)"
 )
-WORDS = ["step", "STEP", "Iter", "iteration", "epoch", "Loss", "batch", "it", "x", "steps"]
+WORDS = ["step", "STEP", "Iter", "iteration", "epoch", "Loss", "batch", "it", "x", "steps", "kimg"]
 GLUE = [" ", ":", "=", "[", "/", " / ", "%|", "_", "", "é"]
 texts = st.lists(
     st.sampled_from(WORDS) | st.sampled_from(GLUE) | st.integers(0, 999).map(str), max_size=12
@@ -42,3 +44,11 @@ def test_real_progress_lines() -> None:
     assert PROGRESS_LINE.search(bar)
     assert PROGRESS_COUNTER.search("Epoch 3 step 120/500 loss 0.3")["total"] == "500"  # type: ignore[index]
     assert not PROGRESS_LINE.search("NCCL INFO Channel 02/0 : 0[0] -> 1[1] via P2P/CUMEM/read")
+    # StyleGAN's ticks count thousands of images shown
+    assert _progress_line("tick 6     kimg 0.4      time 12s          sec/tick 3.9")
+    # slurmstepd's notice names a job step's id, not a training step (fiftyninth-stale-lock)
+    assert not _progress_line(
+        "slurmstepd-node01: error: *** STEP 59014.0 ON node01 CANCELLED AT 2026-12-04T23:55:44 "
+        "DUE TO TIME LIMIT ***"
+    )
+    assert _progress_line("step 59014 loss 0.3")

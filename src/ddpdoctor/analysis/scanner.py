@@ -186,6 +186,9 @@ PROGRESS_LINE = re.compile(rf"(?i)(?=[seilbk\d])(?:{_PROGRESS_WORD}|{_PROGRESS_B
 PROGRESS_WORDS = ("step", "iter", "epoch", "loss", "batch", "eta", "kimg")
 """What _PROGRESS_WORD's match begins with (iteration with iter), in lower case."""
 PROGRESS_WORD_AT = re.compile(_PROGRESS_WORD)
+SLURM_STEP_NOTICE = re.compile(r"\*\*\* (?:STEP|JOB) \d[\d.]{0,30} ON ")
+"""slurmstepd's notice of a job or step it ended ('*** STEP 4242.0 ON node01 CANCELLED AT ...'):
+its STEP is a job step's id, not training progress."""
 PROGRESS_BAR = re.compile(_PROGRESS_BAR)
 EPOCH_COUNTER = re.compile(
     r"(?i)\bepoch\b(?:\((?:train|val|test)\))?[\s:=\[]{0,3}(?P<n>\d{1,6})"
@@ -714,6 +717,8 @@ class Scanner:
         progress: dict[str, list[str]] = {}
         last_raw: dict[str, str] = {}
         prev_raw: dict[str, str] = {}
+        prev2_raw: dict[str, str] = {}  # one further back: a step's line and its save's share
+        # one time, and the pace is the gap to the step before
         for offset, raw in enumerate(text.split("\n")):
             if not raw or raw.isspace() or not raw.strip(QUOTE_BLANK):
                 continue  # an empty line, also inside a Markdown quote ('> ')
@@ -762,6 +767,8 @@ class Scanner:
                     if summary.first_epoch is None:
                         summary.first_epoch = epoch[0]
                 if key in last_raw:
+                    if key in prev_raw:
+                        prev2_raw[key] = prev_raw[key]
                     prev_raw[key] = last_raw[key]
                 last_raw[key] = raw
                 progress.setdefault(key, []).append(told)
@@ -775,6 +782,8 @@ class Scanner:
         for key, raw in last_raw.items():  # the time of each writer's last progress line only
             streams[key].last_progress_time = last = parse(raw).time
             before = parse(prev_raw[key]).time if key in prev_raw else None
+            if before is not None and last is not None and before >= last and key in prev2_raw:
+                before = parse(prev2_raw[key]).time
             if last is not None and before is not None and last > before:
                 streams[key].step_s = (last - before).total_seconds()
         for key, messages in progress.items():  # the last counter counts: search from the end
@@ -861,6 +870,8 @@ def _progress_line(message: str) -> bool:
     long warning that says 'step' once was searched at each of its hundreds of letters s, e,
     i, l and b). Other text is searched as it is: (?i) also folds letters such as U+017F (long
     s) and U+0130 into 's' and 'i'."""
+    if "*** " in message and SLURM_STEP_NOTICE.search(message):
+        return False
     if not message.isascii():
         return PROGRESS_LINE.search(message) is not None
     if ("%|" in message or "it/s" in message or "s/it" in message) and PROGRESS_BAR.search(message):
