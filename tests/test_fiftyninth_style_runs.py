@@ -28,7 +28,10 @@ keep-alive RendezvousConnectionError on top); a hang ended by the time limit is 
 limit (stale-lock). Since, slurmstepd's '*** STEP 59014.0 ON node01 CANCELLED' is no training
 progress (its STEP had stood for the job's last progress line, which carries no time, so the
 37 s of silence before the stop were not measured), and a step's line and its save's at one
-time give the pace from the step before: stale-lock is hung, hang (its culprit still missing)."""
+time give the pace from the step before: stale-lock is hung, hang (its culprit still missing).
+A node's torchrun whose keep-alive heartbeat lost the store ('has failed to send a keep-alive
+heartbeat to the rendezvous ... RendezvousConnectionError') lost a peer, the store's host that
+ended first, as at its shutdown: tps-solo right, 9 of 15."""
 
 from __future__ import annotations
 
@@ -137,13 +140,6 @@ MISSES: dict[str, str] = {
     "0', its ChildFailedError summary) are read as rank 1's from srun's task label '1: ': rank "
     "1 seems to have spoken and failed; rank 1 waited silently outside any collective, hang on "
     "rank 1",
-    "tps-solo": "failed, rendezvous-failure on rank 1 (LCH108, 0.75) over COL101 on rank 0: "
-    "node02's torchrun losing node01's c10d store after node01's agent exited, '1: W... The "
-    "node 'localhost_P_0' has failed to send a keep-alive heartbeat to the rendezvous '59010' "
-    "due to an error of type RendezvousConnectionError' (a heartbeat, not the shutdown already "
-    "known as a consequence), read as rank 1's (srun's task label) rendezvous that failed; "
-    "rank 0's gloo abort 'Received data size doesn't match expected size. Is there a "
-    "distributed collective mismatch' after its all_reduce under `if rank == 0` is the cause",
     "short-shard": "failed, uncoordinated-exit with no culprit (INF202, 0.3): rank 3's "
     "'1: [titan] ... root - WARNING - Ran out of data; last step was 17.' carries no rank of "
     "its own ('1: ' is srun's task label, node02), so the rank out of batches is neither named "

@@ -846,6 +846,15 @@ RENDEZVOUS_FAILURE = Rule(
             "has failed to shutdown the rendezvous",
             echo=Echo.LOST_PEER,
         ),
+        # ... and its keep-alive thread, which runs only once the rendezvous has formed: the
+        # store went away mid-job, its host (the first node's agent) ended first (census
+        # elastic-rdzv-heartbeat-failed)
+        Signature(
+            r"has failed to send a keep-alive heartbeat to the rendezvous '[^']{0,200}' due to "
+            r"an error of type",
+            "has failed to send a keep-alive heartbeat",
+            echo=Echo.LOST_PEER,
+        ),
         Signature(r"RendezvousConnectionError"),
         Signature(r"RendezvousTimeoutError"),
         Signature(r"RendezvousClosedError"),
