@@ -470,7 +470,8 @@ def _add_event(evidence: JobEvidence, event: Event) -> None:
             view.wait_kinds.add(event.rule.kind)
     elif event.primary:
         view.failed = True
-        _note_size_abort(evidence, rank, event)
+        if (sizes := _size_abort(event)) is not None:
+            evidence.size_aborts.setdefault(rank, sizes)
     elif event.rule.severity == "warning" and event.marker is None:
         view.warned = True
     if event.marker == Marker.STOP:
@@ -482,12 +483,6 @@ def _add_event(evidence: JobEvidence, event: Event) -> None:
         _mark_named_absent(evidence, event)
 
     view.evidence.extend(Evidence.of(h.record) for h in event.hits[:2])
-
-
-def _note_size_abort(evidence: JobEvidence, rank: int, event: Event) -> None:
-    sizes = _size_abort(event)
-    if sizes is not None:
-        evidence.size_aborts.setdefault(rank, sizes)
 
 
 def _size_abort(event: Event) -> tuple[int, int] | None:

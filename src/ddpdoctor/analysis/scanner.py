@@ -717,8 +717,9 @@ class Scanner:
         progress: dict[str, list[str]] = {}
         last_raw: dict[str, str] = {}
         prev_raw: dict[str, str] = {}
-        prev2_raw: dict[str, str] = {}  # one further back: a step's line and its save's share
-        # one time, and the pace is the gap to the step before
+        # one further back: a step's line and its save's share one time, and the pace is the
+        # gap to the step before
+        prev2_raw: dict[str, str] = {}
         for offset, raw in enumerate(text.split("\n")):
             if not raw or raw.isspace() or not raw.strip(QUOTE_BLANK):
                 continue  # an empty line, also inside a Markdown quote ('> ')
@@ -870,10 +871,8 @@ def _progress_line(message: str) -> bool:
     long warning that says 'step' once was searched at each of its hundreds of letters s, e,
     i, l and b). Other text is searched as it is: (?i) also folds letters such as U+017F (long
     s) and U+0130 into 's' and 'i'."""
-    if "*** " in message and SLURM_STEP_NOTICE.search(message):
-        return False
     if not message.isascii():
-        return PROGRESS_LINE.search(message) is not None
+        return PROGRESS_LINE.search(message) is not None and not _slurm_notice(message)
     if ("%|" in message or "it/s" in message or "s/it" in message) and PROGRESS_BAR.search(message):
         return True
     lower = message.lower()
@@ -881,9 +880,13 @@ def _progress_line(message: str) -> bool:
         at = lower.find(word)
         while at >= 0:
             if PROGRESS_WORD_AT.match(lower, at):
-                return True
+                return not _slurm_notice(message)  # tested only where a word matched
             at = lower.find(word, at + 1)
     return False
+
+
+def _slurm_notice(message: str) -> bool:
+    return "*** " in message and SLURM_STEP_NOTICE.search(message) is not None
 
 
 def _follow_traceback(summary: StreamSummary, message: str, line_no: int) -> None:

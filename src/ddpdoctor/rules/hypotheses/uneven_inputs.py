@@ -21,13 +21,17 @@ RULE = Rule(
     title="Ranks iterated over different numbers of batches",
     signatures=(),
     explanation=Explanation(
-        what="The ranks' progress counters run to different totals, and ranks then timed out "
-        "waiting for each other.",
+        what="Ranks failed waiting for each other, and their own output shows they had "
+        "different amounts of data: progress counters that run to different totals, amounts "
+        "announced per rank, a rank that said its data ran out or that it dropped part of it, "
+        "or a rank already in the evaluation's collective (or gloo aborting it in a collective "
+        "of one number) while the others were still inside a training step.",
         why="Each rank got a different number of batches (uneven sharding, an IterableDataset "
         "without per-rank split, drop_last=False), so the rank with fewer batches left the loop "
         "while the others entered the next collective.",
         fix="Give every rank the same number of batches, or train inside `with model.join():`.",
-        false_positives="Counters that are not per-rank batch counts.",
+        false_positives="Counters that are not per-rank batch counts; a small collective one "
+        "rank calls alone inside the loop (a metric only it logs) gives the same gloo abort.",
     ),
     fix=(
         "Use DistributedSampler(dataset, drop_last=True) or equal shards per rank.",
@@ -345,7 +349,7 @@ def _from_scalar_abort(job: JobEvidence) -> Assessment | None:
     does, and did not say it skipped a step. Work on some ranks only singles out the main
     process (a metric it alone logs), which is left to the collective mismatch; so is a rank
     that said it skipped a batch, and so are ranks whose Flight Recorder dumps were given (they
-    show the calls themselves). Weaker than counts or announcements of the data (0.6+)."""
+    show the calls themselves). Tried after counts, announcements and phases of the ranks."""
     if job.flight is not None and job.flight.divergences:
         return None  # the recorders show the calls themselves (their sizes, their frames)
     aborts = job.size_aborts
