@@ -94,11 +94,6 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "hand-bucket": "failed, uneven-inputs on rank 1 (INF209, 0.6): the culprit is right, but "
-    "gloo's abort of rank 1 in an 8-byte collective ('2816 vs 8') while rank 0 waited in its "
-    "backward is read as rank 1 leaving the loop with fewer batches; rank 1 had as many (its "
-    "last one padding) and its hand-written bucketed all-reduce left out the parameters its "
-    "skipped forward gave no gradient: a collective mismatch",
     "restore-node0": "failed, collective-mismatch on ranks 0 and 1 (INF203, 0.4): the culprits "
     "are right, but not that ranks 0 and 1 had finished ('done training') and waited in the "
     "closing barrier while ranks 2 and 3 trained on",

@@ -253,6 +253,9 @@ POSITIVE = {
         # while ranks 0 and 2 lost it inside loss.backward(): it had left the training loop
         (lambda t: real("fortyfirst-short-ann"), [1]),
         (lambda t: real("twentyseventh-thin-r2"), [2]),
+        # the same under `ddpdoctor run`, with the Flight Recorder dumps of ranks 0 and 2 only:
+        # rank 1 died before writing one, so the dumps do not show its call
+        (lambda t: real("run-uneven-partial-dumps"), [1]),
     ],
 }
 POSITIVE["INF231"] = [
@@ -344,6 +347,9 @@ NEAR_MISS = {
         # the main process aborted in a 4-byte collective while the others trained: a metric
         # it alone reduces ('if rank == 0'), not a rank out of data
         lambda t: real("thirtyseventh-solo-reduce"),
+        # rank 1 aborted in a 16-byte all_reduce while rank 0 waited in the program's own
+        # all_reduce of 4096 floats (not DDP's gradient collective): a shape mismatch
+        lambda t: real("flight-recorder/shape"),
         # machine 1's ranks removed all 64 images and spun in an empty sampler: silent but
         # alive (ranks 0 and 1 timed out, nobody lost a peer), a hang, not ranks that left
         lambda t: real("thirteenth-all-crowd"),

@@ -344,20 +344,21 @@ SCALAR_BYTES = 16
 def _from_scalar_abort(job: JobEvidence) -> Assessment | None:
     """gloo aborted a rank other than the main process in a collective of one or two numbers
     (a metric, a flag) when a peer sent it a larger tensor, while the other ranks that left a
-    traceback were inside a training step (DDP's gradient all-reduce in backward, its forward):
+    traceback were inside a training step, in DDP's own collective (its gradient all-reduce in
+    backward, its forward), none in a collective the program calls by name:
     that rank had left the training loop for what follows it, as a rank with fewer batches
     does, and did not say it skipped a step. Work on some ranks only singles out the main
     process (a metric it alone logs), which is left to the collective mismatch; so is a rank
-    that said it skipped a batch, and so are ranks whose Flight Recorder dumps were given (they
-    show the calls themselves). Tried after counts, announcements and phases of the ranks."""
-    if job.flight is not None and job.flight.divergences:
-        return None  # the recorders show the calls themselves (their sizes, their frames)
+    that said it skipped a batch, and so are aborted ranks whose own Flight Recorder dumps were
+    given (they show the calls themselves; a rank that died leaves none). Tried after counts, announcements and phases of the ranks."""
     aborts = job.size_aborts
     small = {
         r
         for r, (sent, expected) in aborts.items()
         if expected <= SCALAR_BYTES < sent and r != MAIN_PROCESS
     }
+    if job.flight is not None and small <= set(job.flight.ranks_with_dump):
+        return None  # their recorders show the calls themselves (sizes, frames)
     if (
         not small
         or small & job.skipped_ranks
@@ -365,13 +366,15 @@ def _from_scalar_abort(job: JobEvidence) -> Assessment | None:
         or len(small) * 2 > max(len(job.ranks), 2)
     ):
         return None
-    phases = {
-        r: next((s.phase for s in reversed(v.wait_sites) if s.phase), None)
+    # where the others waited: DDP's own collective inside a training step (no collective of
+    # the program's named: a program's own all_reduce of another size is a mismatch)
+    last = {
+        r: next((s for s in reversed(v.wait_sites) if s.phase), None)
         for r, v in job.ranks.items()
         if r not in small
     }
-    training = {r for r, p in phases.items() if p == TRAINING}
-    if not training or any(p == EVALUATION for p in phases.values()):
+    training = {r for r, w in last.items() if w and w.phase == TRAINING and w.op is None}
+    if not training or any(w and (w.phase == EVALUATION or w.op) for w in last.values()):
         return None
     sent, expected = aborts[min(small)]
     return Assessment(
