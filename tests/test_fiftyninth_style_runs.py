@@ -31,7 +31,10 @@ progress (its STEP had stood for the job's last progress line, which carries no 
 time give the pace from the step before: stale-lock is hung, hang (its culprit still missing).
 A node's torchrun whose keep-alive heartbeat lost the store ('has failed to send a keep-alive
 heartbeat to the rendezvous ... RendezvousConnectionError') lost a peer, the store's host that
-ended first, as at its shutdown: tps-solo right, 9 of 15."""
+ended first, as at its shutdown: tps-solo right, 9 of 15. A file whose srun labels stand in
+front of a launcher's own lines (torchrun's agent) reads each label as a node, not a rank
+(ingest/srun_tasks), named as srun's error line on the task names it: rss-climb, null-pack and
+event-park right, 12 of 15."""
 
 from __future__ import annotations
 
@@ -120,30 +123,17 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "rss-climb": "failed, host-oom on rank 0 (LCH101): the kind is right, but node01's torchrun "
-    "line '0: E... failed (exitcode: -9) local_rank: 1 (pid: P)' is given the rank of srun's "
-    "label '0: ', which is the srun TASK (node01), not a rank: the killed worker is local rank 1 "
-    "of node01, global rank 1",
-    "null-pack": "failed, python-exception on rank 3 (INF208, 'A worker exited with an error and "
-    "its own output is not in the logs'): node02's torchrun line '1: E... failed (exitcode: -11) "
-    "local_rank: 1' (and its summary's 'exitcode  : -11 ... (SIGSEGV)') is read as rank 1's, "
-    "from srun's task label '1: ', so the SIGSEGV (LCH104) is a cascade on rank 1 and rank 3, "
-    "which printed nothing, is guessed to have lost its output: rank 3 died of SIGSEGV without "
-    "a traceback, native-crash on rank 3",
     "reindex-crawl": "hung, hang on rank 2 (INF211): the culprit is right, but rank 2's lines "
     "'1: [titan] ... root - WARNING - Shard index is stale, re-indexing data (k/8)' carry no "
-    "rank of their own (torchtitan's format has none; '1: ' is srun's task label, node02), so "
-    "its long task is not seen and the rank stopped alive by node02's torchrun is read as "
-    "blocked: rank 2 was busy past the 15 s timeout, slow-rank-timeout on rank 2",
-    "event-park": "failed, nccl-timeout with no culprit (TMO102 on ranks 0,2,3): the silent rank "
-    "1 is not found, because node02's torchrun lines ('1: E... failed (exitcode: 1) local_rank: "
-    "0', its ChildFailedError summary) are read as rank 1's from srun's task label '1: ': rank "
-    "1 seems to have spoken and failed; rank 1 waited silently outside any collective, hang on "
-    "rank 1",
+    "rank of their own: they are node02's (srun's task label), written by rank 2 or 3, in one "
+    "stream with node02's torchrun, whose failure summary is its last words; so rank 2's long "
+    "task is not seen and the rank stopped alive by node02's torchrun is read as blocked: rank "
+    "2 was busy past the 15 s timeout, slow-rank-timeout on rank 2",
     "short-shard": "failed, uncoordinated-exit with no culprit (INF202, 0.3): rank 3's "
     "'1: [titan] ... root - WARNING - Ran out of data; last step was 17.' carries no rank of "
-    "its own ('1: ' is srun's task label, node02), so the rank out of batches is neither named "
-    "nor read as a data end; rank 3 had 17 batches against 1600, uneven-inputs on rank 3",
+    "its own: node02's (srun's task label), rank 2's or 3's, in one stream with node02's "
+    "torchrun; so the rank out of batches is neither named nor read as a data end; rank 3 had "
+    "17 batches against 1600, uneven-inputs on rank 3",
     "stale-lock": "hung, hang with no culprit (INF229, 0.55): status and kind are right (37 s "
     "without progress before the time limit's SIGTERM, against a step every 0.2 s), but not "
     "rank 0: its last line 'Saving a full checkpoint at step 10.' is the last progress of the "

@@ -199,10 +199,13 @@ def learn_rank_map(scans: list[SourceScan]) -> dict[tuple[str, int], int]:
                 mapping.setdefault(("", -pid), rank)
             elif fact.name == "summary_exit":
                 r, exit_ = parse_summary_entry(fact.before, fact.record.text)
-                if r is not None and exit_.host and exit_.local_rank is not None:
-                    mapping.setdefault((exit_.host, exit_.local_rank), r)
-                if r is not None and exit_.host and exit_.pid:
-                    mapping.setdefault((exit_.host, -exit_.pid), r)
+                # the summary's own host, and the node its lines came from (a node's file, an
+                # srun task), which may name the same machine otherwise
+                for node in {n for n in (exit_.host, host) if n}:
+                    if r is not None and exit_.local_rank is not None:
+                        mapping.setdefault((node, exit_.local_rank), r)
+                    if r is not None and exit_.pid:
+                        mapping.setdefault((node, -exit_.pid), r)
     return mapping
 
 

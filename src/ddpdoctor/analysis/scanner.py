@@ -33,6 +33,7 @@ from ddpdoctor.ingest.elastic_error import ErrorFileChunks, is_error_file
 from ddpdoctor.ingest.filenames import origin_from_path
 from ddpdoctor.ingest.prefixes import MAX_TEXT, ParsedLine, parse_line, rank_before
 from ddpdoctor.ingest.sources import ChunkStream, Input
+from ddpdoctor.ingest.srun_tasks import HEAD_BYTES, NodeNames, as_node_task, labels_name_nodes
 from ddpdoctor.ingest.tracebacks import carried_on, is_traceback_line, walk_back
 from ddpdoctor.ingest.unwrap import original_line
 from ddpdoctor.model.findings import Hit
@@ -312,6 +313,42 @@ class _Target:
     rule_index: int = -1
 
 
+class _TaskLabels:
+    """Whether this source's srun labels name nodes (ingest/srun_tasks), decided from the
+    head of the file the first time a label was taken for a rank: files without labels
+    never pay for the look."""
+
+    __slots__ = ("head", "names", "nodes")
+
+    def __init__(self) -> None:
+        self.head = b""
+        self.nodes: bool | None = None
+        self.names = NodeNames()
+
+    def own(self, parsed: ParsedLine) -> ParsedLine:
+        if parsed.task is None:
+            if self.nodes:
+                self.names.learn(parsed)
+            return parsed
+        if self.nodes is None:
+            self.nodes = labels_name_nodes(self.head)
+        if not self.nodes:
+            return parsed
+        self.names.learn(parsed)
+        return as_node_task(parsed)
+
+
+def _file_head(item: Input) -> bytes:
+    """The start of the input a later range of it belongs to (a split plain file, stdin)."""
+    if item.start == 0 or item.head or item.spool is not None or item.path == "-":
+        return item.head
+    try:
+        with open(item.path, "rb") as f:
+            return f.read(HEAD_BYTES)
+    except OSError:
+        return b""
+
+
 @dataclass(slots=True)
 class _Source:
     """What the scan of one source carries from chunk to chunk."""
@@ -334,6 +371,7 @@ class _Source:
     wrapped_reads: int = 0
     """Exception messages read again joined with their next lines (at most MAX_WRAPPED_READS:
     each is a pass of every rule over the message)."""
+    labels: _TaskLabels = field(default_factory=_TaskLabels)
 
 
 class Scanner:
@@ -397,7 +435,12 @@ class Scanner:
         result = SourceScan(info=stream.info)
         file_origin = origin_from_path(item.named or item.path) if item.path != "-" else Origin()
         year = datetime.now(UTC).year
-        src = _Source(result, item.display, file_origin, _parser(year), [0] * self.n_rules, budget)
+        labels = _TaskLabels()
+        labels.head = _file_head(item)
+        src = _Source(
+            result, item.display, file_origin, _parser(year, labels), [0] * self.n_rules, budget
+        )
+        src.labels = labels
         if shared_keys is not None:
             self._take_keys(src.seen, shared_keys)
         capped = src.seen.capped
@@ -411,6 +454,8 @@ class Scanner:
         for chunk in stream:
             if b"\x1b" in chunk:  # colour codes out first: the patterns run on the bytes
                 chunk = ANSI_BYTES.sub(b"", chunk)
+            if line_base == 0 and order == 0 and not labels.head:
+                labels.head = chunk[:HEAD_BYTES]
             if line_base == 0 and order == 0 and is_own_output(chunk[:600]):
                 result.info.status = "skipped"
                 result.info.reason = "a ddpdoctor report, not a log"
@@ -419,10 +464,10 @@ class Scanner:
             if stream.mtime is not None and line_base == 0:
                 modified = time_from_epoch(stream.mtime)
                 year = modified.year if modified is not None else year
-                src.parse = _parser(year)
+                src.parse = _parser(year, labels)
             if head_left > 0:
                 head = chunk[:head_left]
-                self._sample(result, head, line_base, file_origin, item.display, src.parse)
+                self._sample(result, head, line_base, file_origin, item.display, src)
                 head_left -= len(head)
             before = 0  # newlines before `prev` in this chunk: one pass numbers hits and lines
             prev = 0
@@ -458,14 +503,16 @@ class Scanner:
                     first_tail_line,
                     file_origin,
                     item.display,
-                    src.parse,
+                    src,
                 )
             elif first_tail_line < head_lines < line_base:
                 skip = head_lines - first_tail_line
                 pos = tail_start
                 for _ in range(skip):
                     pos = tail.find(b"\n", pos) + 1
-                self._sample(result, tail[pos:], head_lines, file_origin, item.display, src.parse)
+                self._sample(result, tail[pos:], head_lines, file_origin, item.display, src)
+        if labels.nodes:
+            _rename_hosts(result, labels.names.renames())
         merges = getattr(stream, "merges", ())
         if merges:
             _renumber(result, lambda line: original_line(line, merges))
@@ -709,9 +756,10 @@ class Scanner:
         line_base: int,
         file_origin: Origin,
         display: str,
-        parse: _Parse,
+        src: _Source,
     ) -> None:
         """Parse every line of a bounded head or tail to learn the writers and their last words."""
+        parse, labels = src.parse, src.labels
         text = data.decode("utf-8", errors="replace")
         streams = result.streams
         progress: dict[str, list[str]] = {}
@@ -724,6 +772,8 @@ class Scanner:
             if not raw or raw.isspace() or not raw.strip(QUOTE_BLANK):
                 continue  # an empty line, also inside a Markdown quote ('> ')
             parsed = parse_line(raw, with_time=False)  # writers and last words, not times
+            if parsed.task is not None or labels.nodes:
+                parsed = labels.own(parsed)
             if not parsed.text.strip() and not parsed.fields:
                 continue  # an empty line behind a prefix or colour codes: no words of anyone
             said = parsed.origin
@@ -982,9 +1032,12 @@ def _unanchored(regex: str) -> str:
 
 
 @lru_cache(maxsize=8)
-def _parser(year: int) -> _Parse:
+def _parser(year: int, labels: _TaskLabels | None = None) -> _Parse:
+    labels = labels or _TaskLabels()
+
     def parse(raw: str) -> ParsedLine:
-        return parse_line(raw, year)
+        parsed = parse_line(raw, year)
+        return parsed if parsed.task is None and not labels.nodes else labels.own(parsed)
 
     return parse
 
@@ -1017,6 +1070,20 @@ def _renumber(result: SourceScan, renumbered: Callable[[int], int]) -> None:
             value = getattr(summary, name)
             if value > 0:
                 setattr(summary, name, renumbered(value))
+
+
+def _rename_hosts(result: SourceScan, renames: dict[str, str]) -> None:
+    """Nodes named after their srun task given the names the file gave them later (a node's
+    NCCL line, srun's error line on the task): one node has one name whichever line said it."""
+    if not renames:
+        return
+    origins = [s.origin for s in result.streams.values()] + [f.record.origin for f in result.facts]
+    for hit in result.hits:
+        origins.append(hit.record.origin)
+        origins.extend(r.origin for r in hit.context)
+    for origin in origins:
+        if origin.host in renames:
+            origin.host = renames[origin.host]
 
 
 def _tail(prev_chunk: bytes, last_chunk: bytes, sample_bytes: int) -> bytes:

@@ -46,6 +46,9 @@ class Input:
     read_ahead: bytes = b""
     """Stdin (or the rest of it) only: bytes already taken from the stream to decide how to
     scan it (ingest/spool); its reader gets them first, then the stream itself."""
+    head: bytes = b""
+    """A later range of stdin: the start of the stream, which decides how the whole input's
+    srun labels read (ingest/srun_tasks), as it does for one reader of the stream."""
 
 
 def reason_for(exc: OSError, what: str = "cannot read") -> str:

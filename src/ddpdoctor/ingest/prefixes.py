@@ -208,6 +208,10 @@ class ParsedLine:
     """A JSON record's fields beside its message ('step: 5  loss: 3.9'): its progress."""
     trace: tuple[str, ...] = ()
     """A JSON record's logged traceback above its exception line: the line's context."""
+    task: int | None = None
+    """srun --label's task: the writer's rank where nothing else named one (`label_rank`),
+    unless the file's tasks are nodes (ingest/srun_tasks)."""
+    label_rank: bool = False
 
 
 def _parse_iso(ts: str) -> datetime | None:
@@ -744,7 +748,7 @@ def parse_line(raw: str, year: int = 1970, with_time: bool = True) -> ParsedLine
             continue
         m = SLURM.match(text, pos) if pos == line_start and (digit or c == " ") else None
         if m:
-            slurm_task = rank_number(m.group("task"))
+            slurm_task = out.task = rank_number(m.group("task"))
             prefix_parts.append(m.group(0).strip())
             pos = m.end()
             continue
@@ -797,7 +801,7 @@ def parse_line(raw: str, year: int = 1970, with_time: bool = True) -> ParsedLine
                 out.level = lv.group("level").lower()
             break
     if slurm_task is not None and origin.rank is None and origin.local_rank is None:
-        origin.rank = slurm_task
+        origin.rank, out.label_rank = slurm_task, True
     if origin.rank is None and origin.local_rank is None and _may_name_device(message):
         m = LEADING_LOCAL_RANK.match(message)
         if m and (local := rank_number(m.group("local"))) is not None:

@@ -18,6 +18,7 @@ from typing import BinaryIO
 
 from ddpdoctor.ingest.inputs import STDIN_NAME, Input
 from ddpdoctor.ingest.sources import GZIP_MAGIC, SNIFF_BYTES, looks_binary, looks_utf16
+from ddpdoctor.ingest.srun_tasks import HEAD_BYTES
 
 READ_BYTES = 1024 * 1024
 WRITE_BYTES = 4 * 1024 * 1024
@@ -69,6 +70,7 @@ def ranges(
     taken from it in front (Input.read_ahead), for the caller to scan in its own process."""
     read = (stream or sys.stdin.buffer).read
     pending = bytearray(first)  # read, not yet written
+    head = b""  # the stream's start, handed to every later range
     ended = not first
     offset = 0  # where the current range starts in the stream
     for index in itertools.count():
@@ -77,7 +79,7 @@ def ranges(
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         except OSError:
-            yield _unspooled(path, offset, pending, 0)
+            yield _unspooled(path, offset, pending, 0, head)
             return
         try:
             while size + len(pending) <= part_bytes and not ended:
@@ -112,29 +114,41 @@ def ranges(
             _write_at(fd, offset + size, pending, cut)
         except OSError:
             os.close(fd)
-            yield _unspooled(path, offset, pending, size)
+            yield _unspooled(path, offset, pending, size, head)
             return
         os.close(fd)
         size += cut
         del pending[:cut]
         last = ended and not pending
-        yield Input("-", STDIN_NAME, offset, None if last else offset + size, None, spool=path)
+        if index == 0:
+            head = _read_back(path, 0, min(size, HEAD_BYTES))
+        yield Input(
+            "-", STDIN_NAME, offset, None if last else offset + size, None, spool=path, head=head
+        )
         if last:
             return
         offset += size
 
 
-def _unspooled(path: str, offset: int, pending: bytearray, written: int) -> Input:
+def _unspooled(
+    path: str, offset: int, pending: bytearray, written: int, head: bytes = b""
+) -> Input:
     """The rest of the stream from `offset`, for stdin's own reader: what was written of the
     current range (read back), what was read after it, then the stream itself."""
-    data = b""
-    if written:
-        with suppress(OSError), open(path, "rb") as fh:
-            fh.seek(offset)
-            data = fh.read(written)
+    data = _read_back(path, offset, written) if written else b""
     with suppress(OSError):
         os.unlink(path)
-    return Input("-", STDIN_NAME, offset, None, None, read_ahead=data + bytes(pending))
+    if offset == 0:
+        return Input("-", STDIN_NAME, offset, None, None, read_ahead=data + bytes(pending))
+    return Input("-", STDIN_NAME, offset, None, None, read_ahead=data + bytes(pending), head=head)
+
+
+def _read_back(path: str, offset: int, size: int) -> bytes:
+    """What a range's file holds at `offset` (nothing where it cannot be read)."""
+    with suppress(OSError), open(path, "rb") as fh:
+        fh.seek(offset)
+        return fh.read(size)
+    return b""
 
 
 def _write_at(fd: int, offset: int, data: bytearray, size: int) -> None:
