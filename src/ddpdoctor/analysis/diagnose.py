@@ -41,7 +41,14 @@ def diagnose_inputs(
             order += 1
             h.order = order
     job = build_job(scans, [h.record.origin for h in hits], run_events)
-    hits = attribute(hits, job.resolve, job.single_node, job.info.hosts)
+    killed = frozenset(
+        rank
+        for rank, exit_ in job.info.per_rank.items()
+        if exit_.signal is not None and exit_.signal not in ("SIGTERM", "SIGINT")
+    )
+    hits = attribute(
+        hits, job.resolve, job.single_node, job.info.hosts, job.info.world_size, killed
+    )
     writers = {scan.info.path: (len(scan.streams), scan.info.lines) for scan in scans}
     hits = dedupe(hits, rules, writers)
     if dumps:

@@ -108,15 +108,110 @@ def _caught_rank(
     return resolve(Origin(host=host, local_rank=n - 1)) if host else None
 
 
-def attribute(hits: list[Hit], resolve: Resolver, single_node: bool, hosts: list[str]) -> list[Hit]:
-    """New hits whose records carry their global rank (never mutates the given ones)."""
+def attribute(
+    hits: list[Hit],
+    resolve: Resolver,
+    single_node: bool,
+    hosts: list[str],
+    world: int | None = None,
+    killed: frozenset[int] = frozenset(),
+) -> list[Hit]:
+    """New hits whose records carry their global rank (never mutates the given ones).
+    `world`: the job's size; `killed`: ranks a signal ended that gives no Python traceback
+    (SIGKILL, SIGSEGV, SIGABRT: a launcher's SIGTERM lets the interpreter print one)."""
     sole_host = hosts[0] if len(hosts) == 1 else None
+    ranks = [rank_of(hit, resolve, single_node, sole_host) for hit in hits]
+    reported = _agent_reports(hits)
+    lone = _lone_unprefixed_rank(hits, ranks, world, reported) if single_node else None
+    if lone in killed:
+        lone = None  # it printed nothing: the traceback is a rank's own, logged and raised
     out: list[Hit] = []
-    for hit in hits:
-        rank = rank_of(hit, resolve, single_node, sole_host)
+    for hit, rank in zip(hits, ranks, strict=True):
+        if rank is None and lone is not None and _uncaught_before_report(hit, reported):
+            rank = lone
         if rank == hit.record.origin.rank:
             out.append(hit)
             continue
         origin = replace(hit.record.origin, rank=rank)
         out.append(replace(hit, record=replace(hit.record, origin=origin)))
     return out
+
+
+MAX_WORLD_FOR_LONE_RANK = 64
+"""The world's ranks are counted one by one to find the one without its own traceback."""
+TRACEBACK_HEAD = "Traceback (most recent call last)"
+
+
+AGENT_REPORT = re.compile(r"failed \(exitcode: -?\d{1,4}\) local_rank: |ChildFailedError")
+"""torchrun's agent reporting a failed worker: every worker of its node has ended by then."""
+
+
+def _agent_reports(hits: list[Hit]) -> dict[str, int]:
+    """Per source, the first line where the agent reported a failed worker."""
+    first: dict[str, int] = {}
+    for hit in hits:
+        record = hit.record
+        if AGENT_REPORT.search(record.text) and record.line < first.get(record.source, 1 << 62):
+            first[record.source] = record.line
+    return first
+
+
+def _uncaught_before_report(hit: Hit, reported: dict[str, int]) -> bool:
+    """An exception a training process printed with its traceback: not one printed after the
+    agent reported its workers' end (a wrapper that ran torchrun, failing in turn)."""
+    if hit.record.line > reported.get(hit.record.source, 1 << 62):
+        return False
+    return any(r.text.startswith(TRACEBACK_HEAD) for r in hit.context) and _in_a_worker(hit)
+
+
+OUTERMOST_FRAME = re.compile(
+    r'^\s*File "[^"]*", line \d+, in (?:<module>|_run_module_as_main|_bootstrap|_wrap)$'
+)
+"""The first frame of a stack an excepthook prints: the script's top level, `python -m`'s
+runner, a multiprocessing child's bootstrap, mp.spawn's wrapper."""
+
+
+def _whole_stack(hit: Hit) -> bool:
+    """The traceback starts at the process's outermost frame, as an uncaught exception's does
+    (not at the function whose `except` logged it, as logger.exception's does)."""
+    texts = [r.text for r in hit.context]
+    heads = [i for i, t in enumerate(texts) if t.startswith(TRACEBACK_HEAD)]
+    if not heads:
+        return False
+    first = next((t for t in texts[heads[-1] + 1 :] if 'File "' in t), "")
+    return OUTERMOST_FRAME.match(first) is not None
+
+
+def _lone_unprefixed_rank(
+    hits: list[Hit], ranks: list[int | None], world: int | None, reported: dict[str, int]
+) -> int | None:
+    """The rank of the one worker traceback no prefix names, where every other rank of the
+    world printed its own under torch's '[rankN]: ' (the excepthook init_process_group
+    installs): the rank without its own is the one whose hook the program had replaced
+    (SpeechBrain, loguru or rich on the main process) or that failed before the group was
+    formed. Not where the unprefixed tracebacks differ (two writers), nor where two ranks or
+    more printed none, nor where the unprefixed one is only in another file than the prefixed
+    ones (a log file a rank keeps repeats its own traceback without the hook's prefix)."""
+    if not world or world < 2 or world > MAX_WORLD_FOR_LONE_RANK:
+        return None
+    own: set[int] = set()
+    unprefixed: set[str] = set()
+    own_sources: set[str] = set()
+    unprefixed_sources: set[str] = set()
+    for hit, rank in zip(hits, ranks, strict=True):
+        if not _uncaught_before_report(hit, reported):
+            continue
+        if rank is None:
+            if not _whole_stack(hit):
+                return None  # logged where it was caught: its raiser may print it again
+            unprefixed.add(hit.record.text)
+            unprefixed_sources.add(hit.record.source)
+        elif hit.record.origin.rank == rank and rank < world:
+            own.add(rank)
+            own_sources.add(hit.record.source)
+    missing = set(range(world)) - own
+    if len(unprefixed) != 1 or len(missing) != 1 or not own:
+        return None
+    if not unprefixed_sources & own_sources:
+        return None  # only in another file (a rank's own log repeating its traceback): whose?
+    return missing.pop()
