@@ -27,6 +27,9 @@ def _facts(raw: str) -> set[str]:
         "2026-12-03 07:36:36,886 INFO [rank 1] training done at step 24",
         # DeepSpeed's log_dist keeps its own tag
         "[Rank 0] training done",
+        # '%(asctime)s [%(levelname)s] %(name)s: %(message)s' (tests/fixtures/real/
+        # sixtyfirst-steady-trio/logs/rank1.log): the level is read, the logger's name stays
+        "2026-12-05 02:41:35,146 [INFO] recsys: Training done",
     ],
 )
 def test_an_end_after_a_logging_header_is_read(raw: str) -> None:
@@ -41,6 +44,9 @@ def test_an_end_after_a_logging_header_is_read(raw: str) -> None:
         "epoch 3 training done",
         # the words inside another message
         "2026-12-03 07:36:34,105 INFO [rank 0] resumed; training done flag was False",
+        # one epoch's, after a logger's name (the same rank log's line above the end)
+        "2026-12-05 02:41:35,117 [INFO] recsys: epoch 2: finished after 24 batches",
+        "2026-12-05 02:41:35,117 [INFO] recsys: epoch 2 training done",
     ],
 )
 def test_an_end_inside_a_message_is_not(raw: str) -> None:

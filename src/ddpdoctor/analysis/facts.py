@@ -15,10 +15,13 @@ from ddpdoctor.model.findings import RankExit
 from ddpdoctor.rules.launch import RANK_EXITED_WITH_CODE
 
 VALUE, WRITER = Distinct.VALUE, Distinct.WRITER
-MESSAGE_START = "^" + LOG_HEADER + r"(?:\[[^\[\]\n]{1,40}\]:?\s{1,3})?"
+MESSAGE_START = (
+    "^" + LOG_HEADER + r"(?:[A-Za-z_][\w.]{0,39}: )?" + r"(?:\[[^\[\]\n]{1,40}\]:?\s{1,3})?"
+)
 """Where a program's own words start in a line's text: after the header Python's logging
 may leave before them once the line's prefixes are read ("INFO [rank 0] ", "root - INFO - ",
-"INFO:__main__:"), or a program's own tag of its writer ("[R0/3] "). Facts that must be a
+"INFO:__main__:", a level already read and its logger's name left: "recsys: "), or a program's own
+tag of its writer ("[R0/3] "). Facts that must be a
 message's first words anchor here, not at the line."""
 
 
