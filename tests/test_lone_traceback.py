@@ -36,3 +36,12 @@ def test_a_wrappers_traceback_after_the_agents_report_is_no_workers() -> None:
     # the CLI that ran torchrun raises CalledProcessError once torchrun has failed
     found = _ranks_of("fiftyfourth-lone-halt", "subprocess.CalledProcessError")
     assert found == {None}
+
+
+def test_a_rank_a_signal_ended_printed_none_so_the_other_one_is_the_writer() -> None:
+    # rank 2 aborted in gloo's size check (SIGABRT, no Python traceback), rank 1 printed its
+    # lost peer as [rank1]:, rank 0 its reset connection through SpeechBrain's hook, unprefixed
+    assert _ranks_of("sixtysecond-dry-shard", "Connection reset by peer") == {0}
+    assert _ranks_of("sixtysecond-dry-shard", "Connection closed by peer") == {1}
+    verdict = diagnose_paths([str(REAL / "sixtysecond-dry-shard")]).verdict
+    assert (verdict.kind, verdict.culprit.ranks) == ("uneven-inputs", [2])

@@ -40,7 +40,8 @@ given to rank 2 (dry-shard), one of three ranks missing from a data error all th
 line and torchrun prints nothing on success: read as a log that ends in the middle of training
 (hush-run, loud-run). Since, a worker traceback no prefix names, whole from its outermost frame
 and in the console where every other rank printed its own under '[rankN]: ', is the one rank's
-without its own (ingest/attribution): torn-ckpt right, 11 of 16. Where a rank timed out in a
+without its own (ingest/attribution), a rank a signal ended without a traceback (gloo's SIGABRT) printing
+none: torn-ckpt and dry-shard right, 12 of 16. Where a rank timed out in a
 collective while another was silent (noise-rebuild, parked-fifo), two ranks lack their own and
 the traceback stays unranked."""
 
@@ -162,12 +163,6 @@ MISSES: dict[str, str] = {
     "agent) is read as a second silent rank still running beside rank 2, and two such ranks are "
     "read as busy, not as one stuck; rank 2 alone was blocked silently in open() of a named "
     "pipe, outside any collective: hang on rank 2",
-    "dry-shard": "failed, slow-rank-timeout on rank 0 (INF201, 0.6): gloo's abort of rank 2 "
-    "('terminate called after throwing an instance of gloo::EnforceNotMet', '132 vs 8 ... "
-    "collective mismatch') has no rank prefix and is glued to rank 0's tqdm bar, so torchrun's "
-    "root cause rank 2 (exitcode -6) is called a victim, and rank 0's 'Connection reset by peer' "
-    "through SpeechBrain's excepthook carries no rank, so rank 0 (sent SIGTERM) is read as busy; "
-    "rank 2 had 4 batches against 10 and 11 and left the loop first: uneven-inputs on rank 2",
 }
 
 

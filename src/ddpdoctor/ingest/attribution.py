@@ -122,9 +122,7 @@ def attribute(
     sole_host = hosts[0] if len(hosts) == 1 else None
     ranks = [rank_of(hit, resolve, single_node, sole_host) for hit in hits]
     reported = _agent_reports(hits)
-    lone = _lone_unprefixed_rank(hits, ranks, world, reported) if single_node else None
-    if lone in killed:
-        lone = None  # it printed nothing: the traceback is a rank's own, logged and raised
+    lone = _lone_unprefixed_rank(hits, ranks, world, reported, killed) if single_node else None
     out: list[Hit] = []
     for hit, rank in zip(hits, ranks, strict=True):
         if rank is None and lone is not None and _uncaught_before_report(hit, reported):
@@ -183,14 +181,19 @@ def _whole_stack(hit: Hit) -> bool:
 
 
 def _lone_unprefixed_rank(
-    hits: list[Hit], ranks: list[int | None], world: int | None, reported: dict[str, int]
+    hits: list[Hit],
+    ranks: list[int | None],
+    world: int | None,
+    reported: dict[str, int],
+    killed: frozenset[int],
 ) -> int | None:
     """The rank of the one worker traceback no prefix names, where every other rank of the
     world printed its own under torch's '[rankN]: ' (the excepthook init_process_group
     installs): the rank without its own is the one whose hook the program had replaced
     (SpeechBrain, loguru or rich on the main process) or that failed before the group was
     formed. Not where the unprefixed tracebacks differ (two writers), nor where two ranks or
-    more printed none, nor where the unprefixed one is only in another file than the prefixed
+    more printed none (a rank ended by a signal that leaves no traceback prints none), nor
+    where the unprefixed one is only in another file than the prefixed
     ones (a log file a rank keeps repeats its own traceback without the hook's prefix)."""
     if not world or world < 2 or world > MAX_WORLD_FOR_LONE_RANK:
         return None
@@ -209,7 +212,7 @@ def _lone_unprefixed_rank(
         elif hit.record.origin.rank == rank and rank < world:
             own.add(rank)
             own_sources.add(hit.record.source)
-    missing = set(range(world)) - own
+    missing = set(range(world)) - own - killed  # a rank a signal ended printed no traceback
     if len(unprefixed) != 1 or len(missing) != 1 or not own:
         return None
     if not unprefixed_sources & own_sources:
