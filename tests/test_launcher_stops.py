@@ -139,6 +139,27 @@ def test_a_launcher_stop_long_after_the_last_progress_ends_a_hang() -> None:
     assert (verdict.status, verdict.kind, verdict.rule) == ("hung", "hang", "INF229")
 
 
+@pytest.mark.parametrize(
+    "fixture",
+    [
+        # 'Training completed', then only a stop from outside (twelfth-flusher-stuck)
+        "twelfth-flusher-stuck",
+        # every rank's agreed 'stopping early', then 'Received 15 death signal' and the
+        # launcher's SIGTERM to the one worker still alive 54 s later (sixtyfirst-late-knot)
+        "sixtyfirst-late-knot",
+    ],
+)
+def test_processes_still_there_after_an_intended_end_hung_on_their_way_out(fixture: str) -> None:
+    verdict = diagnose_paths([str(REAL / fixture)]).verdict
+    assert (verdict.status, verdict.kind) == ("hung", "exit-teardown-crash")
+
+
+def test_an_agreed_stop_with_no_outside_stop_after_it_stays_an_early_stop() -> None:
+    # every rank stops on a loss target and exits 0 (fifty-ninth goal-met)
+    verdict = diagnose_paths([str(REAL / "fiftyninth-goal-met")]).verdict
+    assert (verdict.status, verdict.kind) == ("ok", "early-stop")
+
+
 def test_a_peer_lost_on_the_loopback_is_no_network_fault() -> None:
     """fortieth-own-stop: rank 2 printed 'Epoch 2: early stopping' (no rank prefix) and
     exited 0; ranks 0 and 1 lost it: 'Connection closed by peer [127.0.0.1]:15242'. A

@@ -27,7 +27,9 @@ as cut off (steady-trio); Join is not known, so ragged parts that Join covers ar
 that hung (ragged-join) and a collective Join does not shadow is uneven inputs too (rate-tally);
 a worker that never exits after an agreed stop is the stop's exit path (late-knot). Since, an
 end announced after a logger's name ('[INFO] recsys: Training done') is read as the end of
-training: every rank said it in steady-trio and ragged-join, both ok, 15 of 17."""
+training: every rank said it in steady-trio and ragged-join, both ok, 15 of 17. An agreed
+early stop followed by nothing but a stop from outside is a teardown hang, as after an
+announced end: late-knot hung, exit-teardown-crash (its rank still missing)."""
 
 from __future__ import annotations
 
@@ -134,12 +136,10 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "late-knot": "failed, early-stop with no culprit (INF207, 0.7): every rank's 'stopping "
-    "early' makes the outside SIGTERM ('Received 15 death signal', LCH109 as a cascade) the "
-    "stop's exit path; that torchrun still had one worker to SIGTERM ('Sending process P "
-    "closing signal SIGTERM') 54 s after all ranks logged 'Training done' is not read as a "
-    "process that never exited (a teardown hang; the console names the process by pid only, "
-    "rank 2)",
+    "late-knot": "hung, exit-teardown-crash with no culprit (INF210, 0.6): status and kind are "
+    "right (every rank's agreed 'stopping early', then only the outside SIGTERM: the processes "
+    "had not exited), but not rank 2: the one worker torchrun still had to stop is named by "
+    "its pid alone ('Sending process P closing signal SIGTERM'), which no line maps to a rank",
     "rate-tally": "failed, uneven-inputs on rank 2 (INF209, 0.6): the culprit is right, the "
     "kind is not: the batch totals (24, 20, 14) are taken as the cause, but the loop is inside "
     "Join, which covers uneven inputs; ranks 0 and 1 time out in the program's own all_reduce "

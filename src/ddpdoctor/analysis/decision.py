@@ -457,7 +457,17 @@ def _intended_end(graph: CausalGraph, ctx: Context) -> Decision | None:
             continue  # something failed before the end: not an intended end
         crashes = [e for e in effects if e.crash_like or (e.primary and not e.generic)]
         teardown = ctx.intended.get("teardown")
-        if node.name == "completion":
+        stops = [e for e in graph.events if e.marker in (Marker.STOP, Marker.WARNED)]
+        # an early stop every rank agreed on, and the processes still there when a stop came
+        # from outside: they had not exited after it, as after an announced end
+        stuck_after_stop = (
+            node.name == "agreed stop"
+            and teardown is not None
+            and not crashes
+            and _stopped_after_end(effects)
+            and _stop_rule(stops, node.rule) is node.rule
+        )
+        if node.name == "completion" or stuck_after_stop:
             rule = teardown if teardown is not None else node.rule
             decision = Decision(status=rule.verdict_status, rule=rule, roots=crashes)
             decision.culprit_ranks = sorted(
@@ -468,13 +478,12 @@ def _intended_end(graph: CausalGraph, ctx: Context) -> Decision | None:
             )
             decision.confidence = 0.7 if decision.culprit_ranks else 0.6
             decision.notes.append(
-                "every rank had stopped training early on purpose before this crash: the work "
-                "was done, the crash came on the way out."
+                "every rank had stopped training early on purpose: the work was done."
                 if node.name == "agreed stop"
                 else "training had announced its end before this happened: the work was done."
             )
             decision.basis = ["+ the failure came after the job's work was done"]
-            if node.name == "completion" and _stopped_after_end(effects):
+            if _stopped_after_end(effects):
                 decision.status = Status.HUNG
                 decision.notes.append(
                     "nothing crashed after it: the processes were still there when a stop "
@@ -484,7 +493,6 @@ def _intended_end(graph: CausalGraph, ctx: Context) -> Decision | None:
                 )
                 decision.basis.append("+ after the end only a stop from outside, no crash")
             return decision
-        stops = [e for e in graph.events if e.marker in (Marker.STOP, Marker.WARNED)]
         failed = (
             bool(effects)
             or bool(ctx.evidence.failing_exits)
@@ -558,9 +566,12 @@ def _advice_on_warnings(graph: CausalGraph) -> list[str]:
 
 def _stopped_after_end(effects: list[Event]) -> bool:
     """After training's end only stop signals from outside reached the job (the launcher's
-    "Received 15 death signal", its SIGTERM to the workers): nothing crashed, the processes
-    were still running when the stop came."""
-    return bool(effects) and all(e.echo == Echo.STOPPED for e in effects)
+    "Received 15 death signal"): nothing crashed, the processes
+    were still running when the stop came. The launcher's own SIGTERM to its workers after it
+    received the stop is part of it."""
+    return any(e.echo == Echo.STOPPED for e in effects) and all(
+        e.echo in (Echo.STOPPED, Echo.LAUNCHER) for e in effects
+    )
 
 
 def _best_hypothesis(
