@@ -31,7 +31,9 @@ logs cut mid-training (litgpt's final evaluation, final checkpoint and Performan
 end of training to it); the SIGKILLed rank 1 of rss-swell and the SIGSEGVed rank 2 of
 fused-null leave no line at all under Fabric's launcher, so their silence is read as a rank
 that left on purpose (culprits right, kinds not); the world of 4 that num_nodes 2 makes on one
-machine is read as two ranks whose logs are missing (nodes-left)."""
+machine is read as two ranks whose logs are missing (nodes-left). Since, litgpt's performance
+block after fit() ('| - Training Time : 0.33 s') is an end of training: calm-loom and
+loud-loom ok, 12 of 15."""
 
 from __future__ import annotations
 
@@ -119,14 +121,6 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "calm-loom": "unknown, hang with no culprit (INF212, 0.30, 'The log ends in the middle of "
-    "training, without an end'): litgpt's end of a run, 'Final evaluation | val loss: ...', "
-    "'Saving checkpoint to 'out/pretrain/final/lit_model.pth'' and the '| Performance' block "
-    "('| - Total tokens  : 20,480', '| - Training Time : ...', dashed separators) is not read "
-    "as an end of training, so a log whose last line is a separator seems cut mid-training",
-    "loud-loom": "unknown, hang with no culprit (INF212, 0.30): as calm-loom, litgpt's final "
-    "evaluation, final checkpoint and Performance block are not an end of training to it; the "
-    "DataLoader worker-count and bf16 AMP warnings play no part",
     "rss-swell": "failed, uncoordinated-exit on rank 1 (INF202, 0.60): the culprit is right, but "
     "rank 1 was SIGKILLed and the console holds no trace of it (no -9, no 'Killed': Fabric's "
     "launcher has no agent summary, and its observer, polling every 5 s, never reports the "

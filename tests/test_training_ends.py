@@ -33,6 +33,9 @@ def _completed(line: str) -> bool:
         "# Ended (code 0) at Fri Dec  4 04:16:23 UTC 2026, elapsed time 9 seconds",
         "Training is done.",
         "training has completed",
+        # litgpt pretrain's performance block after fit() (sixtythird-calm-loom), finetune's
+        "| - Training Time : 0.33 s",
+        "Training time: 812.33s",
     ],
 )
 def test_a_sentence_or_a_wrapper_exit_code_ends_training(line: str) -> None:
@@ -50,6 +53,9 @@ def test_a_sentence_or_a_wrapper_exit_code_ends_training(line: str) -> None:
         # ESPnet's early stop names its own end: "stopped", not finished
         "[Early stopping] valid.loss has not been improved 1 epochs continuously. The training "
         "was stopped at 2epoch",
+        # a step's timing, not the run's
+        "| - Training Time per step : 0.33 s",
+        "Epoch 3 | Training time: 12.5s | val loss 2.1",
     ],
 )
 def test_an_epoch_a_phase_or_a_failed_exit_ends_nothing(line: str) -> None:

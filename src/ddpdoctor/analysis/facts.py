@@ -450,6 +450,10 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
         MESSAGE_START + r"Training time (?:\d{1,9} days?, )?\d{1,2}:\d\d:\d\d$",
         "Training time ",
     ),
+    # Lightning-AI/litgpt after fit() returned, on rank 0: pretrain's performance block
+    # ("| - Training Time : 812.33 s") and finetune's "Training time: 812.33s"
+    FactPattern("completed", r"^\| - Training Time : [\d.]{1,12} s$", "| - Training Time : "),
+    FactPattern("completed", MESSAGE_START + r"Training time: [\d.]{1,12}s$", "Training time: "),
     # YOLOX's Trainer.after_train, called from a `finally:` around the epoch loop (so after
     # an exception too): "Training of experiment is done and the best AP is 41.25"
     FactPattern(
