@@ -34,7 +34,8 @@ Both healthy runs are missed: torchrun prints nothing when every worker exits 0,
 example's last words, rank_log's "2D training successfully completed!", are not read as an end
 of training, so the log "ends in the middle of training" (INF212); short-rows' ranks 2 and 3,
 out of batches, leave without a word and stand in no failure block, so only ranks 0 and 1
-losing a peer are seen (uncoordinated-exit with no culprit)."""
+losing a peer are seen (uncoordinated-exit with no culprit). Since, 'training successfully
+completed' is read as an end of training: calm-grid and loud-grid ok, 15 of 16."""
 
 from __future__ import annotations
 
@@ -125,15 +126,6 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "calm-grid": "unknown, hang with no culprit (INF212, 0.3): torchrun prints nothing when "
-    "every worker exits 0, and the example's last line '<asctime>  2D training successfully "
-    "completed!' (rank_log's format, the message led by a space) is not read as an end of "
-    "training, so the log seems to end mid-training; the run trained its 30 iterations and "
-    "exited 0: ok",
-    "loud-grid": "unknown, hang with no culprit (INF212, 0.3): as calm-grid, the example's "
-    "'2D training successfully completed!' is no end of training to it and torchrun says "
-    "nothing on success; the OMP_NUM_THREADS banner and DCP's 'Detected an existing "
-    "checkpoint ... overwriting' warnings are harmless: ok",
     "short-rows": "failed, uncoordinated-exit with no culprit (INF202, 0.3): ranks 2 and 3, "
     "out of batches after 14 iterations, leave the loop without a word and exit 0 (torchrun "
     "lists only ranks 0 and 1, which lost them: 'Connection closed by peer'); with no rank "

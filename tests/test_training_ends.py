@@ -36,6 +36,8 @@ def _completed(line: str) -> bool:
         # litgpt pretrain's performance block after fit() (sixtythird-calm-loom), finetune's
         "| - Training Time : 0.33 s",
         "Training time: 812.33s",
+        # PyTorch's examples/distributed/tensor_parallelism (sixtieth-calm-grid)
+        "2D training successfully completed!",
     ],
 )
 def test_a_sentence_or_a_wrapper_exit_code_ends_training(line: str) -> None:
@@ -56,6 +58,7 @@ def test_a_sentence_or_a_wrapper_exit_code_ends_training(line: str) -> None:
         # a step's timing, not the run's
         "| - Training Time per step : 0.33 s",
         "Epoch 3 | Training time: 12.5s | val loss 2.1",
+        "training successfully completed for epoch 2",
     ],
 )
 def test_an_epoch_a_phase_or_a_failed_exit_ends_nothing(line: str) -> None:

@@ -364,8 +364,9 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
     ),
     FactPattern("completed", r"training finished", "training finished"),
     # the same in a sentence: ESPnet's trainer after its epoch loop, "The training was finished
-    # at 3 epochs"; "Training is done.", "training has completed"; not one epoch's ("training
-    # is finished for epoch 3")
+    # at 3 epochs"; "Training is done.", "training has completed", PyTorch's tensor-parallel
+    # examples' "2D training successfully completed!"; not one epoch's ("training is finished
+    # for epoch 3")
     *(
         FactPattern(
             "completed",
@@ -373,7 +374,7 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
             r"(?! (?:for |of |with )?(?:the |this )?(?:epoch|step|iter|batch|stage|phase))",
             f"raining {verb} ",
         )
-        for verb in ("was", "is", "has been", "has")
+        for verb in ("was", "is", "has been", "has", "successfully")
     ),
     # Kaldi's and ESPnet's job wrappers (utils/run.pl, queue.pl, slurm.pl) end the job's log
     # with its exit code: "# Ended (code 0) at Fri Dec  4 04:16:23 UTC 2026, elapsed time 9
