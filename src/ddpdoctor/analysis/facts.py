@@ -8,7 +8,7 @@ import signal
 from dataclasses import dataclass
 
 from ddpdoctor.analysis.engine import Distinct
-from ddpdoctor.ingest.bounds import exit_code_number, pid_number, rank_number
+from ddpdoctor.ingest.bounds import count_number, exit_code_number, pid_number, rank_number
 from ddpdoctor.ingest.prefixes import LOG_HEADER
 from ddpdoctor.model.evidence import PROMPTS
 from ddpdoctor.model.findings import RankExit
@@ -86,6 +86,14 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
     ),
     # Lightning: "Initializing distributed: GLOBAL_RANK: 0, MEMBER: 1/8"
     FactPattern("world_size", r"MEMBER: \d+/(?P<n>\d+)", "MEMBER: ", distinct=VALUE),
+    # a DeviceMesh as torch >= 2.6 prints it ("DeviceMesh((dp=2, tp=2), 'cpu', stride=(2, 1))"):
+    # its world is the product of its dimensions (job.py)
+    FactPattern(
+        "mesh_shape",
+        r"DeviceMesh\(\((?P<dims>[A-Za-z_]\w{0,40}=\d{1,6}(?:, [A-Za-z_]\w{0,40}=\d{1,6}){0,7})\)",
+        "DeviceMesh((",
+        distinct=VALUE,
+    ),
     # a process announcing the global rank it joins the group as, once per process: Lightning
     # (strategies/ddp.py), detectron2's default_setup, and the init_distributed_mode of
     # torchvision's references and the research code built on it (DETR, DeiT, MAE, DINO):
@@ -612,6 +620,17 @@ def signal_name(exit_code: int) -> str | None:
 MPI_PROCESS = re.compile(
     r"\bProcess name: {0,8}\[(?:\[\d{1,10},\d{1,10}\]|[^\],\s]{1,100}@\d{1,10}),(?P<rank>\d{1,7})\]"
 )
+
+
+def mesh_size(dims: str) -> int | None:
+    """The number of ranks of a DeviceMesh's shape 'dp=2, tp=2' (None when it is no count)."""
+    size = 1
+    for dim in dims.split(", "):
+        n = count_number(dim.rpartition("=")[2], 1_000_000)
+        if not n:
+            return None
+        size *= n
+    return size if size <= 1_000_000 else None
 
 
 def parse_mpi_exit(before: list[str], line: str) -> tuple[int | None, RankExit]:

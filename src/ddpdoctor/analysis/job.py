@@ -9,6 +9,7 @@ from datetime import datetime, timedelta
 from itertools import pairwise
 
 from ddpdoctor.analysis.facts import (
+    mesh_size,
     parse_mpi_exit,
     parse_summary_entry,
     signal_code,
@@ -264,6 +265,10 @@ def build_job(
         for fact in scan.facts:
             if fact.name == "world_size":
                 n = count_number(fact.captures.get("n"), MAX_WORLD_SIZE)
+                if n:
+                    world_hints.append(n)
+            elif fact.name == "mesh_shape":
+                n = mesh_size(fact.captures.get("dims", ""))
                 if n:
                     world_hints.append(n)
             elif fact.name == "root_cause":
