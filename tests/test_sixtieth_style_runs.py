@@ -103,20 +103,36 @@ EXPECTED: dict[str, Expected] = {
     # 2 and 3 run out after 14 iterations, leave the loop silently and exit 0; ranks 0 and 1
     # lose them in the next iteration ("Connection closed by peer"); torchrun names rank 0
     # (exit 1), ranks 2 and 3 are in no failure block
+    "short-rows": ("failed", "uneven-inputs", [2, 3]),
+    # [--iters 300 --stop-loss 1.2] the target is checked on each rank's own loss, not the one
+    # averaged over "dp": dp rank 0's pair (ranks 0 and 1, one loss) stops at iteration 36
+    # ("Loss below 1.2, stopping at iter 36" right after the logged average 1.2585, above it;
+    # "2D training successfully completed!"), exits 0; ranks 2 and 3 go on and lose them
+    # ("Connection closed by peer"), torchrun names rank 2
+    "early-out": ("failed", "uncoordinated-exit", [0, 1]),
+    # [--resume checkpoints/step_10, an earlier run's checkpoint copied back without
+    # __1_0.distcp] DCP's load fails to read the missing file on ranks 0 and 1 and raises on
+    # every rank "CheckpointException ranks:dict_keys([0, 1])" with their "FileNotFoundError:
+    # [Errno 2] No such file or directory: 'checkpoints/step_10/__1_0.distcp'"; an input
+    # missing, on the ranks whose reads failed
+    "cold-resume": ("failed", "data-error", [0, 1]),
+    # [3 processes] the mesh (dp, tp=2) does not fit a world of 3: every rank raises the
+    # example's "AssertionError: World size 3 needs to be divisible by TP size 2" before
+    # init_process_group (no [rankN] prefix); torchrun names rank 0
+    "mesh-misfit": ("failed", "python-exception", [0, 1, 2]),
+    # a stale process of an earlier job listens on the launcher's fixed rendezvous port:
+    # torchrun's static rendezvous cannot create its TCPStore ("The server socket has failed to
+    # listen on any local network address. port: 38316, ... EADDRINUSE"); no worker started
+    "port-taken": ("failed", "rendezvous-failure", []),
+}
+
+# mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
+MISSES: dict[str, str] = {
     "short-rows": "failed, uncoordinated-exit on ranks 2 and 3 (INF202, 0.3): the culprits are "
     "right (the DeviceMesh's '(dp=2, tp=2)' makes a world of 4, and torchrun lists only ranks 0 "
     "and 1, which lost them: 'Connection closed by peer'), but not why: ranks 2 and 3, out of "
     "batches after 14 iterations, leave the loop without a word and exit 0, and nothing in the "
     "log says their data ended; they had 14 batches against 400: uneven-inputs on ranks 2 and 3",
-}
-
-# mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
-MISSES: dict[str, str] = {
-    "short-rows": "failed, uncoordinated-exit with no culprit (INF202, 0.3): ranks 2 and 3, "
-    "out of batches after 14 iterations, leave the loop without a word and exit 0 (torchrun "
-    "lists only ranks 0 and 1, which lost them: 'Connection closed by peer'); with no rank "
-    "named and no data end in the log, the ranks that left are not found; they had 14 batches "
-    "against 400: uneven-inputs on ranks 2 and 3",
 }
 
 
