@@ -109,3 +109,10 @@ def test_a_nodes_launcher_names_its_stopped_workers_by_its_own_summary() -> None
         if "Sending process" in e.text
     }
     assert stopped == {("node0.log", 1), ("node1.log", 3)}
+
+
+def test_each_nodes_torchrun_counts_its_own_workers() -> None:
+    # node01's torchrun reports local rank 1 killed and stops local rank 0; node02's stops its
+    # two: two launchers of two workers each in one file, not one of five
+    job = diagnose_paths([str(REAL / "fiftyninth-rss-climb")]).job
+    assert (job.world_size, job.ranks_missing) == (4, [])

@@ -258,8 +258,10 @@ def build_job(
     failed_exits: list[FactHit] = []
     finished: list[tuple[int | None, Record]] = []
     summaries = 0
-    launched: dict[str, set[str]] = {}  # per file, the pids a launcher stopped after a failure
-    failed_locals: dict[str, set[str]] = {}  # per file, the workers it reported failed
+    # per launcher (a file, and the node in it where one file holds several: srun's tasks), the
+    # pids it stopped after a failure and the workers it reported failed
+    launched: dict[str, set[str]] = {}
+    failed_locals: dict[str, set[str]] = {}
     for scan in scans:
         expect_root = False
         for fact in scan.facts:
@@ -293,7 +295,7 @@ def build_job(
                     ranks.add(rank)
             elif fact.name == "launcher_exit":
                 failed_exits.append(fact)
-                failed_locals.setdefault(fact.record.source, set()).add(
+                failed_locals.setdefault(_launcher_of(fact.record), set()).add(
                     fact.captures.get("local_rank") or fact.captures.get("rank") or ""
                 )
                 local = rank_number(fact.captures.get("local_rank"))
@@ -322,9 +324,11 @@ def build_job(
                 if n:
                     world_hints.append(n)
             elif fact.name == "terminated_worker":
-                launched.setdefault(fact.record.source, set()).add(fact.captures.get("pid", ""))
+                launched.setdefault(_launcher_of(fact.record), set()).add(
+                    fact.captures.get("pid", "")
+                )
             elif fact.name == "raised_worker":
-                failed_locals.setdefault(fact.record.source, set()).add(
+                failed_locals.setdefault(_launcher_of(fact.record), set()).add(
                     fact.captures.get("local_rank", "")
                 )
             elif fact.name == "prompt":
@@ -570,6 +574,12 @@ def _agent_exits(failed_exits: list[FactHit]) -> list[list[FactHit]]:
         key = (record.source, record.origin.host, record.origin.pid)
         agents.setdefault(key, []).append(fact)
     return [sorted(exits, key=lambda f: f.record.line) for exits in agents.values()]
+
+
+def _launcher_of(record: Record) -> str:
+    """Which launcher said a line: its file's, and its node's where the line names one (one
+    file holds every node's torchrun under srun's task labels)."""
+    return f"{record.source}\0{record.origin.host or ''}"
 
 
 def _launched_at_least(launched: dict[str, set[str]], failed: dict[str, set[str]]) -> list[int]:
