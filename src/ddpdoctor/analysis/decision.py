@@ -566,9 +566,8 @@ def _advice_on_warnings(graph: CausalGraph) -> list[str]:
 
 def _stopped_after_end(effects: list[Event]) -> bool:
     """After training's end only stop signals from outside reached the job (the launcher's
-    "Received 15 death signal"): nothing crashed, the processes
-    were still running when the stop came. The launcher's own SIGTERM to its workers after it
-    received the stop is part of it."""
+    "Received 15 death signal", and its own SIGTERM to the workers that follows): nothing
+    crashed, the processes were still running when the stop came."""
     return any(e.echo == Echo.STOPPED for e in effects) and all(
         e.echo in (Echo.STOPPED, Echo.LAUNCHER) for e in effects
     )

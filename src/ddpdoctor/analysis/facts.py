@@ -20,9 +20,9 @@ MESSAGE_START = (
 )
 """Where a program's own words start in a line's text: after the header Python's logging
 may leave before them once the line's prefixes are read ("INFO [rank 0] ", "root - INFO - ",
-"INFO:__main__:", a level already read and its logger's name left: "recsys: "), or a program's own
-tag of its writer ("[R0/3] "). Facts that must be a
-message's first words anchor here, not at the line."""
+"INFO:__main__:", or a logger's name alone where the level was read: "recsys: "), or a
+program's own tag of its writer ("[R0/3] "). Facts that must be a message's first words
+anchor here, not at the line."""
 
 
 @dataclass(frozen=True)

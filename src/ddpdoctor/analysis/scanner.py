@@ -315,8 +315,8 @@ class _Target:
 
 class _TaskLabels:
     """Whether this source's srun labels name nodes (ingest/srun_tasks), decided from the
-    head of the file the first time a label was taken for a rank: files without labels
-    never pay for the look."""
+    head of the input the first time a line with a label is read (files without labels never
+    pay for the look), and the names the file gives those nodes."""
 
     __slots__ = ("head", "names", "nodes")
 
@@ -438,9 +438,14 @@ class Scanner:
         labels = _TaskLabels()
         labels.head = _file_head(item)
         src = _Source(
-            result, item.display, file_origin, _parser(year, labels), [0] * self.n_rules, budget
+            result,
+            item.display,
+            file_origin,
+            _parser(year, labels),
+            [0] * self.n_rules,
+            budget,
+            labels=labels,
         )
-        src.labels = labels
         if shared_keys is not None:
             self._take_keys(src.seen, shared_keys)
         capped = src.seen.capped
