@@ -18,6 +18,7 @@ MESH = next(f for f in FACT_PATTERNS if f.name == "mesh_shape")
     [
         # sixtieth-* (torch 2.13, PyTorch's tensor_parallelism examples' rank_log)
         ("Device Mesh created: device_mesh=DeviceMesh((dp=2, tp=2), 'cpu', stride=(2, 1))", 4),
+        # composed in the same repr to test the pattern's edges: other names, one dimension
         ("DeviceMesh((dp_shard=4, tp=2), 'cuda', stride=(2, 1))", 8),
         ("DeviceMesh((world=8), 'cuda', stride=(1,))", 8),
     ],

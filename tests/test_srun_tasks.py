@@ -73,7 +73,8 @@ def test_a_tasks_node_is_named_by_its_nccl_line_or_srun_s_error() -> None:
     names.learn(parse_line("0: g2417:3391024:3391035 [0] NCCL INFO Setting affinity for GPU 0"))
     names.learn(parse_line("srun: error: node02: task 1: Exited with exit code 1"))
     assert names.renames() == {"srun task 0": "g2417", "srun task 1": "node02"}
-    # two tasks said to run on one node: neither is renamed (their local ranks would collide)
+    # two tasks said to run on one node (a line composed in srun's format to test the edge):
+    # neither is renamed (their local ranks would collide)
     names.learn(parse_line("srun: error: g2417: task 2: Exited with exit code 1"))
     assert "srun task 2" not in names.renames() and "srun task 0" not in names.renames()
 

@@ -9,7 +9,7 @@ from ddpdoctor import __version__
 from ddpdoctor.analysis.decision import decide
 from ddpdoctor.analysis.flight import analyze as analyze_flight
 from ddpdoctor.analysis.grouping import dedupe, evidence_of, group
-from ddpdoctor.analysis.job import build_job
+from ddpdoctor.analysis.job import build_job, workers_end
 from ddpdoctor.analysis.parallel import scan_inputs, thaw
 from ddpdoctor.analysis.verdict import build_verdict
 from ddpdoctor.ingest.attribution import attribute
@@ -41,14 +41,7 @@ def diagnose_inputs(
             order += 1
             h.order = order
     job = build_job(scans, [h.record.origin for h in hits], run_events)
-    killed = frozenset(
-        rank
-        for rank, exit_ in job.info.per_rank.items()
-        if exit_.signal is not None and exit_.signal not in ("SIGTERM", "SIGINT")
-    )
-    hits = attribute(
-        hits, job.resolve, job.single_node, job.info.hosts, job.info.world_size, killed
-    )
+    hits = attribute(hits, job.resolve, job.single_node, job.info.hosts, workers_end(job))
     writers = {scan.info.path: (len(scan.streams), scan.info.lines) for scan in scans}
     hits = dedupe(hits, rules, writers)
     if dumps:

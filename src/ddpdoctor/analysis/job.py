@@ -17,6 +17,7 @@ from ddpdoctor.analysis.facts import (
     signal_number_code,
 )
 from ddpdoctor.analysis.scanner import FactHit, SourceScan, StreamSummary
+from ddpdoctor.ingest.attribution import WorkersEnd
 from ddpdoctor.ingest.bounds import count_number, exit_code_number, pid_number, rank_number
 from ddpdoctor.ingest.filenames import attempt_of, origin_from_path
 from ddpdoctor.ingest.run_events import RunEvents, RunHang
@@ -108,6 +109,9 @@ class JobView:
     ended."""
     earlier_attempt_sources: frozenset[str] = frozenset()
     """Workers' files of torchrun --log-dir attempt folders older than the newest one."""
+    reported_at: dict[str, int] = field(default_factory=dict)
+    """Per source, the first line where a launcher reported a failed worker (its
+    'failed (exitcode: N)', spawn's 'process N terminated with ...'): its workers had ended."""
 
     def resolve(self, origin: Origin) -> int | None:
         return resolve_rank(origin, self.single_node, self.rank_map)
@@ -523,6 +527,7 @@ def build_job(
         recovered_at=recovered_at,
         last_restart=last_restart,
         earlier_attempt_sources=_earlier_attempt_sources(scans),
+        reported_at=_first_report(failed_exits),
     )
 
 
@@ -574,6 +579,24 @@ def _agent_exits(failed_exits: list[FactHit]) -> list[list[FactHit]]:
         key = (record.source, record.origin.host, record.origin.pid)
         agents.setdefault(key, []).append(fact)
     return [sorted(exits, key=lambda f: f.record.line) for exits in agents.values()]
+
+
+def workers_end(job: JobView) -> WorkersEnd:
+    """How the workers ended, as attribution reads it (ingest/attribution WorkersEnd)."""
+    killed = frozenset(
+        rank
+        for rank, exit_ in job.info.per_rank.items()
+        if exit_.signal is not None and exit_.signal not in ("SIGTERM", "SIGINT")
+    )
+    return WorkersEnd(job.info.world_size, killed, job.reported_at)
+
+
+def _first_report(failed_exits: list[FactHit]) -> dict[str, int]:
+    first: dict[str, int] = {}
+    for fact in failed_exits:
+        record = fact.record
+        first[record.source] = min(record.line, first.get(record.source, record.line))
+    return first
 
 
 def _launcher_of(record: Record) -> str:

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
-from ddpdoctor.ingest.tracebacks import RAY_TASK_HEAD
+from ddpdoctor.ingest.tracebacks import RAY_TASK_HEAD, TRACEBACK_HEAD
 from ddpdoctor.model.findings import Hit
 from ddpdoctor.model.records import Origin
 
@@ -113,19 +113,15 @@ def attribute(
     resolve: Resolver,
     single_node: bool,
     hosts: list[str],
-    world: int | None = None,
-    killed: frozenset[int] = frozenset(),
+    ended: WorkersEnd | None = None,
 ) -> list[Hit]:
-    """New hits whose records carry their global rank (never mutates the given ones).
-    `world`: the job's size; `killed`: ranks a signal ended that gives no Python traceback
-    (SIGKILL, SIGSEGV, SIGABRT: a launcher's SIGTERM lets the interpreter print one)."""
+    """New hits whose records carry their global rank (never mutates the given ones)."""
     sole_host = hosts[0] if len(hosts) == 1 else None
     ranks = [rank_of(hit, resolve, single_node, sole_host) for hit in hits]
-    reported = _agent_reports(hits)
-    lone = _lone_unprefixed_rank(hits, ranks, world, reported, killed) if single_node else None
+    lone = _lone_unprefixed_rank(hits, ranks, ended) if single_node and ended else None
     out: list[Hit] = []
     for hit, rank in zip(hits, ranks, strict=True):
-        if rank is None and lone is not None and _uncaught_before_report(hit, reported):
+        if rank is None and lone is not None and ended and _uncaught_in_a_worker(hit, ended):
             rank = lone
         if rank == hit.record.origin.rank:
             out.append(hit)
@@ -135,29 +131,26 @@ def attribute(
     return out
 
 
+@dataclass(frozen=True)
+class WorkersEnd:
+    """What the job says of how its workers ended, for the one unprefixed traceback."""
+
+    world: int | None
+    killed: frozenset[int]
+    """Ranks a signal ended that leaves no Python traceback (SIGKILL, SIGSEGV, SIGABRT: a
+    launcher's SIGTERM lets the interpreter print one first)."""
+    reported_at: dict[str, int]
+    """Per source, the first line where a launcher reported a failed worker."""
+
+
 MAX_WORLD_FOR_LONE_RANK = 64
 """The world's ranks are counted one by one to find the one without its own traceback."""
-TRACEBACK_HEAD = "Traceback (most recent call last)"
 
 
-AGENT_REPORT = re.compile(r"failed \(exitcode: -?\d{1,4}\) local_rank: |ChildFailedError")
-"""torchrun's agent reporting a failed worker: every worker of its node has ended by then."""
-
-
-def _agent_reports(hits: list[Hit]) -> dict[str, int]:
-    """Per source, the first line where the agent reported a failed worker."""
-    first: dict[str, int] = {}
-    for hit in hits:
-        record = hit.record
-        if AGENT_REPORT.search(record.text) and record.line < first.get(record.source, 1 << 62):
-            first[record.source] = record.line
-    return first
-
-
-def _uncaught_before_report(hit: Hit, reported: dict[str, int]) -> bool:
-    """An exception a training process printed with its traceback: not one printed after the
-    agent reported its workers' end (a wrapper that ran torchrun, failing in turn)."""
-    if hit.record.line > reported.get(hit.record.source, 1 << 62):
+def _uncaught_in_a_worker(hit: Hit, ended: WorkersEnd) -> bool:
+    """An exception a training process printed with its traceback: not one printed after a
+    launcher reported its workers' end (a wrapper that ran torchrun, failing in turn)."""
+    if hit.record.line > ended.reported_at.get(hit.record.source, 1 << 62):
         return False
     return any(r.text.startswith(TRACEBACK_HEAD) for r in hit.context) and _in_a_worker(hit)
 
@@ -181,20 +174,17 @@ def _whole_stack(hit: Hit) -> bool:
 
 
 def _lone_unprefixed_rank(
-    hits: list[Hit],
-    ranks: list[int | None],
-    world: int | None,
-    reported: dict[str, int],
-    killed: frozenset[int],
+    hits: list[Hit], ranks: list[int | None], ended: WorkersEnd
 ) -> int | None:
     """The rank of the one worker traceback no prefix names, where every other rank of the
     world printed its own under torch's '[rankN]: ' (the excepthook init_process_group
     installs): the rank without its own is the one whose hook the program had replaced
     (SpeechBrain, loguru or rich on the main process) or that failed before the group was
-    formed. Not where the unprefixed tracebacks differ (two writers), nor where two ranks or
-    more printed none (a rank ended by a signal that leaves no traceback prints none), nor
-    where the unprefixed one is only in another file than the prefixed
-    ones (a log file a rank keeps repeats its own traceback without the hook's prefix)."""
+    formed. Not where the unprefixed tracebacks differ (two writers); nor where two ranks or
+    more printed none (a rank a signal ended without a traceback printed none); nor where the
+    unprefixed one is only in another file than the prefixed ones (a rank's own log file
+    repeats its traceback without the hook's prefix)."""
+    world = ended.world
     if not world or world < 2 or world > MAX_WORLD_FOR_LONE_RANK:
         return None
     own: set[int] = set()
@@ -202,7 +192,7 @@ def _lone_unprefixed_rank(
     own_sources: set[str] = set()
     unprefixed_sources: set[str] = set()
     for hit, rank in zip(hits, ranks, strict=True):
-        if not _uncaught_before_report(hit, reported):
+        if not _uncaught_in_a_worker(hit, ended):
             continue
         if rank is None:
             if not _whole_stack(hit):
@@ -212,7 +202,7 @@ def _lone_unprefixed_rank(
         elif hit.record.origin.rank == rank and rank < world:
             own.add(rank)
             own_sources.add(hit.record.source)
-    missing = set(range(world)) - own - killed  # a rank a signal ended printed no traceback
+    missing = set(range(world)) - own - ended.killed
     if len(unprefixed) != 1 or len(missing) != 1 or not own:
         return None
     if not unprefixed_sources & own_sources:

@@ -7,7 +7,7 @@ its agent's and every local worker's, and the label says nothing of which rank w
 from __future__ import annotations
 
 import re
-from dataclasses import replace
+from collections import Counter
 
 from ddpdoctor.ingest.prefixes import ParsedLine
 
@@ -67,19 +67,19 @@ class NodeNames:
     def renames(self) -> dict[str, str]:
         """Each task's pseudo host to the node's name, where the file gave one."""
         names = {**self.told, **self.named}
-        hosts = list(names.values())
+        tasks_on = Counter(names.values())
         return {  # not where two tasks would become one node
-            node_task_host(task): host for task, host in names.items() if hosts.count(host) == 1
+            node_task_host(task): host for task, host in names.items() if tasks_on[host] == 1
         }
 
 
 def as_node_task(parsed: ParsedLine) -> ParsedLine:
-    """The line of a node's task: the label is not its writer's rank, and names its node."""
+    """The line of a node's task: the label is not its writer's rank, and names its node.
+    Changes the line in place: every parse is a new object, read here before anyone keeps it."""
     if parsed.task is None:
         return parsed
-    origin = replace(
-        parsed.origin,
-        rank=None if parsed.label_rank else parsed.origin.rank,
-        host=parsed.origin.host or node_task_host(parsed.task),
-    )
-    return replace(parsed, origin=origin, label_rank=False)
+    if parsed.label_rank:
+        parsed.origin.rank = None
+        parsed.label_rank = False
+    parsed.origin.host = parsed.origin.host or node_task_host(parsed.task)
+    return parsed

@@ -350,7 +350,8 @@ def _from_scalar_abort(job: JobEvidence) -> Assessment | None:
     does, and did not say it skipped a step. Work on some ranks only singles out the main
     process (a metric it alone logs), which is left to the collective mismatch; so is a rank
     that said it skipped a batch, and so are aborted ranks whose own Flight Recorder dumps were
-    given (they show the calls themselves; a rank that died leaves none). Tried after counts, announcements and phases of the ranks."""
+    given (they show the calls themselves; a rank that died leaves none). Tried after counts,
+    announcements and phases of the ranks."""
     aborts = job.size_aborts
     small = {
         r
