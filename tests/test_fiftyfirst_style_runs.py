@@ -130,11 +130,6 @@ MISSES: dict[str, str] = {
     "the status nor the culprit: the master logged 'Waiting for the test predictions of 1 of 2 "
     "processes (part_1.pt)' six times over 60 s after the last epoch until `timeout` ended the "
     "launcher: the job was hung, waiting on process 1",
-    "shard-short": "failed, collective-mismatch on rank 2 (COL101, 0.9): the culprit is right, "
-    "but gloo's abort on rank 2 ('2572 vs 8. Received data size doesn't match expected size', "
-    "process 2 SIGABRT) is read as a collective in a rank-dependent branch, not a rank that ran "
-    "out of batches first (its pre-sharded list held 28 clips, 7 iterations against the master's "
-    "'iter': '4/9') and went on to the precise-BN forward while the others still trained",
     "ckpt-objcfg": "failed, weights-only-load on rank 0 (ENV102, 0.9): the kind is right, but "
     "only process 0 is named: mp.spawn reports the first process to exit, and every process "
     "loads the same checkpoint in load_train_checkpoint (TRAIN.CHECKPOINT_FILE_PATH in the "

@@ -111,12 +111,6 @@ MISSES: dict[str, str] = {
     "Test: 0.6389' because torchrun prints nothing when every worker exits 0 and PyG-style "
     "scripts print no end line, and nothing announced the number of epochs (the tqdm bars count "
     "batches); every rank ran its three epochs and exited 0: ok, no kind",
-    "lopsided-split": "failed, collective-mismatch on rank 1 (COL101, 0.9): the culprit is "
-    "right, but gloo's '2436 vs 4. Received data size doesn't match expected size. Is there a "
-    "distributed collective mismatch' (rank 1's evaluation all-reduce of 6 counts against ranks "
-    "0 and 2's gradient bucket) is read as a collective in a rank-dependent branch; rank 1 had "
-    "left the epoch after 28 batches against 40 (its partition's training nodes were not "
-    "balanced), which nothing printed says (only rank 0 shows a bar): uneven-inputs on rank 1",
 }
 
 

@@ -253,6 +253,11 @@ POSITIVE = {
         # while ranks 0 and 2 lost it inside loss.backward(): it had left the training loop
         (lambda t: real("fortyfirst-short-ann"), [1]),
         (lambda t: real("twentyseventh-thin-r2"), [2]),
+        # the same abort ('2436 vs 4', '452 vs 8') after training steps, and torchrun's (or
+        # spawn's) SIGTERM ended the others before they printed where they waited: the abort
+        # alone, on a rank that is not the main process
+        (lambda t: real("fortyfifth-lopsided-split"), [1]),
+        (lambda t: real("twentyfourth-short-r1"), [1]),
         # the same under `ddpdoctor run`, with the Flight Recorder dumps of ranks 0 and 2 only:
         # rank 1 died before writing one, so the dumps do not show its call
         (lambda t: real("run-uneven-partial-dumps"), [1]),
@@ -350,6 +355,9 @@ NEAR_MISS = {
         # rank 1 aborted in a 16-byte all_reduce while rank 0 waited in the program's own
         # all_reduce of 4096 floats (not DDP's gradient collective): a shape mismatch
         lambda t: real("flight-recorder/shape"),
+        # the same program's run where rank 0's traceback names its own all_reduce (a
+        # collective the program calls by name, not DDP's): a shape mismatch
+        lambda t: scenario("collective-mismatch-shape"),
         # machine 1's ranks removed all 64 images and spun in an empty sampler: silent but
         # alive (ranks 0 and 1 timed out, nobody lost a peer), a hang, not ranks that left
         lambda t: real("thirteenth-all-crowd"),

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from ddpdoctor.analysis.scanner import Scanner
 from ddpdoctor.ingest.prefixes import parse_line
+from ddpdoctor.ingest.sources import Input
+from ddpdoctor.rules.registry import all_rules
 
 
 @pytest.mark.parametrize(
@@ -461,6 +465,24 @@ def test_a_line_printed_right_after_a_redrawn_bar_is_that_line() -> None:
     assert parsed.text.endswith("Loss is nan at step 7, stopping")
     outer = parse_line("[default1]:" + bar + "\r" + bar + record)
     assert outer.prefix.startswith("[default1]:") and outer.text.endswith("stopping")
+    # the bar's last redraw is kept beside it, with the outer prefix: its writer's progress
+    assert parsed.bar_line == bar.replace("6/16", "7/16")
+    assert outer.bar_line == "[default1]:" + bar
+    assert parse_line(bar + "\r" + bar).bar_line is None
+
+
+def test_a_bar_that_another_writer_printed_onto_still_shows_training_ran(tmp_path: Path) -> None:
+    """Real (tests/fixtures/real/fortyfifth-lopsided-split): rank 0's bar at 27/40, then
+    gloo's abort of another rank printed onto its last redraw. The bar is progress of its
+    writer: training had run when the abort came."""
+    bar = "Epoch 01:  68%|######7   | 27/40 [00:00<00:00, 44.68it/s]"
+    abort = "terminate called after throwing an instance of 'gloo::EnforceNotMet'"
+    log = tmp_path / "console.log"
+    log.write_text(f"{bar.replace('27/40', '1/40')}\r{bar}{abort}\n")
+    scanner = Scanner([r for r in all_rules() if r.signatures])
+    streams = scanner.scan(Input(str(log), str(log))).streams.values()
+    assert sum(s.progress_lines for s in streams) == 1
+    assert any(s.last_text == abort for s in streams)
 
 
 def test_a_bar_without_a_carriage_return_keeps_its_progress() -> None:

@@ -204,9 +204,16 @@ def test_an_abort_while_a_timeout_ends_the_rank_is_not_the_root() -> None:
 
 def test_the_launchers_sigterm_names_its_victim_by_pid() -> None:
     """Real run: rank 0 printed nothing before torchrun terminated it; the pid in "Sending
-    process N closing signal SIGTERM" is rank 0's in the summary, so rank 0 shows as a victim."""
+    process N closing signal SIGTERM" is rank 0's in the summary, so rank 0 shows as a victim.
+    Rank 1's all-reduce of 16 floats (rank 0's had 4096) aborted after three steps, and rank 0
+    left no trace of where it waited: the abort alone reads as a rank that left the loop, the
+    likelier cause of a non-main rank alone in a small collective, and the report says so as a
+    guess with the other reading (captured/collective-mismatch-shape, where rank 0's traceback
+    shows its own all_reduce, is the mismatch)."""
     report = diagnose_paths([str(HEALTHY / "victim-terminated-silently" / "console.log")])
-    assert report.verdict.kind == "collective-mismatch"
+    assert report.verdict.kind == "uneven-inputs"
+    assert report.verdict.confidence <= 0.6
+    assert any("a small collective called on that rank alone" in b for b in report.verdict.basis)
     terminated = next(f for f in report.findings if f.rule == "LCH102")
     assert terminated.role == "cascade"
     assert terminated.ranks == [0]

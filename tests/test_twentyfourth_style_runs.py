@@ -85,12 +85,7 @@ EXPECTED: dict[str, Expected] = {
 }
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
-MISSES: dict[str, str] = {
-    "short-r1": "failed, collective-mismatch on rank 1 (COL101, 0.9): the culprit is right, but "
-    "gloo's 'Received data size doesn't match expected size' (rank 1's evaluator all-reduce "
-    "against the others' gradient all-reduce) is read as a collective in a rank-dependent "
-    "branch, not a rank that ran out of batches",
-}
+MISSES: dict[str, str] = {}
 
 
 RUNS = RunSet("twentyfourth-", EXPECTED, MISSES, label_nowhere=True)

@@ -777,64 +777,70 @@ class Scanner:
             if not raw or raw.isspace() or not raw.strip(QUOTE_BLANK):
                 continue  # an empty line, also inside a Markdown quote ('> ')
             parsed = parse_line(raw, with_time=False)  # writers and last words, not times
-            if parsed.task is not None or labels.nodes:
-                parsed = labels.own(parsed)
-            if not parsed.text.strip() and not parsed.fields:
-                continue  # an empty line behind a prefix or colour codes: no words of anyone
-            said = parsed.origin
-            key = parsed.prefix
-            if parsed.rank_from_text or not key:  # the program names its rank in the text
-                rank = said.rank if said.rank is not None else file_origin.rank
-                if rank is not None:
-                    key += f" rank {rank}"
-                elif said.local_rank is not None:  # the program names its device
-                    key += f" local {said.local_rank}"
-            line_no = line_base + offset + 1
-            summary = streams.get(key)
-            if summary is None:
-                origin = said.merged_with(file_origin)
-                summary = StreamSummary(key, origin, display, first_line=line_no)
-                streams[key] = summary
-            elif summary.origin.rank is None and said.rank is not None:
-                summary.origin = said.merged_with(file_origin)
-            summary.lines_seen += 1
-            summary.last_line = line_no
-            message = parsed.text
-            summary.prev_text = summary.last_text
-            summary.last_text = message
-            if parsed.level in ERROR_LEVELS or RAISED.match(message):
-                summary.error_lines += 1  # an error logged, or an exception it printed
-                summary.last_error_line = line_no
-            # a JSON record's fields are progress when they report a loss ('step: 5  loss:
-            # 3.9'); a step number alone rides on every record ('training finished', step 8)
-            told = f"{message} | {parsed.fields}" if "loss" in parsed.fields else message
-            if _progress_line(told):
-                summary.progress_lines += 1
-                summary.last_progress_line = line_no
-                summary.last_progress_text = told
-                epoch = _epoch_state(told)
-                if epoch is not None:
-                    known = summary.last_epoch
-                    if epoch[1] is None and known and known[0] == epoch[0] and known[1]:
-                        # the same epoch named again without its total ('Epoch 4: saving'
-                        # after 'Epoch: 4/4 ... Train steps: 10'): the total still holds
-                        epoch = (epoch[0], known[1], epoch[2] and known[2])
-                    summary.last_epoch = epoch
-                    if summary.first_epoch is None:
-                        summary.first_epoch = epoch[0]
-                if key in last_raw:
-                    if key in prev_raw:
-                        prev2_raw[key] = prev_raw[key]
-                    prev_raw[key] = last_raw[key]
-                last_raw[key] = raw
-                progress.setdefault(key, []).append(told)
-            if (
-                INIT_LINE.search(message)
-                and parsed.level != "warning"
-                and not PY_WARNING.search(message)
-            ):
-                summary.last_init_line = line_no
-            _follow_traceback(summary, message, line_no)
+            pieces = [(parsed, raw)]
+            if parsed.bar_line is not None:  # a line printed onto a bar's last redraw: the
+                # bar's progress first, then the line
+                bar = parsed.bar_line
+                pieces.insert(0, (parse_line(bar, with_time=False), bar))
+            for parsed, raw in pieces:
+                if parsed.task is not None or labels.nodes:
+                    parsed = labels.own(parsed)
+                if not parsed.text.strip() and not parsed.fields:
+                    continue  # an empty line behind a prefix or colour codes: no words of anyone
+                said = parsed.origin
+                key = parsed.prefix
+                if parsed.rank_from_text or not key:  # the program names its rank in the text
+                    rank = said.rank if said.rank is not None else file_origin.rank
+                    if rank is not None:
+                        key += f" rank {rank}"
+                    elif said.local_rank is not None:  # the program names its device
+                        key += f" local {said.local_rank}"
+                line_no = line_base + offset + 1
+                summary = streams.get(key)
+                if summary is None:
+                    origin = said.merged_with(file_origin)
+                    summary = StreamSummary(key, origin, display, first_line=line_no)
+                    streams[key] = summary
+                elif summary.origin.rank is None and said.rank is not None:
+                    summary.origin = said.merged_with(file_origin)
+                summary.lines_seen += 1
+                summary.last_line = line_no
+                message = parsed.text
+                summary.prev_text = summary.last_text
+                summary.last_text = message
+                if parsed.level in ERROR_LEVELS or RAISED.match(message):
+                    summary.error_lines += 1  # an error logged, or an exception it printed
+                    summary.last_error_line = line_no
+                # a JSON record's fields are progress when they report a loss ('step: 5  loss:
+                # 3.9'); a step number alone rides on every record ('training finished', step 8)
+                told = f"{message} | {parsed.fields}" if "loss" in parsed.fields else message
+                if _progress_line(told):
+                    summary.progress_lines += 1
+                    summary.last_progress_line = line_no
+                    summary.last_progress_text = told
+                    epoch = _epoch_state(told)
+                    if epoch is not None:
+                        known = summary.last_epoch
+                        if epoch[1] is None and known and known[0] == epoch[0] and known[1]:
+                            # the same epoch named again without its total ('Epoch 4: saving'
+                            # after 'Epoch: 4/4 ... Train steps: 10'): the total still holds
+                            epoch = (epoch[0], known[1], epoch[2] and known[2])
+                        summary.last_epoch = epoch
+                        if summary.first_epoch is None:
+                            summary.first_epoch = epoch[0]
+                    if key in last_raw:
+                        if key in prev_raw:
+                            prev2_raw[key] = prev_raw[key]
+                        prev_raw[key] = last_raw[key]
+                    last_raw[key] = raw
+                    progress.setdefault(key, []).append(told)
+                if (
+                    INIT_LINE.search(message)
+                    and parsed.level != "warning"
+                    and not PY_WARNING.search(message)
+                ):
+                    summary.last_init_line = line_no
+                _follow_traceback(summary, message, line_no)
         for key, raw in last_raw.items():  # the time of each writer's last progress line only
             streams[key].last_progress_time = last = parse(raw).time
             before = parse(prev_raw[key]).time if key in prev_raw else None

@@ -212,6 +212,9 @@ class ParsedLine:
     """srun --label's task: the writer's rank where nothing else named one (`label_rank`),
     unless the file's tasks are nodes (ingest/srun_tasks)."""
     label_rank: bool = False
+    bar_line: str | None = None
+    """The progress bar's last redraw this line was printed onto (tqdm ends a redraw without a
+    newline), with the line's outer prefixes: the bar's writer's own line of progress."""
 
 
 def _parse_iso(ts: str) -> datetime | None:
@@ -783,7 +786,9 @@ def parse_line(raw: str, year: int = 1970, with_time: bool = True) -> ParsedLine
             # it as the line (its own prefixes, level, rank) after the outer prefixes. Not
             # without a carriage return: there the bar is the line's one state of progress
             # (a paste that lost its \r), kept as such
-            return parse_line(text[:pos] + message[glued.end() :], year, with_time)
+            inner = parse_line(text[:pos] + message[glued.end() :], year, with_time)
+            inner.bar_line = text[:pos] + message[: glued.end()]
+            return inner
     if out.level is None:
         m = PY_LEVEL.match(message)
         if m:

@@ -70,6 +70,10 @@ class Scenario:
     """Other categories a run may rightly get where what it prints varies with timing: a
     SIGKILLed DataLoader worker is reported by its signal line (host memory) or only by the
     channel it broke, which names no cause."""
+    kinds_also: tuple[str, ...] = ()
+    """Other kinds a run may get where what it prints varies with timing and the log then
+    cannot tell them apart: a rank aborted in a small collective, and the peer terminated
+    before it printed where it waited, reads as a rank that left the loop."""
     notes: str = ""
     needs: tuple[str, ...] = ()
     """Paths the injection uses (a device file); where one is missing the scenario cannot run."""
@@ -183,6 +187,9 @@ SCENARIOS: tuple[Scenario, ...] = (
         program="collective_mismatch.py",
         args=("shape",),
         expected_kind="collective-mismatch",
+        # when torchrun ends rank 0 before its traceback shows its own all_reduce, the abort is
+        # all there is (tests/fixtures/real/victim-terminated-silently)
+        kinds_also=("uneven-inputs",),
         expected_category="user-code",
         expected_culprits=(1,),
         cascade_ranks=(0,),
@@ -638,7 +645,7 @@ def mismatches(scenario: Scenario, report: Report) -> dict[str, str]:
     out: dict[str, str] = {}
     if v.status != scenario.expected_status:
         out["status"] = f"status {v.status!r}, expected {scenario.expected_status!r}"
-    if v.kind != scenario.expected_kind:
+    if v.kind != scenario.expected_kind and v.kind not in scenario.kinds_also:
         out["kind"] = f"kind {v.kind!r} (rule {v.rule}), expected {scenario.expected_kind!r}"
     if v.category != scenario.expected_category and v.category not in scenario.categories_also:
         out["category"] = f"category {v.category!r}, expected {scenario.expected_category!r}"

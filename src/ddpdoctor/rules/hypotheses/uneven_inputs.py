@@ -350,8 +350,10 @@ def _from_scalar_abort(job: JobEvidence) -> Assessment | None:
     does, and did not say it skipped a step. Work on some ranks only singles out the main
     process (a metric it alone logs), which is left to the collective mismatch; so is a rank
     that said it skipped a batch, and so are aborted ranks whose own Flight Recorder dumps were
-    given (they show the calls themselves; a rank that died leaves none). Tried after counts,
-    announcements and phases of the ranks."""
+    given (they show the calls themselves; a rank that died leaves none). Where the launcher
+    ended every other rank before it printed where it waited, the abort alone counts once
+    training had run, with the other reading said. Tried after counts, announcements and
+    phases of the ranks."""
     aborts = job.size_aborts
     small = {
         r
@@ -367,31 +369,42 @@ def _from_scalar_abort(job: JobEvidence) -> Assessment | None:
         or len(small) * 2 > max(len(job.ranks), 2)
     ):
         return None
-    # where the others waited: DDP's own collective inside a training step (no collective of
-    # the program's named: a program's own all_reduce of another size is a mismatch)
-    last = {
-        r: next((s for s in reversed(v.wait_sites) if s.phase), None)
-        for r, v in job.ranks.items()
-        if r not in small
-    }
-    training = {r for r, w in last.items() if w and w.phase == TRAINING and w.op is None}
-    if not training or any(w and (w.phase == EVALUATION or w.op) for w in last.values()):
-        return None
     sent, expected = aborts[min(small)]
+    against = [
+        "a small collective called on that rank alone inside the loop (a metric it logs by "
+        "itself) gives the same abort"
+    ]
+    if any(v.wait_sites for r, v in job.ranks.items() if r not in small):
+        # where the others waited: DDP's own collective inside a training step (no collective
+        # of the program's named: a program's own all_reduce of another size is a mismatch)
+        last = {
+            r: next((s for s in reversed(v.wait_sites) if s.phase), None)
+            for r, v in job.ranks.items()
+            if r not in small
+        }
+        training = {r for r, w in last.items() if w and w.phase == TRAINING and w.op is None}
+        if not training or any(w and (w.phase == EVALUATION or w.op) for w in last.values()):
+            return None
+        others = f"while {ranks_text(training)} still waited inside a training step"
+    elif job.started_training:
+        # the launcher ended the others before they printed where they waited: the abort
+        # alone, on a rank that is not the main process (whose work alone is the usual
+        # rank-dependent collective), once training had run (a rank runs out of data after
+        # its last batch, not before its first)
+        others = "and no other rank printed where it waited"
+        against.append("no other rank's traceback shows where it was")
+    else:
+        return None
     return Assessment(
         RULE,
-        0.65,
+        0.65,  # each point against takes off its share
         sorted(small),
         [
             f"gloo aborted {ranks_text(small)} in a collective of {expected} bytes (a metric "
-            f"or a flag) when a peer sent {sent}, while {ranks_text(training)} still waited "
-            f"inside a training step: {ranks_text(small)} had left the training loop first, "
-            "as a rank with fewer batches does."
+            f"or a flag) when a peer sent {sent}, {others}: {ranks_text(small)} had most "
+            "likely left the training loop first, as a rank with fewer batches does."
         ],
-        against=[
-            "a small collective called on that rank alone inside the loop (a metric it logs "
-            "by itself) gives the same abort"
-        ],
+        against=against,
         evidence=[e for r in sorted(small) for e in job.ranks[r].evidence[:1]],
         next_steps=[
             f"If every rank had as many batches: find the collective of {expected} bytes that "
