@@ -107,13 +107,7 @@ EXPECTED: dict[str, Expected] = {
 }
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
-MISSES: dict[str, str] = {
-    "cache-crawl": "hung, hang on rank 2 (INF211, 0.55): the culprit is right (node 1's torchrun "
-    "stopped rank 2 alive while ranks 0, 1 and 3 timed out), but rank 2's WARNING lines 'Decoded-"
-    "image cache on this node is stale: rebuilding k/8' carry no rank (python logging under "
-    "SkyPilot's node prefix), so its long task is not seen and a silent rank other than 0 is read "
-    "as blocked: rank 2 was busy past the 15 s timeout, slow-rank-timeout on rank 2",
-}
+MISSES: dict[str, str] = {}
 
 
 RUNS = RunSet("fiftyfifth-", EXPECTED, MISSES, label_nowhere=True)

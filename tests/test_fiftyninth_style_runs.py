@@ -123,12 +123,6 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "reindex-crawl": "hung, hang on rank 2 (INF211): the culprit is right, but rank 2's lines "
-    "'1: [titan] ... root - WARNING - Shard index is stale, re-indexing data (k/8)' carry no "
-    "rank of their own: they are node02's (srun's task label), written by rank 2 or 3, in one "
-    "stream with node02's torchrun, whose failure summary is its last words; so rank 2's long "
-    "task is not seen and the rank stopped alive by node02's torchrun is read as blocked: rank "
-    "2 was busy past the 15 s timeout, slow-rank-timeout on rank 2",
     "short-shard": "failed, uncoordinated-exit with no culprit (INF202, 0.3): rank 3's "
     "'1: [titan] ... root - WARNING - Ran out of data; last step was 17.' carries no rank of "
     "its own: node02's (srun's task label), rank 2's or 3's, in one stream with node02's "

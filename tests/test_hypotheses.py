@@ -93,6 +93,11 @@ POSITIVE = {
         (lambda t: real("sixth-slow-ckpt"), [0]),
         # two ranks terminated by the agent; rank 1 alone announced "re-tokenizing the shard"
         (lambda t: real("seventh-busy-retok"), [1]),
+        # its timed lines ('... rebuilding 3/8', 're-indexing data (4/8)') went on inside the
+        # others' 15 s wait, under its node's prefix only: the node's one rank that neither
+        # waited nor failed was at work of its own
+        (lambda t: real("fiftyfifth-cache-crawl"), [2]),
+        (lambda t: real("fiftyninth-reindex-crawl"), [2]),
     ],
     # without `run`: Lightning's SIGTERM handler stood on rank 1's `with self.lock:` (a lock
     # it already held) while ranks 0 and 2 timed out: stuck, not busy
@@ -304,6 +309,9 @@ NEAR_MISS = {
         lambda t: real("healthy-plain"),
         lambda t: real("fifth-abba"),
         lambda t: real("thirtyfirst-never-woken"),
+        # rank 1's lines of the attempt before torchrun's restart fall in a wait counted from
+        # that attempt's end; the last attempt's wait saw nothing of it: stuck, not busy
+        lambda t: real("twentyseventh-wedge-r1"),
     ],
     "INF202": [
         # a rank with no lines that the summary does list (SIGKILL, -9): killed, not left

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections import deque
 from collections.abc import Callable, Iterable, MutableSequence, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -59,6 +60,10 @@ def sample_bytes_for(n_inputs: int) -> int:
 
 
 ERROR_LEVELS = frozenset(("error", "fatal", "critical"))
+RECENT_LINES = 6
+"""A writer's last timed lines of its own kept with their raw text (StreamSummary.recent)."""
+CLOCK = re.compile(r"\d:\d\d:\d\d")
+"""A time of day in a line: the cheap test for a line that may carry its time."""
 # A Python exception line, as a traceback ends ("RuntimeError: ...", "tensorflow.errors_impl.
 # UnknownError: ..."): a writer that printed one is not quiet, even when no rule knows it.
 # Warnings ("UserWarning: ...") are not exceptions raised.
@@ -143,6 +148,12 @@ class StreamSummary:
     """Seconds between its last two timed progress lines: how often it reported progress."""
     last_progress_text: str = ""
     """The writer's last progress line (for the report's timeline)."""
+    recent: tuple[tuple[int, str], ...] = ()
+    """(line, raw line) of its last few lines that are neither progress nor errors and show a
+    time of day: work of its own it announced while others waited (behaviour's wait window
+    parses their times, only where ranks waited)."""
+    year: int = 1970
+    """The year its source's times without one are read in (the file's)."""
     last_epoch: tuple[int, int | None, bool] | None = None
     """The writer's last line that counts epochs ('Epoch: 4/4 Step: 10/10', 'Epoch 3/3: 100%|
     50/50', MMEngine's 'Epoch(train) [3][12/12]'): (its epoch, the epoch's total when the line
@@ -368,6 +379,8 @@ class _Source:
     """Per rule, the budget's hits of earlier ranges and files, read once per chunk."""
     touched: set[int] = field(default_factory=set)
     """Rules with new hits since the budget was last told."""
+    year: int = 1970
+    """The year `parse` reads times without one in."""
     wrapped_reads: int = 0
     """Exception messages read again joined with their next lines (at most MAX_WRAPPED_READS:
     each is a pass of every rule over the message)."""
@@ -445,6 +458,7 @@ class Scanner:
             [0] * self.n_rules,
             budget,
             labels=labels,
+            year=year,
         )
         if shared_keys is not None:
             self._take_keys(src.seen, shared_keys)
@@ -469,7 +483,7 @@ class Scanner:
             if stream.mtime is not None and line_base == 0:
                 modified = time_from_epoch(stream.mtime)
                 year = modified.year if modified is not None else year
-                src.parse = _parser(year, labels)
+                src.parse, src.year = _parser(year, labels), year
             if head_left > 0:
                 head = chunk[:head_left]
                 self._sample(result, head, line_base, file_origin, item.display, src)
@@ -773,6 +787,7 @@ class Scanner:
         # one further back: a step's line and its save's share one time, and the pace is the
         # gap to the step before
         prev2_raw: dict[str, str] = {}
+        recent: dict[str, deque[tuple[int, str]]] = {}
         for offset, raw in enumerate(text.split("\n")):
             if not raw or raw.isspace() or not raw.strip(QUOTE_BLANK):
                 continue  # an empty line, also inside a Markdown quote ('> ')
@@ -808,13 +823,20 @@ class Scanner:
                 message = parsed.text
                 summary.prev_text = summary.last_text
                 summary.last_text = message
-                if parsed.level in ERROR_LEVELS or RAISED.match(message):
+                erred = parsed.level in ERROR_LEVELS or RAISED.match(message) is not None
+                if erred:
                     summary.error_lines += 1  # an error logged, or an exception it printed
                     summary.last_error_line = line_no
                 # a JSON record's fields are progress when they report a loss ('step: 5  loss:
                 # 3.9'); a step number alone rides on every record ('training finished', step 8)
                 told = f"{message} | {parsed.fields}" if "loss" in parsed.fields else message
-                if _progress_line(told):
+                on_progress = _progress_line(told)
+                if not on_progress and not erred and CLOCK.search(raw):
+                    mine = recent.get(key)
+                    if mine is None:
+                        mine = recent[key] = deque(maxlen=RECENT_LINES)
+                    mine.append((line_no, raw))
+                if on_progress:
                     summary.progress_lines += 1
                     summary.last_progress_line = line_no
                     summary.last_progress_text = told
@@ -841,6 +863,9 @@ class Scanner:
                 ):
                     summary.last_init_line = line_no
                 _follow_traceback(summary, message, line_no)
+        for key, lines in recent.items():
+            streams[key].recent = tuple(lines)
+            streams[key].year = src.year
         for key, raw in last_raw.items():  # the time of each writer's last progress line only
             streams[key].last_progress_time = last = parse(raw).time
             before = parse(prev_raw[key]).time if key in prev_raw else None
@@ -1081,6 +1106,7 @@ def _renumber(result: SourceScan, renumbered: Callable[[int], int]) -> None:
             value = getattr(summary, name)
             if value > 0:
                 setattr(summary, name, renumbered(value))
+        summary.recent = tuple((renumbered(line), raw) for line, raw in summary.recent)
 
 
 def _rename_hosts(result: SourceScan, renames: dict[str, str]) -> None:

@@ -123,6 +123,12 @@ def assess(job: JobEvidence) -> Assessment | None:
                         if busy & named
                         else "."
                     )
+                    + "".join(
+                        f' Its last words while they waited were work of its own: "'
+                        f'{job.ranks[r].busy_phase}".'
+                        for r in sorted(phased)
+                        if len(phased) == 1
+                    )
                 ],
                 evidence=[e for r in sorted(culprit) for e in job.ranks[r].evidence[:1]],
                 # nothing says what it was doing: busy, or blocked (a lock, I/O, a queue),
