@@ -149,9 +149,11 @@ class StreamSummary:
     last_progress_text: str = ""
     """The writer's last progress line (for the report's timeline)."""
     recent: tuple[tuple[int, str], ...] = ()
-    """(line, raw line) of its last few lines that are neither progress nor errors and show a
-    time of day: work of its own it announced while others waited (behaviour's wait window
-    parses their times, only where ranks waited)."""
+    """For a writer no rank is known for (a node's console, the lines no prefix names), the
+    raw text of its last few lines that are neither progress nor errors and show a time of
+    day: work of its own it announced while others waited (behaviour's wait window parses
+    their times, only where ranks waited). Ranked writers' last words say it already, and
+    rank files (10,000 of them) pay nothing."""
     year: int = 1970
     """The year its source's times without one are read in (the file's)."""
     last_epoch: tuple[int, int | None, bool] | None = None
@@ -831,7 +833,12 @@ class Scanner:
                 # 3.9'); a step number alone rides on every record ('training finished', step 8)
                 told = f"{message} | {parsed.fields}" if "loss" in parsed.fields else message
                 on_progress = _progress_line(told)
-                if not on_progress and not erred and CLOCK.search(raw):
+                if (
+                    summary.origin.rank is None  # a ranked writer's last words say it
+                    and not on_progress
+                    and not erred
+                    and CLOCK.search(raw)
+                ):
                     mine = recent.get(key)
                     if mine is None:
                         mine = recent[key] = deque(maxlen=RECENT_LINES)
