@@ -124,10 +124,6 @@ MISSES: dict[str, str] = {
     "gradient all-reduce is the only error; rank 0's tick lines carry no rank, so rank 0 counts "
     "as silent beside rank 2; rank 2 stopped (a queue never filled) outside any collective "
     "after tick 1: a hang on rank 2",
-    "lone-tally": "failed, nccl-timeout on ranks 1,2 (INF204, 0.3): rank 0's timeout in "
-    "torch.distributed.barrier() inside calc_metric, right after 'Evaluating metrics...' (a "
-    "barrier ranks 1 and 2 never call, since metrics run on rank 0 only), is read as rank 0 "
-    "waiting for ranks that left no logs: collective-mismatch on rank 0",
     "short-reel": "failed, collective-mismatch on rank 1 (COL101, 0.9): the culprit is right, "
     "but gloo's abort 'op.preamble.length <= op.nbytes. 16548 vs 16. Received data size "
     "doesn't match expected size' is read as ranks calling different collectives; the twelve "

@@ -132,6 +132,9 @@ POSITIVE = {
         (lambda t: case("132"), None),
         # after the Trainer's end of training, trainer.evaluate() on rank 0 only
         (lambda t: scenario("hf-trainer-evaluate-main-only"), [0]),
+        # only process 0 timed out, in a barrier its calc_metric reached; processes 1 and 2
+        # printed nothing (mp.spawn stopped them): metrics on the main process only
+        (lambda t: real("fiftysixth-lone-tally"), [0]),
         # both ranks time out on the same line; rank 1 had said "skipping degenerate batch 5"
         (lambda t: real("sixth-skipped-backward"), [1]),
         # only process 1's barrier timeout is shown (mp.spawn stopped the rest); rank 2's last
@@ -331,6 +334,10 @@ NEAR_MISS = {
         lambda t: case("878"),
     ],
     "INF203": [
+        # the same picture (process 0 alone timed out in its evaluation's collective, rank 1
+        # silent), but spawn stopped rank 1 alive outside it: busy or stuck, which weighs more
+        # than a guess of the main process alone in its evaluation
+        lambda t: real("fortythird-heavy-case"),
         # ranks 0 and 3 in the epoch's broadcast, rank 2 already in backward, and rank 1 stopped
         # alive by its launcher in no collective: the broadcast it never joined holds the peers
         # that need it while rank 2, served, went on; a stuck rank, not a mismatch

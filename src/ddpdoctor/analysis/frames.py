@@ -55,6 +55,7 @@ def _step_forward(path: str, func: str) -> bool:
 # may be named anything, accelerate's own examples call it inside training_function)
 EVALUATION_NAME = re.compile(
     r"(?i)valid|evaluat|(?:^|_)eval(?:$|_)|(?:^|_)test_step|predict|_for_metrics$"
+    r"|(?:^|_)(?:calc|compute)_metrics?$"
 )
 TRAINING_NAME = re.compile(r"(?i)(?:^|_)train")
 DDP_FORWARD = re.compile(r"torch/nn/parallel/distributed\.py$")

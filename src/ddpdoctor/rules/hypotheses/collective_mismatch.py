@@ -6,7 +6,7 @@ waiting in different collectives; or only a minority of ranks waited while the r
 
 from __future__ import annotations
 
-from ddpdoctor.model.evidence import JobEvidence
+from ddpdoctor.model.evidence import EVALUATION, JobEvidence
 from ddpdoctor.model.taxonomy import Status
 from ddpdoctor.rules.base import Explanation, Rule
 from ddpdoctor.rules.frameworks import COLLECTIVE_IN_BRANCH_FIX
@@ -57,6 +57,7 @@ def assess(job: JobEvidence) -> Assessment | None:
             _from_stall(job),
             _from_wait_sites(job),
             _from_minority(job),
+            _from_lone_evaluation(job),
             _from_skipped_step(job),
             _from_named_absence(job),
             _from_group_creation(job),
@@ -259,6 +260,34 @@ def _from_minority(job: JobEvidence) -> Assessment | None:
             f"only {ranks_text(waiting)} timed out; {ranks_text(quiet)} went on without error, "
             "so the waiting ranks were in a collective nobody else joined."
         ],
+    )
+
+
+def _from_lone_evaluation(job: JobEvidence) -> Assessment | None:
+    """Only the main process timed out, in a collective its evaluation reached (a metric's
+    barrier or all-reduce), and no other rank of the world failed, waited or printed a line:
+    an evaluation run on the main process only, whose collective the others never call (they
+    went on training, silent as non-main ranks often are). A guess: silent ranks may also
+    have been slow or stuck in an evaluation of their own."""
+    if job.waiting != {MAIN_PROCESS} or not job.started_training:
+        return None
+    sites = job.ranks[MAIN_PROCESS].wait_sites
+    if not sites or sites[-1].phase != EVALUATION:
+        return None
+    others = {r for r in job.ranks if r != MAIN_PROCESS}
+    if not others or any(job.ranks[r].present or job.ranks[r].failed for r in others):
+        return None
+    return Assessment(
+        RULE,
+        0.4,
+        [MAIN_PROCESS],
+        [
+            f"only the main process timed out, in a collective its evaluation reached "
+            f"({sites[-1].op or 'a collective'}), while {ranks_text(others)} printed nothing "
+            "and failed in nothing: an evaluation run on the main process only, whose "
+            "collective the other ranks never call."
+        ],
+        against=[f"{ranks_text(others)} printed nothing: they may have been busy elsewhere"],
     )
 
 
