@@ -98,6 +98,9 @@ POSITIVE = {
         # waited nor failed was at work of its own
         (lambda t: real("fiftyfifth-cache-crawl"), [2]),
         (lambda t: real("fiftyninth-reindex-crawl"), [2]),
+        # the same with a time of day and no date ('[06:56:30 - darcy_fno - WARNING] ...
+        # refining grid (3/8)', Modulus's PythonLogger), read on the day of the launcher's stop
+        (lambda t: real("sixtyfourth-solver-crawl"), [1]),
     ],
     # without `run`: Lightning's SIGTERM handler stood on rank 1's `with self.lock:` (a lock
     # it already held) while ranks 0 and 2 timed out: stuck, not busy
@@ -315,6 +318,10 @@ NEAR_MISS = {
         # rank 1's lines of the attempt before torchrun's restart fall in a wait counted from
         # that attempt's end; the last attempt's wait saw nothing of it: stuck, not busy
         lambda t: real("twentyseventh-wedge-r1"),
+        # the stuck rank's node console holds, inside the others' wait, only its torchrun's
+        # own lines (its agent's glog, its summary's 'time : ...' fields): no work of a worker
+        lambda t: real("fiftyninth-event-park"),
+        lambda t: real("fiftyfifth-event-stall"),
     ],
     "INF202": [
         # a rank with no lines that the summary does list (SIGKILL, -9): killed, not left

@@ -131,12 +131,6 @@ MISSES: dict[str, str] = {
     "all_gather; rank 1's traceback ('Connection reset by peer' in all_gather) looks like "
     "rank 0's, and nothing in the log says whose tensor had the other shape: rank 1's fields "
     "were on another grid, collective-mismatch on rank 1",
-    "solver-crawl": "hung, hang on rank 1 (INF211, 0.55): the culprit is right, but rank 1's "
-    "'[HH:MM:SS - darcy_fno - WARNING] Darcy solver did not converge for refreshed sample "
-    "batch, refining grid (k/8)' records carry no rank (Modulus' PythonLogger has none, and "
-    "the unwrapped logger speaks on every rank), so its announced work is not tied to it and "
-    "the rank torchrun stopped alive reads as blocked ('it announced no work of its own'): "
-    "rank 1 was busy past the 15 s timeout, slow-rank-timeout on rank 1",
 }
 
 

@@ -22,7 +22,13 @@ from ddpdoctor.analysis.frames import (
 )
 from ddpdoctor.analysis.job import JobView
 from ddpdoctor.analysis.relations import before_attempt, in_earlier_attempt, survived
-from ddpdoctor.analysis.scanner import ANY_COUNTER, FactHit, StreamSummary, last_epoch_done
+from ddpdoctor.analysis.scanner import (
+    ANY_COUNTER,
+    CLOCK_WITHIN,
+    FactHit,
+    StreamSummary,
+    last_epoch_done,
+)
 from ddpdoctor.ingest.bounds import count_number
 from ddpdoctor.ingest.prefixes import parse_line
 from ddpdoctor.ingest.tracebacks import EXCEPTION_LINE
@@ -436,11 +442,13 @@ def _worked_while_others_waited(
         if len(stream.recent) < WORK_LINES_MIN:
             continue
         inside = [
-            (line, parsed.time, parsed.text)
+            (line, at, parsed.text)
             for line, raw in stream.recent
             if (stream.source, line) not in reactions
-            and (parsed := parse_line(raw, stream.year)).time is not None
-            and start <= parsed.time < end
+            and not LAUNCHER_OWN.search(raw)
+            and not (parsed := parse_line(raw, stream.year)).text[:1].isspace()
+            and (at := parsed.time or _clock_time(raw, end))
+            and start <= at < end
         ]
         if len(inside) < WORK_LINES_MIN:
             continue
@@ -465,6 +473,27 @@ def _worked_while_others_waited(
         view.evidence.insert(
             0, Evidence(stream.source, line, writer, stream.origin.host, time, text)
         )
+
+
+LAUNCHER_OWN = re.compile(r"torch/distributed/(?:elastic|run\.py)|torch/multiprocessing/")
+"""A launcher's own log lines (torchrun's agent, mp.spawn), in the workers' console: not the
+workers' work. (An indented line, a summary's field or a traceback's frame, is not either.)"""
+CLOCK_TIME = re.compile(r"(?<!\d)(\d\d):(\d\d):(\d\d)(?:[.,](\d{1,6}))?(?!\d)")
+"""A time of day without a date ('[06:56:30 - darcy_fno - WARNING]', datefmt='%H:%M:%S')."""
+
+
+def _clock_time(raw: str, near: datetime) -> datetime | None:
+    """The time of day a record carries without a date, on the day of `near` (the day before
+    where that would put it after `near`): a wait of seconds does not span days."""
+    m = CLOCK_TIME.search(raw, 0, CLOCK_WITHIN)
+    if m is None:
+        return None
+    hour, minute, second = int(m[1]), int(m[2]), int(m[3])
+    if hour > 23 or minute > 59 or second > 59:
+        return None
+    micro = int((m[4] or "0").ljust(6, "0"))
+    at = near.replace(hour=hour, minute=minute, second=second, microsecond=micro)
+    return at - timedelta(days=1) if at > near + timedelta(hours=12) else at
 
 
 def _announced_phase(stream: StreamSummary) -> str | None:

@@ -64,6 +64,8 @@ RECENT_LINES = 6
 """A writer's last timed lines of its own kept with their raw text (StreamSummary.recent)."""
 CLOCK = re.compile(r"\d:\d\d:\d\d")
 """A time of day in a line: the cheap test for a line that may carry its time."""
+CLOCK_WITHIN = 100
+"""Where a record's time stands: in front of its message, behind a few prefixes."""
 # A Python exception line, as a traceback ends ("RuntimeError: ...", "tensorflow.errors_impl.
 # UnknownError: ..."): a writer that printed one is not quiet, even when no rule knows it.
 # Warnings ("UserWarning: ...") are not exceptions raised.
@@ -837,7 +839,8 @@ class Scanner:
                     summary.origin.rank is None  # a ranked writer's last words say it
                     and not on_progress
                     and not erred
-                    and CLOCK.search(raw)
+                    and raw[:1] not in " \t"  # a traceback's frame, a summary's field
+                    and CLOCK.search(raw, 0, CLOCK_WITHIN)
                 ):
                     mine = recent.get(key)
                     if mine is None:
