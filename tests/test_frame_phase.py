@@ -1,6 +1,7 @@
 """Which part of the program a collective was reached from (analysis/frames.phase): the
-innermost frame of the program's own that names an evaluation or a training step. Frames are
-those of real tracebacks in tests/fixtures/real."""
+innermost frame of the program's own that names an evaluation or a training step. The frame
+lines are composed in the form CPython prints them; only the first chain of function names is
+a real traceback's (tests/fixtures/real/fiftysixth-lone-tally), the others are common names."""
 
 from __future__ import annotations
 

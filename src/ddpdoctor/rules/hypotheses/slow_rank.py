@@ -123,11 +123,11 @@ def assess(job: JobEvidence) -> Assessment | None:
                         if busy & named
                         else "."
                     )
-                    + "".join(
+                    + (
                         f' Its last words while they waited were work of its own: "'
-                        f'{job.ranks[r].busy_phase}".'
-                        for r in sorted(phased)
+                        f'{job.ranks[min(phased)].busy_phase}".'
                         if len(phased) == 1
+                        else ""
                     )
                 ],
                 evidence=[e for r in sorted(culprit) for e in job.ranks[r].evidence[:1]],
