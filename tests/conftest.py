@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -48,11 +49,40 @@ one job at a time, while the other worker diagnoses logs: two jobs at once on a 
 would slow each other's start-up past the hang thresholds they test."""
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Group the job tests (see JOB_MARKERS) for pytest-xdist's --dist loadgroup."""
+    """Group the job tests (see JOB_MARKERS) for pytest-xdist's --dist loadgroup. First of the
+    hook's implementations, whatever the plugins' order: xdist reads the group mark in its own."""
     for item in items:
         if any(item.get_closest_marker(name) for name in JOB_MARKERS):
             item.add_marker(pytest.mark.xdist_group("jobs"))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Refuse to start where xdist cannot group the job tests: pytest 9.2 made `Node.nodeid` a
+    view of a structured id, and pytest-xdist <= 3.8's --dist loadgroup (which renames each item
+    '...@jobs') then groups nothing. The job tests ran on both workers, two Slurm cases at once
+    queued behind each other on the 2-CPU node, and CI failed after 18 minutes of timeouts. A
+    worker's own error never reaches the terminal, so this is checked here, before any starts."""
+    if hasattr(config, "workerinput") or config.getoption("dist", "no") != "loadgroup":
+        return
+    from importlib.metadata import version
+
+    if loadgroup_broken(version("pytest"), version("pytest-xdist")):
+        raise pytest.UsageError(
+            f"pytest {version('pytest')} with pytest-xdist {version('pytest-xdist')}: "
+            "--dist loadgroup would not keep the job tests on one worker; install the versions "
+            "pyproject.toml pins (make setup) or run without -n"
+        )
+
+
+def loadgroup_broken(pytest_version: str, xdist_version: str) -> bool:
+    """True for the pairs measured to group nothing (pytest >= 9.2, pytest-xdist <= 3.8)."""
+
+    def parts(text: str) -> tuple[int, ...]:
+        return tuple(int(p) for p in re.findall(r"\d+", text)[:2])
+
+    return parts(pytest_version) >= (9, 2) and parts(xdist_version) <= (3, 8)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
