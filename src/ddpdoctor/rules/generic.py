@@ -115,7 +115,7 @@ EARLY_STOP = Rule(
         Signature(
             r"(?i:\b(?:has not|hasn't|did not|didn't) improved?\b[^\n]{0,80}?[,;:.] stop "
             r"training)[.!]?$",
-            " training",
+            "stop training",  # not " training": on every DeepSpeed stage-3 memory warning
         ),
         # Lightning EarlyStopping: "... did not improve ... Signaling Trainer to stop."
         Signature(r"Signaling Trainer to stop"),
