@@ -278,16 +278,19 @@ def _lanes(raws: list[_Raw], report: Report, culprits: list[int]) -> list[Lane]:
     ranks |= {r.rank for r in raws if r.rank is not None}
     hosts = {rank: ex.host for rank, ex in job.per_rank.items() if ex.host}
     lanes: dict[str, Lane] = {}
+    no_lines = set(job.ranks_missing)  # a list: looked through once per lane, 0.7 s for 10,000
+    chosen = set(culprits)
     for rank in sorted(ranks):
-        missing = rank in job.ranks_missing
+        missing = rank in no_lines
         lanes[f"r{rank}"] = Lane(
             id=f"lane-r{rank}",
             label=f"rank {rank}" + (" (no lines)" if missing else ""),
             kind="rank",
             ranks=[rank],
             hosts=[hosts[rank]] if rank in hosts else [],
-            culprit=rank in culprits,
+            culprit=rank in chosen,
         )
+    marked: dict[str, set[tuple[object, ...]]] = {}  # per lane: (what, role, rule, label) shown
     for r in sorted(raws, key=lambda r: (r.position, r.order)):
         if r.rank is not None:
             lane = lanes[f"r{r.rank}"]
@@ -302,7 +305,9 @@ def _lanes(raws: list[_Raw], report: Report, culprits: list[int]) -> list[Lane]:
                     lanes[key].hosts.append(r.host)
             lane = lanes[key]
         same = (r.what, r.role, r.rule, r.label)
-        if not any((m.what, m.role, m.rule, m.label) == same for m in lane.marks):
+        seen = marked.setdefault(lane.id, set())
+        if same not in seen:  # a set: a lane of thousands of marks compared each with all
+            seen.add(same)
             lane.marks.append(_mark(r, lane))  # raws come earliest first: the first one stays
     return list(lanes.values())
 
