@@ -130,10 +130,6 @@ MISSES: dict[str, str] = {
     "the status nor the culprit: the master logged 'Waiting for the test predictions of 1 of 2 "
     "processes (part_1.pt)' six times over 60 s after the last epoch until `timeout` ended the "
     "launcher: the job was hung, waiting on process 1",
-    "ckpt-objcfg": "failed, weights-only-load on rank 0 (ENV102, 0.9): the kind is right, but "
-    "only process 0 is named: mp.spawn reports the first process to exit, and every process "
-    "loads the same checkpoint in load_train_checkpoint (TRAIN.CHECKPOINT_FILE_PATH in the "
-    "config the master logged, which rejects it the same way on process 1)",
 }
 
 

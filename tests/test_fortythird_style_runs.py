@@ -142,13 +142,6 @@ MISSES: dict[str, str] = {
     "'Connection closed by peer [127.0.0.1]' in loss.backward() is read as a peer on the same "
     "host that went away first, any of the ranks that lost none; rank 2 had left the epoch a batch early "
     "(4, 4, 3 batches): uneven-inputs on rank 2",
-    "gpu-resume": "failed, checkpoint-load-device on rank 0 only (CUDA110, 0.9): the kind is "
-    "right, but spawn prints only the first failed process's traceback, and rank 1 raised the "
-    "same in the same torch.load (both ranks run it before any collective; repeats of the run "
-    "left both ranks' error files): culprit ranks 0 and 1",
-    "pickled-ema": "failed, weights-only-load on rank 0 only (ENV102, 0.9): the kind is right, "
-    "but as in gpu-resume spawn shows process 0's traceback only, and rank 1's torch.load "
-    "rejected the same checkpoint: culprit ranks 0 and 1",
 }
 
 

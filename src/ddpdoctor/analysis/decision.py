@@ -24,7 +24,7 @@ from ddpdoctor.model.evidence import Activity, JobEvidence, RankView, Stall
 from ddpdoctor.model.findings import Evidence, Finding
 from ddpdoctor.model.taxonomy import Category, Role, Status
 from ddpdoctor.rules.base import Echo, Marker, Rule
-from ddpdoctor.rules.hypotheses.base import Assessment, Hypothesis
+from ddpdoctor.rules.hypotheses.base import Assessment, Hypothesis, ranks_text
 
 TIME_BUCKET_S = 30.0
 """Two roots logged within this time of each other are not ordered by their times."""
@@ -211,6 +211,15 @@ def _from_lines(
     others = [e for e in ordered if e.rule.kind != rule.kind]
     decision = Decision(status=rule.verdict_status, rule=rule, roots=roots, others=others)
     culprits = _culprits(roots, evidence, graph)
+    alike = _stopped_on_the_same_path(roots, culprits, evidence)
+    if alike:
+        decision.notes.append(
+            f"The launcher showed {ranks_text(culprits)}'s error and stopped "
+            f"{ranks_text(alike)} before {'it' if len(alike) == 1 else 'they'} printed anything: "
+            "every rank runs this at start-up alike, so they are named too (where only "
+            f"{ranks_text(culprits)} runs it, the others only waited for it)."
+        )
+        culprits = culprits | alike
     decision.culprit_ranks = sorted(culprits)
     hosts = {h.record.origin.host for e in roots for h in e.hits if h.record.origin.host}
     decision.culprit_hosts = sorted(hosts) or _host_of_dead_peer(graph)
@@ -297,6 +306,45 @@ def _culprits(roots: list[Event], evidence: JobEvidence, graph: CausalGraph) -> 
     if len(evidence.failing_exits) == 1:
         return set(evidence.failing_exits)
     return _only_rank_not_waiting(roots, evidence)
+
+
+MAX_ALIKE_RANKS = 64
+"""Ranks named for a failure they would have met alike (see _stopped_on_the_same_path), at most:
+past this, the report says every rank in words, not in a list."""
+
+
+def _stopped_on_the_same_path(
+    roots: list[Event], culprits: set[int], evidence: JobEvidence
+) -> set[int]:
+    """The other ranks of the job, when the root's rule is met alike by every rank at start-up
+    (Rule.alike_on_every_rank: a resume loading the same checkpoint the same way), one rank's
+    error is all the launcher showed (mp.spawn prints the first process's and stops the rest),
+    no training step was printed, and none of the others printed a line of its own, waited,
+    or failed otherwise: they were on the same path when they were stopped."""
+    world = evidence.world_size
+    if (
+        len(culprits) != 1
+        or not all(e.rule.alike_on_every_rank for e in roots)
+        or world is None
+        or not 2 <= world <= MAX_ALIKE_RANKS
+        or evidence.started_training
+    ):
+        return set()
+    others = set(range(world)) - culprits
+    for rank in others:
+        view = evidence.ranks.get(rank)
+        if view is None:
+            continue
+        if (
+            view.failed
+            or view.wait_sites
+            or view.echoes - {"stopped", "launcher"}
+            or view.busy_phase
+            or view.completed
+            or view.last_text
+        ):
+            return set()
+    return others
 
 
 def _odd_group(roots: list[Event]) -> set[int]:

@@ -188,6 +188,9 @@ class Rule:
     split_gpus_configure: inside a node, this failure between processes that each see only
     their own GPU (all on device 0: CUDA_VISIBLE_DEVICES set per process by Ray, a scheduler or
     one container per GPU) is a configuration fault, not the hardware's.
+    alike_on_every_rank: every rank runs the failing code alike at start-up (the same
+    checkpoint loaded the same way): where the launcher showed one rank's error and stopped the
+    others before they printed anything of their own, those are named too.
     proves_infrastructure: the line itself is evidence of a hardware or fabric fault; a
     finding of an infrastructure kind without it is never blamed on infrastructure.
     status: the verdict's status when this rule is the root (default: `slow` for performance
@@ -222,6 +225,7 @@ class Rule:
     symptom_of: tuple[str, ...] = ()
     peers_alive: bool = False
     split_gpus_configure: bool = False
+    alike_on_every_rank: bool = False
     proves_infrastructure: bool = False
     status: Status | None = None
     applies: Callable[[JobEvidence], bool] | None = None

@@ -632,6 +632,8 @@ CHECKPOINT_DEVICE_MISSING = Rule(
     title="Checkpoint restored onto a GPU this process does not have (no map_location)",
     sources="torch/serialization.py _validate_device (validate_cuda_device)",
     specificity=85,
+    # a resume: every rank loads the same file onto the same missing device
+    alike_on_every_rank=True,
     signatures=(
         # CUDA tensors in the file, but CUDA is unavailable in this process
         Signature(

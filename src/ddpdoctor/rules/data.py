@@ -441,6 +441,8 @@ WEIGHTS_ONLY = Rule(
     title="torch.load(weights_only=True) rejected the checkpoint",
     sources="torch/serialization.py, torch/_weights_only_unpickler.py (torch >= 2.6 default)",
     specificity=85,
+    # a resume: every rank unpickles the same file under the same default
+    alike_on_every_rank=True,
     signatures=(
         Signature(r"Weights only load failed"),
         Signature(r"WeightsUnpickler error: (?P<what>.+)", "WeightsUnpickler error"),

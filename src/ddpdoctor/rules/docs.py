@@ -46,6 +46,12 @@ def _causality(rule: Rule) -> list[str]:
             "- between processes that each see only their own GPU (all on device 0), a "
             "configuration fault, not the hardware's"
         )
+    if rule.alike_on_every_rank:
+        lines.append(
+            "- alike on every rank: every rank runs this at start-up the same way; where the "
+            "launcher showed one rank's error and stopped the others before they printed "
+            "anything, the others are named too"
+        )
     if rule.marker is not None:
         lines.append(f"- marker: {MARKER_MEANING[rule.marker]}")
     if rule.explains:
