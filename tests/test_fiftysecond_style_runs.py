@@ -92,10 +92,6 @@ MISSES: dict[str, str] = {
     "'Fatal Python error' header kept) is not read as a native crash of rank 1",
     "half-shard": "TMO102 failed/nccl-timeout, no culprit: rank 2, whose epoch is 3 of 6 steps "
     "shorter, went to the evaluation gather while the others all-reduce gradients: uneven inputs",
-    "cuda-map": "CUDA110 failed/checkpoint-load-device on rank 0 only: the launcher's report shows "
-    "rank 0's error, but every rank ran the same torch.load(map_location='cuda:0')",
-    "pickled-args": "ENV102 failed/weights-only-load on rank 0 only: every rank ran the same "
-    "torch.load of the same checkpoint; the launcher's report shows rank 0's error",
     "nan-one": "INF207 failed/early-stop, no culprit: rank 1 alone printed 'Loss is nan, stopping "
     "training' and left; ranks 0 and 2 lost it (Connection reset by peer): uncoordinated exit",
 }

@@ -187,6 +187,7 @@ def build_evidence(job: JobView, events: list[Event]) -> JobEvidence:
         single_node=job.single_node,
         transports=set(job.transports),
         job_exit_code=info.exit_code,
+        launched_processes=job.launched_processes,
     )
     ranks = evidence.ranks
     seen = set(info.ranks_seen)  # a set: 10,000 ranks tested against a list took 0.65 s

@@ -321,7 +321,7 @@ def _stopped_on_the_same_path(
     error is all the launcher showed (mp.spawn prints the first process's and stops the rest),
     no training step was printed, and none of the others printed a line of its own, waited,
     or failed otherwise: they were on the same path when they were stopped."""
-    world = evidence.world_size
+    world = max(evidence.world_size or 0, evidence.launched_processes or 0) or None
     if (
         len(culprits) != 1
         or not all(e.rule.alike_on_every_rank for e in roots)

@@ -84,6 +84,17 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
         "world",
         distinct=VALUE,
     ),
+    # Accelerate's notebook_launcher (launchers.py) before it starts the processes: "Launching
+    # training on 3 CUDAs." (1.x, the device type's name), "Launching training on 8 GPUs."
+    # (0.x), "Launching a training on 8 TPU cores."
+    # (a count of processes, not the world's size: they may print no rank, and ranks known
+    # to exist but silent read as ranks that left no logs; see JobView.launched_processes)
+    FactPattern(
+        "launched_processes",
+        r"^Launching (?:a )?training on (?P<n>\d{1,6}) (?:[A-Z]{2,5}s|TPU cores)\.$",
+        "training on ",
+        distinct=VALUE,
+    ),
     # Lightning: "Initializing distributed: GLOBAL_RANK: 0, MEMBER: 1/8"
     FactPattern("world_size", r"MEMBER: \d+/(?P<n>\d+)", "MEMBER: ", distinct=VALUE),
     # a DeviceMesh as torch >= 2.6 prints it ("DeviceMesh((dp=2, tp=2), 'cpu', stride=(2, 1))"):

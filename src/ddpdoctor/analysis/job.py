@@ -50,6 +50,9 @@ class JobView:
     """Every announcement of the end of training, with its rank when known."""
     stopped_unseen: list[int] = field(default_factory=list)
     """A missing rank the launcher most likely stopped alive (_stopped_unseen)."""
+    launched_processes: int | None = None
+    """How many processes a launcher said it starts (Accelerate's notebook_launcher 'Launching
+    training on 3 CUDAs.'): the size of the launch, for what every process did alike."""
     function_workers: bool = False
     """The agent ran a Python function, not a program (its failure line says 'of fn:', as
     under accelerate's notebook_launcher or elastic_launch): its failure summary then lists
@@ -266,6 +269,7 @@ def build_job(
     # pids it stopped after a failure and the workers it reported failed
     launched: dict[str, set[str]] = {}
     failed_locals: dict[str, set[str]] = {}
+    launched_processes: int | None = None
     for scan in scans:
         expect_root = False
         for fact in scan.facts:
@@ -273,6 +277,10 @@ def build_job(
                 n = count_number(fact.captures.get("n"), MAX_WORLD_SIZE)
                 if n:
                     world_hints.append(n)
+            elif fact.name == "launched_processes":
+                n = count_number(fact.captures.get("n"), MAX_WORLD_SIZE)
+                if n:
+                    launched_processes = max(launched_processes or 0, n)
             elif fact.name == "mesh_shape":
                 n = mesh_size(fact.captures.get("dims", ""))
                 if n:
@@ -505,6 +513,7 @@ def build_job(
         completed_ranks=completed_ranks,
         completions=completions,
         stopped_unseen=stopped_unseen,
+        launched_processes=launched_processes,
         function_workers=any(" of fn: " in f.record.text for f in failed_exits),
         stopped_pids=frozenset(int(p) for pids in launched.values() for p in pids if p.isdigit()),
         loop_ends=loop_ends,

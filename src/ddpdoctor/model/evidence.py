@@ -294,6 +294,8 @@ class JobEvidence:
     """(source, line) of last words that ended a traceback shown above them."""
     stopped_by_run: bool = False
     """`ddpdoctor run` ended the job: its kill after a hang, or a stop signal it forwarded."""
+    launched_processes: int | None = None
+    """How many processes a launcher said it starts (JobView.launched_processes)."""
     flight: FlightAnalysis | None = None
     """The ranks' Flight Recorder dumps read side by side, when they were given."""
     lived_on: dict[int, list[tuple[str, int, datetime]]] = field(default_factory=dict)
