@@ -135,10 +135,6 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "torn-pyth": "failed, data-error on rank 1 only (DATA104, 0.9): the kind is right, but mp.spawn "
-    "prints only the first failed process's traceback (process 1, 'OSError: [Errno 22] Invalid "
-    "argument' in PyTorchFileReader) and SIGTERMs process 0, which auto-resumes from the same cut "
-    "checkpoint (the master logged 'Load from last checkpoint, ...checkpoint_epoch_00002.pyth.')",
     "skew-resume": "failed, uncoordinated-exit on rank 1 (INF202, 0.75): node 0's console holds "
     "the master's records and one traceback, its test spawn's Process 1 ('DistStoreError: wait "
     "timeout'), so the master's 'training done' is read as rank 1 leaving; node 1's '-- Process 0 "

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from ddpdoctor.analysis.behaviour import build_evidence
 from ddpdoctor.analysis.causal_graph import CausalGraph
 from ddpdoctor.analysis.events import Event, Node, split
-from ddpdoctor.analysis.frames import in_backward, user_frame
+from ddpdoctor.analysis.frames import in_backward, in_checkpoint_load, user_frame
 from ddpdoctor.analysis.job import JobView
 from ddpdoctor.analysis.relations import (
     RELATIONS,
@@ -317,14 +317,17 @@ def _stopped_on_the_same_path(
     roots: list[Event], culprits: set[int], evidence: JobEvidence
 ) -> set[int]:
     """The other ranks of the job, when the root's rule is met alike by every rank at start-up
-    (Rule.alike_on_every_rank: a resume loading the same checkpoint the same way), one rank's
+    (Rule.alike_on_every_rank: a resume loading the same checkpoint the same way) or the root
+    was raised inside torch.load under the program's checkpoint loading, one rank's
     error is all the launcher showed (mp.spawn prints the first process's and stops the rest),
     no training step was printed, and none of the others printed a line of its own, waited,
     or failed otherwise: they were on the same path when they were stopped."""
     world = max(evidence.world_size or 0, evidence.launched_processes or 0) or None
     if (
         len(culprits) != 1
-        or not all(e.rule.alike_on_every_rank for e in roots)
+        or not all(
+            e.rule.alike_on_every_rank or any(in_checkpoint_load(h) for h in e.hits) for e in roots
+        )
         or world is None
         or not 2 <= world <= MAX_ALIKE_RANKS
         or evidence.started_training

@@ -22,6 +22,23 @@ def user_frame(hits: list[Hit]) -> str | None:
     return None
 
 
+# A resume: torch.load called from a function of the program that loads or restores a
+# checkpoint ('load_checkpoint', 'load_train_checkpoint', 'resume_from', 'restore_ckpt'):
+# every rank of a data-parallel job reads the same file there (not a shard of its own data)
+CHECKPOINT_NAME = re.compile(r"(?i)checkpoint|ckpt|resume|restore")
+TORCH_LOAD = re.compile(r'torch/serialization\.py", line \d+, in load$')
+
+
+def in_checkpoint_load(hit: Hit) -> bool:
+    """The hit's traceback passes through torch.load, called from the program's own function
+    that loads or restores a checkpoint."""
+    frames = [m for r in hit.context if (m := FRAME.search(r.text)) is not None]
+    loads = any(TORCH_LOAD.search(r.text) for r in hit.context)
+    return loads and any(
+        CHECKPOINT_NAME.search(m["func"]) and not LIBRARY_PATH.search(m["path"]) for m in frames
+    )
+
+
 # The backward pass: every rank of a data-parallel job runs it each step (DDP's gradient
 # all-reduce is issued from inside it), so a rank that raised there was following the program.
 IN_BACKWARD = re.compile(r"run_backward|_execution_engine|in backward$|\.backward\(")
