@@ -141,11 +141,6 @@ MISSES: dict[str, str] = {
     "terminated' (mp.spawn's local index, global rank 2) is read as rank 0; the resume on node 0 "
     "only ('Start epoch: 3' against node 1's silent epoch 1) is not read: ranks 0 and 1 ran 2 "
     "epochs of batches against 4, uneven-inputs on ranks 0 and 1",
-    "frame-crawl": "hung, hang on rank 1 (INF211, 0.55): the culprit is right, but rank 1's "
-    "'Decoded-frame cache of the val split is stale; rebuilding (k/10)' lines every 4 s are bare "
-    "(a non-master process's warnings through Python's last resort handler: no time, no rank, no "
-    "level), so its announced work is not seen and it reads as silent and blocked; it was busy "
-    "past the 15 s timeout, slow-rank-timeout",
     "bn-solo": "failed, collective-mismatch on rank 1 (COL101, 0.9): the kind is right, but the "
     "culprit is the rank gloo aborted ('8 vs 4. Received data size doesn't match expected size', "
     "process 1 SIGABRT), the receiver of the master's extra precise-BN all_reduce; nothing in the "

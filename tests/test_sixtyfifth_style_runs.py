@@ -125,11 +125,6 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "decomp-crawl": "hung, hang on rank 1 (INF211, 0.35): the culprit is right, but rank 1's "
-    "'Seasonal decomposition of validation stores: k/8 stores done' lines (a plain print of a "
-    "spawned child into the one console) carry no rank, so the long task it announced every 5 s "
-    "is nobody's and the rank the spawn parent SIGTERMed while still at work is read as "
-    "blocked: rank 1 was busy past the 15 s timeout, slow-rank-timeout on rank 1",
     "lock-park": "failed, slow-rank-timeout on rank 0 (INF201, 0.40): the culprit is right, but a "
     "silent rank 0 is read as busy with work only the main process does (evaluation, saving); "
     "nothing says rank 0 worked: it waited silently on an event no thread would set, outside "

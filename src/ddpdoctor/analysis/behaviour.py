@@ -322,6 +322,7 @@ def build_evidence(job: JobView, events: list[Event]) -> JobEvidence:
     _worked_while_others_waited(
         job, evidence, last_reaction, {(r.source, r.line) for r in reactions}
     )
+    _counted_work_until_the_reaction(job, evidence, {(r.source, r.line) for r in reactions})
     evidence.lost_peers_on_loopback = bool(peers) and all(
         found and all(LOOPBACK.fullmatch(a) for a in found) for found in peers
     )
@@ -434,11 +435,7 @@ def _worked_while_others_waited(
     if end is None or not timeout_ms or not waiting:
         return
     start = end - timedelta(milliseconds=timeout_ms)
-    hosts = {  # where each rank's own lines were written (a launcher's summary may say localhost)
-        rank: s.origin.host
-        for s in job.streams
-        if s.origin.host and (rank := job.resolve(s.origin)) is not None
-    }
+    hosts = _hosts_of_ranks(job)
     for stream in job.streams:
         if len(stream.recent) < WORK_LINES_MIN:
             continue
@@ -453,27 +450,102 @@ def _worked_while_others_waited(
         ]
         if len(inside) < WORK_LINES_MIN:
             continue
-        writer = job.resolve(stream.origin)
-        if writer is None:
-            host = stream.origin.host
-            candidates = {
-                r
-                for r, v in evidence.ranks.items()
-                if r not in waiting
-                and not v.failed
-                and (host is None or hosts.get(r, host) == host)
-            }
-            if len(candidates) != 1:
-                continue
-            writer = candidates.pop()
-        view = evidence.ranks.get(writer)
-        if view is None or writer in waiting or view.failed or view.busy_phase:
-            continue
         line, time, text = inside[-1]
-        view.busy_phase = text[:80]
-        view.evidence.insert(
-            0, Evidence(stream.source, line, writer, stream.origin.host, time, text)
+        _busy_with(
+            job, evidence, stream, hosts, Evidence(stream.source, line, None, None, time, text)
         )
+
+
+def _counted_work_until_the_reaction(
+    job: JobView, evidence: JobEvidence, reactions: set[tuple[str, int]]
+) -> None:
+    """A writer whose last lines before the launcher's reaction (at most REACTION_GAP lines
+    above it) count one piece of work up without finishing it ('rebuilding (4/10)' after
+    '(3/10)', plain prints no time dates) was still at it when the launcher stopped the job
+    after the others' wait: alive and busy, as a writer whose timed lines fall in the wait
+    (_worked_while_others_waited). Only where ranks waited."""
+    if not evidence.waiting:
+        return
+    hosts = _hosts_of_ranks(job)
+    for stream in job.streams:
+        after = sorted(line for source, line in reactions if source == stream.source)
+        if len(stream.bare) < WORK_LINES_MIN or not after:
+            continue
+        counted = _counted_run(stream.bare, after)
+        if counted is None:
+            continue
+        line, text = counted
+        _busy_with(
+            job, evidence, stream, hosts, Evidence(stream.source, line, None, None, None, text)
+        )
+
+
+REACTION_GAP = 3
+"""Lines between a writer's last count of work and the launcher's reaction, at most."""
+WORK_COUNT = re.compile(r"(?<![\d/.])(\d{1,6})/(\d{1,6})(?![\d/.])")
+"""A count of work done ('4/10', '(3/8 stores done'), not a date or a path."""
+
+
+def _counted_run(bare: tuple[tuple[int, str], ...], reactions: list[int]) -> tuple[int, str] | None:
+    """(line, text) of the last of >= WORK_LINES_MIN lines that end a writer's untimed lines
+    before a reaction and count one piece of work up (the same words, the same total, the
+    count rising, not at its total), the reaction at most REACTION_GAP lines below."""
+    for reaction in reactions:
+        before = [(line, raw.rsplit("\r", 1)[-1]) for line, raw in bare if line < reaction]
+        if not before or reaction - before[-1][0] > REACTION_GAP + 1:
+            continue
+        run: list[tuple[int, str, int, int, str]] = []
+        for line, text in reversed(before):
+            counts = list(WORK_COUNT.finditer(text))
+            if not counts:
+                break
+            m = counts[-1]  # the last count of the line (a bar glued in front has its own)
+            done, total = int(m[1]), int(m[2])
+            words = text[: m.start()][-60:] + text[m.end() :]
+            if run and (words != run[-1][4] or total != run[-1][3] or done >= run[-1][2]):
+                break
+            run.append((line, text, done, total, words))
+        if len(run) >= WORK_LINES_MIN and run[0][2] < run[0][3]:
+            return run[0][0], run[0][1].strip()
+    return None
+
+
+def _hosts_of_ranks(job: JobView) -> dict[int, str]:
+    """Where each rank's own lines were written (a launcher's summary may say localhost)."""
+    return {
+        rank: s.origin.host
+        for s in job.streams
+        if s.origin.host and (rank := job.resolve(s.origin)) is not None
+    }
+
+
+def _busy_with(
+    job: JobView,
+    evidence: JobEvidence,
+    stream: StreamSummary,
+    hosts: dict[int, str],
+    work: Evidence,
+) -> None:
+    """The stream's writer was busy with `work` while the others waited: its busy phase and
+    first evidence. A writer no rank is known for is the one rank of its host (where the
+    ranks' own lines show theirs) that neither waited nor failed."""
+    waiting = evidence.waiting
+    writer = job.resolve(stream.origin)
+    if writer is None:
+        host = stream.origin.host
+        candidates = {
+            r
+            for r, v in evidence.ranks.items()
+            if r not in waiting and not v.failed and (host is None or hosts.get(r, host) == host)
+        }
+        if len(candidates) != 1:
+            return
+        writer = candidates.pop()
+    view = evidence.ranks.get(writer)
+    if view is None or writer in waiting or view.failed or view.busy_phase:
+        return
+    view.busy_phase = work.text[:80]
+    view.evidence.insert(0, replace(work, rank=writer, host=stream.origin.host))
 
 
 LAUNCHER_OWN = re.compile(r"torch/distributed/(?:elastic|run\.py)|torch/multiprocessing/")

@@ -136,12 +136,14 @@ def merge(acc: SourceScan, part: SourceScan) -> SourceScan:
         s.open_traceback_at += shift if s.open_traceback_at else 0
         s.closed_traceback_line += shift if s.closed_traceback_line else 0
         s.recent = tuple((line + shift, raw) for line, raw in s.recent)
+        s.bare = tuple((line + shift, raw) for line, raw in s.bare)
         a = acc.streams.get(key)
         if a is None:
             acc.streams[key] = s
             continue
         a.lines_seen += s.lines_seen
         a.recent = (a.recent + s.recent)[-RECENT_LINES:]
+        a.bare = (a.bare + s.bare)[-RECENT_LINES:]
         a.year = s.year
         a.prev_text = s.prev_text or a.last_text
         a.last_line, a.last_text = s.last_line, s.last_text

@@ -156,6 +156,9 @@ class StreamSummary:
     day: work of its own it announced while others waited (behaviour's wait window parses
     their times, only where ranks waited). Ranked writers' last words say it already, and
     rank files (10,000 of them) pay nothing."""
+    bare: tuple[tuple[int, str], ...] = ()
+    """The same as `recent` for its last few lines that show no time: a plain print's count of
+    work ('rebuilding (3/10)'), which only its place in the file dates."""
     year: int = 1970
     """The year its source's times without one are read in (the file's)."""
     last_epoch: tuple[int, int | None, bool] | None = None
@@ -792,6 +795,7 @@ class Scanner:
         # gap to the step before
         prev2_raw: dict[str, str] = {}
         recent: dict[str, deque[tuple[int, str]]] = {}
+        bare: dict[str, deque[tuple[int, str]]] = {}
         for offset, raw in enumerate(text.split("\n")):
             if not raw or raw.isspace() or not raw.strip(QUOTE_BLANK):
                 continue  # an empty line, also inside a Markdown quote ('> ')
@@ -840,12 +844,15 @@ class Scanner:
                     and not on_progress
                     and not erred
                     and raw[:1] not in " \t"  # a traceback's frame, a summary's field
-                    and CLOCK.search(raw, 0, CLOCK_WITHIN)
                 ):
-                    mine = recent.get(key)
-                    if mine is None:
-                        mine = recent[key] = deque(maxlen=RECENT_LINES)
-                    mine.append((line_no, raw))
+                    timed = CLOCK.search(raw, 0, CLOCK_WITHIN) is not None
+                    # (a traceback's head is no line of work: see StreamSummary.bare)
+                    if timed or not is_traceback_line(message):
+                        kept = recent if timed else bare
+                        mine = kept.get(key)
+                        if mine is None:
+                            mine = kept[key] = deque(maxlen=RECENT_LINES)
+                        mine.append((line_no, raw))
                 if on_progress:
                     summary.progress_lines += 1
                     summary.last_progress_line = line_no
@@ -876,6 +883,8 @@ class Scanner:
         for key, lines in recent.items():
             streams[key].recent = tuple(lines)
             streams[key].year = src.year
+        for key, lines in bare.items():
+            streams[key].bare = tuple(lines)
         for key, raw in last_raw.items():  # the time of each writer's last progress line only
             streams[key].last_progress_time = last = parse(raw).time
             before = parse(prev_raw[key]).time if key in prev_raw else None
@@ -1117,6 +1126,7 @@ def _renumber(result: SourceScan, renumbered: Callable[[int], int]) -> None:
             if value > 0:
                 setattr(summary, name, renumbered(value))
         summary.recent = tuple((renumbered(line), raw) for line, raw in summary.recent)
+        summary.bare = tuple((renumbered(line), raw) for line, raw in summary.bare)
 
 
 def _rename_hosts(result: SourceScan, renames: dict[str, str]) -> None:
