@@ -143,6 +143,25 @@ def test_a_loop_counted_from_zero_ends_one_before_the_number(
     assert state is not None and last_epoch_done(state, {3}, first) is done
 
 
+@pytest.mark.parametrize(
+    ("line", "first", "done"),
+    [
+        # sixtyninth-calm-mel: coqui's Trainer prints ' > EPOCH: 0/4' to ' > EPOCH: 3/4'
+        (" > EPOCH: 3/4", 0, True),
+        (" > EPOCH: 2/4", 0, False),
+        # counted from 1 (or never seen from the start): '3/4' is not the last
+        (" > EPOCH: 3/4", 1, False),
+        (" > EPOCH: 3/4", None, False),
+        (" > EPOCH: 4/4", 1, True),
+    ],
+)
+def test_a_total_of_its_own_counted_from_zero_ends_one_before_it(
+    line: str, first: int | None, done: bool
+) -> None:
+    state = _epoch_state(line)
+    assert state is not None and last_epoch_done(state, set(), first) is done
+
+
 def test_a_run_whose_epochs_count_from_zero_and_reach_the_last_is_ok() -> None:
     """fiftysecond-quiet-trio (a real 3-rank run under notebook_launcher): its config table
     says 'num_epochs  3', its epochs are 'epoch 0' to 'epoch 2', each with its bar at 6/6 and

@@ -935,12 +935,17 @@ def last_epoch_done(
     state: tuple[int, int | None, bool], max_epochs: set[int], first_epoch: int | None = None
 ) -> bool:
     """The writer's last epoch line stands at the run's last epoch, its steps done: by the
-    line's own total, else by the one number of epochs the run's start-up announced (counted
-    from 0 when the writer's first epoch line named epoch 0: 'epochs 3' ends at 'epoch 2')."""
+    line's own total, else by the one number of epochs the run's start-up announced; counted
+    from 0 when the writer's first epoch line named epoch 0 ('epochs 3' ends at 'epoch 2', and
+    so does '2/3')."""
     n, total, done = state
     if total is None and len(max_epochs) == 1:
-        total = next(iter(max_epochs)) - (1 if first_epoch == 0 else 0)
-    return done and total is not None and n == total
+        total = next(iter(max_epochs))
+    if total is None:
+        return False
+    # a writer that named epoch 0 counts from 0: of 4 epochs the last is '3/4' (coqui's
+    # Trainer prints ' > EPOCH: 0/4' ... ' > EPOCH: 3/4')
+    return done and n == total - (1 if first_epoch == 0 else 0)
 
 
 COUNTER_RANK = re.compile(r"[Rr]ank[ =:]?(?P<rank>\d{1,5})[\]:,|]?\s{0,3}$")
