@@ -126,8 +126,6 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "floor-met": "unknown, hang with no culprit (INF212, 0.3): the Trainer prints no end of training and the launcher no exit code; the last progress line is 'STEP: 6/8' (a loss block every 3 steps) followed by the evaluation's lines only, read as a log cut off in the middle of an epoch; the agreed stop's 'Eval loss 0.47714 is below the target 0.52: stopping "
-    "the training.' is not read as an end",
     "floor-solo": "failed, uncoordinated-exit with no culprit (INF202, 0.3): kind right, but rank "
     "0's 'stopping the training.' line carries no rank (the Trainer's logger has no format) and "
     "rank 1's barrier traceback (traceback.print_exc) no [rank1] prefix: nothing names rank 0",

@@ -106,7 +106,7 @@ EARLY_STOP = Rule(
         Signature(
             r"(?i:\b(?:reached|under|below|above|exceed(?:s|ed)?|target|threshold|patience"
             r"|converged|enough|no improvement|nan|inf)\b[^\n]{0,80}?[,;:]? stopping)"
-            r"(?:[.!]?$| early\b)",
+            r"(?: the training)?(?:[.!]?$| early\b)",
             " stopping",
         ),
         # the same after a metric that stopped improving, in the imperative: "Epoch 1 cv_loss
@@ -153,6 +153,8 @@ EARLY_STOP = Rule(
         "accuracy good enough, stopping",
         # tests/fixtures/real/twentyseventh-goal-halt
         "mean loss 0.4933 under 0.60 after epoch 1: stopping",
+        # tests/fixtures/real/sixtyninth-floor-met (a callback of a coqui-style Trainer)
+        " > Eval loss 0.47714 is below the target 0.52: stopping the training.",
         "Early stopping: val_loss did not improve for 5 epochs",
         # tests/fixtures/real/twentyninth-plateau-vote
         "[rank 1] early stopping: no improvement for 1 epoch(s)",
