@@ -466,12 +466,13 @@ def _counted_work_until_the_reaction(
     (_worked_while_others_waited). Only where ranks waited."""
     if not evidence.waiting:
         return
-    hosts = _hosts_of_ranks(job)
-    for stream in job.streams:
-        after = sorted(line for source, line in reactions if source == stream.source)
-        if len(stream.bare) < WORK_LINES_MIN or not after:
-            continue
-        counted = _counted_run(stream.bare, after)
+    by_source: dict[str, list[int]] = {}
+    for source, line in reactions:
+        by_source.setdefault(source, []).append(line)
+    streams = [s for s in job.streams if len(s.bare) >= WORK_LINES_MIN and s.source in by_source]
+    hosts = _hosts_of_ranks(job) if streams else {}
+    for stream in streams:
+        counted = _counted_run(stream.bare, sorted(by_source[stream.source]))
         if counted is None:
             continue
         line, text = counted
