@@ -57,3 +57,12 @@ def test_the_processes_spawn_stopped_during_the_resume_are_named() -> None:
     report = diagnose_paths([str(REPO / "tests" / "fixtures" / "real" / "sixtyeighth-torn-pyth")])
     assert report.verdict.kind == "data-error"
     assert report.verdict.culprit.ranks == [0, 1]
+
+
+def test_a_line_printed_before_the_load_does_not_keep_a_rank_out() -> None:
+    # a real run of tests/programs/spawn_resume_train.py under `ddpdoctor run`: rank 0 said
+    # 'resuming from ckpt.pt', then mp.spawn showed process 1's weights-only rejection of the
+    # same file and SIGTERMed process 0, which was loading it
+    report = diagnose_paths([str(REPO / "tests" / "fixtures" / "real" / "spawn-resume-said")])
+    assert report.verdict.kind == "weights-only-load"
+    assert report.verdict.culprit.ranks == [0, 1]

@@ -310,19 +310,16 @@ def build_evidence(job: JobView, events: list[Event]) -> JobEvidence:
     reacted = [r.time for r in reactions if r.time is not None]
     evidence.launcher_reacted_at = min(reacted) if reacted else None
     last_reaction = max(reacted) if reacted else None
-    evidence.worker_lines = sum(s.lines_seen for s in job.streams) - len(
-        {(r.source, r.line) for r in reactions}
-    )
+    reaction_lines = {(r.source, r.line) for r in reactions}
+    evidence.worker_lines = sum(s.lines_seen for s in job.streams) - len(reaction_lines)
     peers = [
         PEER_ADDRESS.findall(h.record.text)
         for e in events
         if e.echo is Echo.LOST_PEER
         for h in e.hits
     ]
-    _worked_while_others_waited(
-        job, evidence, last_reaction, {(r.source, r.line) for r in reactions}
-    )
-    _counted_work_until_the_reaction(job, evidence, {(r.source, r.line) for r in reactions})
+    _worked_while_others_waited(job, evidence, last_reaction, reaction_lines)
+    _counted_work_until_the_reaction(job, evidence, reaction_lines)
     evidence.lost_peers_on_loopback = bool(peers) and all(
         found and all(LOOPBACK.fullmatch(a) for a in found) for found in peers
     )

@@ -215,9 +215,11 @@ def _from_lines(
     if alike:
         decision.notes.append(
             f"The launcher showed {ranks_text(culprits)}'s error and stopped "
-            f"{ranks_text(alike)} before {'it' if len(alike) == 1 else 'they'} printed anything: "
-            "every rank runs this at start-up alike, so they are named too (where only "
-            f"{ranks_text(culprits)} runs it, the others only waited for it)."
+            f"{ranks_text(alike)} before {'it' if len(alike) == 1 else 'they'} showed an error, "
+            f"a wait or work of {'its' if len(alike) == 1 else 'their'} own: every rank runs "
+            "this at start-up alike, so they are "
+            f"named too (where only {ranks_text(culprits)} runs it, the others only waited for "
+            "it)."
         )
         culprits = culprits | alike
     decision.culprit_ranks = sorted(culprits)
@@ -309,8 +311,8 @@ def _culprits(roots: list[Event], evidence: JobEvidence, graph: CausalGraph) -> 
 
 
 MAX_ALIKE_RANKS = 64
-"""Ranks named for a failure they would have met alike (see _stopped_on_the_same_path), at most:
-past this, the report says every rank in words, not in a list."""
+"""The largest launch whose other ranks are named for a failure they would have met alike (see
+_stopped_on_the_same_path); in a bigger one, only the ranks the log shows are named."""
 
 
 def _stopped_on_the_same_path(
@@ -320,8 +322,9 @@ def _stopped_on_the_same_path(
     (Rule.alike_on_every_rank: a resume loading the same checkpoint the same way) or the root
     was raised inside torch.load under the program's checkpoint loading, one rank's
     error is all the launcher showed (mp.spawn prints the first process's and stops the rest),
-    no training step was printed, and none of the others printed a line of its own, waited,
-    or failed otherwise: they were on the same path when they were stopped."""
+    no training step was printed, and none of the others failed otherwise, waited, announced
+    work of its own or finished: they were on the same path when they were stopped. (A line
+    it printed before, 'resuming from ckpt.pt', says nothing of how far it got.)"""
     world = max(evidence.world_size or 0, evidence.launched_processes or 0) or None
     if (
         len(culprits) != 1
@@ -344,7 +347,6 @@ def _stopped_on_the_same_path(
             or view.echoes - {"stopped", "launcher"}
             or view.busy_phase
             or view.completed
-            or view.last_text
         ):
             return set()
     return others

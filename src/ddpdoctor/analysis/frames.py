@@ -24,7 +24,9 @@ def user_frame(hits: list[Hit]) -> str | None:
 
 # A resume: torch.load called from a function of the program that loads or restores a
 # checkpoint ('load_checkpoint', 'load_train_checkpoint', 'resume_from', 'restore_ckpt'):
-# every rank of a data-parallel job reads the same file there (not a shard of its own data)
+# every rank of a data-parallel job reads the same file there (not a shard of its own data).
+# The program's own function only: a library's may read a shard per rank (DeepSpeed's
+# load_checkpoint reads each rank's own ZeRO optimizer states).
 CHECKPOINT_NAME = re.compile(r"(?i)checkpoint|ckpt|resume|restore")
 TORCH_LOAD = re.compile(r'torch/serialization\.py", line \d+, in load$')
 

@@ -61,7 +61,8 @@ def sample_bytes_for(n_inputs: int) -> int:
 
 ERROR_LEVELS = frozenset(("error", "fatal", "critical"))
 RECENT_LINES = 6
-"""A writer's last timed lines of its own kept with their raw text (StreamSummary.recent)."""
+"""A writer's last lines of its own kept with their raw text, timed (StreamSummary.recent) and
+untimed (StreamSummary.bare) apart."""
 CLOCK = re.compile(r"\d:\d\d:\d\d")
 """A time of day in a line: the cheap test for a line that may carry its time."""
 CLOCK_WITHIN = 100

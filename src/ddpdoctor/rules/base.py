@@ -190,7 +190,7 @@ class Rule:
     one container per GPU) is a configuration fault, not the hardware's.
     alike_on_every_rank: every rank runs the failing code alike at start-up (the same
     checkpoint loaded the same way): where the launcher showed one rank's error and stopped the
-    others before they printed anything of their own, those are named too.
+    others before they showed an error, a wait or work of their own, those are named too.
     proves_infrastructure: the line itself is evidence of a hardware or fabric fault; a
     finding of an infrastructure kind without it is never blamed on infrastructure.
     status: the verdict's status when this rule is the root (default: `slow` for performance

@@ -49,8 +49,8 @@ def _causality(rule: Rule) -> list[str]:
     if rule.alike_on_every_rank:
         lines.append(
             "- alike on every rank: every rank runs this at start-up the same way; where the "
-            "launcher showed one rank's error and stopped the others before they printed "
-            "anything, the others are named too"
+            "launcher showed one rank's error and stopped the others before they showed an "
+            "error, a wait or work of their own, the others are named too"
         )
     if rule.marker is not None:
         lines.append(f"- marker: {MARKER_MEANING[rule.marker]}")
