@@ -292,7 +292,21 @@ POSITIVE["INF233"] = [
     # a Kubeflow master's MNIST download, then nothing
     (lambda t: case("802"), None),
 ]
+POSITIVE["INF237"] = [
+    # '[rank 0] calling destroy_process_group ...' and nothing after it
+    (lambda t: case("452"), []),
+    # the last mini-epoch saved, then NCCL's 'Abort COMPLETE' of ranks 1 and 2 (destroying
+    # their communicators), rank 3's line cut, and no exit
+    (lambda t: case("501"), []),
+    # wandb's end-of-run history table, cut inside it
+    (lambda t: case("172"), []),
+]
 NEAR_MISS = {
+    # the same log one line earlier: the ranks' last words are the save of the last epoch
+    # and its announcement, not the way out
+    "INF237": [
+        lambda t: case_cut_before("501", "[Service thread]", t),
+    ],
     # rank 2's last line is a step that says it stops ('loss is nan at iter 8, stopping'); rank
     # 1 says it leaves the loop: both left on their own
     "INF231": [lambda t: real("eighth-nan-break"), lambda t: real("style-leave")],
@@ -554,3 +568,28 @@ def test_srun_task_exits_are_launcher_exits(line: str, found: tuple[str, str] | 
         if (m := f.compiled.search(line))
     ]
     assert hits == ([found] if found else [])
+
+
+@pytest.mark.parametrize(
+    ("line", "winding"),
+    [
+        ("[rank 0] calling destroy_process_group ...", True),
+        ("Destroying process group", True),
+        (
+            "gcn17:2408115:2596340 [2] NCCL INFO comm 0xe83c2a0 rank 2 nranks 4 cudaDev 2 "
+            "busId ca000 - Abort COMPLETE",
+            True,
+        ),
+        ("NCCL INFO [Service thread] Connection closed by localRank 2", True),
+        ("wandb:         train/box_loss ██▇▆▆▅▄▄", True),
+        ("wandb: Run summary:", True),
+        ("wandb: Tracking run with wandb version 0.16.0", False),
+        ("NCCL INFO comm 0x55d5 rank 0 nranks 2 cudaDev 0 busId 1000 - Init COMPLETE", False),
+        ("destroy the old checkpoint", False),
+        ("Epoch 3/10 step 40", False),
+    ],
+)
+def test_words_of_the_way_out(line: str, winding: bool) -> None:
+    from ddpdoctor.rules.hypotheses.teardown_stop import WINDING_DOWN
+
+    assert bool(WINDING_DOWN.search(line)) is winding
