@@ -650,6 +650,14 @@ def test_an_srun_label_is_the_rank_unless_the_line_names_another(
         ("2024-05-01T10:00:00.123Z\t[rank1]: RuntimeError: x", "RuntimeError: x", 1, None),
         # an srun label inside a Markdown quote
         ("> 3: Traceback (most recent call last):", "Traceback (most recent call last):", 3, None),
+        # torchrun's tag indented, or behind a report's bar (milabench quotes each rank's
+        # stderr so): the quoting of whoever re-printed the line
+        ("        | [rank0]: FileNotFoundError: x", "FileNotFoundError: x", 0, None),
+        ("\t[rank3]: RuntimeError: x", "RuntimeError: x", 3, None),
+        # near misses: a bar without indentation, an indented list, code quoting a tag
+        ("| [rank0]: x", "| [rank0]: x", None, None),
+        ("    [1, 2]: x", "    [1, 2]: x", None, None),
+        ('    print("[rank0]: hi")', '    print("[rank0]: hi")', None, None),
         # a program's own tag before a rank it names: said about that rank, maybe by another
         # process (a launcher's "[launcher] rank 1 exited with code 1")
         (

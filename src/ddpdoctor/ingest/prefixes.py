@@ -421,6 +421,10 @@ TIME_OF_DAY_LEVEL = re.compile(
 
 # A log pasted into a Markdown quote: "> [rank0]: Traceback ...", "> > nested".
 QUOTE = re.compile(r">+ ?")
+# ... or indented, or behind a report's bar ("        | [rank0]: FileNotFoundError: ..."): a
+# launcher's tag stands at the start of the line it writes, so what comes before it is the
+# quoting of whoever pasted or re-printed it.
+QUOTED_TAG = re.compile(r"[ \t]{1,40}(?:\|[ \t]{0,4})?(?=\[[A-Za-z_][A-Za-z_-]{0,20}\d{1,5}\]:)")
 
 # k2/icefall/lhotse-style logging ('%(levelname)s [%(filename)s:%(lineno)d] (%(rank)s/%(world)s)
 # %(message)s'): "INFO [trainer.py:650] (5/8) Reaches end of dataloader."
@@ -533,6 +537,9 @@ def parse_line(raw: str, year: int = 1970, with_time: bool = True) -> ParsedLine
         c = text[pos]
         if c == ">" and pos == 0:
             pos = line_start = QUOTE.match(text, pos).end()  # type: ignore[union-attr]
+            continue
+        if c in " \t" and pos == 0 and (quoted := QUOTED_TAG.match(text)):
+            pos = line_start = quoted.end()
             continue
         bracket, digit = c == "[", c.isdigit()
         nxt = text[pos + 1] if pos + 1 < end else ""
