@@ -41,3 +41,12 @@ def test_every_rank_missing_some_op_is_a_collective_mismatch() -> None:
     nobody is merely behind; the ranks submitted different collectives."""
     v = diagnose_paths([str(_logs("714"))]).verdict
     assert (v.status, v.kind, v.culprit.ranks) == ("hung", "collective-mismatch", [])
+
+
+def test_the_coordinator_naming_itself_is_not_a_rank_left_waiting() -> None:
+    """Rank 0's own log (rank0.log) holds the coordinator's report, one line of ops joined by
+    ', ' (operations.cc before 0.20) whose ready lists leave out ranks 0 and 6: rank 0 speaks
+    for the job there, it does not wait; both named ranks are where the job hung."""
+    v = diagnose_paths([str(_logs("916"))]).verdict
+    assert (v.status, v.kind, v.culprit.ranks) == ("hung", "hang", [0, 6])
+    assert "names rank(s) 0,6 as never having arrived" in v.summary

@@ -617,6 +617,13 @@ def _add_event(evidence: JobEvidence, event: Event) -> None:
             _mark_named_absent(evidence, event)
         return
     view = evidence.ranks.setdefault(rank, RankView(rank=rank, present=True))
+    if event.echo is Echo.WAITING and rank in _absent_named_by(event):
+        # a coordinator's report (Horovod's rank 0) naming its own writer among the ranks
+        # that never came: it speaks for the job, it is not a rank left waiting
+        evidence.unranked_wait_kinds.add(event.rule.kind)
+        _mark_named_absent(evidence, event)
+        view.evidence.extend(Evidence.of(h.record) for h in event.hits[:2])
+        return
     if event.echo in (Echo.WAITING, Echo.LOST_PEER) and any(
         handler_start(h) is not None for h in event.hits
     ):
@@ -661,10 +668,13 @@ def _size_abort(event: Event) -> tuple[int, int] | None:
     return None
 
 
+def _absent_named_by(event: Event) -> set[int]:
+    return {r for hit in event.hits for r in _named_absent(hit.captures)}
+
+
 def _mark_named_absent(evidence: JobEvidence, event: Event) -> None:
-    for hit in event.hits:
-        for absent in _named_absent(hit.captures):
-            evidence.ranks.setdefault(absent, RankView(rank=absent)).named_absent = True
+    for absent in _absent_named_by(event):
+        evidence.ranks.setdefault(absent, RankView(rank=absent)).named_absent = True
 
 
 def _named_absent(captures: dict[str, str]) -> set[int]:

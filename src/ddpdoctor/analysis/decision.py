@@ -757,6 +757,24 @@ def _from_echoes(
                     "somewhere the others are not is the first suspect)."
                 )
         return decision
+    named = {r for r, v in evidence.ranks.items() if v.named_absent}
+    # (a world size read from fewer ranks than the report names is no world)
+    size = evidence.world_size or 0
+    world = set(range(size)) if named and size > max(named) else set()
+    if main.echo == Echo.WAITING and named and not (world and world <= named):
+        # the waiting side's own report (a stall inspector, a monitored barrier) names who
+        # never came: that is where to look, whatever kept them
+        decision.culprit_ranks = sorted(named)
+        decision.notes.append(
+            f"the waiting side's own report names rank(s) {_list(named)} as never having "
+            "arrived: they are where to look (stuck, slow, gone, or on another code path); why "
+            "they did not come is not in these logs."
+        )
+        decision.next_steps.append(
+            f"Read what rank(s) {_list(named)} were doing: their own logs, or their stacks "
+            "while it waits (py-spy dump --pid PID)."
+        )
+        return decision
     missing = evidence.missing
     if missing:
         decision.notes.append(

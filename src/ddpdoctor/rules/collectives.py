@@ -324,15 +324,16 @@ HOROVOD_STALL = Rule(
             r"(?P<after>\d+) seconds",
             "waiting for remainder of ranks",
         ),
-        # the ops it lists, each with the ranks missing (or, in some versions, ready)
+        # the ops it lists, each with the ranks missing (or, in some versions, ready): one
+        # per line, or (operations.cc before 0.20) one line of them joined by ", "
         Signature(
-            r"^\s*(?P<op>(?:allreduce|allgather|broadcast|alltoall|reducescatter|join)\.\S*) "
-            r"\[missing ranks: (?P<missing>[\d, ]+)\]",
+            r"(?:^\s*|\], )(?P<op>(?:allreduce|allgather|broadcast|alltoall|reducescatter|join)"
+            r"\.\S*) \[missing ranks: (?P<missing>[\d, ]+)\]",
             "[missing ranks: ",
         ),
         Signature(
-            r"^\s*(?P<op>(?:allreduce|allgather|broadcast|alltoall|reducescatter|join)\.\S*) "
-            r"\[ready ranks: (?P<ready>[\d, ]+)\]",
+            r"(?:^\s*|\], )(?P<op>(?:allreduce|allgather|broadcast|alltoall|reducescatter|join)"
+            r"\.\S*) \[ready ranks: (?P<ready>[\d, ]+)\]",
             "[ready ranks: ",
         ),
         # Horovod >= 0.20: "Missing ranks:" then one line per missing rank with the ops it
@@ -372,6 +373,8 @@ HOROVOD_STALL = Rule(
         "different ranks are trying to submit different tensors or that only subset of ranks is "
         "submitting tensors, which will cause deadlock.",
         "allreduce.conv1.weight [missing ranks: 1, 5]",
+        " ranks: 5, 1, 4, 7, 2, 3], allreduce.layer1.1.conv1.weight [ready ranks: 5, 1, 4, 7, 2, "
+        "3], allreduce.layer1.1.bn1.weight [ready ranks: 5, 1, 4, 7, 2, 3]",
         "[0] 1: [broadcast.head_in.0.bias, broadcast.head_in.0.weight ...]",
     ),
     negative=("Reducer buckets have been rebuilt in this iteration.",),

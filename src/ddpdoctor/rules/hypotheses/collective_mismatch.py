@@ -324,6 +324,10 @@ def _from_named_absence(job: JobEvidence) -> Assessment | None:
     named = {r for r, v in job.ranks.items() if v.named_absent}
     if len(named) < 2 or not present or not present <= named:
         return None
+    # every rank of the world, not only the one or two whose lines were given
+    world = set(range(job.world_size or 0)) if (job.world_size or 0) > max(named) else present
+    if len(world) < 2 or not world <= named:
+        return None
     if any(v.failed for v in job.ranks.values()):
         return None
     return Assessment(
