@@ -93,13 +93,7 @@ EXPECTED: dict[str, Expected] = {
 }
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
-MISSES: dict[str, str] = {
-    "norm-solo": "failed, collective-mismatch on rank 1 (COL101, 0.9): the kind is right, but "
-    "the culprit is the rank that aborted on gloo's 'Received data size doesn't match expected "
-    "size' (rank 1, exitcode -6, no traceback), not rank 0, whose traceback ends in the extra "
-    "all_reduce of its `if rank == 0` grad-norm block (line 409) while rank 1 was in the next "
-    "step's ordinary length all_reduce",
-}
+MISSES: dict[str, str] = {}
 
 
 RUNS = RunSet("fortysixth-", EXPECTED, MISSES, label_nowhere=True)

@@ -92,8 +92,9 @@ EXPECTED: dict[str, Expected] = {
 MISSES: dict[str, str] = {
     "patience-halt": "ok with no kind (no rule; 'No error, timeout or crash was found in the logs "
     "of rank 0'): the early stop is not named",
-    "eval-skew": "failed/collective-mismatch [1] (COL101, gloo's size-mismatch enforce and "
-    "SIGABRT on rank 1), not uneven-inputs",
+    "eval-skew": "failed/collective-mismatch [0] (COL101, gloo's size-mismatch enforce and "
+    "SIGABRT on rank 1, '16 vs 4': two small collectives in a world of two, so the main "
+    "process is named by the prior), not uneven-inputs on rank 1",
     "stop-file": "failed/uneven-inputs [2, 3] (INF209: 'ranks iterated over different numbers "
     "of batches'), not uncoordinated-exit",
 }

@@ -90,8 +90,6 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "bnbuf-zero": "failed, collective-mismatch on rank 1 (COL101, 0.9): the rank gloo aborted "
-    "(it received the bigger buffer) is named, not rank 0 that sent it",
     "val-extra": "failed, collective-mismatch on rank 0 (COL101, 0.9): the rank gloo aborted in "
     "its third validation batch is named, not that ranks 1 and 2 had no third batch",
 }

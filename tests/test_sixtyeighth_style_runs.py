@@ -141,10 +141,6 @@ MISSES: dict[str, str] = {
     "terminated' (mp.spawn's local index, global rank 2) is read as rank 0; the resume on node 0 "
     "only ('Start epoch: 3' against node 1's silent epoch 1) is not read: ranks 0 and 1 ran 2 "
     "epochs of batches against 4, uneven-inputs on ranks 0 and 1",
-    "bn-solo": "failed, collective-mismatch on rank 1 (COL101, 0.9): the kind is right, but the "
-    "culprit is the rank gloo aborted ('8 vs 4. Received data size doesn't match expected size', "
-    "process 1 SIGABRT), the receiver of the master's extra precise-BN all_reduce; nothing in the "
-    "log (precise BN logs nothing) shows that the master issued it",
     "node-halt": "failed, uncoordinated-exit on rank 1 (INF202, 0.75): the kind is right, but "
     "node 0's 'Found output/STOP: stopping after epoch 2.' and 'training done' (the master's "
     "records) are put on rank 1, the rank of the one traceback in node0.log (the test spawn's "

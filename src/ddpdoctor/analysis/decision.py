@@ -24,7 +24,7 @@ from ddpdoctor.model.evidence import Activity, JobEvidence, RankView, Stall
 from ddpdoctor.model.findings import Evidence, Finding
 from ddpdoctor.model.taxonomy import Category, Role, Status
 from ddpdoctor.rules.base import Echo, Marker, Rule
-from ddpdoctor.rules.hypotheses.base import Assessment, Hypothesis, ranks_text
+from ddpdoctor.rules.hypotheses.base import MAIN_PROCESS, Assessment, Hypothesis, ranks_text
 
 TIME_BUCKET_S = 30.0
 """Two roots logged within this time of each other are not ordered by their times."""
@@ -222,10 +222,24 @@ def _from_lines(
             "it)."
         )
         culprits = culprits | alike
+    sender = _sender_of_a_side_collective(roots, culprits, evidence)
+    if sender is not None:
+        (receiver,) = culprits
+        decision.notes.append(
+            f"The transport aborted rank {receiver}, which received a larger message than its "
+            f"own collective expected: rank {sender}, its only peer, was in another collective. "
+            "Both were small (side collectives: a metric, statistics, a flag, not a gradient "
+            f"sync), so the sizes do not say which rank was out of place; rank {sender}, the "
+            "main process, is named, as rank-dependent branches (`if rank == 0`) single it out."
+        )
+        culprits = {sender}
     decision.culprit_ranks = sorted(culprits)
     hosts = {h.record.origin.host for e in roots for h in e.hits if h.record.origin.host}
     decision.culprit_hosts = sorted(hosts) or _host_of_dead_peer(graph)
     _confidence_of_lines(decision, graph)
+    if sender is not None:
+        decision.confidence = round(decision.confidence - SENDER_GUESS, 2)
+        decision.basis.append("- which of the two ranks was out of place is a prior")
     if all(h.suggests for e in roots for h in e.hits):
         decision.notes.append(
             "The logs show the symptom, not the proof: confirm "
@@ -308,6 +322,41 @@ def _culprits(roots: list[Event], evidence: JobEvidence, graph: CausalGraph) -> 
     if len(evidence.failing_exits) == 1:
         return set(evidence.failing_exits)
     return _only_rank_not_waiting(roots, evidence)
+
+
+SIDE_RATIO = 16
+"""A receiver that expected a few bytes (a flag, a metric) and got a message this many times
+larger was in a side collective while its peer synced gradients: it is the rank that left the
+common path. Below it, both sides were in small collectives and the sizes say nothing."""
+SENDER_GUESS = 0.15
+"""What naming the sender by the main-process prior costs in confidence."""
+
+
+def _sender_of_a_side_collective(
+    roots: list[Event], culprits: set[int], evidence: JobEvidence
+) -> int | None:
+    """In a world of two, the main process when the transport aborted the other rank on a
+    message of about the size it expected (sent_bytes and expected_bytes within SIDE_RATIO):
+    the aborted rank is only the one whose collective was the smaller, and of two ranks in
+    different small collectives the main process is the one a rank-dependent branch sends
+    into an extra one (a metric, a statistics sync, a log on rank 0 only)."""
+    world = max(evidence.world_size or 0, evidence.launched_processes or 0)
+    if world != 2 or len(culprits) != 1 or MAIN_PROCESS in culprits:
+        return None
+    sizes = [
+        (sent, expected)
+        for e in roots
+        for h in e.hits
+        if (sent := _bytes(h.captures.get("sent_bytes"))) is not None
+        and (expected := _bytes(h.captures.get("expected_bytes"))) is not None
+    ]
+    if not sizes or any(sent >= SIDE_RATIO * max(expected, 1) for sent, expected in sizes):
+        return None
+    return MAIN_PROCESS
+
+
+def _bytes(text: str | None) -> int | None:
+    return int(text) if text and text.isdigit() and len(text) <= 15 else None
 
 
 MAX_ALIKE_RANKS = 64
