@@ -5,6 +5,11 @@ from __future__ import annotations
 
 from ddpdoctor.rules.base import Explanation, Rule, Signature
 
+CUDA_FAILURE = r"(?:Cuda failure (?:\d{1,4} )?|Test CUDA failure \S{1,200}:\d{1,6} )"
+"""How NCCL's CUDACHECK ("Cuda failure 'out of memory'"; since NCCL 2.19 with the error's
+number, "Cuda failure 2 'out of memory'") and nccl-tests ("Test CUDA failure common.cu:941
+'invalid device ordinal'") put the CUDA runtime's error string, which follows in quotes."""
+
 CUDA_OOM = Rule(
     code="CUDA101",
     kind="cuda-oom",
@@ -14,8 +19,10 @@ CUDA_OOM = Rule(
     signatures=(
         # NCCL's own allocation of GPU memory (census nccl-warn-cuda-malloc)
         Signature(r"NCCL WARN Failed to CUDA malloc \d{1,15} bytes", "Failed to CUDA malloc"),
-        # NCCL running out of GPU memory for its buffers
-        Signature(r"Cuda failure 'out of memory'", "Cuda failure 'out of memory'"),
+        # NCCL running out of GPU memory for its buffers (its CUDACHECK: "Cuda failure 'out of
+        # memory'", with the error's number since NCCL 2.19 "Cuda failure 2 'out of memory'";
+        # nccl-tests: "Test CUDA failure common.cu:941 'out of memory'")
+        Signature(CUDA_FAILURE + r"'out of memory'", " 'out of memory'"),
         Signature(
             r"CUDA out of memory\. Tried to allocate (?P<size>[\d.]+ [KMGT]i?B)",
             "CUDA out of memory",
@@ -53,6 +60,8 @@ CUDA_OOM = Rule(
         "from cuda:0 otherwise lands on cuda:0 in every rank.",
     ),
     positive=(
+        "host7:1234:1300 [0] include/alloc.h:48 NCCL WARN Cuda failure 2 'out of memory'",
+        "g0010: Test CUDA failure common.cu:941 'out of memory'",
         "gpu-n7:2291:2384 [3] include/alloc.h:161 NCCL WARN Failed to CUDA malloc 2097152 bytes",
         "RuntimeError: cuda runtime error (2) : out of memory at "
         "/pytorch/aten/src/THC/generic/THCStorage.cu:58",
@@ -284,16 +293,18 @@ CUDA_LIBRARY_MISMATCH = Rule(
         # cudaErrorInvalidDeviceFunction), as NCCL's WARN or torch's CUDA error prints it:
         # NCCL 2.14 of torch 2.0 / CUDA 11.8 on an RTX 5090 (sm_120), corpus case 1359
         Signature(
-            r"(?:Cuda failure|CUDA error):? '?named symbol not found", "named symbol not found"
+            r"(?:" + CUDA_FAILURE + r"|CUDA error:? )'?named symbol not found",
+            "named symbol not found",
         ),
         Signature(
-            r"(?:Cuda failure|CUDA error):? '?invalid device function", "invalid device function"
+            r"(?:" + CUDA_FAILURE + r"|CUDA error:? )'?invalid device function",
+            "invalid device function",
         ),
         # cudaErrorSystemNotReady (802), as NCCL's 'Cuda failure 802' or torch's CUDA error
         # prints it: on NVSwitch systems (HGX/DGX) the Fabric Manager is not running, or
         # runs another version than the driver
         Signature(
-            r"(?:Cuda failure (?:802 )?|CUDA error:? )'?(?P<what>system not yet initialized)",
+            r"(?:" + CUDA_FAILURE + r"|CUDA error:? )'?(?P<what>system not yet initialized)",
             "system not yet initialized",
         ),
         # torch builds without the requested backend or without CUDA, or no visible GPU
@@ -341,6 +352,8 @@ CUDA_LIBRARY_MISMATCH = Rule(
     ),
     capture_fix=(*ARCH_FIXES, FABRIC_MANAGER_FIX),
     positive=(
+        "g0010: Test CUDA failure common.cu:941 'system not yet initialized'",
+        "host7:61204:61204 [0] enqueue.cc:1100 NCCL WARN Cuda failure 500 'named symbol not found'",
         "gpu-n7:2291:2384 [3] misc/nvmlwrap.cc:66 NCCL WARN Failed to open libnvidia-ml.so.1",
         "c3f9e81a05b7:61204:61204 [0] NCCL WARN Cuda failure 'named symbol not found'",
         "NVIDIA A100-PCIE-40GB with CUDA capability sm_80 is not compatible with the current "
@@ -384,7 +397,15 @@ DEVICE_ASSIGNMENT = Rule(
         # cudaSetDevice to a GPU that is not there, in every torch's words: 'CUDA error:
         # invalid device ordinal', torch < 1.9's THC check 'THCudaCheck FAIL file=... error=101
         # : invalid device ordinal' and 'cuda runtime error (101) : invalid device ordinal'
+        # (NCCL's and nccl-tests' own words too: "Cuda failure 101 'invalid device ordinal'",
+        # "Test CUDA failure common.cu:941 'invalid device ordinal'"; NCCL's peer-to-peer
+        # transport's is a GPU another process cannot see: NET103 claims it first)
         Signature(r"(?:CUDA error: |error=101 : |error \(101\) : )invalid device ordinal"),
+        Signature(
+            r"^(?!.{0,300}transport/p2p\.cc:\d).{0,300}?" + CUDA_FAILURE + r"'invalid device "
+            r"ordinal'",
+            "'invalid device ordinal'",
+        ),
         # two GPUs (a rank's tensors on another rank's device); a GPU and the CPU is a tensor
         # the program left on the CPU, its own bug (census aten-tensors-on-cpu-and-gpu)
         Signature(
@@ -456,6 +477,8 @@ DEVICE_ASSIGNMENT = Rule(
         "import torch; export CUDA_DEVICE_ORDER=PCI_BUS_ID.",
     ),
     positive=(
+        "host7:1234:1300 [0] init.cc:400 NCCL WARN Cuda failure 101 'invalid device ordinal'",
+        "g0010: Test CUDA failure common.cu:941 'invalid device ordinal'",
         "gpu-n7:2291:2384 [3] transport/nvls.cc:254 NCCL WARN NCCL_NVLS_ENABLE has been set to "
         '"1" and communicator has multiple ranks using the same NVML device.',
         "ValueError: device_id cuda:4 is out of range. Please use a device index less than the "
@@ -471,6 +494,7 @@ DEVICE_ASSIGNMENT = Rule(
         "ValueError: Inconsistent compute device and `device_id` on rank 1: cuda:0 vs cuda:1",
     ),
     negative=(
+        "gpu8a:804053:804200 [0] transport/p2p.cc:275 NCCL WARN Cuda failure 101 'invalid device ordinal'",
         "RuntimeError: Expected all tensors to be on the same device, but found at least two "
         "devices, cuda:0 and cpu!",
         "NCCL INFO comm 0x55 rank 1 nranks 2 cudaDev 1 busId 2000 - Init COMPLETE",
@@ -752,9 +776,15 @@ CUDA_CALL_FAILED = Rule(
         Signature(
             r"\bCUDA error: (?!" + OWN_CALL_ERRORS + r")(?P<what>[^\n]{3,160})", "CUDA error: "
         ),
-        Signature(
-            r"\bCuda failure (?:\d{1,4} )?'(?!" + OWN_CALL_ERRORS + r")(?P<what>[^'\n]{3,160})'",
-            "Cuda failure ",
+        *(
+            Signature(
+                head + r"'(?!" + OWN_CALL_ERRORS + r")(?P<what>[^'\n]{3,160})'",
+                literal,
+            )
+            for head, literal in (
+                (r"\bCuda failure (?:\d{1,4} )?", "Cuda failure "),
+                (r"Test CUDA failure \S{1,200}:\d{1,6} ", "Test CUDA failure "),
+            )
         ),
     ),
     explanation=Explanation(
@@ -780,6 +810,7 @@ CUDA_CALL_FAILED = Rule(
         "without peer-to-peer support, which then says where to look.",
     ),
     positive=(
+        "g0010: Test CUDA failure common.cu:891 'unknown error'",
         "RuntimeError: CUDA error: invalid argument",
         "node01:4242:4300 [3] NCCL WARN Cuda failure 'operation not supported'",
         "Cuda failure 999 'unknown error'",
