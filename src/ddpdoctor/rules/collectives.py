@@ -107,6 +107,15 @@ NCCL_WATCHDOG_TIMEOUT = Rule(
         ),
         # the same line cut short by a paste or a terminal: still a watchdog timeout
         Signature(r"Watchdog caught collective operation timeout"),
+        # ... or wrapped there, and pasted from the line after its head: the timed-out work
+        # alone at the start of a line, "WorkNCCL(SeqNum=1, OpType=ALLREDUCE, NumelIn=1,
+        # NumelOut=1, Timeout(ms)=600000)", read only where its head is not just above
+        Signature(
+            r"^WorkNCCL\((?:SeqNum=(?P<seq>\d+), )?OpType=(?P<op>\w+)(?:, NumelIn=(?P<numel>\d+))?"
+            r"(?:[^)]*?Timeout\(ms\)=(?P<timeout_ms>\d+))?(?:\) ran for (?P<ran_ms>\d+))?",
+            "WorkNCCL(",
+            after_head="Watchdog caught collective operation timeout",
+        ),
         Signature(r"Timeout at NCCL work: (?P<seq>\d+)", "Timeout at NCCL work"),
         # another rank's watchdog timed out and asked this one to dump its flight recorder
         # (ProcessGroupNCCL.cpp, torch >= 2.4): this rank is a bystander of that timeout
@@ -147,6 +156,7 @@ NCCL_WATCHDOG_TIMEOUT = Rule(
         "then NCCL_P2P_DISABLE=1 (`ddpdoctor check` automates it).",
     ),
     positive=(
+        "WorkNCCL(SeqNum=1, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000)",
         "[E ProcessGroupNCCL.cpp:475] [Rank 2] Watchdog caught collective operation timeout: "
         "WorkNCCL(SeqNum=2, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=1800000) ran "
         "for 1800328 milliseconds before timing out.",
