@@ -80,11 +80,21 @@ CHECKPOINT_LOAD_DEVICE = Rule(
     kind="checkpoint-load-device",
     title="Checkpoint loaded onto the GPU it was saved from (no map_location)",
     sources="torch/serialization.py _cuda_deserialize / default_restore_location",
-    specificity=80,
-    signatures=CUDA_OOM.signatures,
+    # above the rules it refines (OOM, a device busy) where its context holds
+    specificity=90,
+    signatures=(
+        *CUDA_OOM.signatures,
+        # the saved device held by another process (every rank restores onto the GPU the
+        # checkpoint names; in exclusive-process mode the first rank there holds it)
+        Signature(
+            r"(?:CUDA-capable device\(s\) is/are|all CUDA-capable devices are) busy or unavailable",
+            "busy or unavailable",
+        ),
+    ),
     context_all=(r"torch\.load|serialization\.py|_cuda_deserialize|restore_location",),
     explanation=Explanation(
-        what="Out of GPU memory while torch.load restored CUDA tensors.",
+        what="Out of GPU memory, or the GPU busy or unavailable, while torch.load restored CUDA "
+        "tensors.",
         why="Without map_location, torch.load puts every tensor on the device it was saved "
         "from (cuda:0), so every rank allocates the whole checkpoint on GPU 0 at resume.",
         fix="torch.load(path, map_location='cpu') then move, or map_location=f'cuda:{local_rank}'.",
@@ -95,6 +105,7 @@ CHECKPOINT_LOAD_DEVICE = Rule(
         "Call torch.cuda.set_device(local_rank) before loading anything.",
     ),
     positive=(
+        "RuntimeError: CUDA error: CUDA-capable device(s) is/are busy or unavailable",
         "RuntimeError: CUDA out of memory. Tried to allocate 20.00 MiB (GPU 0; 11.17 GiB total "
         "capacity; 962.69 MiB already allocated; 17.19 MiB free",
     ),
