@@ -145,11 +145,6 @@ MISSES: dict[str, str] = {
     "rank); only the spawn parent's 'ProcessRaisedException: -- Process 1 terminated with the "
     "following error: ... DistNetworkError' names one, the first the join saw: a launch "
     "configuration error with no rank to blame",
-    "guard-less": "failed, python-exception on rank 1 (PY101, 0.60): the kind is right, but both "
-    "spawned children raised the same 'RuntimeError: Launching multiple processes with the "
-    "'spawn' start method requires that your script guards the main function' while re-importing "
-    "the script (before any rank existed, so their tracebacks carry no rank); only the parent's "
-    "'process 1 terminated with exit code 1' names one, the first the join saw: ranks 0 and 1",
 }
 
 

@@ -448,6 +448,48 @@ SHARED_PATH_RACE = Rule(
 )
 
 
+MAIN_GUARD_MISSING = Rule(
+    code="PY106",
+    kind="python-exception",
+    title='The script starts processes without the `if __name__ == "__main__":` guard',
+    sources="CPython multiprocessing/spawn.py (_check_not_importing_main), lightning "
+    "fabric/strategies/launchers/multiprocessing.py (_check_missing_main_guard)",
+    specificity=60,
+    # every child re-imports the script the same way: each fails alike
+    alike_on_every_rank=True,
+    signatures=(
+        Signature(r"An attempt has been made to start a new process before the"),
+        Signature(
+            r"Launching multiple processes with the 'spawn' start method requires that your "
+            r"script guards the main",
+            "requires that your script guards the main",
+        ),
+    ),
+    explanation=Explanation(
+        what="A process started with the 'spawn' start method (mp.spawn, Lightning's "
+        "ddp_spawn, DataLoader workers on Windows and macOS) tried to start processes itself.",
+        why="A spawned child imports the script's main module to find its function; code at "
+        "the module's top level (the call of main(), the trainer's fit) then runs again in "
+        "every child, and the child refuses to launch processes of its own.",
+        fix='Put the script\'s entry point under `if __name__ == "__main__":` (main() and '
+        "everything that launches processes), or start the ranks with torchrun instead of "
+        "spawning them.",
+        false_positives="None: the message names this condition.",
+    ),
+    fix=(
+        'End the script with `if __name__ == "__main__": main()` and keep every call that '
+        "launches processes (mp.spawn, Trainer.fit, DataLoader iteration) inside main().",
+        'Or launch with torchrun (Lightning: strategy="ddp"), which starts each rank as its '
+        "own program.",
+    ),
+    positive=(
+        "        An attempt has been made to start a new process before the",
+        "RuntimeError: Launching multiple processes with the 'spawn' start method requires that "
+        "your script guards the main",
+    ),
+    negative=("RuntimeError: Cannot re-initialize CUDA in forked subprocess.",),
+)
+
 HYDRA_JOB_ERROR = Rule(
     code="PY103",
     kind="python-exception",
@@ -530,6 +572,7 @@ RULES = (
     PYTHON_EXCEPTION,
     COMMAND_LINE_REJECTED,
     SHARED_PATH_RACE,
+    MAIN_GUARD_MISSING,
     FP16_MASTER_WEIGHTS,
     HYDRA_JOB_ERROR,
     EARLY_STOP,
