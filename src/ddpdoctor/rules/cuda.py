@@ -245,6 +245,15 @@ FABRIC_MANAGER_FIX = (
     "driver's version and start it.",
 )
 
+EXTENSION_FIX = (
+    "op",
+    r"[\w.]+::\w+",
+    "The operator's extension has no CUDA kernel: its build does not match the installed "
+    "torch (a CPU-only wheel, or one built for another torch or CUDA). Install the "
+    "extension's build for this torch and CUDA (torchvision: from the same index URL as "
+    "torch, at the version paired with it), or rebuild it from source with CUDA available.",
+)
+
 
 CUDA_LIBRARY_MISMATCH = Rule(
     code="CUDA105",
@@ -259,6 +268,15 @@ CUDA_LIBRARY_MISMATCH = Rule(
         Signature(r"CUDA some PFN functions not found in the library", "PFN functions not found"),
         Signature(r"the provided PTX was compiled with an unsupported toolchain"),
         Signature(r"no kernel image is available for execution on the device"),
+        # an extension's operator with no CUDA kernel (c10/core/dispatch, OperatorEntry.cpp):
+        # the extension (torchvision, mmcv, torch_scatter) was built without CUDA or for
+        # another torch ("Could not run 'torchvision::nms' with arguments from the 'CUDA'
+        # backend"); aten's own operators missing a kernel are the program's call (PY101)
+        Signature(
+            r"Could not run '(?!aten::)(?P<op>[\w.]{1,80}::\w{1,120})' with arguments from the "
+            r"'CUDA' backend",
+            "with arguments from the 'CUDA' backend",
+        ),
         # "NVIDIA GeForce RTX 3090 with CUDA capability sm_86 is not compatible with the
         # current PyTorch installation." (torch/cuda/__init__.py _check_capability)
         Signature(
@@ -361,8 +379,10 @@ CUDA_LIBRARY_MISMATCH = Rule(
         "another torch: rebuild it against the installed one (pip install --no-build-isolation "
         "--no-cache-dir ...), or install the wheel built for this torch and CUDA.",
     ),
-    capture_fix=(*ARCH_FIXES, FABRIC_MANAGER_FIX),
+    capture_fix=(*ARCH_FIXES, FABRIC_MANAGER_FIX, EXTENSION_FIX),
     positive=(
+        "NotImplementedError: Could not run 'torchvision::nms' with arguments from the 'CUDA' "
+        "backend. This could be because the operator doesn't exist for this backend",
         "g0010: Test CUDA failure common.cu:941 'system not yet initialized'",
         "host7:61204:61204 [0] enqueue.cc:1100 NCCL WARN Cuda failure 500 'named symbol not found'",
         "gpu-n7:2291:2384 [3] misc/nvmlwrap.cc:66 NCCL WARN Failed to open libnvidia-ml.so.1",
@@ -375,6 +395,8 @@ CUDA_LIBRARY_MISMATCH = Rule(
         "Cuda failure 802 'system not yet initialized'",
     ),
     negative=(
+        "NotImplementedError: Could not run 'aten::_sparse_mm' with arguments from the 'CUDA' "
+        "backend.",
         "NCCL INFO cudaDriverVersion 12020",
         "OSError: libmydata.so: cannot open shared object file: No such file or directory",
     ),
