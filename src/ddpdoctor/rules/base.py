@@ -92,6 +92,7 @@ CAPTURES: dict[str, str] = {
     "size": "an allocation size",
     "path": "a file path",
     "module": "a Python module name",
+    "extension": "a C++/CUDA extension compiled when the job started (torch.utils.cpp_extension)",
     "name": "an imported name",
     "var": "an environment variable name",
     "endpoint": "a host:port the rank tried to reach",

@@ -245,6 +245,16 @@ FABRIC_MANAGER_FIX = (
     "driver's version and start it.",
 )
 
+BUILD_FIX = (
+    "extension",
+    r"[\w.-]+",
+    "An extension was compiled at run time and the build failed: the compiler's error above "
+    "'Error building extension' says why. Most often nvcc's CUDA differs from torch.version.cuda "
+    "(point CUDA_HOME at the matching toolkit) or a compiler or header is missing; DeepSpeed "
+    "can be installed with its ops prebuilt (DS_BUILD_OPS=1 pip install deepspeed) so nothing "
+    "is compiled when the job starts.",
+)
+
 EXTENSION_FIX = (
     "op",
     r"[\w.]+::\w+",
@@ -268,6 +278,12 @@ CUDA_LIBRARY_MISMATCH = Rule(
         Signature(r"CUDA some PFN functions not found in the library", "PFN functions not found"),
         Signature(r"the provided PTX was compiled with an unsupported toolchain"),
         Signature(r"no kernel image is available for execution on the device"),
+        # a C++/CUDA extension compiled at run time (torch.utils.cpp_extension: DeepSpeed's
+        # ops, apex, flash-attn from source) failed to build: the compiler or nvcc does not
+        # match torch's CUDA, or headers are missing
+        Signature(
+            r"Error building extension '(?P<extension>[\w.-]{1,100})'", "Error building extension"
+        ),
         # an extension's operator with no CUDA kernel (c10/core/dispatch, OperatorEntry.cpp):
         # the extension (torchvision, mmcv, torch_scatter) was built without CUDA or for
         # another torch ("Could not run 'torchvision::nms' with arguments from the 'CUDA'
@@ -379,8 +395,9 @@ CUDA_LIBRARY_MISMATCH = Rule(
         "another torch: rebuild it against the installed one (pip install --no-build-isolation "
         "--no-cache-dir ...), or install the wheel built for this torch and CUDA.",
     ),
-    capture_fix=(*ARCH_FIXES, FABRIC_MANAGER_FIX, EXTENSION_FIX),
+    capture_fix=(*ARCH_FIXES, FABRIC_MANAGER_FIX, EXTENSION_FIX, BUILD_FIX),
     positive=(
+        "RuntimeError: Error building extension 'fused_adam'",
         "NotImplementedError: Could not run 'torchvision::nms' with arguments from the 'CUDA' "
         "backend. This could be because the operator doesn't exist for this backend",
         "g0010: Test CUDA failure common.cu:941 'system not yet initialized'",
@@ -409,6 +426,10 @@ DEVICE_ASSIGNMENT = Rule(
     sources="NCCL init.cc (Duplicate GPU detected), CUDA runtime",
     specificity=85,
     signatures=(
+        # Lightning's device parser: devices asked for that this machine (or this process's
+        # CUDA_VISIBLE_DEVICES) does not have ("You requested gpu: [0, 1]" then " But your
+        # machine only has: [0]"; Lightning 1.x "You requested GPUs: [0, 1]")
+        Signature(r"You requested (?:gpu|GPUs): \[[\d, ]{1,200}\]", "You requested "),
         # NVLS asked for while several ranks of a communicator share one GPU (census
         # nccl-warn-nvls-multi-rank)
         Signature(
@@ -510,6 +531,7 @@ DEVICE_ASSIGNMENT = Rule(
         "import torch; export CUDA_DEVICE_ORDER=PCI_BUS_ID.",
     ),
     positive=(
+        "lightning.fabric.utilities.exceptions.MisconfigurationException: You requested gpu: [0, 1]",
         "host7:1234:1300 [0] init.cc:400 NCCL WARN Cuda failure 101 'invalid device ordinal'",
         "g0010: Test CUDA failure common.cu:941 'invalid device ordinal'",
         "gpu-n7:2291:2384 [3] transport/nvls.cc:254 NCCL WARN NCCL_NVLS_ENABLE has been set to "
@@ -553,9 +575,18 @@ DATALOADER_CUDA_FORK = Rule(
             r"create a forked subprocess",
             "could create a forked subprocess",
         ),
+        # Lightning's fork launchers (ddp_fork, ddp_notebook) check CUDA first (lightning
+        # fabric/strategies/launchers/multiprocessing.py _check_bad_cuda_fork)
+        Signature(
+            r"Lightning can't create new processes if CUDA is already initialized",
+            "can't create new processes if CUDA is already initialized",
+        ),
     ),
     # a forked child: a DataLoader worker, or a multiprocessing.Process (its _bootstrap frame)
-    context_all=(r"worker|dataloader|DataLoader|forked|collate|multiprocessing",),
+    # (Lightning's own check names what it was about to do: create new processes)
+    context_all=(
+        r"worker|dataloader|DataLoader|forked|collate|multiprocessing|create new processes",
+    ),
     explanation=Explanation(
         what="A DataLoader worker (a forked process) touched CUDA.",
         why="CUDA cannot be used in a child forked after the parent initialised CUDA: CUDA "
@@ -571,6 +602,8 @@ DATALOADER_CUDA_FORK = Rule(
         "multiprocessing_context='spawn').",
     ),
     positive=(
+        "RuntimeError: Lightning can't create new processes if CUDA is already initialized. Did "
+        "you manually call `torch.cuda.*` functions",
         "RuntimeError: Cannot re-initialize CUDA in forked subprocess. To use CUDA with multiprocessing, you must use the 'spawn' start method",
         "RuntimeError: CUDA has been initialized before the `notebook_launcher` could create a "
         "forked subprocess. This likely stems from an outside import causing issues once the "
