@@ -101,6 +101,13 @@ HOST_OOM_KILL = Rule(
         ),
         # mm/oom_kill.c dump_header: the first line of the kernel's OOM report
         Signature(r"invoked oom-killer: ", "invoked oom-killer"),
+        # ... and its summary of the kill (dump_oom_summary, Linux >= 4.19): the victim's name
+        # and pid, from the global OOM killer or a cgroup's (CONSTRAINT_MEMCG: a container's
+        # or a Slurm job's memory limit)
+        Signature(
+            r"oom-kill:constraint=CONSTRAINT_\w{1,20},.{0,600}?\btask=[^,\n]{1,64},pid=(?P<pid>\d{1,9})",
+            "oom-kill:constraint=",
+        ),
         # Kubernetes pkg/kubelet/eviction/helpers.go: pod evicted under node memory pressure
         Signature(r"The node was low on resource: memory", "The node was low on resource: memory"),
         # Ray's memory monitor (raylet node_manager.cc, ray.exceptions.OutOfMemoryError): the
@@ -134,6 +141,9 @@ HOST_OOM_KILL = Rule(
         "Ask the scheduler for more memory (Slurm --mem) or use fewer ranks per node.",
     ),
     positive=(
+        "[Fri Dec  5 10:00:00 2026] oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),"
+        "cpuset=slurm,mems_allowed=0-1,oom_memcg=/slurm/uid_0/job_123,task_memcg=/slurm/uid_0/"
+        "job_123/step_0,task=python,pid=1234,uid=0",
         "gpu-n7:2291:2384 [3] include/alloc.h:47 NCCL WARN Failed to malloc 1073741824 bytes",
         "ERROR:torch.distributed.elastic.multiprocessing.api:failed (exitcode: -9) local_rank: 3 "
         "(pid: 812917) of binary: /usr/bin/python",
