@@ -136,36 +136,32 @@ MISSES: dict[str, str] = {
     "flat-vale": "ok with no kind (no rule, 0.5): right status, but OpenNMT's early-stopping "
     "records ('Stalled patience: 0/2', 'Training finished after not improving.' from both "
     "processes, no rank in them) are not read as an agreed early stop",
-    "lone-vale": "failed, python-exception with no culprit (PY101, 0.6): the ErrorHandler's "
-    "'raise Exception(msg)' in signal_handler is taken as the root, with the victim's "
-    "'Connection closed by peer' as its consequence; the one 'Training finished after not "
-    "improving.' (rank 1's own early stop, 10 steps before) carries no rank and is not read "
-    "as an uncoordinated exit",
+    "lone-vale": "failed, exit-teardown-crash with no culprit (INF210, 0.6): the ErrorHandler's "
+    "banner is read as the launcher's report now, but rank 1's 'Training finished after not "
+    "improving.' (its own early stop, 10 steps before; no rank in OpenNMT's records) is taken "
+    "for the end of training, so rank 0's 'Connection closed by peer' reads as teardown, not "
+    "as an uncoordinated exit of rank 1",
     "joint-slip": "failed, python-exception with no culprit (PY101, 0.6): right kind, but the "
     "traceback the ErrorHandler re-raises under its banner names no gpu rank (OpenNMT puts the "
     "rank on the error queue but never prints it), and the children's records carry no rank",
-    "heap-swell": "failed, python-exception with no culprit (PY101, 0.6): the SIGKILLed rank 1 "
-    "leaves no trace at all (the spawn launcher prints no exit code), so the ErrorHandler's "
-    "re-raised Exception over rank 0's 'Connection closed by peer' is read as a Python bug",
+    "heap-swell": "failed, nccl-network with no culprit (NET101, 0.3): the SIGKILLed rank 1 leaves "
+    "no trace at all (the spawn launcher prints no exit code), so only rank 0's 'Connection "
+    "closed by peer' under the ErrorHandler's banner is left: no sign of a kill or of memory",
     "null-read": "unknown, hang with no culprit (INF212, 0.3): as captured the console ends "
     "after 'Step  5/   60' with nothing more (the parent exited before its ErrorHandler "
     "raised): no evidence of rank 0's SIGSEGV is left to read",
-    "crawl-cast": "failed, python-exception with no culprit (PY101, 0.6): the ErrorHandler's "
-    "re-raised Exception is the root and rank 0's 'Timed out waiting 12000ms for recv' its "
-    "consequence; rank 1's 'Rebuilding the length buckets of corpus_1 (k/8)...' records every "
-    "5 s carry no rank and are not read as a busy rank",
-    "mute-wait": "failed, python-exception with no culprit (PY101, 0.6): the ErrorHandler's "
-    "re-raised Exception over rank 1's gloo timeout is read as a Python bug; nothing names the "
-    "silent rank 0 (no rank in any record)",
+    "crawl-cast": "failed, nccl-timeout with no culprit (TMO102, 0.3): rank 0's 'Timed out waiting "
+    "12000ms for recv' under the ErrorHandler's banner is the only error; rank 1's 'Rebuilding "
+    "the length buckets of corpus_1 (k/8)...' records every 5 s carry no rank and are not read "
+    "as a busy rank",
+    "mute-wait": "failed, nccl-timeout with no culprit (TMO102, 0.3): rank 1's gloo timeout under "
+    "the ErrorHandler's banner is the only error; nothing names the silent rank 0 (no rank in "
+    "any record)",
     "stat-solo": "failed, collective-mismatch with no culprit (COL101, 0.9): right kind; gloo's "
     "'terminate called after throwing an instance of gloo::EnforceNotMet ... 29760 vs 16' "
     "abort carries no rank prefix and is the console's last line",
     "vocab-drift": "failed, python-exception with no culprit (PY101, 0.6): right kind; the "
     "re-raised 'IndexError: index out of range in self' names no gpu rank",
-    "half-ring": "failed, python-exception with no culprit (PY101, 0.6): the ErrorHandler's "
-    "'raise Exception(msg)' is taken as the root and the re-raised 'DistStoreError: Timed out "
-    "after 13 seconds waiting for clients. 1/2 clients joined.' (gpu_ranks [0] against "
-    "world_size 2) as its consequence",
     "port-taken": "failed, rendezvous-failure on rank 0 (LCH108, 0.9): right kind, but it "
     "blames rank 0 for the EADDRINUSE of the TCPStore it hosts, where another process held "
     "master_port and no rank is at fault",

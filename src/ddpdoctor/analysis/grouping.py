@@ -35,9 +35,11 @@ def dedupe(
 
     explained: set[tuple[str, int]] = set()
     for hit in kept:
-        # a notice (severity info) explains no traceback around it: the warning a run prints
-        # before its error is not that error
-        if rules[hit.rule].specificity > GENERIC_SPECIFICITY and rules[hit.rule].severity != "info":
+        # a notice or a warning explains no traceback around it: the warning a run prints
+        # before its error is not that error, nor is 'Exception ignored in atexit callback'
+        # printed after another process's traceback in a shared console
+        rule = rules[hit.rule]
+        if rule.specificity > GENERIC_SPECIFICITY and rule.severity == "error":
             explained.add(_line_key(hit.record))
             explained.update(_line_key(c) for c in hit.context)
     known = sources or {}

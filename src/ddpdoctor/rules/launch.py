@@ -293,6 +293,45 @@ LAUNCHER_SIGTERM = Rule(
     ),
 )
 
+ERROR_HANDLER_RERAISE = Rule(
+    code="LCH122",
+    kind="python-exception",
+    title="A training launcher's parent re-raised a worker's error (an ErrorHandler's banner)",
+    sources="OpenNMT-py onmt/utils/distributed.py and fairseq (before 0.10) ErrorHandler."
+    "signal_handler; the same pattern in the research code built on them",
+    severity="info",
+    echo=Echo.LAUNCHER,
+    specificity=6,
+    signatures=(
+        # the parent's own exception, its message empty up to the banner's newlines
+        Signature(r"^Exception: ?$", "Exception:"),
+        # the banner that separates the parent's traceback from the worker's below it
+        Signature(r"-- Tracebacks above this line can probably", "Tracebacks above this line"),
+    ),
+    # raised from the handler (its frame above), or the banner itself
+    context_all=(
+        r"in (?:signal_handler|exception_catcher)\b|raise Exception\(msg\)"
+        r"|Tracebacks above this line can probably",
+    ),
+    explanation=Explanation(
+        what="The launcher's parent process got a worker's traceback through its error queue, "
+        "stopped the other workers (SIGINT) and raised an Exception whose message is a banner "
+        "('-- Tracebacks above this line can probably be ignored --') and the worker's "
+        "traceback.",
+        why="A consequence of the worker's failure, printed below the banner; the parent's "
+        "own traceback (waiting on a process, then the signal handler) says nothing of it, and "
+        "the other workers' KeyboardInterrupts are the handler's SIGINT.",
+        fix="Read the worker's traceback below the banner; ddpdoctor reads it as the root.",
+        false_positives="None.",
+    ),
+    fix=("Read the worker's traceback under the banner, not the parent's Exception above it.",),
+    positive=(
+        "Exception: ",
+        "-- Tracebacks above this line can probably be ignored --",
+    ),
+    negative=("Exception: CUDA out of memory",),
+)
+
 CHILD_FAILED = Rule(
     code="LCH103",
     kind="python-exception",
@@ -1467,6 +1506,7 @@ RULES = (
     RAY_WORKER_LOST,
     LAUNCHER_SIGTERM,
     CHILD_FAILED,
+    ERROR_HANDLER_RERAISE,
     NATIVE_CRASH,
     LOCAL_RANK_ARGUMENT,
     LAUNCHER_ENV_MISSING,

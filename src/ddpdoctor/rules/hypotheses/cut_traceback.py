@@ -74,12 +74,13 @@ its own."""
 def assess(job: JobEvidence) -> Assessment | None:
     # a rank whose own errors are echoes (a timeout, a closed connection, a stop) printed that
     # trace for them: it is not a cause; nor is a trace no rank owns in a job that has echoes
+    # (but the launcher's report that a worker failed only says that one did)
     echoing = {r for r, v in job.ranks.items() if v.echoes} | _killed_by_the_stop(job)
     cut = [
         c
         for c in job.cut_tracebacks
         if (
-            (c.where.rank is None and not job.echoes)
+            (c.where.rank is None and not job.echoes - {"launcher"})
             or (c.where.rank is not None and c.where.rank not in echoing)
         )
         and not (c.native and SOCKET_IO.match(c.where.text))

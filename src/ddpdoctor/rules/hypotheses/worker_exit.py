@@ -40,8 +40,10 @@ def assess(job: JobEvidence) -> Assessment | None:
     # error is that one. Ranks that timed out waited for one that was alive but elsewhere: a
     # rank that exited with an error and printed nothing here is as likely another of them.
     failing = {r: c for r, c in job.failing_exits.items() if r not in job.waiting}
-    timed_out = any("waiting" in job.ranks[r].echoes for r in job.waiting)
-    if job.waiting and (not failing or timed_out):
+    # (a timeout no rank could be read for still says a rank waited for a live peer)
+    unranked_wait = "waiting" in job.unranked_echoes
+    timed_out = unranked_wait or any("waiting" in job.ranks[r].echoes for r in job.waiting)
+    if (job.waiting or unranked_wait) and (not failing or timed_out):
         return None
     if not failing:
         if "launcher" not in job.echoes or job.echoes & {"lost-peer", "stopped"}:
