@@ -382,15 +382,6 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
         "finished training",
     ),
     FactPattern("completed", r"training finished", "training finished"),
-    # BasicSR's train.py and the restoration repos built on it (Real-ESRGAN, SwinIR, HAT):
-    # "End of training. Time consumed: 0:12:34", then "Save the latest model."; not one
-    # epoch's or phase's end
-    FactPattern(
-        "completed",
-        r"\bEnd of training\b"
-        r"(?![ ,:-]{1,3}(?:for |of )?(?:the )?(?:epoch|step|iter|batch|phase|stage))",
-        "End of training",
-    ),
     # the same in a sentence: ESPnet's trainer after its epoch loop, "The training was finished
     # at 3 epochs"; "Training is done.", "training has completed", PyTorch's tensor-parallel
     # examples' "2D training successfully completed!"; not one epoch's ("training is finished

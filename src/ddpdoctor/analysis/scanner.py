@@ -691,6 +691,10 @@ class Scanner:
             rules_done.add(rule.code)
             _count(src.kept, pid, self._caps[pid], capped)
             src.rule_kept[target.rule_index] += 1
+            if src.rule_kept[target.rule_index] >= MAX_HITS_PER_PATTERN:
+                # the cap is the rule's, over all its signatures, as merging a split file's
+                # ranges applies it: the same hits whole or split
+                capped.update(self._rule_pids[target.rule_index])
             src.touched.add(target.rule_index)
             suggests = target.signature is not None and target.signature.suggests
             echo = rule.echo_of(target.signature)
