@@ -356,6 +356,7 @@ def _sender_of_a_side_collective(
 
 
 def _bytes(text: str | None) -> int | None:
+    """A captured byte count, bounded: a line's digits are not trusted to be small."""
     return int(text) if text and text.isdigit() and len(text) <= 15 else None
 
 
