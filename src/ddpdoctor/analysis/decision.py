@@ -24,7 +24,13 @@ from ddpdoctor.model.evidence import Activity, JobEvidence, RankView, Stall
 from ddpdoctor.model.findings import Evidence, Finding
 from ddpdoctor.model.taxonomy import Category, Role, Status
 from ddpdoctor.rules.base import Echo, Marker, Rule
-from ddpdoctor.rules.hypotheses.base import MAIN_PROCESS, Assessment, Hypothesis, ranks_text
+from ddpdoctor.rules.hypotheses.base import (
+    MAIN_PROCESS,
+    Assessment,
+    Hypothesis,
+    ranks_text,
+    world_covering,
+)
 
 TIME_BUCKET_S = 30.0
 """Two roots logged within this time of each other are not ordered by their times."""
@@ -808,9 +814,7 @@ def _from_echoes(
                 )
         return decision
     named = {r for r, v in evidence.ranks.items() if v.named_absent}
-    # (a world size read from fewer ranks than the report names is no world)
-    size = evidence.world_size or 0
-    world = set(range(size)) if named and size > max(named) else set()
+    world = world_covering(evidence, named)
     if main.echo == Echo.WAITING and named and not (world and world <= named):
         # the waiting side's own report (a stall inspector, a monitored barrier) names who
         # never came: that is where to look, whatever kept them

@@ -381,7 +381,7 @@ class _Source:
     budget: HitBudget | None = None
     seen: Seen = field(default_factory=Seen)
     kept: dict[int, int] = field(default_factory=dict)
-    """Facts and hits kept per pattern."""
+    """Facts kept per pattern (a rule's hits are counted per rule: rule_kept)."""
     progress: _Progress = field(default_factory=lambda: _Progress())
     earlier: dict[int, tuple[int, int]] = field(default_factory=dict)
     """Per rule, the budget's hits of earlier ranges and files, read once per chunk."""
@@ -414,10 +414,6 @@ class Scanner:
             # a progress bar redraws every step: the latest few per chunk are enough
             sampled = fact.name == "progress"
             patterns.append(Pattern(_unanchored(fact.regex), fact.literal, sampled, fact.distinct))
-        self._caps = [
-            MAX_HITS_PER_PATTERN if t.rule is not None else MAX_FACTS_PER_PATTERN
-            for t in self._targets
-        ]
         self._value_pids = frozenset(
             pid
             for pid, t in enumerate(self._targets)
@@ -664,7 +660,7 @@ class Scanner:
                     src.progress.offer(fact)
                     continue
                 result.facts.append(fact)
-                _count(src.kept, pid, self._caps[pid], capped)
+                _count(src.kept, pid, MAX_FACTS_PER_PATTERN, capped)
                 continue
             rule = target.rule
             if rule is None:
@@ -689,7 +685,6 @@ class Scanner:
                     None,
                 )
             rules_done.add(rule.code)
-            _count(src.kept, pid, self._caps[pid], capped)
             src.rule_kept[target.rule_index] += 1
             if src.rule_kept[target.rule_index] >= MAX_HITS_PER_PATTERN:
                 # the cap is the rule's, over all its signatures, as merging a split file's

@@ -298,7 +298,8 @@ ERROR_HANDLER_RERAISE = Rule(
     kind="python-exception",
     title="A training launcher's parent re-raised a worker's error (an ErrorHandler's banner)",
     sources="OpenNMT-py onmt/utils/distributed.py and fairseq (before 0.10) ErrorHandler."
-    "signal_handler; the same pattern in the research code built on them",
+    "signal_handler, the same pattern in the research code built on them; torch 1.x "
+    "multiprocessing/spawn.py join ('raise Exception(msg)' over '-- Process N terminated')",
     severity="info",
     echo=Echo.LAUNCHER,
     specificity=6,
@@ -308,9 +309,11 @@ ERROR_HANDLER_RERAISE = Rule(
         # the banner that separates the parent's traceback from the worker's below it
         Signature(r"-- Tracebacks above this line can probably", "Tracebacks above this line"),
     ),
-    # raised from the handler (its frame above), or the banner itself
+    # raised from the handler or from torch 1.x mp.spawn's join (their frame above), or the
+    # banner itself; not any program's own `raise Exception(msg)`
     context_all=(
-        r"in (?:signal_handler|exception_catcher)\b|raise Exception\(msg\)"
+        r"in (?:signal_handler|exception_catcher)\b"
+        r"|multiprocessing/spawn\.py\", line \d+, in join\b"
         r"|Tracebacks above this line can probably",
     ),
     explanation=Explanation(

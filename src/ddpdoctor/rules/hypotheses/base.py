@@ -56,6 +56,13 @@ MAIN_PROCESS = 0
 """The main process: rank-dependent branches (`if rank == 0`, `is_main_process`) single it out."""
 
 
+def world_covering(job: JobEvidence, named: set[int]) -> set[int]:
+    """The ranks of the job's world where its size is known and larger than every rank the
+    logs name; empty otherwise (a size read from fewer ranks than a report names is no world)."""
+    size = job.world_size or 0
+    return set(range(size)) if named and size > max(named) else set()
+
+
 def words_shape(text: str) -> str:
     """A line with its numbers (ranks, steps, losses, times) blanked: two ranks printing the
     same line at the same point of the program give the same shape."""

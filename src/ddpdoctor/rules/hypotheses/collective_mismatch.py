@@ -16,6 +16,7 @@ from ddpdoctor.rules.hypotheses.base import (
     ranks_text,
     stall_evidence,
     stood_with,
+    world_covering,
 )
 
 RULE = Rule(
@@ -325,7 +326,7 @@ def _from_named_absence(job: JobEvidence) -> Assessment | None:
     if len(named) < 2 or not present or not present <= named:
         return None
     # every rank of the world, not only the one or two whose lines were given
-    world = set(range(job.world_size or 0)) if (job.world_size or 0) > max(named) else present
+    world = world_covering(job, named) or present
     if len(world) < 2 or not world <= named:
         return None
     if any(v.failed for v in job.ranks.values()):

@@ -3,7 +3,7 @@ announce the end of the run (destroy_process_group called, NCCL's communicators 
 destroyed, wandb's end-of-run summary), and nothing follows: no error, no exit code. A job
 whose training finished and that then never exits (a destroy_process_group some rank never
 joins, a communicator abort that blocks, an atexit hook) leaves exactly this; so does a log
-copied in the last second of a healthy run. The verdict stays "unknown" at the confidence of
+a healthy run whose launcher prints nothing on success. The verdict stays "unknown" at the confidence of
 a guess, but it names the phase the output stopped in, which a log "ending in the middle of
 training" would not."""
 
@@ -34,7 +34,9 @@ RULE = Rule(
         fix="If the job never exits: end every rank the same way (barrier(), then "
         "destroy_process_group() on every rank, then exit), and take the stack of a process "
         "that stays (`py-spy dump --pid PID`) to see which exit step blocks.",
-        false_positives="A healthy run's log copied just before its processes exited.",
+        false_positives="A healthy run ends the same way where its launcher prints nothing "
+        "when every worker exits 0 (torchrun does not): nothing after the last line tells an "
+        "exit 0 from a hang. Under `ddpdoctor run` the exit codes are recorded.",
     ),
     fix=(
         "At the very end on every rank: torch.distributed.barrier(); "
@@ -84,8 +86,8 @@ def assess(job: JobEvidence) -> Assessment | None:
             "the output stops while the program was shutting down after its work: the last "
             "lines announce the end of the run (destroying the process group, communicators "
             "aborted, a logger's end-of-run summary) and nothing follows, no error and no exit "
-            "code. If the job never exited, it hangs in teardown; if it exited, the log was "
-            "copied before its last line."
+            "code. If the job never exited, it hangs in teardown; if it did, nothing here says "
+            "with which code (torchrun prints nothing when every worker exits 0)."
         ],
         next_steps=[
             "Find out whether the processes are still running; if they are, take their stacks "
