@@ -186,6 +186,7 @@ def build_evidence(job: JobView, events: list[Event]) -> JobEvidence:
         world_size=info.world_size,
         single_node=job.single_node,
         transports=set(job.transports),
+        ib_requested=job.ib_requested,
         job_exit_code=info.exit_code,
         launched_processes=job.launched_processes,
     )

@@ -345,6 +345,14 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
     # NCCL net.cc: which transport NCCL uses between nodes
     FactPattern("socket_transport", r"NET/Socket : Using", "NET/Socket : Using", distinct=VALUE),
     FactPattern("ib_transport", r"NET/IB : Using", "NET/IB : Using", distinct=VALUE),
+    # NCCL param.cc: the job asked for InfiniBand/RoCE devices by name ("NCCL INFO NCCL_IB_HCA
+    # set to mlx5_0:1,mlx5_1:1", older "set by environment to"): IB was meant to be used
+    FactPattern(
+        "ib_requested",
+        r"NCCL_IB_HCA set (?:by environment )?to \S",
+        "NCCL_IB_HCA set",
+        distinct=VALUE,
+    ),
     # NCCL transport.cc: a ring or channel connected over the network ("Ring 00 : 0 -> 8
     # [receive] via NET/Socket/0", "Channel 00/0 : 7[7] -> 8[0] [send] via NET/IB/0/GDRDMA").
     # Ranks on one node connect by P2P or SHM: this connection crosses nodes.

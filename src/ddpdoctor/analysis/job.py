@@ -38,6 +38,8 @@ class JobView:
     progress: list[FactHit] = field(default_factory=list)
     single_node: bool = True
     transports: set[str] = field(default_factory=set)
+    ib_requested: bool = False
+    """NCCL said the job named InfiniBand/RoCE devices to use (NCCL_IB_HCA)."""
     hangs: list[RunHang] = field(default_factory=list)
     killed_for_hang: bool = False
     stopped: bool = False
@@ -243,6 +245,7 @@ def build_job(
     root_cause_rank: int | None = None
     progress: list[FactHit] = []
     transports: set[str] = set()
+    ib_requested = False
     exit_sources: dict[int, str] = {}
     completed_at: dict[str, int] = {}
     completed_ranks: set[int] = set()
@@ -399,6 +402,8 @@ def build_job(
             elif fact.name in ("socket_transport", "ib_transport", "p2p_transport"):
                 transports.add(fact.name.split("_")[0])
                 normal_seen = True
+            elif fact.name == "ib_requested":
+                ib_requested = True
             elif fact.name in ("normal", "nccl_comm"):
                 normal_seen = True
             elif fact.name == "interpreter_exit":
@@ -504,6 +509,7 @@ def build_job(
         progress=progress,
         single_node=single_node,
         transports=transports,
+        ib_requested=ib_requested,
         hangs=hangs,
         killed_for_hang=any(e.killed_for_hang for e in run_events or []),
         stopped=any(e.stopped for e in run_events or []),

@@ -224,6 +224,8 @@ class JobEvidence:
     world_size: int | None = None
     single_node: bool = True
     transports: set[str] = field(default_factory=set)
+    ib_requested: bool = False
+    """NCCL said the job named InfiniBand/RoCE devices to use (NCCL_IB_HCA)."""
     timeout_ms: float | None = None
     """The collective timeout that echoes report, if any."""
     startup_seq: int | None = None

@@ -4,6 +4,7 @@ or a dead peer is decided in analysis, not here."""
 
 from __future__ import annotations
 
+from ddpdoctor.model.evidence import JobEvidence
 from ddpdoctor.model.taxonomy import Category
 from ddpdoctor.rules.base import Echo, Explanation, Rule, Signature
 
@@ -639,6 +640,64 @@ NCCL_UDS_IPC = Rule(
     negative=("gpu-n7:2291:2384 [3] NCCL INFO UDS: Creating socket /tmp/nccl-socket-3-5f2a",),
 )
 
+SOCKET_FALLBACK = Rule(
+    code="NET113",
+    kind="zero3-multinode-slow",
+    title="NCCL found no InfiniBand/RoCE device and runs between nodes over TCP sockets",
+    sources="NCCL src/transport/net_ib.cc ('NET/IB : No device found'), src/misc/ibvwrap.cc "
+    "('Failed to open libibverbs.so'), src/transport/net_socket.cc ('NET/Socket : Using')",
+    severity="info",
+    # slow only where the traffic crosses nodes, or where the job meant to use IB
+    applies=lambda job: _socket_instead_of_ib(job),
+    specificity=12,
+    signatures=(
+        Signature(r"NET/IB : No device found", "NET/IB : No device found"),
+        Signature(r"Failed to open libibverbs", "Failed to open libibverbs"),
+    ),
+    explanation=Explanation(
+        what="NCCL could not use an RDMA device (its IB plugin found no device, or the "
+        "libibverbs library is missing) and fell back to its TCP socket transport, while the "
+        "job's traffic crosses nodes or the job named IB devices (NCCL_IB_HCA).",
+        why="Across nodes every all-reduce or all-gather then goes through the kernel's TCP "
+        "stack on one interface: a job that scales on InfiniBand/RoCE crawls (ZeRO-3 and FSDP "
+        "full sharding worst, several times DDP's traffic), and long collectives may reach "
+        "the timeout. Usual causes: the RDMA userspace (libibverbs, rdma-core, the mlx5 "
+        "provider) not installed in the container, the IB devices not passed into it "
+        "(/dev/infiniband), or NCCL_IB_HCA naming devices this node does not have.",
+        fix="Make the RDMA devices usable where the job runs (install rdma-core/libibverbs, "
+        "pass /dev/infiniband and IPC_LOCK into the container, check `ibv_devinfo`), then "
+        "look for 'NET/IB : Using [0]mlx5_0:1/IB' in NCCL_DEBUG=INFO.",
+        false_positives="Nodes without any RDMA fabric: sockets are then the only path, and the "
+        "fix is fewer or larger collectives (ZeRO-2, hybrid sharding, gradient accumulation).",
+    ),
+    fix=(
+        "Check the fabric from inside the job's environment: `ibv_devinfo` must list the "
+        "HCAs (install rdma-core/libibverbs; in containers pass --device=/dev/infiniband "
+        "--cap-add=IPC_LOCK); NCCL_DEBUG=INFO must then say 'NET/IB : Using [0]mlx5_0:1/IB'.",
+        "Where the nodes have no RDMA fabric: keep the job in one node, or cut the traffic "
+        "across nodes (ZeRO-2 or hybrid sharding: FSDP HYBRID_SHARD, DeepSpeed "
+        "zero_hpz_partition_size; gradient accumulation).",
+    ),
+    positive=(
+        "dl-node2:2210348:2210348 [0] misc/ibvwrap.cc:63 NCCL WARN Failed to open "
+        "libibverbs.so[.1]",
+        "gpu-a:1200:1200 [0] NCCL INFO NET/IB : No device found.",
+    ),
+    negative=(
+        "gpu-a:1200:1200 [0] NCCL INFO NET/IB : Using [0]mlx5_0:1/IB [1]mlx5_1:1/IB ; OOB "
+        "ib0:10.1.0.5<0>",
+        "NCCL INFO Using network Socket",
+    ),
+)
+
+
+def _socket_instead_of_ib(job: JobEvidence) -> bool:
+    """NCCL's net transport is sockets (no IB) and that costs: the traffic crosses nodes, or
+    the job named IB devices it then did not get."""
+    socket_only = "socket" in job.transports and "ib" not in job.transports
+    return socket_only and (not job.single_node or job.ib_requested)
+
+
 RULES = (
     PEER_CLOSED,
     NCCL_UDS_IPC,
@@ -652,4 +711,5 @@ RULES = (
     NVLS_FAILED,
     NVLS_SETUP,
     NCCL_TOPOLOGY,
+    SOCKET_FALLBACK,
 )
