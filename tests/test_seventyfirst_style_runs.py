@@ -25,7 +25,8 @@ launch were used to build the rules: the diagnosis must generalise.
 
 EXPECTED was written from each mode's mechanism and the taxonomy before any diagnosis was seen;
 a mode ddpdoctor gets wrong today is a strict xfail whose reason says what it says instead.
-First diagnosis: 2 of 15 right (feed-break, valid-gone). Under most misses two causes: the
+First diagnosis: 2 of 15 right (feed-break, valid-gone); since session 28 still-tide and
+loud-tide too (a step counter at its total ends the loop as a full bar does). Under most misses two causes: the
 ErrorHandler's own 'raise Exception(msg)' in signal_handler is read as the root Python
 exception, with the child's re-raised error below its banner (a gloo timeout, a lost peer, a
 rendezvous timeout) as a consequence (lone-vale, heap-swell, crawl-cast, mute-wait, half-ring);
@@ -127,12 +128,6 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "still-tide": "unknown, hang with no culprit (INF212, 0.3): OpenNMT prints nothing after the "
-    "last 'Saving checkpoint run/model_step_60.pt' and the console carries no exit code, so a "
-    "log that stops at 'Step 60/   60' with its checkpoint is read as ending in the middle of "
-    "training; the step counter reaching train_steps is not taken as the end",
-    "loud-tide": "unknown, hang with no culprit (INF212, 0.3): as still-tide (no end line, no "
-    "exit code after 'Step 60/   60' and its last checkpoint); the warnings are not the cause",
     "flat-vale": "ok with no kind (no rule, 0.5): right status, but OpenNMT's early-stopping "
     "records ('Stalled patience: 0/2', 'Training finished after not improving.' from both "
     "processes, no rank in them) are not read as an agreed early stop",

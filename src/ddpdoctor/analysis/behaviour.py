@@ -25,6 +25,7 @@ from ddpdoctor.analysis.relations import before_attempt, in_earlier_attempt, sur
 from ddpdoctor.analysis.scanner import (
     ANY_COUNTER,
     CLOCK_WITHIN,
+    PROGRESS_COUNTER,
     FactHit,
     StreamSummary,
     last_epoch_done,
@@ -914,10 +915,31 @@ def _ended_after_full_bar(job: JobView) -> bool:
     latest = max(progressed, key=lambda s: s.last_progress_line)
     label = latest.last_progress_text.split("%|", 1)[0]
     return (
-        _full_bar(latest.last_progress_text)
+        (_full_bar(latest.last_progress_text) or _step_counter_at_total(latest, job))
         and not LOADING_BAR.search(label)
         and _last_step(job) is None
     )
+
+
+def _step_counter_at_total(stream: StreamSummary, job: JobView) -> bool:
+    """The writer's last progress line counts its steps up to their total ('Step 60/ 60;',
+    'iter 500/500'), as a bar at 100% does, and counts no epoch: its loop ran to its end.
+    Not where the writer's epochs are known and its last one is not the run's last."""
+    text = stream.last_progress_text
+    counter = PROGRESS_COUNTER.search(text)
+    if (
+        counter is None
+        or EPOCH_WORD.search(text)
+        or OTHER_PHASE_BAR.search(text[: counter.start()])
+    ):
+        return False
+    n, total = _digits(counter["n"]), _digits(counter["total"])
+    if n is None or total is None or total < 2 or n != total:
+        return False
+    if stream.progress_done != n or stream.progress_total != total:
+        return False  # the writer's own counter (scanner) reads another one on that line
+    epoch = stream.last_epoch
+    return epoch is None or last_epoch_done(epoch, job.max_epochs, stream.first_epoch)
 
 
 LOADING_BAR = re.compile(r"(?i)load|download|map|writ|sav|shard|fetch")

@@ -1069,10 +1069,10 @@ END_READINGS: tuple[tuple[Callable[[JobEvidence], bool], float, str, str], ...] 
     (
         lambda e: e.ended_after_full_bar,
         0.4,
-        "the progress bar drawn last reached its total and what the run printed after it holds "
-        "no error (results, a save); the program printed no end line of its own, and a job "
-        "that hung after that bar would read the same.",
-        "+ the last bar at its total, no error after it",
+        "the progress bar or step counter printed last reached its total and what the run "
+        "printed after it holds no error (results, a save); the program printed no end line of "
+        "its own, and a job that hung after that line would read the same.",
+        "+ the last progress line at its total, no error after it",
     ),
     (
         lambda e: e.ended_on_last_epoch,
