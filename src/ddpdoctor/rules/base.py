@@ -93,6 +93,7 @@ CAPTURES: dict[str, str] = {
     "path": "a file path",
     "module": "a Python module name",
     "extension": "a C++/CUDA extension compiled when the job started (torch.utils.cpp_extension)",
+    "cxx_runtime": "the C++ runtime symbol version a binary needs (GLIBCXX_3.4.29, CXXABI_1.3.13)",
     "name": "an imported name",
     "var": "an environment variable name",
     "endpoint": "a host:port the rank tried to reach",

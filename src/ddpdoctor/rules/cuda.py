@@ -37,6 +37,9 @@ CUDA_OOM = Rule(
         # ray.exceptions.OutOfMemoryError)
         Signature(r"(?<!exceptions\.)OutOfMemoryError", "OutOfMemoryError"),
         Signature(r"CUBLAS_STATUS_ALLOC_FAILED"),
+        # cuDNN's allocation of its workspace or handle failed (aten/src/ATen/cudnn/
+        # Exceptions.h: 'cuDNN error: ' + cudnnGetErrorString)
+        Signature(r"cuDNN error: CUDNN_STATUS_ALLOC_FAILED", "CUDNN_STATUS_ALLOC_FAILED"),
         Signature(r"cudaErrorMemoryAllocation"),
         # accelerate utils/memory.py find_executable_batch_size: every batch size ran out of
         # GPU memory
@@ -255,6 +258,15 @@ BUILD_FIX = (
     "is compiled when the job starts.",
 )
 
+CXX_RUNTIME_FIX = (
+    "cxx_runtime",
+    r"\w+_[\d.]+",
+    "The C++ runtime library loaded (libstdc++.so.6) is older than the one torch or an "
+    "extension was built with: the system's copy is found before the environment's. Put the "
+    "environment's first (LD_LIBRARY_PATH=$CONDA_PREFIX/lib, or conda install -c conda-forge "
+    "'libstdcxx-ng>=12'), or use a build made for this system's compiler.",
+)
+
 EXTENSION_FIX = (
     "op",
     r"[\w.]+::\w+",
@@ -360,6 +372,14 @@ CUDA_LIBRARY_MISMATCH = Rule(
             "Distributed package doesn't have",
         ),
         Signature(r"Torch not compiled with CUDA enabled"),
+        # the C++ runtime loaded is older than the one a binary was built with (the system's
+        # or an old environment's libstdc++.so.6 ahead of the environment's own)
+        Signature(
+            r"version `(?P<cxx_runtime>GLIBCXX_[\d.]{1,12}|CXXABI_[\d.]{1,12})' not found",
+            "' not found",
+        ),
+        # bitsandbytes could not load its CUDA library for this CUDA (its cuda_setup, < 0.43)
+        Signature(r"CUDA Setup failed despite GPU being available", "CUDA Setup failed"),
         # the same on a CPU-only build's torch.cuda.set_device (torch 2.13: the CUDA bindings
         # are simply absent from torch._C)
         Signature(r"module 'torch\._C' has no attribute '_cuda_\w+'", "has no attribute '_cuda_"),
@@ -395,9 +415,13 @@ CUDA_LIBRARY_MISMATCH = Rule(
         "another torch: rebuild it against the installed one (pip install --no-build-isolation "
         "--no-cache-dir ...), or install the wheel built for this torch and CUDA.",
     ),
-    capture_fix=(*ARCH_FIXES, FABRIC_MANAGER_FIX, EXTENSION_FIX, BUILD_FIX),
+    capture_fix=(*ARCH_FIXES, FABRIC_MANAGER_FIX, EXTENSION_FIX, BUILD_FIX, CXX_RUNTIME_FIX),
     positive=(
         "RuntimeError: Error building extension 'fused_adam'",
+        "ImportError: /lib/x86_64-linux-gnu/libstdc++.so.6: version `GLIBCXX_3.4.29' not found "
+        "(required by /opt/conda/lib/python3.10/site-packages/torch/lib/libtorch_python.so)",
+        "RuntimeError: CUDA Setup failed despite GPU being available. Please run the following "
+        "command to get more information: python -m bitsandbytes",
         "NotImplementedError: Could not run 'torchvision::nms' with arguments from the 'CUDA' "
         "backend. This could be because the operator doesn't exist for this backend",
         "g0010: Test CUDA failure common.cu:941 'system not yet initialized'",
@@ -852,6 +876,15 @@ CUDA_CALL_FAILED = Rule(
                 (r"Test CUDA failure \S{1,200}:\d{1,6} ", "Test CUDA failure "),
             )
         ),
+        # a cuDNN call that failed inside the library or the driver (aten/src/ATen/cudnn/
+        # Exceptions.h: 'cuDNN error: ' + cudnnGetErrorString); not NOT_SUPPORTED or BAD_PARAM,
+        # which answer the program's own arguments (a shape, a layout, a size), nor
+        # NOT_INITIALIZED (CUDA105: a cuDNN that does not fit)
+        Signature(
+            r"cuDNN error: CUDNN_STATUS_(?P<what>INTERNAL_ERROR|EXECUTION_FAILED|MAPPING_ERROR"
+            r"|RUNTIME_[A-Z_]{3,40})\b",
+            "cuDNN error: CUDNN_STATUS_",
+        ),
     ),
     explanation=Explanation(
         what="A CUDA runtime call returned an error that names neither memory, a kernel fault, "
@@ -880,8 +913,12 @@ CUDA_CALL_FAILED = Rule(
         "RuntimeError: CUDA error: invalid argument",
         "node01:4242:4300 [3] NCCL WARN Cuda failure 'operation not supported'",
         "Cuda failure 999 'unknown error'",
+        "RuntimeError: cuDNN error: CUDNN_STATUS_INTERNAL_ERROR",
+        "RuntimeError: cuDNN error: CUDNN_STATUS_EXECUTION_FAILED",
     ),
     negative=(
+        "RuntimeError: cuDNN error: CUDNN_STATUS_NOT_SUPPORTED. This error may appear if you "
+        "passed in a non-contiguous input.",
         "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
         "CUDA error (the program's own wording)",
         "RuntimeError: CUDA error: too many resources requested for launch",

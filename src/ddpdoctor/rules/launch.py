@@ -31,6 +31,9 @@ HOST_OOM_KILL = Rule(
         Signature(r"NCCL WARN Failed to malloc \d{1,15} bytes", "Failed to malloc"),
         # Python could not get host memory (an address-space or cgroup limit, no OOM killer)
         Signature(r"^\**MemoryError\b", "MemoryError"),
+        # ENOMEM from fork, mmap or a pinned allocation (a DataLoader forking its workers, the
+        # kernel's overcommit limit): the host had no memory to give
+        Signature(r"\[Errno 12\] Cannot allocate memory", "Cannot allocate memory"),
         # C++ allocation failure reported by an extension or the runtime
         Signature(r"std::bad_alloc", "std::bad_alloc", suggests=True),
         # 137 = 128 + SIGKILL, as shells, IDEs and container runtimes report it
@@ -155,6 +158,7 @@ HOST_OOM_KILL = Rule(
         # MosaicML Composer's launcher (composer/cli/launcher.py)
         "Global rank 1 (PID 6275) exited with code -9",
         "Rank 1 crashed with exit code -9.",
+        "OSError: [Errno 12] Cannot allocate memory",
         "ray.exceptions.OutOfMemoryError: Task was killed due to the node running low on memory.",
         "1 worker(s) were killed due to the node running low on memory.",
         # bash in a zh_CN locale, after a progress bar without its newline (corpus case 980),
