@@ -123,6 +123,11 @@ NCCL_WATCHDOG_TIMEOUT = Rule(
             r"Received a dump signal due to a collective timeout from\s+rank (?P<timeout_rank>\d+)",
             "Received a dump signal due to a collective timeout",
         ),
+        # ... the line before it, which alone says only that another rank asked (torch >= 2.5)
+        Signature(
+            r"Observed flight recorder dump signal from another rank via TCPStore",
+            "Observed flight recorder dump signal",
+        ),
         # TORCH_NCCL_BLOCKING_WAIT=1 raises the timeout in the calling thread
         # (ProcessGroupNCCL.cpp WorkNCCL::synchronize)
         Signature(
@@ -402,6 +407,17 @@ WATCHDOG_STUCK = Rule(
             r"ProcessGroupNCCL's watchdog got stuck for (?P<after>\d+) seconds",
             "watchdog got stuck for",
         ),
+        # the heartbeat monitor's own line before that exit message (torch >= 2.2), and the
+        # monitor thread's termination of torch >= 2.5 (its own words for the same hang)
+        Signature(
+            r"Heartbeat monitor timed out! Process will be terminated",
+            "Heartbeat monitor timed out!",
+        ),
+        Signature(
+            r"Terminating the process after attempting to dump debug info, due to "
+            r"ProcessGroupNCCL watchdog hang",
+            "due to ProcessGroupNCCL watchdog hang",
+        ),
     ),
     explanation=Explanation(
         what="The heartbeat monitor saw the collective watchdog make no progress and aborts the "
@@ -423,6 +439,11 @@ WATCHDOG_STUCK = Rule(
         "[rank0]:[F1130 10:49:07.000000000 ProcessGroupNCCL.cpp:1224] [PG 0 (default_pg) Rank 0] "
         "ProcessGroupNCCL's watchdog got stuck for 480 seconds without making progress in "
         "monitoring enqueued collectives.",
+        "[rank25]:[E ProcessGroupNCCL.cpp:1316] [PG 0 Rank 25] Heartbeat monitor timed out! "
+        "Process will be terminated after dumping debug info. workMetaList_.size()=2",
+        "[rank0]:[F919 07:00:13.418192812 ProcessGroupNCCL.cpp:1653] [PG ID 0 PG GUID "
+        "0(default_pg) Rank 0] [PG ID 0 PG GUID 0(default_pg) Rank 0] Terminating the process "
+        "after attempting to dump debug info, due to ProcessGroupNCCL watchdog hang.",
     ),
     negative=("Watchdog caught collective operation timeout",),
 )

@@ -371,6 +371,12 @@ CHILD_FAILED = Rule(
             r"process (?P<local_rank>\d{1,7}) terminated with exit code (?P<code>\d+)",
             "terminated with exit code",
         ),
+        # pdsh (DeepSpeed's multi-node runner) on a node whose remote command failed: the
+        # node's launcher exit code through ssh (not 255, ssh's own failure: LCH123)
+        Signature(
+            r"pdsh@[\w.-]{1,200}: [\w.-]{1,200}: ssh exited with exit code (?!255\b)(?P<code>\d{1,3})",
+            "ssh exited with exit code",
+        ),
     ),
     explanation=Explanation(
         what="The launcher's summary of failed workers.",
@@ -1502,6 +1508,71 @@ SLURM_STEP_REFUSED = Rule(
     negative=("srun: Job 4242 step creation temporarily disabled, retrying",),
 )
 
+REMOTE_START_FAILED = Rule(
+    code="LCH123",
+    kind="rendezvous-failure",
+    title="The launcher could not start the job on another node (ssh, pdsh, mpirun's daemons)",
+    sources="OpenSSH ssh (connect, resolve, host key, authentication), pdsh's ssh module "
+    "(exit code 255), Open MPI orte/mca/plm help-plm-base.txt (daemons not started)",
+    category=Category.CONFIGURATION,
+    specificity=80,  # above LCH108, which reads any "Name or service not known"
+    signatures=(
+        Signature(
+            r"ssh: connect to host (?P<endpoint>[\w.:-]{1,200}) port \d{1,5}: (?P<reason>Connection "
+            r"refused|No route to host|Connection timed out|Network is unreachable)",
+            "ssh: connect to host",
+        ),
+        Signature(
+            r"ssh: Could not resolve hostname (?P<endpoint>[\w.:-]{1,200})",
+            "ssh: Could not resolve hostname",
+        ),
+        Signature(r"^(?:[\w.-]{1,200}: )?Host key verification failed\.", "Host key verification"),
+        Signature(r"Permission denied \(publickey[\w,-]{0,80}\)", "Permission denied (publickey"),
+        # pdsh's report on a node whose ssh itself failed (255 is ssh's own error, not the
+        # remote command's exit code)
+        Signature(r"ssh exited with exit code 255\b", "ssh exited with exit code 255"),
+        # Open MPI could not start its daemon (orted) on a node: ssh, PATH or LD_LIBRARY_PATH
+        Signature(
+            r"ORTE was unable to reliably start one or more daemons",
+            "ORTE was unable to reliably start",
+        ),
+        Signature(r"(?:bash|sh): orted: command not found", "orted: command not found"),
+    ),
+    explanation=Explanation(
+        what="A multi-node launcher (DeepSpeed's pdsh runner, mpirun, a launch script) logs in "
+        "to the other nodes over ssh to start the ranks there, and could not: the connection, "
+        "the host name, the host key or the login failed, or mpirun's daemon did not start.",
+        why="The nodes' ranks never started, so the job cannot form: wrong names in the "
+        "hostfile, passwordless ssh not set up between the nodes (or not for this user, or "
+        "not in the container), sshd on another port, a firewall, or the remote PATH / "
+        "LD_LIBRARY_PATH without the MPI installation.",
+        fix="Make `ssh <node> hostname` work from the launching node without a password for "
+        "every node of the hostfile (keys in ~/.ssh/authorized_keys, known_hosts filled, the "
+        "right port: DeepSpeed's --ssh_port); for mpirun, the same MPI at the same path on "
+        "every node (or --prefix).",
+        false_positives="An ssh error of another program the job runs (a git clone, a data "
+        "sync) reads the same.",
+    ),
+    fix=(
+        "From the launching node run `ssh <node> hostname` for every node in the hostfile: it "
+        "must answer without a password or a prompt (copy the key with ssh-copy-id, accept the "
+        "host key once, use the port sshd listens on: deepspeed --ssh_port).",
+        "For mpirun: install the same MPI at the same path on every node, or pass --prefix; "
+        "check that a non-interactive shell on the node has it on PATH and LD_LIBRARY_PATH.",
+    ),
+    positive=(
+        "worker-1: ssh: connect to host worker-1 port 22: Connection refused",
+        "ssh: Could not resolve hostname node-7: Name or service not known",
+        "pdsh@head0: worker-b: ssh exited with exit code 255",
+        "ORTE was unable to reliably start one or more daemons.",
+        "bash: orted: command not found",
+    ),
+    negative=(
+        "pdsh@head0: worker-b: ssh exited with exit code 1",
+        "Connection to 10.0.0.5 closed.",
+    ),
+)
+
 RULES = (
     INTERRUPTED,
     STORE_WENT_AWAY,
@@ -1522,6 +1593,7 @@ RULES = (
     LAUNCHER_NOT_FOUND,
     LAUNCH_LINE_CUT,
     RENDEZVOUS_FAILURE,
+    REMOTE_START_FAILED,
     SLURM_TERMINATED,
     TERMINAL_HANGUP,
     WARNING_SIGNAL_HANDLED,
