@@ -32,6 +32,13 @@ DATA_ERROR = Rule(
             r"ValueError: Tried to find (?P<path>\S{1,300}) but folder does not exist",
             "but folder does not exist",
         ),
+        # a .safetensors file that is not one: a git-lfs pointer left by a clone without LFS,
+        # a download cut short (safetensors' deserialize, Rust; HeaderTooLarge,
+        # MetadataIncompleteBuffer, InvalidHeader...)
+        Signature(
+            r"SafetensorError: Error while deserializing header: (?P<what>\w{3,60})",
+            "Error while deserializing header",
+        ),
         Signature(r"broken data stream when reading image file"),
         Signature(r"OSError: Unable to open file", "Unable to open file"),
         Signature(r"DatasetGenerationError"),
@@ -134,6 +141,7 @@ DATA_ERROR = Rule(
         "RuntimeError: PytorchStreamReader failed locating file data.pkl: file not found",
         "ValueError: [deepspeed] failed to resume from checkpoint /scratch/out/checkpoint-2000",
         "ValueError: Tried to find epoch_1 but folder does not exist",
+        "safetensors_rust.SafetensorError: Error while deserializing header: HeaderTooLarge",
         "FileNotFoundError: [Errno 2] No such file or directory: "
         "'E:/visionlab/data/imnet_val/val5k/val_file_list.pickle'",
         "E1204 00:23:30.193631 24467 train.py:48] could not read /data/shard-1.txt: [Errno 2] "
