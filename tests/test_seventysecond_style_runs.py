@@ -35,7 +35,7 @@ RuntimeError, read as a Python exception, not a collective mismatch (skew-tally)
 argument assertion on every rank blames all four (odd-bench); the rank with fewer batches shows
 only gloo's size-mismatch abort (thin-feed, collective-mismatch); a process group that never
 formed leaves DistStoreError tracebacks without a rank prefix, read as workers whose output is
-missing (wide-ring)."""
+missing (wide-ring). Since session 28 skew-tally too (COL101 reads gloo's alltoallv check)."""
 
 from __future__ import annotations
 
@@ -129,11 +129,6 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "skew-tally": "failed, python-exception on rank 2 (PY101, 0.6): right culprit, but gloo's "
-    "'[enforce fail at .../gloo/alltoallv.cc:138] inLengthPerRank[myRank] == "
-    "outLengthPerRank[myRank].' is a Python RuntimeError raised in all_to_all_single on the "
-    "rank whose splits disagree, without the 'collective mismatch' wording of gloo's size abort, "
-    "so it is read as a generic exception, not as split sizes that differ between ranks",
     "odd-bench": "failed, python-exception on ranks 0,1,2,3 (PY101, 0.6): right kind, but every "
     "rank raises the same 'AssertionError: num_experts (6) must be divisible by the world size "
     "(4)' from the arguments, and all four are blamed where no rank is at fault",

@@ -24,6 +24,13 @@ COLLECTIVE_MISMATCH = Rule(
             "op.preamble.length",
         ),
         Signature(r"Is there a distributed collective mismatch in your code"),
+        # gloo/alltoallv.cc: all_to_all's split sizes disagree on this rank itself (what it
+        # sends to itself is not what it expects from itself): the ranks computed their
+        # split sizes differently
+        Signature(
+            r"inLengthPerRank\[myRank\] == outLengthPerRank\[myRank\]",
+            "inLengthPerRank[myRank]",
+        ),
         # FSDP's execution order check (torch/distributed/fsdp/_exec_order_utils.py, with
         # TORCH_DISTRIBUTED_DEBUG=DETAIL): ranks all-gather different modules' parameters
         Signature(
@@ -66,6 +73,8 @@ COLLECTIVE_MISMATCH = Rule(
         "collective: CollectiveFingerPrint(SequenceNumber=21, OpType=BROADCAST",
         "RuntimeError: Forward order differs across ranks: rank 0 is all-gathering 5 parameters "
         "while rank 1 is all-gathering 4 parameters",
+        "RuntimeError: [enforce fail at /__w/pytorch/pytorch/third_party/gloo/gloo/alltoallv.cc:"
+        "138] inLengthPerRank[myRank] == outLengthPerRank[myRank]. ",
     ),
     negative=("Watchdog caught collective operation timeout: WorkNCCL(SeqNum=2, OpType=ALLREDUCE",),
 )
