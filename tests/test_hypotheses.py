@@ -301,7 +301,22 @@ POSITIVE["INF237"] = [
     # wandb's end-of-run history table, cut inside it
     (lambda t: case("172"), []),
 ]
+POSITIVE["INF238"] = [
+    # torchrun starts four processes told a world of eight: every one waits for rank 4's
+    # address (gloo's '/default_pg/0//cpu//0/4') and times out, no [rankN] prefix on any
+    (lambda t: real("seventysecond-wide-ring"), []),
+    # a script that hard-codes four for a launch of three: all three wait for rank 3
+    (lambda t: real("thirtysixth-four-of-three"), []),
+    # one pod's edited config says four where the others say three: only rank 2 waits
+    (lambda t: real("sixteenth-size-edit"), [2]),
+]
 NEAR_MISS = {
+    # the rank waited for was launched and failed or never came up (a pod still pending, a
+    # node whose ranks died of a missing module before the group formed)
+    "INF238": [
+        lambda t: real("sixteenth-pod-pending"),
+        lambda t: real("sixth-profiler-node"),
+    ],
     # the same log one line earlier: the ranks' last words are the save of the last epoch
     # and its announcement, not the way out
     "INF237": [

@@ -35,7 +35,8 @@ RuntimeError, read as a Python exception, not a collective mismatch (skew-tally)
 argument assertion on every rank blames all four (odd-bench); the rank with fewer batches shows
 only gloo's size-mismatch abort (thin-feed, collective-mismatch); a process group that never
 formed leaves DistStoreError tracebacks without a rank prefix, read as workers whose output is
-missing (wide-ring). Since session 28 skew-tally too (COL101 reads gloo's alltoallv check)."""
+missing (wide-ring). Since session 28 skew-tally (COL101 reads gloo's alltoallv check) and wide-ring (INF238: the
+waits for rank 4's address, beyond the four processes launched) too."""
 
 from __future__ import annotations
 
@@ -137,11 +138,6 @@ MISSES: dict[str, str] = {
     "collective mismatch in your code?' abort of rank 1 is all the log shows; nothing says that "
     "rank 1's shard had 17 batches against 30 and that it was validating while the others "
     "trained (its records are WARNING-only, no epoch end of its own)",
-    "wide-ring": "failed, python-exception on ranks 0,1,2,3 (INF208, 0.5): the four "
-    "'DistStoreError: wait timeout after 15000ms, keys: /default_pg/0//cpu//0/4' tracebacks "
-    "carry no [rankN] prefix (the process group never formed), so the workers' own output is "
-    "taken to be missing ('its own output is not in the logs') and the rendezvous failure "
-    "(LCH111) is demoted to a cascade of it",
 }
 
 

@@ -88,10 +88,6 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "size-edit": "failed, collective-mismatch on rank 2 (INF203, 0.5): the culprit is right, but "
-    "rank 2's 'wait timeout ... keys: /default_pg/0//cpu//0/3' (a key for a rank 3 that a world "
-    "of 3 never has) and its 'world_size=4' beside the others' 3 are read as a collective nobody "
-    "joined, not as a rendezvous that could not form",
     "master-restart": "failed, collective-mismatch on rank 0 (INF203, 0.6): the culprit is right, but the "
     "previous container's log that stops at step 14 with no error (a silent SIGKILL of "
     "the pod) is read as a rank in another collective, not as a killed rank",

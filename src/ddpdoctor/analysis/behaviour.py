@@ -188,6 +188,7 @@ def build_evidence(job: JobView, events: list[Event]) -> JobEvidence:
         single_node=job.single_node,
         transports=set(job.transports),
         ib_requested=job.ib_requested,
+        pg_wait_ranks=set(job.pg_wait_ranks),
         job_exit_code=info.exit_code,
         launched_processes=job.launched_processes,
     )

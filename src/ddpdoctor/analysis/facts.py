@@ -342,6 +342,17 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
         "|  ",
         distinct=VALUE,
     ),
+    # c10d's wait for a rank's key while the default process group forms (gloo publishes each
+    # rank's address under /default_pg/<n>//cpu//<device>/<rank>; a subgroup's keys carry its
+    # own name after the default group's): "DistStoreError: wait timeout after 15000ms, keys:
+    # /default_pg/0//cpu//0/4": rank 4's address never came
+    FactPattern(
+        "pg_wait_rank",
+        r"wait timeout after \d{1,9}ms, keys: /default_pg/\d{1,5}//[a-z]{3,4}//\d{1,5}/"
+        r"(?P<rank>\d{1,7})\b",
+        "keys: /default_pg/",
+        distinct=VALUE,
+    ),
     # NCCL net.cc: which transport NCCL uses between nodes
     FactPattern("socket_transport", r"NET/Socket : Using", "NET/Socket : Using", distinct=VALUE),
     FactPattern("ib_transport", r"NET/IB : Using", "NET/IB : Using", distinct=VALUE),

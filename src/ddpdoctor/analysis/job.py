@@ -40,6 +40,8 @@ class JobView:
     transports: set[str] = field(default_factory=set)
     ib_requested: bool = False
     """NCCL said the job named InfiniBand/RoCE devices to use (NCCL_IB_HCA)."""
+    pg_wait_ranks: set[int] = field(default_factory=set)
+    """Ranks whose address a process waited for, in vain, while the default group formed."""
     hangs: list[RunHang] = field(default_factory=list)
     killed_for_hang: bool = False
     stopped: bool = False
@@ -246,6 +248,7 @@ def build_job(
     progress: list[FactHit] = []
     transports: set[str] = set()
     ib_requested = False
+    pg_wait_ranks: set[int] = set()
     exit_sources: dict[int, str] = {}
     completed_at: dict[str, int] = {}
     completed_ranks: set[int] = set()
@@ -404,6 +407,10 @@ def build_job(
                 normal_seen = True
             elif fact.name == "ib_requested":
                 ib_requested = True
+            elif fact.name == "pg_wait_rank":
+                waited = rank_number(fact.captures.get("rank"))
+                if waited is not None:
+                    pg_wait_ranks.add(waited)
             elif fact.name in ("normal", "nccl_comm"):
                 normal_seen = True
             elif fact.name == "interpreter_exit":
@@ -510,6 +517,7 @@ def build_job(
         single_node=single_node,
         transports=transports,
         ib_requested=ib_requested,
+        pg_wait_ranks=pg_wait_ranks,
         hangs=hangs,
         killed_for_hang=any(e.killed_for_hang for e in run_events or []),
         stopped=any(e.stopped for e in run_events or []),

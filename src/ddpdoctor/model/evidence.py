@@ -226,6 +226,8 @@ class JobEvidence:
     transports: set[str] = field(default_factory=set)
     ib_requested: bool = False
     """NCCL said the job named InfiniBand/RoCE devices to use (NCCL_IB_HCA)."""
+    pg_wait_ranks: set[int] = field(default_factory=set)
+    """Ranks whose address a process waited for, in vain, while the default group formed."""
     timeout_ms: float | None = None
     """The collective timeout that echoes report, if any."""
     startup_seq: int | None = None

@@ -27,6 +27,7 @@ from ddpdoctor.rules.hypotheses import (
     uncoordinated_exit,
     uneven_inputs,
     worker_exit,
+    world_beyond_launch,
 )
 from ddpdoctor.rules.hypotheses.base import Hypothesis
 
@@ -42,6 +43,7 @@ HYPOTHESES: tuple[Hypothesis, ...] = (
     Hypothesis(lagging_rank.RULE, lagging_rank.assess, precedence=5),
     Hypothesis(missing_ranks.RULE, missing_ranks.assess, precedence=5),
     Hypothesis(duplicate_ranks.RULE, duplicate_ranks.assess, precedence=5),
+    Hypothesis(world_beyond_launch.RULE, world_beyond_launch.assess, precedence=5),
     Hypothesis(worker_exit.RULE, worker_exit.assess, precedence=6),
     Hypothesis(cut_traceback.RULE, cut_traceback.assess, precedence=6),
     Hypothesis(bare_exception.RULE, bare_exception.assess, precedence=6),
