@@ -378,6 +378,10 @@ CUDA_LIBRARY_MISMATCH = Rule(
             r"version `(?P<cxx_runtime>GLIBCXX_[\d.]{1,12}|CXXABI_[\d.]{1,12})' not found",
             "' not found",
         ),
+        # a kernel library that needs a newer GPU than this one (flash-attn's Ampere check,
+        # transformers' bf16 check on a GPU without bf16)
+        Signature(r"FlashAttention only supports Ampere GPUs or newer", "FlashAttention only"),
+        Signature(r"Your setup doesn't support bf16/gpu", "doesn't support bf16"),
         # bitsandbytes could not load its CUDA library for this CUDA (its cuda_setup, < 0.43)
         Signature(r"CUDA Setup failed despite GPU being available", "CUDA Setup failed"),
         # the same on a CPU-only build's torch.cuda.set_device (torch 2.13: the CUDA bindings
@@ -422,6 +426,9 @@ CUDA_LIBRARY_MISMATCH = Rule(
         "(required by /opt/conda/lib/python3.10/site-packages/torch/lib/libtorch_python.so)",
         "RuntimeError: CUDA Setup failed despite GPU being available. Please run the following "
         "command to get more information: python -m bitsandbytes",
+        "RuntimeError: FlashAttention only supports Ampere GPUs or newer.",
+        "ValueError: Your setup doesn't support bf16/gpu. You need torch>=1.10, using Ampere GPU "
+        "with cuda>=11.0",
         "NotImplementedError: Could not run 'torchvision::nms' with arguments from the 'CUDA' "
         "backend. This could be because the operator doesn't exist for this backend",
         "g0010: Test CUDA failure common.cu:941 'system not yet initialized'",

@@ -39,6 +39,12 @@ DATA_ERROR = Rule(
             r"SafetensorError: Error while deserializing header: (?P<what>\w{3,60})",
             "Error while deserializing header",
         ),
+        # a checkpoint path that is not there (fvcore/detectron2's Checkpointer: 'Checkpoint
+        # {} not found!'), and ultralytics' dataset check on its missing image list
+        Signature(r"Checkpoint (?P<path>\S{1,300}) not found!", "not found!"),
+        Signature(
+            r"images not found \S{0,4},? missing path (?P<path>'[^'\n]{1,300}')", "images not found"
+        ),
         Signature(r"broken data stream when reading image file"),
         Signature(r"OSError: Unable to open file", "Unable to open file"),
         Signature(r"DatasetGenerationError"),
@@ -142,6 +148,9 @@ DATA_ERROR = Rule(
         "ValueError: [deepspeed] failed to resume from checkpoint /scratch/out/checkpoint-2000",
         "ValueError: Tried to find epoch_1 but folder does not exist",
         "safetensors_rust.SafetensorError: Error while deserializing header: HeaderTooLarge",
+        "AssertionError: Checkpoint /output/model_final.pth not found!",
+        "RuntimeError: Dataset 'coco.yaml' images not found ⚠️, missing path "
+        "'/datasets/coco/val2017.txt'",
         "FileNotFoundError: [Errno 2] No such file or directory: "
         "'E:/visionlab/data/imnet_val/val5k/val_file_list.pickle'",
         "E1204 00:23:30.193631 24467 train.py:48] could not read /data/shard-1.txt: [Errno 2] "

@@ -40,6 +40,9 @@ PEER_CLOSED = Rule(
         Signature(r"remote process exited or there was a network error"),
         Signature(r"ncclRemoteError"),
         Signature(r"Broken pipe"),
+        # NCCL proxy.cc: this rank's proxy could not reach a peer's proxy thread (it died, or
+        # the path to it is down): "Proxy Call to rank 3 failed (Connect)"
+        Signature(r"Proxy Call to rank (?P<missing>\d{1,7}) failed \(", "Proxy Call to rank"),
         # gloo transport/tcp/pair.cc and pair.h: a socket gone during connect, handshake or
         # after an earlier failure; ProcessGroupGloo.cpp: the mesh could not form at init
         Signature(r"Socket unexpectedly closed \[", "Socket unexpectedly closed"),
@@ -73,6 +76,7 @@ PEER_CLOSED = Rule(
         "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed "
         "by peer [127.0.0.1]:23456",
         "socketProgressOpt: Call to recv from 10.20.0.4<33759> failed : Connection reset by peer",
+        "gpu-7:1234:1300 [3] proxy.cc:1533 NCCL WARN Proxy Call to rank 3 failed (Connect)",
     ),
     negative=("NCCL INFO Connected all rings",),
 )
