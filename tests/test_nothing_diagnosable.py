@@ -226,3 +226,23 @@ def test_torchs_exit_handlers_after_an_error_end_nothing() -> None:
     proc = run_cli("diagnose", str(FIFTIETH / "fiftieth-meta-key"), "--format", "json")
     verdict = json.loads(proc.stdout)["verdict"]
     assert verdict["status"] == "failed"
+
+
+def test_the_barrier_device_notice_reads_alike_in_every_torch_wording(tmp_path: Path) -> None:
+    """The notice that barrier() guessed the rank's GPU, as torch 2.4-2.6 (ProcessGroupNCCL),
+    2.5-2.9 and 2.7+ (distributed_c10d) word it (the census's examples): one notice, a message of
+    normal operation each time, never 'nothing recognised'."""
+    census = [json.loads(line) for line in (REPO / "census" / "messages.jsonl").open()]
+    wanted = {
+        "pgnccl-barrier-device-unknown",
+        "c10d-barrier-device-warning",
+        "c10d-barrier-no-device-id-warning",
+    }
+    examples = [m["example"] for m in census if m["id"] in wanted]
+    assert len(examples) == 3
+    for index, example in enumerate(examples):
+        log = tmp_path / f"notice{index}.log"
+        log.write_text(example + "\n")
+        proc = run_cli("diagnose", str(log), "--format", "json")
+        verdict = json.loads(proc.stdout)["verdict"]
+        assert verdict["status"] == "ok", (example, verdict["summary"])

@@ -539,6 +539,11 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
             (r"did not find any unused parameters", "did not find any unused parameters"),
             (r"Reducer buckets have been rebuilt", "Reducer buckets have been rebuilt"),
             (r"using best-guess GPU \d+ to perform barrier", "using best-guess GPU "),
+            # ... the same notice in torch 2.4-2.6's words
+            (
+                r"to perform barrier as devices used by this process are currently unknown",
+                "to perform barrier as devices used by this process",
+            ),
             (r"barrier\(\): using the device under current context", "using the device under"),
             # the same advice in the words of torch 2.5-2.9 (the space before the backtick is
             # torch's own)
