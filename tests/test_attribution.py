@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from ddpdoctor.analysis.diagnose import diagnose_paths
 from tests.conftest import REPO
 
@@ -66,3 +69,15 @@ def test_the_store_that_cannot_listen_is_the_master_ranks() -> None:
     assert (busy.kind, busy.culprit.ranks) == ("rendezvous-failure", [0])
     taken = diagnose_paths([str(REAL / "twelfth-port-taken")]).verdict
     assert (taken.kind, taken.culprit.ranks) == ("rendezvous-failure", [])
+
+
+def test_a_launchers_report_on_a_child_by_pid_is_not_its_writers(tmp_path: Path) -> None:
+    """Lightning's launcher runs in a rank's process and reports a child it started by PID
+    (the census's example, under the writer's '[rank: 0]' prefix): the child that was killed
+    is not rank 0, and no line maps its pid, so nobody is named."""
+    census = [json.loads(line) for line in (REPO / "census" / "messages.jsonl").open()]
+    (example,) = [m["example"] for m in census if m["id"] == "pl-child-process-killed"]
+    log = tmp_path / "console.log"
+    log.write_text(example + "\n")
+    verdict = diagnose_paths([str(log)]).verdict
+    assert (verdict.kind, verdict.culprit.ranks) == ("host-oom", [])

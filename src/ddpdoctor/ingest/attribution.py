@@ -56,6 +56,13 @@ def _in_a_worker(hit: Hit) -> bool:
 
 def rank_of(hit: Hit, resolve: Resolver, single_node: bool, sole_host: str | None) -> int | None:
     """The global rank a hit is about, or None when nothing says it."""
+    child = _number(hit.captures.get("child_pid"))
+    if child is not None:
+        # a launcher living in a rank's process reports another process it started by its
+        # pid (Lightning's observer: 'Child process with PID 13117 terminated with code -9'):
+        # the line is about that process, not its writer; unknown where no line maps the pid
+        host = hit.record.origin.host or (sole_host if single_node else None)
+        return resolve(Origin(host=host, pid=child))
     rank = resolve(hit.record.origin)
     if rank is not None:
         return rank

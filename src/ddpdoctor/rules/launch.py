@@ -8,6 +8,12 @@ from ddpdoctor.model.taxonomy import Category
 from ddpdoctor.rules.base import Echo, Explanation, Marker, Rule, Signature
 from ddpdoctor.rules.localized import CRASHED, KILLED, shell_signatures
 
+CHILD_PROCESS_CODE = r"Child process with PID (?P<child_pid>\d{1,10}) terminated with code "
+"""Lightning's launcher (fabric/strategies/launchers/subprocess_script.py _ChildProcessObserver)
+on one of the processes it started ending, before it terminates the others: 'Child process
+with PID 13117 terminated with code 1. Forcefully terminating all other processes to avoid
+zombies'. The PID only, no rank; the code is the signal's negative for a process it killed."""
+
 RANK_EXITED_WITH_CODE = (
     r"\b[Rr]ank (?P<rank>\d{1,5})(?: \((?:PID|pid)[ :=]?\d{1,10}\))? "
     r"(?:exited|died|terminated|failed|crashed) with (?:exit )?code "
@@ -68,6 +74,7 @@ HOST_OOM_KILL = Rule(
             suggests=True,
         ),
         Signature(r"exits with return code = -9", suggests=True),
+        Signature(CHILD_PROCESS_CODE + r"-9\b", "terminated with code -9", suggests=True),
         Signature(r"Out of memory: Kill(?:ed)? process (?P<pid>\d+)", "Out of memory: Kill"),
         Signature(r"Memory cgroup out of memory"),
         # Kubernetes pod status and shells reporting a child killed by the OOM killer
@@ -371,6 +378,10 @@ CHILD_FAILED = Rule(
             r"process (?P<local_rank>\d{1,7}) terminated with exit code (?P<code>\d+)",
             "terminated with exit code",
         ),
+        Signature(
+            CHILD_PROCESS_CODE + r"(?P<code>-?\d{1,3})\. Forcefully terminating",
+            "Forcefully terminating all other processes",
+        ),
         # pdsh (DeepSpeed's multi-node runner) on a node whose remote command failed: the
         # node's launcher exit code through ssh (not 255, ssh's own failure: LCH123)
         Signature(
@@ -434,6 +445,13 @@ NATIVE_CRASH = Rule(
         # Python's Popen returncode of a child killed by a signal (a launcher written in
         # Python: "[launcher] rank 3 exited with code -11"), and CPython's CalledProcessError
         # for it ("Command '[...]' died with <Signals.SIGSEGV: 11>.")
+        Signature(CHILD_PROCESS_CODE + r"-(?P<signum>11|6|7|4|8)\b", "terminated with code -"),
+        # an IDE's run console (PyCharm): 'Process finished with exit code 139 (interrupted by
+        # signal 11: SIGSEGV)'
+        Signature(
+            r"interrupted by signal (?P<signum>11|6|7|4|8): (?P<sig>SIG[A-Z]{2,6})",
+            "interrupted by signal",
+        ),
         Signature(
             RANK_EXITED_WITH_CODE + r"-(?P<signum>11|6|7|4|8)\b",
             " code -",
