@@ -251,6 +251,10 @@ LAUNCHER_SIGTERM = Rule(
         ),
         Signature(r"exitcode\s*: -15\b", "exitcode"),
         Signature(r"Signal 15 \(SIGTERM\) received by PID", "Signal 15 (SIGTERM)"),
+        # srun on the tasks it terminated once one failed (--kill-on-bad-exit) or the step was
+        # cancelled: 'srun: error: node-1: task 3: Terminated', 'tasks 0-7: Terminated'
+        Signature(r"srun: error: \S+: task (?P<rank>\d{1,5}): Terminated\s*$", ": Terminated"),
+        Signature(r"srun: error: \S+: tasks [\d,\-\[\]]+: Terminated\s*$", ": Terminated"),
         # the same _close, escalating when a worker ignored the signal for its grace period;
         # the signals are IntEnums printed with %s: by name under Python 3.10 and older
         # ("via Signals.SIGTERM, forcefully exiting via Signals.SIGKILL"), by number from 3.11
@@ -289,6 +293,7 @@ LAUNCHER_SIGTERM = Rule(
     positive=(
         "WARNING:torch.distributed.elastic.multiprocessing.api:Sending process 812914 closing "
         "signal SIGTERM",
+        "srun: error: node-1: tasks 0-7: Terminated",
         "torch.distributed.elastic.multiprocessing.api: [WARNING] Unable to shutdown process "
         "552917 via Signals.SIGTERM, forcefully exiting via Signals.SIGKILL",
         "W1204 07:30:12.118000 4242 torch/distributed/elastic/multiprocessing/api.py:1048] "
