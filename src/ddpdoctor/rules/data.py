@@ -43,7 +43,8 @@ DATA_ERROR = Rule(
         # {} not found!'), and ultralytics' dataset check on its missing image list
         Signature(r"Checkpoint (?P<path>\S{1,300}) not found!", "not found!"),
         Signature(
-            r"images not found \S{0,4},? missing path (?P<path>'[^'\n]{1,300}')", "images not found"
+            r"images not found [^\n]{0,16}missing path (?P<path>'[^'\n]{1,300}')",
+            "images not found",
         ),
         Signature(r"broken data stream when reading image file"),
         Signature(r"OSError: Unable to open file", "Unable to open file"),
