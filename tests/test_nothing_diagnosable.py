@@ -160,6 +160,15 @@ def test_results_after_the_last_bar_at_its_total_are_ok_with_less_confidence() -
 STEPS = REPO / "tests" / "fixtures" / "real" / "seventyfirst-still-tide" / "console.log"
 
 
+def _verdict_of(text: str, tmp_path: Path) -> dict[str, object]:
+    """The CLI's JSON verdict on `text` given as one console log."""
+    log = tmp_path / "console.log"
+    log.write_text(text, encoding="utf-8")
+    proc = run_cli("diagnose", str(log), "--format", "json")
+    verdict: dict[str, object] = json.loads(proc.stdout)["verdict"]
+    return verdict
+
+
 def test_a_step_counter_at_its_total_ends_the_loop_as_a_full_bar_does() -> None:
     """A real OpenNMT-style run: 'Step 60/   60;', its validation and its last checkpoint,
     then nothing (the program prints no end line, the console no exit code). The step counter
@@ -174,10 +183,7 @@ def test_the_same_log_cut_before_the_counters_total_is_unknown(tmp_path: Path) -
     """The same console cut after 'Step 55/   60;': it ends in the middle of training."""
     lines = STEPS.read_text(encoding="utf-8").splitlines()
     last = max(i for i, line in enumerate(lines) if "Step 55/   60;" in line)
-    log = tmp_path / "console.log"
-    log.write_text("\n".join(lines[: last + 1]) + "\n", encoding="utf-8")
-    proc = run_cli("diagnose", str(log), "--format", "json")
-    verdict = json.loads(proc.stdout)["verdict"]
+    verdict = _verdict_of("\n".join(lines[: last + 1]) + "\n", tmp_path)
     assert (verdict["status"], verdict["rule"]) == ("unknown", "INF212")
 
 
@@ -187,11 +193,7 @@ def test_a_step_counter_at_its_total_inside_an_unfinished_epoch_run_ends_nothing
     """The same console whose last step line also counts epochs short of their total ('Epoch
     1/3'): the steps of one epoch are done, not the run."""
     text = STEPS.read_text(encoding="utf-8").replace("Step 60/   60;", "Epoch 1/3 Step 60/   60;")
-    log = tmp_path / "console.log"
-    log.write_text(text, encoding="utf-8")
-    proc = run_cli("diagnose", str(log), "--format", "json")
-    verdict = json.loads(proc.stdout)["verdict"]
-    assert verdict["status"] == "unknown"
+    assert _verdict_of(text, tmp_path)["status"] == "unknown"
 
 
 def test_a_loading_bar_at_its_total_is_not_the_runs_end(tmp_path: Path) -> None:
@@ -199,11 +201,7 @@ def test_a_loading_bar_at_its_total_is_not_the_runs_end(tmp_path: Path) -> None:
     checkpoint shards transformers loads before training): a bar that prepares the run ends
     nothing, and the log that stops after it is still unknown."""
     text = SWEEP.read_text(encoding="utf-8").replace("Running eval", "Loading checkpoint shards")
-    log = tmp_path / "console.log"
-    log.write_text(text, encoding="utf-8")
-    proc = run_cli("diagnose", str(log), "--format", "json")
-    verdict = json.loads(proc.stdout)["verdict"]
-    assert verdict["status"] == "unknown"
+    assert _verdict_of(text, tmp_path)["status"] == "unknown"
 
 
 FIFTIETH = REPO / "tests" / "fixtures" / "real"
