@@ -301,6 +301,11 @@ POSITIVE["INF237"] = [
     # wandb's end-of-run history table, cut inside it
     (lambda t: case("172"), []),
 ]
+POSITIVE["INF239"] = [
+    # two Ray Train nodes: NCCL's bootstrap and socket transport list a veth with a link-local
+    # IPv6 address beside ens5, and the output stops during start-up
+    (lambda t: case("1599"), []),
+]
 POSITIVE["INF238"] = [
     # torchrun starts four processes told a world of eight: every one waits for rank 4's
     # address (gloo's '/default_pg/0//cpu//0/4') and times out, no [rankN] prefix on any
@@ -313,6 +318,8 @@ POSITIVE["INF238"] = [
 NEAR_MISS = {
     # the rank waited for was launched and failed or never came up (a pod still pending, a
     # node whose ranks died of a missing module before the group formed)
+    # a link-local USB NIC in NCCL's bootstrap list, but one host: nothing crosses nodes
+    "INF239": [lambda t: case("1602")],
     "INF238": [
         lambda t: real("sixteenth-pod-pending"),
         lambda t: real("sixth-profiler-node"),

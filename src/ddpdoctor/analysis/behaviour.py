@@ -189,6 +189,7 @@ def build_evidence(job: JobView, events: list[Event]) -> JobEvidence:
         transports=set(job.transports),
         ib_requested=job.ib_requested,
         pg_wait_ranks=set(job.pg_wait_ranks),
+        local_ifaces=[Evidence.of(r, r.text[-200:]) for r in job.local_ifaces],
         job_exit_code=info.exit_code,
         launched_processes=job.launched_processes,
     )

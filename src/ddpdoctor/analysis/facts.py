@@ -356,6 +356,17 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
     # NCCL net.cc: which transport NCCL uses between nodes
     FactPattern("socket_transport", r"NET/Socket : Using", "NET/Socket : Using", distinct=VALUE),
     FactPattern("ib_transport", r"NET/IB : Using", "NET/IB : Using", distinct=VALUE),
+    # ... and the interfaces NCCL's bootstrap or socket transport took, where one of them does
+    # not reach other nodes: the loopback, a container's or a bridge's virtual interface, a
+    # link-local address ("Bootstrap : Using [0]ens5:172.31.44.19<0> [1]veth3c1d9a2:fe80::...")
+    FactPattern(
+        "local_socket_iface",
+        r"(?:Bootstrap|NET/Socket) : Using [^\n]{0,600}?\[\d{1,2}\](?P<ifname>lo|veth\w{0,20}"
+        r"|docker\d{0,3}|br-\w{1,20}|virbr\d{0,3}|cni\d{0,3}|flannel[\w.]{0,10}|cali\w{1,20}"
+        r"|[\w.-]{1,20}(?=:(?:fe80:|169\.254\.))):",
+        " : Using [",
+        distinct=VALUE,
+    ),
     # NCCL param.cc: the job asked for InfiniBand/RoCE devices by name ("NCCL INFO NCCL_IB_HCA
     # set to mlx5_0:1,mlx5_1:1", older "set by environment to"): IB was meant to be used
     FactPattern(

@@ -42,6 +42,8 @@ class JobView:
     """NCCL said the job named InfiniBand/RoCE devices to use (NCCL_IB_HCA)."""
     pg_wait_ranks: set[int] = field(default_factory=set)
     """Ranks whose address a process waited for, in vain, while the default group formed."""
+    local_ifaces: list[Record] = field(default_factory=list)
+    """NCCL's lines naming a loopback, virtual or link-local interface among those it uses."""
     hangs: list[RunHang] = field(default_factory=list)
     killed_for_hang: bool = False
     stopped: bool = False
@@ -249,6 +251,7 @@ def build_job(
     transports: set[str] = set()
     ib_requested = False
     pg_wait_ranks: set[int] = set()
+    local_ifaces: list[Record] = []
     exit_sources: dict[int, str] = {}
     completed_at: dict[str, int] = {}
     completed_ranks: set[int] = set()
@@ -407,6 +410,8 @@ def build_job(
                 normal_seen = True
             elif fact.name == "ib_requested":
                 ib_requested = True
+            elif fact.name == "local_socket_iface":
+                local_ifaces.append(fact.record)
             elif fact.name == "pg_wait_rank":
                 waited = rank_number(fact.captures.get("rank"))
                 if waited is not None:
@@ -518,6 +523,7 @@ def build_job(
         transports=transports,
         ib_requested=ib_requested,
         pg_wait_ranks=pg_wait_ranks,
+        local_ifaces=sorted(local_ifaces, key=lambda r: (r.source, r.line))[:4],
         hangs=hangs,
         killed_for_hang=any(e.killed_for_hang for e in run_events or []),
         stopped=any(e.stopped for e in run_events or []),

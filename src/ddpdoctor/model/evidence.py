@@ -228,6 +228,8 @@ class JobEvidence:
     """NCCL said the job named InfiniBand/RoCE devices to use (NCCL_IB_HCA)."""
     pg_wait_ranks: set[int] = field(default_factory=set)
     """Ranks whose address a process waited for, in vain, while the default group formed."""
+    local_ifaces: list[Evidence] = field(default_factory=list)
+    """NCCL's lines naming a loopback, virtual or link-local interface among those it uses."""
     timeout_ms: float | None = None
     """The collective timeout that echoes report, if any."""
     startup_seq: int | None = None

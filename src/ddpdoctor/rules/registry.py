@@ -61,6 +61,7 @@ HYPOTHESIS_ONLY_RULES = (
     cut_traceback.NATIVE,
     *cut_site.RULES,
     startup_hang.RENDEZVOUS,
+    startup_hang.LOCAL_INTERFACE,
     missing_ranks.NEVER_JOINED,
 )
 """Rules a hypothesis may conclude with besides its own (documented like every rule)."""

@@ -699,7 +699,8 @@ def _socket_instead_of_ib(job: JobEvidence) -> bool:
     """NCCL's net transport is sockets (no IB) and that costs: the traffic crosses nodes, or
     the job named IB devices it then did not get."""
     socket_only = "socket" in job.transports and "ib" not in job.transports
-    return socket_only and (not job.single_node or job.ib_requested)
+    # an interface the other nodes cannot reach is the nearer cause (INF239)
+    return socket_only and (not job.single_node or job.ib_requested) and not job.local_ifaces
 
 
 RULES = (

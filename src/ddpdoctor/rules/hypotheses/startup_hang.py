@@ -64,6 +64,36 @@ RENDEZVOUS = Rule(
     ),
 )
 
+LOCAL_INTERFACE = Rule(
+    code="INF239",
+    kind="nccl-socket-interface",
+    title="Start-up stopped across nodes while NCCL used a local or virtual network interface",
+    signatures=(),
+    explanation=Explanation(
+        what="The job spans nodes, its output stops during distributed start-up with no "
+        "error, and NCCL's own lines show its bootstrap or socket transport using the "
+        "loopback, a container's or a bridge's virtual interface (veth, docker, br-, cni, "
+        "flannel) or a link-local address (fe80::, 169.254.) among its interfaces.",
+        why="NCCL advertises the addresses of the interfaces it picked to the other nodes; one "
+        "that only exists on this host (127.0.0.1, a bridge, a link-local IPv6 address) cannot "
+        "be reached from them, and the connection waits until the timeout. Containers and "
+        "Kubernetes pods add such interfaces; NCCL picks them when NCCL_SOCKET_IFNAME does not "
+        "name the node's real one.",
+        fix="Set NCCL_SOCKET_IFNAME (and GLOO_SOCKET_IFNAME) to the interface every node "
+        "reaches the others on (ens5, eth0, bond0, ib0), the same name on every node; or "
+        "exclude the others (NCCL_SOCKET_IFNAME=^lo,docker,veth).",
+        false_positives="NCCL lists such interfaces on hosts where the real one also works; "
+        "the hang may then be elsewhere (a firewall, a rank that never started).",
+    ),
+    fix=(
+        "export NCCL_SOCKET_IFNAME=<the node's real interface: ens5, eth0, bond0, ib0> (the "
+        "same on every node; `ip -br addr` shows them) and GLOO_SOCKET_IFNAME likewise; or "
+        "exclude the local ones: NCCL_SOCKET_IFNAME=^lo,docker,veth,br-.",
+        "Re-run with NCCL_DEBUG=INFO: the 'Bootstrap : Using' and 'NET/Socket : Using' lines "
+        "must name that interface only.",
+    ),
+)
+
 JOINING = re.compile(
     r"Initializing distributed: GLOBAL_RANK|initializing ddp: GLOBAL_RANK"
     r"|Initializing TorchBackend in DeepSpeed|Rendezvous'ing worker group"
@@ -82,6 +112,8 @@ def assess(job: JobEvidence) -> Assessment | None:
     joining = [w for w in job.last_words if JOINING.search(w.text)]
     if joining and len(joining) == len(job.last_words):
         return _joining(job, joining)
+    if not job.single_node and job.local_ifaces:
+        return _local_interface(job)
     # broken peer-to-peer only where NCCL's own lines show it connecting GPUs that way
     p2p = job.single_node and "p2p" in job.transports
     return Assessment(
@@ -139,5 +171,23 @@ def _joining(job: JobEvidence, joining: list[Evidence]) -> Assessment:
             "read the other nodes' logs."
         ],
         status=Status.HUNG,
+        explains_echoes=False,
+    )
+
+
+def _local_interface(job: JobEvidence) -> Assessment:
+    """Across nodes, NCCL's interfaces include one the other nodes cannot reach."""
+    return Assessment(
+        LOCAL_INTERFACE,
+        0.45,
+        [],
+        [
+            "the output stops during distributed start-up across nodes, with no error, and "
+            "NCCL's own lines show it using a loopback, virtual or link-local interface that "
+            "the other nodes cannot reach."
+        ],
+        evidence=job.local_ifaces[:2],
+        status=Status.HUNG,
+        category=str(Category.CONFIGURATION),
         explains_echoes=False,
     )
