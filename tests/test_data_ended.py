@@ -18,6 +18,11 @@ from tests.conftest import REPO
         "rank 1: ran out of batches at step 6",
         "no more data in shard 3, leaving the loop",
         "train iterator exhausted after 120 steps",
+        # the transformers Trainer's, in its two wordings (census hf-no-sample)
+        "There seems not to be a single sample in your epoch_iterator, stopping training at "
+        "step 1200!",
+        "There seems to be not a single sample in your epoch_iterator, stopping training at "
+        "step 0!",
     ],
 )
 def test_words_that_the_data_ran_out(text: str) -> None:

@@ -391,11 +391,22 @@ DATA_ENDED = re.compile(
     r"|\bran out of (?:data|batches|samples|input|tokens)\b"
     r"|\bno more (?:data|batches|samples|input)\b"
     r"|\bend of (?:the )?(?:data|dataset|shard|data ?loader|iterator)\b"
+    # the transformers Trainer, when its iterator ends before max_steps (census hf-no-sample)
+    r"|\bnot (?:to be )?a single sample in your epoch_iterator\b"
 )
 """A writer's words that its own data ran out."""
 
 
-DATA_ENDED_WORDS = ("exhausted", "ran out", "empty", "depleted", "consumed", "no more", "end of")
+DATA_ENDED_WORDS = (
+    "exhausted",
+    "ran out",
+    "empty",
+    "depleted",
+    "consumed",
+    "no more",
+    "end of",
+    "single sample",
+)
 """A lower-cased piece of every alternative of DATA_ENDED: ASCII text holding none of them
 cannot match it (see _said_data_ended)."""
 
