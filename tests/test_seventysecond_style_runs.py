@@ -36,7 +36,9 @@ argument assertion on every rank blames all four (odd-bench); the rank with fewe
 only gloo's size-mismatch abort (thin-feed, collective-mismatch); a process group that never
 formed leaves DistStoreError tracebacks without a rank prefix, read as workers whose output is
 missing (wide-ring). Since session 28 skew-tally (COL101 reads gloo's alltoallv check) and wide-ring (INF238: the
-waits for rank 4's address, beyond the four processes launched) too."""
+waits for rank 4's address, beyond the four processes launched) and thin-feed (gloo's abort of
+rank 1 in a collective of 8 bytes while every other rank waited in the step's all_to_all_single:
+INF209, as with DDP's own collective) too."""
 
 from __future__ import annotations
 
@@ -133,11 +135,6 @@ MISSES: dict[str, str] = {
     "odd-bench": "failed, python-exception on ranks 0,1,2,3 (PY101, 0.6): right kind, but every "
     "rank raises the same 'AssertionError: num_experts (6) must be divisible by the world size "
     "(4)' from the arguments, and all four are blamed where no rank is at fault",
-    "thin-feed": "failed, collective-mismatch on rank 1 (COL101, 0.9): right culprit, but gloo's "
-    "'15616 vs 8. Received data size doesn't match expected size. Is there a distributed "
-    "collective mismatch in your code?' abort of rank 1 is all the log shows; nothing says that "
-    "rank 1's shard had 17 batches against 30 and that it was validating while the others "
-    "trained (its records are WARNING-only, no epoch end of its own)",
 }
 
 

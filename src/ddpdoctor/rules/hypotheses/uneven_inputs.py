@@ -382,8 +382,17 @@ def _from_scalar_abort(job: JobEvidence) -> Assessment | None:
             for r, v in job.ranks.items()
             if r not in small
         }
-        training = {r for r, w in last.items() if w and w.phase == TRAINING and w.op is None}
-        if not training or any(w and (w.phase == EVALUATION or w.op) for w in last.values()):
+        # (or the same collective of the program's own on every other rank, inside the
+        # step: all of them agree on it, as MoE's all_to_all each step, and only the aborted
+        # rank was elsewhere)
+        ops = {w.op for w in last.values() if w}
+        shared = len(ops) == 1 and None not in ops and len(last) >= 2 and all(last.values())
+        training = {
+            r for r, w in last.items() if w and w.phase == TRAINING and (w.op is None or shared)
+        }
+        if not training or any(
+            w and (w.phase == EVALUATION or (w.op and not shared)) for w in last.values()
+        ):
             return None
         others = f"while {ranks_text(training)} still waited inside a training step"
     elif job.started_training:
