@@ -387,6 +387,13 @@ CHILD_FAILED = Rule(
             CHILD_PROCESS_CODE + r"(?P<code>-?\d{1,3})\. Forcefully terminating",
             "Forcefully terminating all other processes",
         ),
+        # Open MPI's mpirun on a rank that ended without finalizing while the others ran
+        # (help-orterun.txt proc-exit-no-sync): 'mpirun has exited due to process rank 1 with
+        # PID 0 on\nnode gpu-01 exiting improperly.'
+        Signature(
+            r"has exited due to process rank (?P<rank>\d{1,7}) with PID \d{1,10} on",
+            "has exited due to process rank",
+        ),
         # pdsh (DeepSpeed's multi-node runner) on a node whose remote command failed: the
         # node's launcher exit code through ssh (not 255, ssh's own failure: LCH123)
         Signature(
@@ -405,6 +412,7 @@ CHILD_FAILED = Rule(
     positive=(
         "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
         "torch.multiprocessing.spawn.ProcessRaisedException: ",
+        "mpirun has exited due to process rank 1 with PID 0 on",
         "torch.multiprocessing.spawn.ProcessExitedException: process 0 terminated with exit code 1",
         "subprocess.CalledProcessError: Command '['torchrun', '--nnodes', '1', '--nproc_per_node', "
         "'3', 'train.py', 'config.yaml']' returned non-zero exit status 1.",
