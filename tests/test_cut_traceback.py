@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from ddpdoctor.analysis.diagnose import diagnose_paths
 from ddpdoctor.analysis.scanner import Scanner, SourceScan
 from ddpdoctor.ingest.prefixes import parse_line
 from ddpdoctor.ingest.sources import Input
@@ -38,6 +39,8 @@ first's): its console and rank log are cut, not whole."""
 LOST_STDERR = REAL / "accelerate-worker-killed-lost-stderr"
 """Another: rank 1 lost its stderr after its traceback's first frame (CPython's 'lost
 sys.stderr')."""
+CUT_IN_QUEUE = REAL / "accelerate-worker-killed-cut-in-queue"
+"""Another: rank 1's traceback stops inside the DataLoader's queue (its exception line lost)."""
 DAEMON_AT_EXIT = REAL / "seventieth-noisy-lift"
 """Another: a rank's daemon prefetch thread was printing its traceback when the interpreter
 exited (daemon threads are stopped mid-way at shutdown): the console ends inside it."""
@@ -48,7 +51,8 @@ def _consoles() -> list[Path]:
     fixtures = sorted(
         p
         for p in REAL.rglob("*.log")
-        if p.is_file() and not {CUT_FOR_REAL, LOST_STDERR, DAEMON_AT_EXIT} & set(p.parents)
+        if p.is_file()
+        and not {CUT_FOR_REAL, LOST_STDERR, CUT_IN_QUEUE, DAEMON_AT_EXIT} & set(p.parents)
     )
     return [p for p in scenarios + fixtures if any(map(_is_header, _text(p).splitlines()))]
 
@@ -163,3 +167,17 @@ def test_a_trace_whose_stderr_was_lost_is_open() -> None:
     found = _open(_scan(LOST_STDERR / "console.log"))
     assert "[rank1]:" in found, found
     assert found["[rank1]:"][1].startswith('File "')
+
+
+def test_a_traceback_cut_in_the_dataloaders_queue_waited_for_a_worker() -> None:
+    """Real run: rank 1's traceback stops below the DataLoader's _try_get_data, in the queue
+    its workers hand batches through (multiprocessing/queues.py get, the batch's unpickling),
+    and the launcher reports rank 1 exiting 1: it was waiting for a worker's batch when it
+    raised (its worker had been SIGKILLed), not a Python exception of unknown kind. The
+    launcher's report of rank 1's exit does not make rank 1's own trace an echo."""
+    verdict = diagnose_paths([str(CUT_IN_QUEUE)]).verdict
+    assert (verdict.kind, verdict.rule, verdict.culprit.ranks) == (
+        "dataloader-worker-killed",
+        "INF221",
+        [1],
+    )

@@ -310,6 +310,27 @@ def _launcher_waiting(site: Site, tail: tuple[str, ...]) -> bool:
     )
 
 
+QUEUE_PLUMBING = re.compile(
+    r"/multiprocessing/(?:queues|connection|reduction|resource_sharer|synchronize)\.py$"
+    r"|torch/multiprocessing/reductions\.py$"
+)
+"""The queue a DataLoader's workers hand their batches through, below its _try_get_data: the
+get, the pipe's poll and recv, the unpickling of the batch's shared tensors."""
+
+
+def _waiting_for_a_batch(tail: tuple[str, ...]) -> bool:
+    """The cut traceback stands in the DataLoader's _try_get_data, or below it only in the
+    queue its workers hand batches through (a cut during the queue's get or the batch's
+    unpickling): the main process was waiting for a worker's batch."""
+    frames = [m for line in tail if (m := FRAME.match(line))]
+    for index, frame in enumerate(frames):
+        path = frame["path"].replace("\\", "/")
+        if frame["func"] == "_try_get_data" and "torch/utils/data" in path:
+            deeper = frames[index + 1 :]
+            return all(QUEUE_PLUMBING.search(f["path"].replace("\\", "/")) for f in deeper)
+    return False
+
+
 def site_rule(tail: tuple[str, ...]) -> Rule | None:
     """The place's rule, if the last frame (or the code that called into it) is one of them."""
     site = last_site(tail)
@@ -324,7 +345,7 @@ def site_rule(tail: tuple[str, ...]) -> Rule | None:
     in_os = site.func == "__getitem__" and re.search(r"(?:^|[</ ])os(?:\.py|>)$", site.path)
     if LAUNCHER_ENV.search(site.code) or (in_os and any(LAUNCHER_ENV.search(t) for t in tail)):
         return LAUNCHER_VARIABLE
-    if site.func == "_try_get_data" and "torch/utils/data" in site.path.replace("\\", "/"):
+    if _waiting_for_a_batch(tail):
         return DATALOADER_WAIT
     if any("main_process_first" in t for t in tail):
         return MAIN_PROCESS_FIRST

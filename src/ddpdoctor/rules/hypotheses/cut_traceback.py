@@ -75,7 +75,10 @@ def assess(job: JobEvidence) -> Assessment | None:
     # a rank whose own errors are echoes (a timeout, a closed connection, a stop) printed that
     # trace for them: it is not a cause; nor is a trace no rank owns in a job that has echoes
     # (but the launcher's report that a worker failed only says that one did)
-    echoing = {r for r, v in job.ranks.items() if v.echoes} | _killed_by_the_stop(job)
+    # (the launcher's report of a rank's exit is about that rank, not an echo it printed)
+    echoing = {r for r, v in job.ranks.items() if v.echoes - {"launcher"}} | _killed_by_the_stop(
+        job
+    )
     cut = [
         c
         for c in job.cut_tracebacks
