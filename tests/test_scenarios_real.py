@@ -32,12 +32,20 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _went_as_scripted(scenario: catalog.Scenario, result: runner.RunResult) -> bool:
     """Whether the job itself did what the scenario scripts (a healthy run exits 0, a fault
-    exits non-zero, nothing runs past its timeout): the precondition of judging the diagnosis."""
+    exits non-zero and prints what the scenario says it prints, nothing runs past its timeout):
+    the precondition of judging the diagnosis."""
     if result.timed_out:
         return False
     if scenario.expected_status == "ok":
         return result.exit_code == 0
+    if scenario.printed and not any(text in _console(result) for text in scenario.printed):
+        return False  # the fault's own message was lost (a stderr cut under load)
     return result.exit_code not in (0, None)
+
+
+def _console(result: runner.RunResult) -> str:
+    console = result.out_dir / runner.CONSOLE_LOG
+    return console.read_text(errors="replace") if console.is_file() else ""
 
 
 def _console_tail(result: runner.RunResult, lines: int = 40) -> str:
