@@ -39,12 +39,11 @@ DATA_ERROR = Rule(
             r"SafetensorError: Error while deserializing header: (?P<what>\w{3,60})",
             "Error while deserializing header",
         ),
-        # a checkpoint path that is not there (fvcore/detectron2's Checkpointer: 'Checkpoint
-        # {} not found!'), and ultralytics' dataset check on its missing image list
-        Signature(r"Checkpoint (?P<path>\S{1,300}) not found!", "not found!"),
+        # a checkpoint path that is not there: fvcore/detectron2's Checkpointer asserts it
+        # ('Checkpoint {} not found!'; not a program's own warning that it starts afresh)
         Signature(
-            r"images not found [^\n]{0,16}missing path (?P<path>'[^'\n]{1,300}')",
-            "images not found",
+            r"AssertionError: Checkpoint (?P<path>\S{1,300}) not found!",
+            "AssertionError: Checkpoint ",
         ),
         Signature(r"broken data stream when reading image file"),
         Signature(r"OSError: Unable to open file", "Unable to open file"),
@@ -150,8 +149,6 @@ DATA_ERROR = Rule(
         "ValueError: Tried to find epoch_1 but folder does not exist",
         "safetensors_rust.SafetensorError: Error while deserializing header: HeaderTooLarge",
         "AssertionError: Checkpoint /output/model_final.pth not found!",
-        "RuntimeError: Dataset 'coco.yaml' images not found ⚠️, missing path "
-        "'/datasets/coco/val2017.txt'",
         "FileNotFoundError: [Errno 2] No such file or directory: "
         "'E:/visionlab/data/imnet_val/val5k/val_file_list.pickle'",
         "E1204 00:23:30.193631 24467 train.py:48] could not read /data/shard-1.txt: [Errno 2] "
@@ -160,6 +157,7 @@ DATA_ERROR = Rule(
         "_pickle.UnpicklingError: pickle data was truncated",
     ),
     negative=(
+        "Checkpoint ./out/last.pt not found! Training from scratch.",
         "python3: can't open file '/work/train.py': [Errno 2] No such file or directory",
         "Failed to load image Python extension: 'libc10_cuda.so: cannot open shared object file'",
         "_pickle.UnpicklingError: Weights only load failed. This file can still be loaded",

@@ -455,9 +455,7 @@ NATIVE_CRASH = Rule(
         Signature(r"Fatal Python error: (?P<what>\w+)", "Fatal Python error"),
         Signature(r"terminate called after throwing an instance of"),
         Signature(r"exits with return code = -(?:11|6|7)", "exits with return code = -"),
-        # Python's Popen returncode of a child killed by a signal (a launcher written in
-        # Python: "[launcher] rank 3 exited with code -11"), and CPython's CalledProcessError
-        # for it ("Command '[...]' died with <Signals.SIGSEGV: 11>.")
+        # Lightning's launcher on a child a signal ended (CHILD_PROCESS_CODE)
         Signature(CHILD_PROCESS_CODE + r"-(?P<signum>11|6|7|4|8)\b", "terminated with code -"),
         # an IDE's run console (PyCharm): 'Process finished with exit code 139 (interrupted by
         # signal 11: SIGSEGV)'
@@ -465,6 +463,9 @@ NATIVE_CRASH = Rule(
             r"interrupted by signal (?P<signum>11|6|7|4|8): (?P<sig>SIG[A-Z]{2,6})",
             "interrupted by signal",
         ),
+        # Python's Popen returncode of a child killed by a signal (a launcher written in
+        # Python: "[launcher] rank 3 exited with code -11"), and CPython's CalledProcessError
+        # for it ("Command '[...]' died with <Signals.SIGSEGV: 11>.")
         Signature(
             RANK_EXITED_WITH_CODE + r"-(?P<signum>11|6|7|4|8)\b",
             " code -",

@@ -83,8 +83,9 @@ DATALOADER_WAIT = Rule(
     title="The output ends where the DataLoader waits for a worker's batch",
     signatures=(),
     explanation=Explanation(
-        what="A cut traceback whose last frame is the DataLoader fetching a batch from its "
-        "worker processes (_try_get_data).",
+        what="A cut traceback that stands in the DataLoader fetching a batch from its worker "
+        "processes (_try_get_data), or below it only in the queue they hand batches through "
+        "(its get, the pipe, the batch's unpickling).",
         why="That frame raises when a worker died (the OOM killer, a bus error on a full "
         "/dev/shm, a crash in the dataset code) or did not answer within the DataLoader's "
         "timeout.",

@@ -1,10 +1,10 @@
 """INF237: the output stops while the program was shutting down: the last words of its writers
 announce the end of the run (destroy_process_group called, NCCL's communicators aborted or
-destroyed, wandb's end-of-run summary), and nothing follows: no error, no exit code. A job
-whose training finished and that then never exits (a destroy_process_group some rank never
-joins, a communicator abort that blocks, an atexit hook) leaves exactly this; so does a log
-a healthy run whose launcher prints nothing on success. The verdict stays "unknown" at the confidence of
-a guess, but it names the phase the output stopped in, which a log "ending in the middle of
+destroyed, wandb's end-of-run summary), and nothing follows: no error, no exit code. A job whose
+training finished and that then never exits (a destroy_process_group some rank never joins, a
+communicator abort that blocks, an atexit hook) leaves exactly this; so does a healthy run
+whose launcher prints nothing on success. The verdict stays "unknown" at the confidence of a
+guess, but it names the phase the output stopped in, which a log "ending in the middle of
 training" would not."""
 
 from __future__ import annotations

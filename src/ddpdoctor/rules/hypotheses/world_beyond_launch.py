@@ -49,8 +49,8 @@ def assess(job: JobEvidence) -> Assessment | None:
     launched = max(present) + 1
     if present != set(range(launched)) or min(waited) < launched:
         return None
-    # where only some ranks waited and the others printed no error, those few were told the
-    # larger world (an edited config on one node): they are where to look
+    # where only some ranks report a wait and the others printed no error, those few were
+    # most likely told the larger world (an edited config on one node): they are where to look
     odd = job.waiting & present
     if odd == present or any(job.ranks[r].failed for r in present - odd):
         odd = set()
@@ -64,8 +64,8 @@ def assess(job: JobEvidence) -> Assessment | None:
             f"0 to {launched - 1}: the world they were given is larger than the launch, so "
             "the group could not form."
             + (
-                f" Only {ranks_text(odd)} waited for it, the others printed no error: "
-                f"{ranks_text(odd)} was given the larger world."
+                f" Only {ranks_text(odd)} reported a wait, the others printed no error: "
+                f"{ranks_text(odd)} was most likely given the larger world."
                 if odd
                 else ""
             )
