@@ -127,3 +127,23 @@ def test_colour_codes_around_every_line_keep_the_verdict(capture: str, tmp_path:
         target.write_bytes(b"\n".join(b"\x1b[31m" + line + b"\x1b[0m" for line in lines))
     got = diagnose_paths([str(tmp_path)]).verdict
     assert (got.status, got.kind, got.culprit.ranks) == (want.status, want.kind, want.culprit.ranks)
+
+
+REPO_CASES = sorted(
+    p
+    for p in (Path(__file__).parents[1] / "corpus" / "cases").iterdir()
+    if (p / "label.json").is_file()
+)
+
+
+@pytest.mark.parametrize("case", REPO_CASES, ids=lambda p: p.name[:60])
+def test_windows_line_ends_keep_the_verdict(case: Path, tmp_path: Path) -> None:
+    """Every labelled real case with CRLF line ends (a log saved or pasted on Windows) reads
+    as it does with '\\n': a bare 'NotImplementedError\\r' at the end of a traceback was no
+    exception line, as the patterns end lines at '\\n'."""
+    want = diagnose_paths([str(case / "logs")]).verdict
+    for log in sorted((case / "logs").iterdir()):
+        lines = log.read_bytes().split(b"\n")
+        (tmp_path / log.name).write_bytes(b"\r\n".join(lines))
+    got = diagnose_paths([str(tmp_path)]).verdict
+    assert (got.status, got.kind, got.culprit.ranks) == (want.status, want.kind, want.culprit.ranks)

@@ -477,6 +477,9 @@ class Scanner:
         for chunk in stream:
             if b"\x1b" in chunk:  # colour codes out first: the patterns run on the bytes
                 chunk = ANSI_BYTES.sub(b"", chunk)
+            if b"\r\n" in chunk:  # Windows line ends (a log pasted from Windows): the
+                # patterns end a line at '\n', so 'NotImplementedError\r' matched no `$`
+                chunk = chunk.replace(b"\r\n", b"\n")
             if line_base == 0 and order == 0 and not labels.head:
                 labels.head = chunk[:HEAD_BYTES]
             if line_base == 0 and order == 0 and is_own_output(chunk[:600]):
