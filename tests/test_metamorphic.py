@@ -136,14 +136,31 @@ REPO_CASES = sorted(
 )
 
 
+PASTE_ARTIFACTS: dict[str, Callable[[bytes], bytes]] = {
+    # saved or pasted on Windows
+    "crlf": lambda data: data.replace(b"\n", b"\r\n"),
+    # copied from a web page or a notebook's output that double-spaced it
+    "double-spaced": lambda data: data.replace(b"\n", b"\n\n"),
+    # CRLF text written again through a text-mode file on Windows
+    "cr-cr-lf": lambda data: data.replace(b"\n", b"\r\r\n"),
+}
+
+
 @pytest.mark.parametrize("case", REPO_CASES, ids=lambda p: p.name[:60])
-def test_windows_line_ends_keep_the_verdict(case: Path, tmp_path: Path) -> None:
-    """Every labelled real case with CRLF line ends (a log saved or pasted on Windows) reads
-    as it does with '\\n': a bare 'NotImplementedError\\r' at the end of a traceback was no
-    exception line, as the patterns end lines at '\\n'."""
+def test_paste_artifacts_keep_the_verdict(case: Path, tmp_path: Path) -> None:
+    """Every labelled real case with the line ends a paste picks up reads as it does without
+    them: with CRLF a bare 'NotImplementedError\\r' closing a traceback was no exception line
+    (the patterns end lines at '\\n'), and with a blank line after each line a log that stops
+    right after start-up no longer did (the blanks counted as lines after it)."""
     want = diagnose_paths([str(case / "logs")]).verdict
-    for log in sorted((case / "logs").iterdir()):
-        lines = log.read_bytes().split(b"\n")
-        (tmp_path / log.name).write_bytes(b"\r\n".join(lines))
-    got = diagnose_paths([str(tmp_path)]).verdict
-    assert (got.status, got.kind, got.culprit.ranks) == (want.status, want.kind, want.culprit.ranks)
+    for name, artifact in PASTE_ARTIFACTS.items():
+        out = tmp_path / name
+        out.mkdir()
+        for log in sorted((case / "logs").iterdir()):
+            (out / log.name).write_bytes(artifact(log.read_bytes()))
+        got = diagnose_paths([str(out)]).verdict
+        assert (got.status, got.kind, got.culprit.ranks) == (
+            want.status,
+            want.kind,
+            want.culprit.ranks,
+        ), name

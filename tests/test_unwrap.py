@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from ddpdoctor.analysis.diagnose import diagnose_paths
-from ddpdoctor.ingest.unwrap import dedent, original_line, unnumber, unwrap
+from ddpdoctor.ingest.unwrap import compose, dedent, original_line, undouble, unnumber, unwrap
 from tests.conftest import REPO
 
 CASES = REPO / "corpus" / "cases"
@@ -120,3 +120,28 @@ def test_a_capture_shown_with_line_numbers_keeps_its_verdict(tmp_path: Path) -> 
     want = diagnose_paths([str(source)]).verdict
     got = diagnose_paths([str(numbered)]).verdict
     assert (got.status, got.kind, got.culprit.ranks) == (want.status, want.kind, want.culprit.ranks)
+
+
+@pytest.mark.parametrize("prefix", ["1597-*", "824-*", "653-*"])
+def test_a_double_spaced_paste_loses_its_blank_lines_and_keeps_its_numbers(prefix: str) -> None:
+    """A real log with a blank line after each line (824's lines are also cut at a terminal's
+    width; 653 is an IPython traceback, which has blank lines of its own)."""
+    data = _log(prefix).read_bytes()
+    doubled = data.replace(b"\n", b"\n\n")
+    single, blanks = undouble(doubled)
+    texts = [line for line in data.split(b"\n") if line.strip(b" \t\r")]
+    assert single == b"\n".join(texts) + (b"\n" if data.endswith(b"\n") else b"")
+    joined, joins = unwrap(single)
+    merges = compose(joins, blanks)
+    physical = doubled.decode().split("\n")
+    for number, line in enumerate(joined.decode().split("\n")[:-1], start=1):
+        first = physical[original_line(number, merges) - 1]
+        assert first.strip() and line.startswith(first), (number, line[:60], first[:60])
+
+
+@pytest.mark.parametrize("prefix", ["653-*", "444-*", "224-*"])
+def test_blank_lines_of_a_log_itself_stay(prefix: str) -> None:
+    """Blank lines between some of a log's lines (a traceback's, a download's) are not a
+    double-spaced paste."""
+    data = _log(prefix).read_bytes()
+    assert undouble(data) == (data, ())

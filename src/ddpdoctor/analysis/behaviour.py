@@ -1023,9 +1023,15 @@ def _stalled_at_startup(job: JobView) -> bool:
         return False  # a writer ended on an error (init_process_group() named in its message)
     last = max(s.last_line for s in streams)
     init = max(s.last_init_line for s in streams)  # a cut last line may belong to no writer
-    # no training step since the (last) start-up, and the output ends right after it
+    # no training step since the (last) start-up, and the output ends right after it: in
+    # lines with text where it ends in the source of the start-up (blank lines between, in a
+    # double-spaced paste, are not the job's)
     progressed = any(s.last_progress_line > init for s in streams)
-    return init > 0 and not progressed and last - init <= 3
+    ending = {s.source for s in streams if s.last_line == last}
+    near = last - init <= 3 or any(
+        s.last_init_line == init and s.source in ending and s.lines_after_init <= 3 for s in streams
+    )
+    return init > 0 and not progressed and near
 
 
 def _with_clean_loop_ends(job: JobView, events: list[Event]) -> JobView:

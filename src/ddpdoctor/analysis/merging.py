@@ -154,6 +154,9 @@ def merge(acc: SourceScan, part: SourceScan) -> SourceScan:
         a.closed_traceback_line = s.closed_traceback_line or a.closed_traceback_line
         a.progress_lines += s.progress_lines
         a.last_init_line = s.last_init_line or a.last_init_line
+        a.lines_after_init = (
+            s.lines_after_init if s.last_init_line else a.lines_after_init + s.lines_seen
+        )
         if s.last_progress_line:
             a.last_progress_line, a.last_progress_time = s.last_progress_line, s.last_progress_time
             a.step_s = s.step_s or a.step_s

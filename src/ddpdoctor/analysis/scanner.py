@@ -104,6 +104,9 @@ ANSI_BYTES = re.compile(
 line after 'done', a level before a message) and the engine never handed such lines on. They
 hold no newline, so lines keep their numbers."""
 
+CR_LF = re.compile(rb"\r+\n")
+"""A line end written on Windows, also twice through a text-mode file ('\\r\\r\\n')."""
+
 QUOTE_BLANK = " \t\r>"
 """What an empty line of a log pasted as a Markdown quote is made of."""
 
@@ -136,6 +139,12 @@ class StreamSummary:
     progress_lines: int = 0
     last_progress_line: int = 0
     last_init_line: int = 0
+    init_sampled: int = 0
+    """How many lines with text its source's samples had read when they met that line."""
+    lines_after_init: int = 0
+    """Lines with text of its source (any writer's) the samples read after its last start-up
+    line: how near the end of its source start-up stood, blank lines not counted (a
+    double-spaced paste put one after each line)."""
     error_lines: int = 0
     """Lines logged at error level (glog E/F, logging ERROR): this writer is not quiet."""
     last_error_line: int = 0
@@ -393,6 +402,8 @@ class _Source:
     """Exception messages read again joined with their next lines (at most MAX_WRAPPED_READS:
     each is a pass of every rule over the message)."""
     labels: _TaskLabels = field(default_factory=_TaskLabels)
+    sampled: int = 0
+    """Lines with text the head and tail samples read (see StreamSummary.lines_after_init)."""
 
 
 class Scanner:
@@ -479,7 +490,7 @@ class Scanner:
                 chunk = ANSI_BYTES.sub(b"", chunk)
             if b"\r\n" in chunk:  # Windows line ends (a log pasted from Windows): the
                 # patterns end a line at '\n', so 'NotImplementedError\r' matched no `$`
-                chunk = chunk.replace(b"\r\n", b"\n")
+                chunk = CR_LF.sub(b"\n", chunk)
             if line_base == 0 and order == 0 and not labels.head:
                 labels.head = chunk[:HEAD_BYTES]
             if line_base == 0 and order == 0 and is_own_output(chunk[:600]):
@@ -537,6 +548,9 @@ class Scanner:
                 for _ in range(skip):
                     pos = tail.find(b"\n", pos) + 1
                 self._sample(result, tail[pos:], head_lines, file_origin, item.display, src)
+        for summary in result.streams.values():
+            if summary.last_init_line:
+                summary.lines_after_init = src.sampled - summary.init_sampled
         if labels.nodes:
             _rename_hosts(result, labels.names.renames())
         merges = getattr(stream, "merges", ())
@@ -807,6 +821,7 @@ class Scanner:
             if not raw or raw.isspace() or not raw.strip(QUOTE_BLANK):
                 continue  # an empty line, also inside a Markdown quote ('> ')
             parsed = parse_line(raw, with_time=False)  # writers and last words, not times
+            src.sampled += 1
             pieces = [(parsed, raw)]
             if parsed.bar_line is not None:  # a line printed onto a bar's last redraw: the
                 # bar's progress first, then the line
@@ -886,6 +901,7 @@ class Scanner:
                     and not PY_WARNING.search(message)
                 ):
                     summary.last_init_line = line_no
+                    summary.init_sampled = src.sampled
                 _follow_traceback(summary, message, line_no)
         for key, lines in recent.items():
             streams[key].recent = tuple(lines)

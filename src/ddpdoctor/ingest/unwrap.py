@@ -80,6 +80,58 @@ def dedent(data: bytes) -> bytes:
     return b"\n".join(line[common:] if line.strip() else line for line in lines)
 
 
+MIN_DOUBLED = 4
+"""Fewer lines with text than this are too few to call a paste double-spaced."""
+DOUBLED_SHARE = 0.9
+"""The share of its lines with text (but the last) that a blank line follows in a
+double-spaced paste."""
+
+
+def undouble(data: bytes) -> tuple[bytes, tuple[int, ...]]:
+    """The text without its blank lines, when a blank line follows nearly every line that
+    holds text: a log copied from a web page or notebook output that double-spaced it, or
+    saved twice through Windows line ends. Rules that read a message's next lines, or how near
+    the end a line stands, counted the blanks as lines of the log. The lines that took in a
+    blank, as unwrap's joins (see original_line): evidence keeps the file's line numbers."""
+    blank_after = data.count(b"\n\n") + data.count(b"\n\r\n")
+    if blank_after < MIN_DOUBLED or blank_after * 2 < data.count(b"\n") * 0.8:
+        return data, ()  # a C count each: nearly every file stops here
+    lines = data.split(b"\n")
+    filled = [i for i, line in enumerate(lines) if line.strip(b" \t\r")]
+    if len(filled) < MIN_DOUBLED:
+        return data, ()
+    followed = sum(1 for i in filled[:-1] if not lines[i + 1].strip(b" \t\r"))
+    if followed < DOUBLED_SHARE * (len(filled) - 1):
+        return data, ()
+    ends = lines[-1] == b""  # the text's last newline ends its last line: no line after it
+    kept: list[bytes] = []
+    took: list[int] = []
+    for line in lines[:-1] if ends else lines:
+        if kept and not line.strip(b" \t\r"):
+            took.append(len(kept))  # the blank is taken into the line above
+        else:
+            kept.append(line)
+    return b"\n".join([*kept, b""] if ends else kept), tuple(took)
+
+
+def compose(joins: tuple[int, ...], blanks: tuple[int, ...]) -> tuple[int, ...]:
+    """unwrap's joins over the text undouble left (`blanks`): one tuple for original_line that
+    maps a joined line to the file's own number."""
+    if not joins or not blanks:
+        return joins or blanks
+    taken = list(joins)
+    for line in blanks:  # the joined line that holds `line` took its blank in
+        low, high = 1, line
+        while low < high:
+            mid = (low + high + 1) // 2
+            if original_line(mid, joins) <= line:
+                low = mid
+            else:
+                high = mid - 1
+        taken.append(low)
+    return tuple(sorted(taken))
+
+
 NUMBERED = re.compile(rb"^ *(\d{1,9})[\t ]")
 """A viewer's line number before each line: `cat -n` ('     12\t'), `nl`, `less -N` ('     12 ')."""
 MIN_NUMBERED = 3
