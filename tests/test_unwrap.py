@@ -9,7 +9,15 @@ from pathlib import Path
 import pytest
 
 from ddpdoctor.analysis.diagnose import diagnose_paths
-from ddpdoctor.ingest.unwrap import compose, dedent, original_line, undouble, unnumber, unwrap
+from ddpdoctor.ingest.unwrap import (
+    compose,
+    dedent,
+    original_line,
+    reindent,
+    undouble,
+    unnumber,
+    unwrap,
+)
 from tests.conftest import REPO
 
 CASES = REPO / "corpus" / "cases"
@@ -145,3 +153,21 @@ def test_blank_lines_of_a_log_itself_stay(prefix: str) -> None:
     double-spaced paste."""
     data = _log(prefix).read_bytes()
     assert undouble(data) == (data, ())
+
+
+def test_a_traceback_pasted_without_its_indentation_is_indented_again() -> None:
+    """352's paste lost the indentation of mp.spawn's traceback: frames and code at the start
+    of the line. They come back as Python prints them; the exception line stays."""
+    data = _log("352-*").read_bytes()
+    lines = reindent(data).decode().split("\n")
+    frames = [line for line in lines if 'File "' in line]
+    assert frames and all(line.startswith('  File "') for line in frames)
+    code = [lines[i + 1] for i, line in enumerate(lines[:-1]) if line.startswith('  File "')]
+    assert all(line.startswith("    ") for line in code)
+    assert lines[-2].startswith("ValueError: host not found") or lines[-1].startswith("ValueError")
+
+
+@pytest.mark.parametrize("prefix", ["653-*", "444-*", "878-*"])
+def test_indented_tracebacks_and_other_logs_are_left_as_they_are(prefix: str) -> None:
+    data = _log(prefix).read_bytes()
+    assert reindent(data) == data

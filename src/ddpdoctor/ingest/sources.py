@@ -16,7 +16,7 @@ from typing import BinaryIO, cast
 
 from ddpdoctor.ingest.inputs import PIPE_WAIT_S, STDIN_NAME, Input, expand_paths, reason_for
 from ddpdoctor.ingest.pipes import QuietPipe, WaitedReader, open_waited
-from ddpdoctor.ingest.unwrap import compose, dedent, undouble, unnumber, unwrap
+from ddpdoctor.ingest.unwrap import compose, dedent, reindent, undouble, unnumber, unwrap
 from ddpdoctor.model.records import SourceInfo
 
 __all__ = ["PIPE_WAIT_S", "STDIN_NAME", "ChunkStream", "Input", "expand_paths", "looks_binary"]
@@ -244,6 +244,7 @@ class ChunkStream:
         if self.join_wrapped:
             data, blanks = undouble(dedent(unnumber(data)))
             data, joins = unwrap(data)
+            data = reindent(data)  # after the joins: a frame line cut at the width is whole
             self.merges = compose(joins, blanks)
         return data if data.endswith(b"\n") else data + b"\n"
 

@@ -80,6 +80,65 @@ def dedent(data: bytes) -> bytes:
     return b"\n".join(line[common:] if line.strip() else line for line in lines)
 
 
+FLAT_FRAME = re.compile(rb'^File "[^"\n]{1,4000}", line \d{1,9}')
+"""A traceback's frame line at the start of the line: a paste that lost its indentation."""
+NOT_CODE = re.compile(
+    rb'^(?:File "|Traceback \(most recent|During handling|The above exception'
+    rb"|[A-Za-z_][\w.]{0,200}(?:Error|Exception|Interrupt|Exit|Warning)\b)"
+)
+"""What follows a frame line and is not its source code: the next frame, a traceback's own
+lines, the exception line (a frame of frozen or compiled code shows no code)."""
+CUT_REST = re.compile(rb"^[A-Za-z_<][\w<>.]{0,200}\r?$")
+"""One word under a frame line: the rest of a frame line cut at a terminal's width ('lize'
+under '..., in _cuda_deseria'), unless it is a statement of one word."""
+STATEMENTS = frozenset((b"raise", b"return", b"yield", b"break", b"continue", b"pass"))
+FLAT_SUMMARY_FIELD = re.compile(
+    rb"^(?:time {6}|host {6}|rank {6}|exitcode  |error_file|traceback ): "
+)
+"""A field of torchelastic's failure summary (ChildFailedError's 'Failures:' and 'Root Cause'
+entries, printed indented by two) at the start of the line."""
+
+
+def reindent(data: bytes) -> bytes:
+    """A traceback whose indentation a paste or a viewer trimmed (every line's leading spaces
+    gone, 'File "train.py", line 9, in step' at the start of the line and its code under it),
+    indented again as Python prints it: two spaces before each frame line, four before the
+    line of code that follows it, two before each field of torchelastic's failure summary.
+    Tracebacks are then read as tracebacks (where they are cut, what they were doing, which
+    lines belong to them) and a summary's fields as its entry's. Lines keep their numbers."""
+    if not (data.startswith(b'File "') or b'\nFile "' in data or b"\nexitcode  : " in data):
+        return data  # no frame or field at the start of a line: nearly every log, one look
+    lines = data.split(b"\n")
+    last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
+    after_frame = inside = False
+    for index, line in enumerate(lines):
+        if FLAT_SUMMARY_FIELD.match(line):
+            lines[index] = b"  " + line
+        elif FLAT_FRAME.match(line) or (index == last and inside and _cut_frame(line)):
+            lines[index] = b"  " + line
+            after_frame = inside = True
+            continue
+        elif (
+            after_frame
+            and index != last  # the paste's last line: its code, cut ('dist.init')
+            and CUT_REST.match(line)
+            and line.strip() not in STATEMENTS
+        ):
+            continue  # the rest of a frame line a terminal cut ('lize'): its code comes next
+        elif after_frame and line.strip() and not line[:1].isspace() and not NOT_CODE.match(line):
+            lines[index] = b"    " + line
+            inside = True
+        elif line.strip():
+            inside = False
+        after_frame = False
+    return b"\n".join(lines)
+
+
+def _cut_frame(line: bytes) -> bool:
+    """The paste's last line, cut inside a frame line ('File "/opt/conda/lib/pyth', 'F')."""
+    return line.startswith(b'File "') or (bool(line) and b'File "'.startswith(line))
+
+
 MIN_DOUBLED = 4
 """Fewer lines with text than this are too few to call a paste double-spaced."""
 DOUBLED_SHARE = 0.9
