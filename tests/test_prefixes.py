@@ -195,6 +195,24 @@ def test_glog_launcher_line_time_level_pid() -> None:
     assert p.time == datetime(2026, 11, 30, 9, 9, 31, 210000, tzinfo=UTC)
 
 
+@pytest.mark.parametrize(
+    ("line", "level"),
+    [
+        # torchtitan 0.3.0's '[titan] %(asctime)s - %(name)s - %(levelname)s - %(message)s'
+        (
+            "[rank3]:[titan] 2026-12-05 19:58:56,376 - root - WARNING - Ran out of data; last "
+            "step was canceled.",
+            "warning",
+        ),
+        ("2026-12-05 19:58:56,376 - trainer.ckpt - ERROR - could not save", "error"),
+        # a message that only names a level in its words
+        ("2026-12-05 19:58:56,376 - the ERROR - rate is fine", None),
+    ],
+)
+def test_logger_name_then_level(line: str, level: str | None) -> None:
+    assert parse_line(line).level == level
+
+
 def test_old_bracket_glog() -> None:
     p = parse_line(
         "[E ProcessGroupNCCL.cpp:475] [Rank 2] Watchdog caught collective operation timeout"

@@ -32,7 +32,10 @@ heap-drift, null-loss, pack-crawl, mute-stage, shard-hole, wall-cut, ring-skew, 
 misses: two culprits where every rank failed the same way (sparse-mb names all four ranks,
 root-stray the two that LOG_RANK shows), and torchtitan's "Ran out of data; last step was 17."
 is not read as a data end, so the run with a short data-parallel replica reads as rank 2
-(hidden by --local-ranks-filter, exit 0) leaving alone (half-replica)."""
+(hidden by --local-ranks-filter, exit 0) leaving alone (half-replica). Since session 29
+half-replica too: a rank's first lines after its last step are read for its data running out
+(rank 3 said so, then 'Training completed'), and ranks that printed nothing and exited 0 while
+the others still ran left the loop with it."""
 
 from __future__ import annotations
 
@@ -137,12 +140,6 @@ MISSES: dict[str, str] = {
     "must be greater than or equal to the number of stages (4).' is raised by every rank (ranks "
     "0 and 3 on the console, all four in torchrun's summary), a wrong configuration that no "
     "rank is to blame for",
-    "half-replica": "failed, uncoordinated-exit on rank 2 (INF202, 0.6): rank 3's torchtitan "
-    "record '[rank3]:[titan] ... root - WARNING - Ran out of data; last step was 17.' is not "
-    "read as the end of its data (its 'Training completed' reads as progress), and rank 2, "
-    "hidden by --local-ranks-filter 0,3 and absent from the summary because it exited 0, is "
-    "blamed alone as a rank that left without an error; both ranks of data-parallel replica 1 "
-    "had 17 batches: uneven-inputs on ranks 2 and 3",
     "root-stray": "failed, entrypoint-not-found with culprit ranks 0,3 (LCH107, 0.9): right "
     "status and kind, but the culprit is the ranks LOG_RANK shows ('[rank0]:/repo/.venv/bin/"
     "python3: No module named titan_train' and rank 3's); every worker failed the same way "

@@ -412,8 +412,10 @@ cannot match it (see _said_data_ended)."""
 
 
 def _data_ended(stream: StreamSummary) -> str | None:
-    """Its last line, or the one before it, when it says the writer's data ran out."""
-    for text in (stream.last_text, stream.prev_text):
+    """Its last line, or the one before it, or one of its first lines after its last step,
+    when it says the writer's data ran out (torchtitan's 'Ran out of data; last step was 17.'
+    is followed by its sleep, 'Training completed' and 'Process group destroyed.')."""
+    for text in (stream.last_text, stream.prev_text, *stream.after_progress):
         if text and _said_data_ended(text):
             return text[:80]
     return None

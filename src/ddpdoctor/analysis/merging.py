@@ -10,6 +10,7 @@ from collections.abc import Iterable, MutableSequence
 from ddpdoctor.analysis.engine import Distinct
 from ddpdoctor.analysis.facts import FACT_PATTERNS, elapsed_seconds
 from ddpdoctor.analysis.scanner import (
+    AFTER_PROGRESS_LINES,
     MAX_HITS_ACROSS_FILES,
     MAX_HITS_PER_PATTERN,
     RECENT_LINES,
@@ -152,6 +153,11 @@ def merge(acc: SourceScan, part: SourceScan) -> SourceScan:
         a.open_trace_indent = s.open_trace_indent
         a.open_traceback_tail = s.open_traceback_tail
         a.closed_traceback_line = s.closed_traceback_line or a.closed_traceback_line
+        a.after_progress = (
+            s.after_progress
+            if s.progress_lines
+            else (a.after_progress + s.after_progress)[:AFTER_PROGRESS_LINES]
+        )
         a.progress_lines += s.progress_lines
         a.last_init_line = s.last_init_line or a.last_init_line
         a.lines_after_init = (

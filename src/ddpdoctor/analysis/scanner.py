@@ -138,6 +138,10 @@ class StreamSummary:
     stop signal's 'dumped', 'terminating')."""
     progress_lines: int = 0
     last_progress_line: int = 0
+    after_progress: tuple[str, ...] = ()
+    """Its first few lines after its last progress line (all of its lines, up to as many, if
+    none was progress): what it said when it stopped stepping ('Ran out of data; last step was
+    17.' before 'Training completed')."""
     last_init_line: int = 0
     init_sampled: int = 0
     """How many lines with text its source's samples had read when they met that line."""
@@ -876,6 +880,10 @@ class Scanner:
                             mine = kept[key] = deque(maxlen=RECENT_LINES)
                         mine.append((line_no, raw))
                 if on_progress:
+                    summary.after_progress = ()
+                elif len(summary.after_progress) < AFTER_PROGRESS_LINES:
+                    summary.after_progress = (*summary.after_progress, message[:300])
+                if on_progress:
                     summary.progress_lines += 1
                     summary.last_progress_line = line_no
                     summary.last_progress_text = told
@@ -1076,6 +1084,8 @@ def _follow_traceback(summary: StreamSummary, message: str, line_no: int) -> Non
 TRACE_OPENERS = frozenset((TRACEBACK_HEADER[0], NATIVE_HEADER[0], "f"))
 """First characters of the lines that open a trace, but for WHOLE_FRAME's blank: the
 headers, and NATIVE_FRAME's 'frame #'."""
+AFTER_PROGRESS_LINES = 4
+"""Lines kept of what a writer said after its last progress line (see StreamSummary)."""
 TRACE_TAIL = 10
 """Lines of an open traceback kept: its last frames with their code (three to five), enough to
 see whose code waited in the last of them (a launcher's own frame above subprocess's wait)."""

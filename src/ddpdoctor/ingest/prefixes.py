@@ -121,6 +121,9 @@ STREAM_TAG = re.compile(r"\[(?:stderr|stdout)\]\s?")
 PLATFORM_TAG = re.compile(r"\[(?!Rank |PG |rank\d)[^\[\]]{1,80}\]\s")
 # Python logging `LEVEL:logger:` or `LEVEL logger` heads (level only, message kept).
 PY_LEVEL = re.compile(r"(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL)[:\s]")
+NAMED_PY_LEVEL = re.compile(r"[\w.]{1,100} - (?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) - ")
+"""The logging cookbook's '%(asctime)s - %(name)s - %(levelname)s - %(message)s' (torchtitan's,
+many repositories'): after the time, the logger's name, then the level."""
 # Inside c10d messages the global rank appears as `[Rank 3]` or `[PG 0 (default_pg) Rank 3]`.
 # The group name is bounded: `[^)]*` from every "[PG 1 (" of a long line was quadratic.
 C10D_RANK = re.compile(r"\[(?:PG \d+ (?:\([^)]{0,200}\) )?)?Rank (?P<rank>\d+)\]")
@@ -797,7 +800,7 @@ def parse_line(raw: str, year: int = 1970, with_time: bool = True) -> ParsedLine
             inner.bar_line = text[:pos] + message[: glued.end()]
             return inner
     if out.level is None:
-        m = PY_LEVEL.match(message)
+        m = PY_LEVEL.match(message) or NAMED_PY_LEVEL.match(message)
         if m:
             out.level = m.group("level").lower()
     if origin.rank is None:

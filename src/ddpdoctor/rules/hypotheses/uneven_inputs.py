@@ -261,31 +261,41 @@ def _from_resume_points(job: JobEvidence) -> Assessment | None:
 
 
 def _from_data_end(job: JobEvidence) -> Assessment | None:
-    """Ranks that left the loop while the others went on (an announced end or stop of
-    their own), whose last words say their data ran out: they had fewer batches. Stronger
-    than a rank leaving on its own (INF202 at 0.75): it says why it left."""
-    left = {
+    """Ranks that left the loop while the others went on (an announced end, stop or
+    completion of their own), whose words after their last step say their data ran out: they
+    had fewer batches. Ranks that printed nothing and exited 0 while the others still ran (the
+    launcher's failure summary leaves them out) left with them. Stronger than a rank leaving
+    on its own (INF202 at 0.75): it says why it left."""
+    said = {
         r
         for r, v in job.ranks.items()
-        if v.announced_stop and v.data_ended and not v.failed and not v.waiting
+        if (v.announced_stop or v.completed) and v.data_ended and not v.failed and not v.waiting
     }
-    others = {r for r, v in job.ranks.items() if v.present} - left
+    others = {r for r, v in job.ranks.items() if v.present} - said
     if (
-        not left
+        not said
         or not others
         or not any(job.ranks[r].waiting or "lost-peer" in job.ranks[r].echoes for r in others)
     ):
         return None
+    silent = {r for r in job.unlisted_exits if r in job.ranks and not job.ranks[r].present}
+    left = said | silent
+    also = (
+        f"; {ranks_text(silent)} printed nothing and exited 0 while they still ran: "
+        f"{'it' if len(silent) == 1 else 'they'} left the loop as well"
+        if silent
+        else ""
+    )
     return Assessment(
         RULE,
         0.8,
         sorted(left),
         [
-            f"{ranks_text(left)} said its data ran out "
-            f'("{job.ranks[min(left)].data_ended}") and left the loop while '
-            f"{ranks_text(others)} went on to the next step and failed waiting for it."
+            f"{ranks_text(said)} said its data ran out "
+            f'("{job.ranks[min(said)].data_ended}") and left the loop while '
+            f"{ranks_text(others)} went on to the next step and failed waiting for it{also}."
         ],
-        evidence=[e for r in sorted(left) for e in job.ranks[r].evidence[:1]],
+        evidence=[e for r in sorted(said) for e in job.ranks[r].evidence[:1]],
     )
 
 
