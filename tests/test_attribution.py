@@ -81,3 +81,13 @@ def test_a_launchers_report_on_a_child_by_pid_is_not_its_writers(tmp_path: Path)
     log.write_text(example + "\n")
     verdict = diagnose_paths([str(log)]).verdict
     assert (verdict.kind, verdict.culprit.ranks) == ("host-oom", [])
+
+
+def test_an_unprefixed_terminate_belongs_to_the_one_rank_sigabrt_ended() -> None:
+    """C++'s 'terminate called after throwing an instance of gloo::EnforceNotMet' and its
+    'what():' line carry no [rankN]: prefix (torch's hook prefixes Python's tracebacks only);
+    std::terminate aborts, and torchrun saw one rank end by SIGABRT (exitcode -6): rank 2's.
+    With two aborted ranks nothing says which printed it."""
+    report = diagnose_paths([str(REAL / "seventyfifth-short-part")])
+    mismatch = [f for f in report.findings if f.rule == "COL101"]
+    assert mismatch and mismatch[0].ranks == [2]

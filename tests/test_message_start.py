@@ -47,6 +47,8 @@ def test_an_end_after_a_logging_header_is_read(raw: str) -> None:
         # one epoch's, after a logger's name (the same rank log's line above the end)
         "2026-12-05 02:41:35,117 [INFO] recsys: epoch 2: finished after 24 batches",
         "2026-12-05 02:41:35,117 [INFO] recsys: epoch 2 training done",
+        # PyTorch's RPC parameter-server example after each epoch
+        "Training done for epoch 22",
     ],
 )
 def test_an_end_inside_a_message_is_not(raw: str) -> None:

@@ -430,9 +430,13 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
     # seconds". Code 0: the job ran to its end
     FactPattern("completed", r"^# Ended \(code 0\) at ", "# Ended (code 0) at "),
     # the message's own words (after a "[Rank 0] " tag DeepSpeed's log_dist keeps), not one
-    # epoch's "epoch 3 training done"
+    # epoch's "epoch 3 training done" nor "Training done for epoch 22" (PyTorch's RPC
+    # parameter-server example, after each epoch)
     FactPattern(
-        "completed", MESSAGE_START + r"(?:\[Rank \d+\] )?[Tt]raining done\b", "raining done"
+        "completed",
+        MESSAGE_START + r"(?:\[Rank \d+\] )?[Tt]raining done\b"
+        r"(?! (?:for |of |with )?(?:the |this )?(?:epoch|step|iter|batch|stage|phase))",
+        "raining done",
     ),
     # DeepSpeed launcher/launch.py, for each worker that exited 0
     FactPattern("completed", r"Process \d+ exits successfully\.", "exits successfully"),

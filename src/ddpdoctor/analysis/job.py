@@ -617,7 +617,10 @@ def workers_end(job: JobView) -> WorkersEnd:
         for rank, exit_ in job.info.per_rank.items()
         if exit_.signal is not None and exit_.signal not in ("SIGTERM", "SIGINT")
     )
-    return WorkersEnd(job.info.world_size, killed, job.reported_at)
+    aborted = frozenset(
+        rank for rank, exit_ in job.info.per_rank.items() if exit_.signal == "SIGABRT"
+    )
+    return WorkersEnd(job.info.world_size, killed, job.reported_at, aborted)
 
 
 def _first_report(failed_exits: list[FactHit]) -> dict[str, int]:

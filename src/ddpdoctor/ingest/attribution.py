@@ -126,10 +126,15 @@ def attribute(
     sole_host = hosts[0] if len(hosts) == 1 else None
     ranks = [rank_of(hit, resolve, single_node, sole_host) for hit in hits]
     lone = _lone_unprefixed_rank(hits, ranks, ended) if single_node and ended else None
+    aborted = ended.aborted if single_node and ended and len(ended.aborted) == 1 else frozenset()
     out: list[Hit] = []
     for hit, rank in zip(hits, ranks, strict=True):
         if rank is None and lone is not None and ended and _uncaught_in_a_worker(hit, ended):
             rank = lone
+        if rank is None and aborted and CXX_TERMINATE.match(hit.record.text):
+            # C++'s 'terminate called after throwing ...' and its 'what():' line, printed by
+            # no prefix: std::terminate aborts, and one rank of this node ended by SIGABRT
+            rank = next(iter(aborted))
         if rank == hit.record.origin.rank:
             out.append(hit)
             continue
@@ -148,7 +153,14 @@ class WorkersEnd:
     launcher's SIGTERM lets the interpreter print one first)."""
     reported_at: dict[str, int]
     """Per source, the first line where a launcher reported a failed worker."""
+    aborted: frozenset[int] = frozenset()
+    """Ranks SIGABRT ended (exit code -6): what std::terminate does to a process."""
 
+
+CXX_TERMINATE = re.compile(
+    r"\s{0,4}(?:terminate called (?:after throwing|without an active)|what\(\): )"
+)
+"""What std::terminate prints before it aborts the process (SIGABRT, exit code -6)."""
 
 MAX_WORLD_FOR_LONE_RANK = 64
 """The world's ranks are counted one by one to find the one without its own traceback."""

@@ -217,6 +217,44 @@ GLOO_TIMEOUT = Rule(
     negative=("[c10d] The client socket has timed out after 60s while trying to connect to",),
 )
 
+RPC_TIMEOUT = Rule(
+    code="TMO104",
+    kind="nccl-timeout",
+    title="A remote call timed out (torch.distributed.rpc)",
+    sources="torch/csrc/distributed/rpc/rpc_agent.h kRpcTimeoutErrorStr (TensorPipe agent)",
+    echo=Echo.WAITING,
+    # the callee was alive: TensorPipe reports a worker that exited as 'eof' or a reset
+    peers_alive=True,
+    specificity=20,
+    signatures=(
+        Signature(
+            r"RPC ran for more than set timeout \((?P<timeout_ms>\d{1,12}) ms\)",
+            "RPC ran for more than set timeout",
+        ),
+    ),
+    explanation=Explanation(
+        what="An rpc_sync/rpc_async/remote call got no answer within its RPC timeout.",
+        why="The worker it called was busy with work of its own (a parameter server saving or "
+        "rebuilding its state), stuck, or waiting for another call; it was alive.",
+        fix="Read the called worker's log for what it was doing; raise rpc_timeout "
+        "(TensorPipeRpcBackendOptions(rpc_timeout=...) or per call) if it was legitimately busy.",
+        false_positives="It is a real timeout, but rarely the root cause.",
+    ),
+    fix=(
+        "Read the log of the worker the call went to: its last lines say what it was doing.",
+        "If that work is legitimate, raise the RPC timeout for it "
+        "(TensorPipeRpcBackendOptions(rpc_timeout=...), or timeout= on the call).",
+    ),
+    positive=(
+        "[rank1]: RuntimeError: RPCErr:1:RPC ran for more than set timeout (15000 ms) and will "
+        "now be marked with an error",
+    ),
+    negative=(
+        "[W socket.cpp:601] [c10d] The client socket has timed out after 60s while trying to "
+        "connect to (127.0.0.1, 29500)",
+    ),
+)
+
 MONITORED_BARRIER = Rule(
     code="TMO103",
     kind="nccl-timeout",
@@ -523,6 +561,7 @@ RULES = (
     NCCL_REJECTED_CALL,
     NCCL_WATCHDOG_TIMEOUT,
     GLOO_TIMEOUT,
+    RPC_TIMEOUT,
     MONITORED_BARRIER,
     GROUP_CREATION_WAIT,
     RAY_UNEVEN_REPORTS,

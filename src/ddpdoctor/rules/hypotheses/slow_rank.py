@@ -78,6 +78,15 @@ def assess(job: JobEvidence) -> Assessment | None:
     busy = terminated | running
     busy |= {r for r, v in job.ranks.items() if v.interrupted and not v.failed and r not in waiting}
     busy -= blocked_ranks(job) | prompted_ranks(job)  # waiting on a lock or an answer: INF211
+    if (
+        waiting
+        and not any("waiting" in job.ranks[r].echoes for r in waiting)
+        and set(job.failing_exits) - busy
+    ):
+        # the others only lost a peer (a closed connection: a process that exited, not one
+        # they timed out on) and a rank ended with an error of its own: that is the peer they
+        # lost, not a silent rank the launcher stopped afterwards
+        busy -= terminated
     named = {r for r, v in job.ranks.items() if v.named_absent}
     if busy and waiting:
         # of several terminated ranks, the ones that announced a long task of their own ("re-
