@@ -165,26 +165,6 @@ MISSES: dict[str, str] = {
     "the one rank torchrun saw end by SIGABRT), the kind is not: gloo's abort of trainer1 in a "
     "4-byte all_reduce while the others were in the step reads as a rank that left the loop "
     "with fewer batches; nothing in the log shows trainer1 called a collective of its own",
-    "exit-early": ("hung", "exit-teardown-crash", [3]),
-}
-
-# mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
-MISSES: dict[str, str] = {
-    "ids-float": "failed, python-exception on ranks 1 and 2 (PY101, 0.6): right kind and rank 2's "
-    "RemoteException is the root, but torchrun's 'failed (exitcode: 1) local_rank: 1' and Root "
-    "Cause name trainer1, the victim that exited first (trainer2's exit waits on its RPC agent), "
-    "so rank 1 is blamed too",
-    "idle-wait": "failed, slow-rank-timeout on ranks 0 and 3 (INF201, 0.6): trainers 1 and 2 time "
-    "out in gloo, and both silent ranks the launcher had to SIGTERM are taken as busy: trainer3 "
-    "(the stuck one, no line says it is working) and the server, which is always silent; a "
-    "hang, not a busy rank, and not the server",
-    "own-stop": "failed, slow-rank-timeout on ranks 0 and 1 (INF201, 0.6): trainer1's 'Loss 0.5845 "
-    "is below the target 0.6, stopping early' and 'Training stopped early.' carry no rank, so its "
-    "lone stop is not seen; it waits silently in rpc.shutdown() like the silent server, and both "
-    "are taken as busy ranks the others timed out on",
-    "count-solo": "failed, slow-rank-timeout on rank 0 (INF201, 0.6): as short-part, the "
-    "unprefixed gloo EnforceNotMet abort (COL101) and trainer1's exit -6 are context only, and "
-    "the silent server is blamed",
     "exit-early": "hung, exit-teardown-crash with no culprit (INF210, 0.6): right status and kind, "
     "but nothing names trainer3: all three trainers print 'Training complete!' (no rank), its "
     "exit 0 is not reported by torchrun, and the server's 'RPC agent for ps encountered error "
