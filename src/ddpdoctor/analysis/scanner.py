@@ -106,6 +106,25 @@ hold no newline, so lines keep their numbers."""
 
 CR_LF = re.compile(rb"\r+\n")
 """A line end written on Windows, also twice through a text-mode file ('\\r\\r\\n')."""
+CRLF_LOOK = 8
+"""Line ends looked at to tell a file written with Windows line ends."""
+
+
+def windows_line_ends(chunk: bytes) -> bool:
+    """The source's first chunk ends some of its first lines with '\\r\\n': a file written (or
+    pasted) on Windows, whose every chunk is then read with '\\n' line ends. Decided once: a
+    search for '\\r\\n' in every chunk cost 23 us per 27 KB rank file (two bytes are no
+    memchr), and progress bars fill chunks with '\\r' of their own."""
+    if b"\r" not in chunk:
+        return False
+    end = -1
+    for _ in range(CRLF_LOOK):
+        end = chunk.find(b"\n", end + 1)
+        if end < 0:
+            return False
+        if end and chunk[end - 1] == 0x0D:
+            return True
+    return False
 
 QUOTE_BLANK = " \t\r>"
 """What an empty line of a log pasted as a Markdown quote is made of."""
@@ -489,11 +508,14 @@ class Scanner:
         whole = item.named is not None
         head_left = sample_bytes if (item.start == 0 or whole) and sample_head else 0
         last_chunk = prev_chunk = b""
+        crlf: bool | None = None
         for chunk in stream:
             if b"\x1b" in chunk:  # colour codes out first: the patterns run on the bytes
                 chunk = ANSI_BYTES.sub(b"", chunk)
-            if b"\r\n" in chunk:  # Windows line ends (a log pasted from Windows): the
-                # patterns end a line at '\n', so 'NotImplementedError\r' matched no `$`
+            if crlf is None:
+                crlf = windows_line_ends(chunk)
+            if crlf:  # Windows line ends (a log pasted from Windows): the patterns end a
+                # line at '\n', so 'NotImplementedError\r' matched no `$`
                 chunk = CR_LF.sub(b"\n", chunk)
             if line_base == 0 and order == 0 and not labels.head:
                 labels.head = chunk[:HEAD_BYTES]

@@ -800,7 +800,9 @@ def parse_line(raw: str, year: int = 1970, with_time: bool = True) -> ParsedLine
             inner.bar_line = text[:pos] + message[: glued.end()]
             return inner
     if out.level is None:
-        m = PY_LEVEL.match(message) or NAMED_PY_LEVEL.match(message)
+        m = PY_LEVEL.match(message) or (
+            NAMED_PY_LEVEL.match(message) if " - " in message[:110] else None
+        )
         if m:
             out.level = m.group("level").lower()
     if origin.rank is None:
