@@ -213,6 +213,23 @@ def test_logger_name_then_level(line: str, level: str | None) -> None:
     assert parse_line(line).level == level
 
 
+@pytest.mark.parametrize(
+    ("line", "task"),
+    [
+        # srun --label's task behind a log collector's stamp: Kubernetes' (RFC 3339, nanoseconds),
+        # CloudWatch's export (a tab after the time), journald's header
+        ("2024-05-01T10:00:00.123456789Z 0: soundstream total loss: 19.874", 0),
+        ("2024-05-01T10:00:00.123Z\t3: RuntimeError: boom", 3),
+        ("Dec 03 16:45:33 node7 python3[4242]: 2: Mini_epoch 23 of 24: save_model.", 2),
+        # not after a program's own time (Python logging's asctime) or a bare syslog time
+        ("2024-05-01 10:00:00,123 1: loss 0.5", None),
+        ("Dec 03 16:45:33 2: x", None),
+    ],
+)
+def test_srun_label_after_a_collectors_stamp(line: str, task: int | None) -> None:
+    assert parse_line(line).task == task
+
+
 def test_old_bracket_glog() -> None:
     p = parse_line(
         "[E ProcessGroupNCCL.cpp:475] [Rank 2] Watchdog caught collective operation timeout"

@@ -126,6 +126,7 @@ def windows_line_ends(chunk: bytes) -> bool:
             return True
     return False
 
+
 QUOTE_BLANK = " \t\r>"
 """What an empty line of a log pasted as a Markdown quote is made of."""
 

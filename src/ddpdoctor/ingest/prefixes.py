@@ -530,6 +530,7 @@ def parse_line(raw: str, year: int = 1970, with_time: bool = True) -> ParsedLine
     platform_tags = 0
     line_start = 0  # where the line starts: after a Markdown quote's '> ' when pasted in one
     slurm_task: int | None = None  # srun --label's task: the rank, unless the line says another
+    collected_at = -1  # where a log collector's stamp of the line ends (see SLURM below)
     platform_ok = False  # job platforms put their tags right after an ISO timestamp
     rich_record = False  # RichHandler's columns: its caller's file:line ends the line
     end = len(text)
@@ -600,10 +601,13 @@ def parse_line(raw: str, year: int = 1970, with_time: bool = True) -> ParsedLine
             if with_time:
                 out.time = out.time or _parse_iso(m.group("ts"))
             platform_ok = True
+            stamped = pos == line_start and m.re is RFC3339
             pos = m.end()
             if source := SYSLOG_SOURCE.match(text, pos):  # journalctl -o short-iso
                 origin.host = origin.host or source.group("host")
                 pos = source.end()
+            if stamped:
+                collected_at = pos
             continue
         if c in "ADFJMNOS" and pos == line_start and (syslog := SYSLOG_TIME.match(text, pos)):
             if with_time:
@@ -613,6 +617,7 @@ def parse_line(raw: str, year: int = 1970, with_time: bool = True) -> ParsedLine
             if source := SYSLOG_SOURCE.match(text, pos):
                 origin.host = origin.host or source.group("host")
                 pos = source.end()
+                collected_at = pos
             continue
         if c == " " and nxt == " ":
             rich = RICH_LOG_LEVEL.match(text, pos)
@@ -759,7 +764,13 @@ def parse_line(raw: str, year: int = 1970, with_time: bool = True) -> ParsedLine
             prefix_parts.append(m.group("path") + ":")
             pos = line_start = m.end()
             continue
-        m = SLURM.match(text, pos) if pos == line_start and (digit or c == " ") else None
+        # srun --label's task at the start of the line, or right after the stamp a log
+        # collector put before it (Kubernetes' or CloudWatch's RFC 3339 time, journald's header)
+        m = (
+            SLURM.match(text, pos)
+            if pos in (line_start, collected_at) and (digit or c == " ")
+            else None
+        )
         if m:
             slurm_task = out.task = rank_number(m.group("task"))
             prefix_parts.append(m.group(0).strip())
