@@ -145,29 +145,41 @@ PASTE_ARTIFACTS: dict[str, Callable[[bytes], bytes]] = {
     "cr-cr-lf": lambda data: data.replace(b"\n", b"\r\r\n"),
     # every line's leading blanks trimmed (a paste outside a code block, some log viewers)
     "unindented": lambda data: b"\n".join(line.lstrip() for line in data.split(b"\n")),
+    # copied from an issue with its Markdown code fences
+    "fenced": lambda data: b"```python\n" + data.rstrip(b"\n") + b"\n```\n",
+    # copied from a rendered web page: indentation as no-break spaces
+    "web-indented": lambda data: b"\n".join(
+        NBSP * (len(line) - len(line.lstrip(b" "))) + line.lstrip(b" ")
+        for line in data.split(b"\n")
+    ),
 }
-LOST_WITH_INDENTATION = {
+NBSP = "\u00a0".encode()
+CHANGED_BY = {
     # py-spy's dump: the indentation is what puts each frame under its thread
-    "767-": "a py-spy dump's frames are read by their indentation",
+    ("unindented", "767-"): "a py-spy dump's frames are read by their indentation",
     # milabench's report quotes each rank's lines indented behind '| [rank0]:'
-    "257-": "milabench's quoted lines: the rank of the DataLoader worker's error is lost",
+    ("unindented", "257-"): "milabench's quoted lines: the rank of the worker's error is lost",
     # several ranks' tracebacks one after another: where one ends is told by its indentation
-    "1016-": "ranks' tracebacks in a row: the culprits change",
-    "481-": "a rank's stderr and another's error file: the culprits change",
+    ("unindented", "1016-"): "ranks' tracebacks in a row: the culprits change",
+    ("unindented", "481-"): "a rank's stderr and another's error file: the culprits change",
+    # a log of one line, torchrun's SIGKILL warning: with the fences it is three lines
+    ("fenced", "345-"): "a one-line log read as a longer one",
 }
-"""Cases whose verdict a trimmed paste changes, and why: what only indentation said."""
+"""Cases whose verdict an artifact changes, and why: what only the artifact's absence said."""
 
 
 @pytest.mark.parametrize("case", REPO_CASES, ids=lambda p: p.name[:60])
 def test_paste_artifacts_keep_the_verdict(case: Path, tmp_path: Path) -> None:
-    """Every labelled real case with the line ends a paste picks up reads as it does without
-    them (but for LOST_WITH_INDENTATION): with CRLF a bare 'NotImplementedError\\r' closing a traceback was no exception line
-    (the patterns end lines at '\\n'), and with a blank line after each line a log that stops
-    right after start-up no longer did (the blanks counted as lines after it), and a traceback
-    without its indentation (its frames at the start of the line) was no traceback."""
+    """Every labelled real case with what a paste picks up reads as it does without it (but
+    for CHANGED_BY): with CRLF a bare 'NotImplementedError\\r' closing a traceback was no
+    exception line (the patterns end lines at '\\n'); with a blank line after each line a log
+    that stops right after start-up no longer did (the blanks counted as lines after it); a
+    traceback without its indentation (its frames at the start of the line), or indented with
+    a web page's no-break spaces, was no traceback; and the closing fence of a paste copied
+    with its Markdown fences was every writer's last line."""
     want = diagnose_paths([str(case / "logs")]).verdict
     for name, artifact in PASTE_ARTIFACTS.items():
-        if name == "unindented" and case.name.startswith(tuple(LOST_WITH_INDENTATION)):
+        if any(name == a and case.name.startswith(c) for a, c in CHANGED_BY):
             continue
         out = tmp_path / name
         out.mkdir()

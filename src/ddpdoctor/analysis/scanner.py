@@ -127,6 +127,13 @@ def windows_line_ends(chunk: bytes) -> bool:
     return False
 
 
+CODE_FENCE = re.compile(r" {0,3}(?:`{3,}|~{3,})[\w+.#-]{0,30}\s*$")
+"""A Markdown code fence ('```', '```python', '~~~'): a paste copied with its fences kept its
+last line as every writer's last words."""
+
+NBSP_BYTES = b"\xc2\xa0"
+"""A no-break space (UTF-8): a log copied from a web page indents with them."""
+
 QUOTE_BLANK = " \t\r>"
 """What an empty line of a log pasted as a Markdown quote is made of."""
 
@@ -518,6 +525,10 @@ class Scanner:
             if crlf:  # Windows line ends (a log pasted from Windows): the patterns end a
                 # line at '\n', so 'NotImplementedError\r' matched no `$`
                 chunk = CR_LF.sub(b"\n", chunk)
+            if b"\xa0" in chunk and NBSP_BYTES in chunk:  # (one byte first: a memchr)
+                # no-break spaces as a web page's indentation: spaces, as the program wrote
+                # them (a traceback's frames are told by their indentation)
+                chunk = chunk.replace(NBSP_BYTES, b" ")
             if line_base == 0 and order == 0 and not labels.head:
                 labels.head = chunk[:HEAD_BYTES]
             if line_base == 0 and order == 0 and is_own_output(chunk[:600]):
@@ -847,6 +858,8 @@ class Scanner:
         for offset, raw in enumerate(text.split("\n")):
             if not raw or raw.isspace() or not raw.strip(QUOTE_BLANK):
                 continue  # an empty line, also inside a Markdown quote ('> ')
+            if raw[:1] in "`~ " and CODE_FENCE.match(raw):
+                continue  # a Markdown code fence the log was pasted in: nobody's words
             parsed = parse_line(raw, with_time=False)  # writers and last words, not times
             src.sampled += 1
             pieces = [(parsed, raw)]
