@@ -50,6 +50,12 @@ COLLECTIVE_MISMATCH = Rule(
         ),
         # accelerate utils/operations.py (ACCELERATE_DEBUG_MODE=1) compares shapes first
         Signature(r"Cannot apply desired operation due to shape mismatches"),
+        # NCCL 2.4's own check (init.cc, a device-side assertion of the collective's
+        # arguments): 'at and around rank N' is the rank that printed it
+        Signature(
+            r"NCCL WARN Mismatched collective detected, please check your collective calls",
+            "Mismatched collective detected",
+        ),
     ),
     explanation=Explanation(
         what="Two ranks issued collectives that do not match: another op, another shape or "
@@ -69,6 +75,9 @@ COLLECTIVE_MISMATCH = Rule(
     ),
     framework_fix=COLLECTIVE_IN_BRANCH_FIX,
     positive=(
+        "gpu-node3:1201:1290 [1] init.cc:1247 NCCL WARN Mismatched collective detected, please "
+        "check your collective calls at and around rank 9. You can use NCCL_DEBUG=INFO and "
+        "NCCL_DEBUG_SUBSYS=COLL to see the collective logs",
         "RuntimeError: Detected mismatch between collectives on ranks. Rank 1 is running "
         "collective: CollectiveFingerPrint(SequenceNumber=21, OpType=BROADCAST",
         "RuntimeError: Forward order differs across ranks: rank 0 is all-gathering 5 parameters "

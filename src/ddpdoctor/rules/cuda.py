@@ -367,8 +367,11 @@ CUDA_LIBRARY_MISMATCH = Rule(
         # torch builds without the requested backend or without CUDA, or no visible GPU
         # (distributed_c10d.py, torch/cuda/__init__.py, c10/cuda/CUDAFunctions.cpp,
         # ProcessGroupNCCL.cpp)
+        # (also its source line, which the traceback shows and a paste may keep alone: the
+        # string split in two, 'raise RuntimeError("Distributed package doesn't have NCCL "
+        # "built in")')
         Signature(
-            r"Distributed package doesn't have (?:NCCL|Gloo) built in",
+            r"Distributed package doesn't have (?:NCCL|Gloo) (?:\" \")?built in",
             "Distributed package doesn't have",
         ),
         Signature(r"Torch not compiled with CUDA enabled"),
@@ -422,6 +425,8 @@ CUDA_LIBRARY_MISMATCH = Rule(
     capture_fix=(*ARCH_FIXES, FABRIC_MANAGER_FIX, EXTENSION_FIX, BUILD_FIX, CXX_RUNTIME_FIX),
     positive=(
         "RuntimeError: Error building extension 'fused_adam'",
+        "RuntimeError: Distributed package doesn't have NCCL built in",
+        '    raise RuntimeError("Distributed package doesn\'t have NCCL " "built in")',
         "ImportError: /lib/x86_64-linux-gnu/libstdc++.so.6: version `GLIBCXX_3.4.29' not found "
         "(required by /opt/conda/lib/python3.10/site-packages/torch/lib/libtorch_python.so)",
         "RuntimeError: CUDA Setup failed despite GPU being available. Please run the following "

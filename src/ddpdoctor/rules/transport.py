@@ -242,6 +242,9 @@ P2P_ERROR = Rule(
         # memory'" while the P2P transport allocates its buffers: an OOM)
         Signature(r"transport/p2p\.cc:\d+ NCCL WARN(?! Cuda failure 'out of memory')", "p2p.cc"),
         Signature(r"peer access is not supported between these two devices"),
+        # cudaErrorTooManyPeers (60): one process mapped more peer GPUs than the driver allows
+        # (8): nn.DataParallel or one process over more than 8 GPUs
+        Signature(r"(?P<what>peer mapping resources exhausted)", "peer mapping resources"),
         Signature(r"cudaIpcOpenMemHandle"),
         Signature(r"P2P/IPC.{0,60}(?:failed|error)", "P2P/IPC"),
     ),
@@ -263,12 +266,24 @@ P2P_ERROR = Rule(
             "cards have no peer-to-peer path; `accelerate launch` sets both itself, torchrun "
             "and deepspeed do not).",
         ),
+        (
+            "what",
+            "peer mapping resources exhausted",
+            "One process drives more GPUs than it may map as peers (8): give each process at "
+            "most 8 GPUs (CUDA_VISIBLE_DEVICES), or use DistributedDataParallel with one "
+            "process per GPU instead of nn.DataParallel over all of them.",
+        ),
     ),
-    capture_category=(("what", "RTX 4000 series", Category.CONFIGURATION),),
+    capture_category=(
+        ("what", "RTX 4000 series", Category.CONFIGURATION),
+        ("what", "peer mapping resources exhausted", Category.CONFIGURATION),
+    ),
     positive=(
         "NotImplementedError: Using RTX 4000 series doesn't support faster communication "
         'broadband via P2P or IB. Please set `NCCL_P2P_DISABLE="1"` and `NCCL_IB_DISABLE="1"',
         "NCCL WARN Cuda failure 'peer access is not supported between these two devices'",
+        "RuntimeError: cuda runtime error (60) : peer mapping resources exhausted at "
+        "/pytorch/aten/src/THC/THCGeneral.cpp:141",
     ),
     negative=("NCCL INFO Channel 00 : 0[0] -> 1[1] via P2P/IPC",),
 )
