@@ -127,6 +127,13 @@ HOST_OOM_KILL = Rule(
             r"(?:Task was|worker\(s\) were) killed due to the node running low on memory",
             "killed due to the node running low on memory",
         ),
+        # the same report's last sentence, all that is left where Ray's job output is cut to
+        # its last 20,000 characters
+        Signature(
+            r"how to address the out of memory issue: https://docs\.ray\.io/\S{0,60}"
+            r"ray-oom-prevention",
+            "how to address the out of memory issue",
+        ),
         # the raylet's own summary of those kills (node_manager.cc)
         Signature(
             r"\b[1-9]\d{0,6} Workers \(tasks / actors\) killed due to memory pressure \(OOM\)",
@@ -168,6 +175,10 @@ HOST_OOM_KILL = Rule(
         "OSError: [Errno 12] Cannot allocate memory",
         "ray.exceptions.OutOfMemoryError: Task was killed due to the node running low on memory.",
         "1 worker(s) were killed due to the node running low on memory.",
+        "(raylet) Refer to the documentation on how to address the out of memory issue: "
+        "https://docs.ray.io/en/latest/ray-core/scheduling/ray-oom-prevention.html. Consider "
+        "provisioning more memory on this node or reducing task parallelism by requesting more "
+        "CPUs per task.",
         # bash in a zh_CN locale, after a progress bar without its newline (corpus case 980),
         # and a script's job message in Korean and in German
         "[>>>>>>>>>>          ] 1022/5000, 1.5 task/s, elapsed: 681s, ETA:  2652s已杀死",
