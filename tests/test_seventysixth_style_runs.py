@@ -37,7 +37,8 @@ every rank raised the same error from the same code or checkpoint (orig-skew, gr
 rank compiling silently from a cold inductor cache is not seen as the busy rank behind the
 other's gloo timeout (frost-node); the speedrun loader's "generator raised StopIteration" is
 not read as a rank out of batches (shard-ebb), nor torch.from_file's "size <130> is smaller
-than the required mapping size" on a git-lfs pointer as a bad data file (husk-shard)."""
+than the required mapping size" on a git-lfs pointer as a bad data file (husk-shard). Since
+session 29 husk-shard too (ATen's mapping-size error is a bad input file, DATA101): 10 of 16."""
 
 from __future__ import annotations
 
@@ -154,10 +155,6 @@ MISSES: dict[str, str] = {
     "speedrun loader's 'StopIteration' and 'RuntimeError: generator raised StopIteration' "
     "from next(train_loader) at iteration 44 (node 1 holds 3 of the 8 shards, rank 0 trains "
     "on) are read as a generic exception, not as a rank that ran out of batches",
-    "husk-shard": "failed, python-exception on rank 1 (PY101, 0.6): right rank, but "
-    "torch.from_file's 'RuntimeError: file <.../tinychar_train_000001.bin> size <130> is "
-    "smaller than the required mapping size <1024>' in _load_data_shard (a git-lfs pointer "
-    "where the shard should be) is not read as a bad input file",
 }
 
 

@@ -46,6 +46,13 @@ DATA_ERROR = Rule(
             "AssertionError: Checkpoint ",
         ),
         Signature(r"broken data stream when reading image file"),
+        # a file mapped with torch.from_file / np.memmap-like loaders that is shorter than
+        # its header says (ATen MapAllocator: a cut download, a git-lfs pointer in its place)
+        Signature(
+            r"file <(?P<path>[^>\n]{1,400})> size <\d{1,15}> is smaller than the required "
+            r"mapping size <\d{1,15}>",
+            "is smaller than the required mapping size",
+        ),
         Signature(r"OSError: Unable to open file", "Unable to open file"),
         Signature(r"DatasetGenerationError"),
         Signature(
@@ -148,6 +155,8 @@ DATA_ERROR = Rule(
         "ValueError: [deepspeed] failed to resume from checkpoint /scratch/out/checkpoint-2000",
         "ValueError: Tried to find epoch_1 but folder does not exist",
         "safetensors_rust.SafetensorError: Error while deserializing header: HeaderTooLarge",
+        "RuntimeError: file <data/fineweb10B/fineweb_train_000001.bin> size <130> is smaller "
+        "than the required mapping size <1024>",
         "AssertionError: Checkpoint /output/model_final.pth not found!",
         "FileNotFoundError: [Errno 2] No such file or directory: "
         "'E:/visionlab/data/imnet_val/val5k/val_file_list.pickle'",
