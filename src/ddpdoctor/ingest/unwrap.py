@@ -92,6 +92,10 @@ CUT_REST = re.compile(rb"^[A-Za-z_<][\w<>.]{0,200}\r?$")
 """One word under a frame line: the rest of a frame line cut at a terminal's width ('lize'
 under '..., in _cuda_deseria'), unless it is a statement of one word."""
 STATEMENTS = frozenset((b"raise", b"return", b"yield", b"break", b"continue", b"pass"))
+TORCH_TAG = re.compile(rb"\[(?:rank|default)\d{1,6}\]: ?")
+"""torch's excepthook tag ('[rank3]: ') or torchrun's --tee prefix ('[default0]:'), before a
+line whose own indentation a paste may have trimmed."""
+TAGGED_FLAT_FRAME = re.compile(rb'(?m)^\[(?:rank|default)\d{1,6}\]: ?File "')
 FLAT_SUMMARY_FIELD = re.compile(
     rb"^(?:time {6}|host {6}|rank {6}|exitcode  |error_file|traceback ): "
 )
@@ -101,36 +105,50 @@ entries, printed indented by two) at the start of the line."""
 
 def reindent(data: bytes) -> bytes:
     """A traceback whose indentation a paste or a viewer trimmed (every line's leading spaces
-    gone, 'File "train.py", line 9, in step' at the start of the line and its code under it),
-    indented again as Python prints it: two spaces before each frame line, four before the
-    line of code that follows it, two before each field of torchelastic's failure summary.
-    Tracebacks are then read as tracebacks (where they are cut, what they were doing, which
-    lines belong to them) and a summary's fields as its entry's. Lines keep their numbers."""
-    if not (data.startswith(b'File "') or b'\nFile "' in data or b"\nexitcode  : " in data):
+    gone, 'File "train.py", line 9, in step' at the start of the line, or right after torch's
+    '[rank3]: ' tag, and its code under it), indented again as Python prints it: two spaces
+    before each frame line, four before the line of code that follows it, two before each
+    field of torchelastic's failure summary. Tracebacks are then read as tracebacks (where
+    they are cut, what they were doing, which lines belong to them) and a summary's fields as
+    its entry's. Each writer's lines are followed apart (tags interleave). Lines keep their
+    numbers."""
+    if not (
+        data.startswith(b'File "') or b'\nFile "' in data or b"\nexitcode  : " in data
+    ) and not (b']: File "' in data and TAGGED_FLAT_FRAME.search(data)):
         return data  # no frame or field at the start of a line: nearly every log, one look
     lines = data.split(b"\n")
     last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
-    after_frame = inside = False
-    for index, line in enumerate(lines):
+    after_frame: dict[bytes, bool] = {}
+    inside: dict[bytes, bool] = {}
+    for index, whole in enumerate(lines):
+        tag = TORCH_TAG.match(whole)
+        prefix = tag.group(0).rstrip(b" ") + b" " if tag else b""
+        line = whole[tag.end() :] if tag else whole
+        key = tag.group(0).rstrip(b" ") if tag else b""
         if FLAT_SUMMARY_FIELD.match(line):
-            lines[index] = b"  " + line
-        elif FLAT_FRAME.match(line) or (index == last and inside and _cut_frame(line)):
-            lines[index] = b"  " + line
-            after_frame = inside = True
+            lines[index] = prefix + b"  " + line
+        elif FLAT_FRAME.match(line) or (index == last and inside.get(key) and _cut_frame(line)):
+            lines[index] = prefix + b"  " + line
+            after_frame[key] = inside[key] = True
             continue
         elif (
-            after_frame
+            after_frame.get(key)
             and index != last  # the paste's last line: its code, cut ('dist.init')
             and CUT_REST.match(line)
             and line.strip() not in STATEMENTS
         ):
             continue  # the rest of a frame line a terminal cut ('lize'): its code comes next
-        elif after_frame and line.strip() and not line[:1].isspace() and not NOT_CODE.match(line):
-            lines[index] = b"    " + line
-            inside = True
+        elif (
+            after_frame.get(key)
+            and line.strip()
+            and not line[:1].isspace()
+            and not NOT_CODE.match(line)
+        ):
+            lines[index] = prefix + b"    " + line
+            inside[key] = True
         elif line.strip():
-            inside = False
-        after_frame = False
+            inside[key] = False
+        after_frame[key] = False
     return b"\n".join(lines)
 
 

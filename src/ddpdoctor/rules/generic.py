@@ -27,6 +27,9 @@ PYTHON_EXCEPTION = Rule(
         # Ctrl-C, or a stop forwarded as SIGINT: what a stopped process prints, not a bug
         Signature(r"^\**(?P<exc>KeyboardInterrupt)(?::|$)", "KeyboardInterrupt", echo=Echo.STOPPED),
         Signature(r"^\**(?P<exc>SystemExit)(?::|$)", "SystemExit"),
+        # an iterator's end that nothing caught (`next(data_iterator)` past the last batch):
+        # Python's own exception, whose name ends neither in Error nor in Exception
+        Signature(r"^\**(?P<exc>StopIteration)(?::|$)", "StopIteration"),
         # `raise Exception(...)` itself: the two patterns above need a prefix before the suffix
         Signature(r"^\**(?P<exc>Exception)(?::|$)", "Exception"),
         # a rank's error as torchelastic's failure summary quotes it from its @record error
@@ -46,6 +49,8 @@ PYTHON_EXCEPTION = Rule(
     fix=("Fix the error at the deepest frame of your own code in the traceback.",),
     positive=(
         "AttributeError: 'DistributedDataParallel' object has no attribute 'model'",
+        # tests/fixtures/real/seventysixth-shard-ebb: next(train_loader) past its last shard
+        "StopIteration",
         # tests/fixtures/real/twentyeighth-lock-pickle
         "torch.distributed.checkpoint.api.CheckpointException: CheckpointException "
         "ranks:dict_keys([1])",

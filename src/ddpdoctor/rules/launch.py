@@ -1097,6 +1097,13 @@ SLURM_TERMINATED = Rule(
             "SignalException",
             echo=Echo.STOPPED,
         ),
+        # the exception's name alone (a paste that kept its last line without the message):
+        # torchrun's agent got a signal from outside, which one is not said
+        Signature(
+            r"^\**(?:torch\.distributed\.elastic\.multiprocessing\.api\.)?SignalException\s*$",
+            "SignalException",
+            echo=Echo.STOPPED,
+        ),
         Signature(r"DUE TO (?P<reason>TIME LIMIT|PREEMPTION)", "DUE TO ", echo=Echo.STOPPED),
         # a rank's own handler saying the stop reached it: Lightning's signal_connector.py
         # ("[rank: 1] Received SIGTERM: 15"), scripts' handlers ("SIGTERM received: pod is
@@ -1169,6 +1176,7 @@ SLURM_TERMINATED = Rule(
     ),
     positive=(
         "slurmstepd: error: *** JOB 1234 ON node01 CANCELLED AT 2024-01-01T00:00:00 DUE TO TIME LIMIT ***",
+        "torch.distributed.elastic.multiprocessing.api.SignalException",
         "Handling auto-requeue signal: 10",
         "submitit WARNING (2026-11-30 10:00:00,000) - Caught signal SIGUSR2 on node042: this job "
         "is preempted.",

@@ -111,6 +111,16 @@ IB_ERROR = Rule(
             "NET/IB : ",
         ),
         Signature(r"ibv_poll_cq.{0,80}(?:failed|error)", "ibv_poll_cq"),
+        # net_ib.cc's size check of a receive ('NET/IB : collective mismatch error local size
+        # ...' up to NCCL 2.12.7; 'NET/IB : req 0/1 tag 0 peer 10.0.0.9<47129> collective
+        # mismatch error, local size ... remote size ...' in 2.12.10-2.19): NCCL's comment says
+        # it catches the program's collectives of different sizes; the reports were fixed on the
+        # network side. Either way no proof of a faulty fabric (capture_category below)
+        Signature(
+            r"NET/IB : (?:req \d{1,4}/\d{1,4} tag \w{1,12} peer \S{1,80} )?"
+            r"(?P<what>collective mismatch error)",
+            "collective mismatch error",
+        ),
         Signature(r"local catastrophic error"),
         Signature(
             r"NET/IB" + _NOT_RETRY_EXCEEDED + r" ?: Got completion from peer",
@@ -141,6 +151,13 @@ IB_ERROR = Rule(
             "Give every rank NICs of one link type and count: list them in NCCL_IB_HCA (e.g. "
             "NCCL_IB_HCA=mlx5_0,mlx5_1), the same on every node.",
         ),
+        (
+            "what",
+            "collective mismatch error",
+            "A peer sent more bytes than this rank's receive expected: check that every rank "
+            "issues the same collectives with the same sizes (TORCH_DISTRIBUTED_DEBUG=DETAIL), "
+            "then bisect the transport (NCCL_IB_DISABLE=1; the same on every node).",
+        ),
     ),
     capture_category=(
         (
@@ -148,10 +165,13 @@ IB_ERROR = Rule(
             "Attempted to connect incompatible devices|Local mergedDev=",
             Category.CONFIGURATION,
         ),
+        ("what", "collective mismatch error", Category.UNKNOWN),
     ),
     positive=(
         "gpu-n3:2291:2384 [3] NCCL INFO NET/IB : mlx5_0:1 Got non-fatal async event: port "
         "error(10)",
+        "gpu-n3:2291:2384 [0] transport/net_ib.cc:1038 NCCL WARN NET/IB : req 0/1 tag 0 peer "
+        "10.0.0.9<47129> collective mismatch error, local size 501760 remote size 65536",
         "gpu-n3:2291:2384 [3] misc/ibvwrap.cc:42 NCCL WARN Call to ibv_create_cq failed with error "
         "Cannot allocate memory",
         "gpu-n3:2291:2384 [3] NCCL WARN NET/IB : Attempted to connect incompatible devices: "
