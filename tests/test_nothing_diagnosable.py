@@ -187,6 +187,23 @@ def test_the_same_log_cut_before_the_counters_total_is_unknown(tmp_path: Path) -
     assert (verdict["status"], verdict["rule"]) == ("unknown", "INF212")
 
 
+NANOGPT = REPO / "tests" / "fixtures" / "real" / "seventysixth-calm-fern" / "console.log"
+
+
+def test_the_last_step_after_its_counter_reached_the_total_ends_the_loop(tmp_path: Path) -> None:
+    """A real nanoGPT-style run: its evaluation line 'step:60/60 val_loss:...', the save,
+    then the last step's own 'iter 60: loss ...' and nothing (no end line, torchrun silent on
+    success): the counter reached its total and the last line names that step: OK. Cut after
+    'iter 55', or with the last line naming a step short of the total, it is unknown."""
+    assert _verdict_of(NANOGPT.read_text(encoding="utf-8"), tmp_path)["status"] == "ok"
+    text = NANOGPT.read_text(encoding="utf-8")
+    short = text.replace("iter 60: loss", "iter 58: loss")
+    assert _verdict_of(short, tmp_path)["status"] == "unknown"
+    lines = text.splitlines()
+    cut = max(i for i, line in enumerate(lines) if line.startswith("iter 55:"))
+    assert _verdict_of("\n".join(lines[: cut + 1]) + "\n", tmp_path)["status"] == "unknown"
+
+
 def test_a_step_counter_at_its_total_inside_an_unfinished_epoch_run_ends_nothing(
     tmp_path: Path,
 ) -> None:

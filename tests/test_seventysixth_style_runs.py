@@ -38,7 +38,9 @@ rank compiling silently from a cold inductor cache is not seen as the busy rank 
 other's gloo timeout (frost-node); the speedrun loader's "generator raised StopIteration" is
 not read as a rank out of batches (shard-ebb), nor torch.from_file's "size <130> is smaller
 than the required mapping size" on a git-lfs pointer as a bad data file (husk-shard). Since
-session 29 husk-shard too (ATen's mapping-size error is a bad input file, DATA101): 10 of 16."""
+session 29 husk-shard too (ATen's mapping-size error is a bad input file, DATA101), and the
+healthy calm-fern and loud-fern (the counter reached its total on 'step:60/60 val_loss:...' and
+the last line, 'iter 60: loss ...', names that step: the loop ended): 12 of 16."""
 
 from __future__ import annotations
 
@@ -131,13 +133,6 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "calm-fern": "unknown, hang with no culprit (INF212, 0.3): nanoGPT's loop ends after its "
-    "last 'iter 60: loss 2.3053, ...' line with destroy_process_group and prints no end of "
-    "training, and torchrun prints nothing when every worker exits 0: the console reads as a "
-    "log cut off mid-training",
-    "loud-fern": "unknown, hang with no culprit (INF212, 0.3): as calm-fern, the healthy run's "
-    "console ends after 'iter 60: loss 2.2988, ...' with no end line and no exit code; the "
-    "recompile-limit warnings are not the cause",
     "orig-skew": "failed, python-exception with culprit ranks 0,1 (PY101, 0.6): right status "
     "and kind, but both ranks are named: each raises the same 'Error(s) in loading state_dict "
     'for GPT: ... Unexpected key(s) in state_dict: "_orig_mod.transformer.wte.weight"\' from '

@@ -942,9 +942,10 @@ def _step_counter_at_total(stream: StreamSummary, job: JobView) -> bool:
     Not where the writer's epochs are known and its last one is not the run's last."""
     text = stream.last_progress_text
     counter = PROGRESS_COUNTER.search(text)
+    if counter is None:
+        return _step_at_counted_total(stream, text)
     if (
-        counter is None
-        or EPOCH_WORD.search(text)
+        EPOCH_WORD.search(text)
         or OTHER_PHASE_BAR.search(text[: counter.start()])
     ):
         return False
@@ -955,6 +956,21 @@ def _step_counter_at_total(stream: StreamSummary, job: JobView) -> bool:
         return False  # the writer's own counter (scanner) reads another one on that line
     epoch = stream.last_epoch
     return epoch is None or last_epoch_done(epoch, job.max_epochs, stream.first_epoch)
+
+
+STEP_NUMBER = re.compile(r"(?i)^(?:iter(?:ation)?|step|update)\s{0,3}[:=]?\s{0,3}(?P<n>\d{1,9})\b")
+"""A progress line that starts with its step's number ('iter 60: loss 2.3053', 'step 60 |')."""
+
+
+def _step_at_counted_total(stream: StreamSummary, text: str) -> bool:
+    """The writer's counter reached its total on an earlier line ('step:60/60 val_loss:...')
+    and its last progress line, after it, names that step ('iter 60: loss ...': nanoGPT's
+    evaluation line, then the last step's own): its loop ran to its end."""
+    total, done = stream.progress_total, stream.progress_done
+    if total is None or done != total or total < 2 or EPOCH_WORD.search(text):
+        return False
+    m = STEP_NUMBER.match(text)
+    return m is not None and _digits(m["n"]) == total
 
 
 LOADING_BAR = re.compile(r"(?i)load|download|map|writ|sav|shard|fetch")
