@@ -944,10 +944,7 @@ def _step_counter_at_total(stream: StreamSummary, job: JobView) -> bool:
     counter = PROGRESS_COUNTER.search(text)
     if counter is None:
         return _step_at_counted_total(stream, text)
-    if (
-        EPOCH_WORD.search(text)
-        or OTHER_PHASE_BAR.search(text[: counter.start()])
-    ):
+    if EPOCH_WORD.search(text) or OTHER_PHASE_BAR.search(text[: counter.start()]):
         return False
     n, total = _digits(counter["n"]), _digits(counter["total"])
     if n is None or total is None or total < 2 or n != total:
