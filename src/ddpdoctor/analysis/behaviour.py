@@ -25,6 +25,7 @@ from ddpdoctor.analysis.relations import before_attempt, in_earlier_attempt, sur
 from ddpdoctor.analysis.scanner import (
     ANY_COUNTER,
     CLOCK_WITHIN,
+    DATA_ENDED_WORDS,
     PROGRESS_COUNTER,
     FactHit,
     StreamSummary,
@@ -397,20 +398,6 @@ DATA_ENDED = re.compile(
 """A writer's words that its own data ran out."""
 
 
-DATA_ENDED_WORDS = (
-    "exhausted",
-    "ran out",
-    "empty",
-    "depleted",
-    "consumed",
-    "no more",
-    "end of",
-    "single sample",
-)
-"""A lower-cased piece of every alternative of DATA_ENDED: ASCII text holding none of them
-cannot match it (see _said_data_ended)."""
-
-
 def _data_ended(stream: StreamSummary) -> str | None:
     """Its last line, or the one before it, or one of its first lines after its last step,
     when it says the writer's data ran out (torchtitan's 'Ran out of data; last step was 17.'
@@ -425,7 +412,7 @@ def _said_data_ended(text: str) -> bool:
     """Whether DATA_ENDED.search(text) finds a match, without its case-blind search of every
     writer's last two lines where none of its words is there (0.11 s for the 19,750 writers of
     10,000 rank files, in the parent after their scan)."""
-    return _search_with_words(DATA_ENDED, DATA_ENDED_WORDS, text)
+    return _search_with_words(DATA_ENDED, DATA_ENDED_WORDS, text)  # (scanner's words)
 
 
 WORK_LINES_MIN = 2

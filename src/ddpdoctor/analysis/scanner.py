@@ -166,9 +166,11 @@ class StreamSummary:
     progress_lines: int = 0
     last_progress_line: int = 0
     after_progress: tuple[str, ...] = ()
-    """Its first few lines after its last progress line (all of its lines, up to as many, if
-    none was progress): what it said when it stopped stepping ('Ran out of data; last step was
-    17.' before 'Training completed')."""
+    """Of its first few lines after its last progress line (of all its lines, if none was
+    progress), those that may say its data ran out: what it said when it stopped stepping
+    ('Ran out of data; last step was 17.' before 'Training completed')."""
+    since_progress: int = 0
+    """Its lines since its last progress line, counted up to AFTER_PROGRESS_LINES."""
     last_init_line: int = 0
     init_sampled: int = 0
     """How many lines with text its source's samples had read when they met that line."""
@@ -916,9 +918,11 @@ class Scanner:
                             mine = kept[key] = deque(maxlen=RECENT_LINES)
                         mine.append((line_no, raw))
                 if on_progress:
-                    summary.after_progress = ()
-                elif len(summary.after_progress) < AFTER_PROGRESS_LINES:
-                    summary.after_progress = (*summary.after_progress, message[:300])
+                    summary.after_progress, summary.since_progress = (), 0
+                elif summary.since_progress < AFTER_PROGRESS_LINES:
+                    summary.since_progress += 1
+                    if _may_say_data_ended(message):
+                        summary.after_progress = (*summary.after_progress, message[:300])
                 if on_progress:
                     summary.progress_lines += 1
                     summary.last_progress_line = line_no
@@ -1121,7 +1125,30 @@ TRACE_OPENERS = frozenset((TRACEBACK_HEADER[0], NATIVE_HEADER[0], "f"))
 """First characters of the lines that open a trace, but for WHOLE_FRAME's blank: the
 headers, and NATIVE_FRAME's 'frame #'."""
 AFTER_PROGRESS_LINES = 4
-"""Lines kept of what a writer said after its last progress line (see StreamSummary)."""
+"""Lines looked at of what a writer said after its last progress line (see StreamSummary)."""
+DATA_ENDED_WORDS = (
+    "exhausted",
+    "ran out",
+    "empty",
+    "depleted",
+    "consumed",
+    "no more",
+    "end of",
+    "single sample",
+)
+"""A lower-cased piece of every alternative of behaviour's DATA_ENDED (a writer's words that
+its data ran out): ASCII text holding none of them cannot match it. Only lines holding one are
+kept after a writer's last step: 10,000 rank files kept 44,195 of them (5.4 MB of text) for
+the four lines each."""
+
+
+def _may_say_data_ended(text: str) -> bool:
+    if not text.isascii():
+        return True  # (?i) folds some letters into ASCII ones: left to the regex
+    lower = text.lower()
+    return any(word in lower for word in DATA_ENDED_WORDS)
+
+
 TRACE_TAIL = 10
 """Lines of an open traceback kept: its last frames with their code (three to five), enough to
 see whose code waited in the last of them (a launcher's own frame above subprocess's wait)."""
