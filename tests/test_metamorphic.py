@@ -147,6 +147,12 @@ PASTE_ARTIFACTS: dict[str, Callable[[bytes], bytes]] = {
     "unindented": lambda data: b"\n".join(line.lstrip() for line in data.split(b"\n")),
     # copied from an issue with its Markdown code fences
     "fenced": lambda data: b"```python\n" + data.rstrip(b"\n") + b"\n```\n",
+    # copied from an issue that folded the log in <details> (the usual way to paste a long one)
+    "folded": lambda data: (
+        b"<details>\n<summary>Full log</summary>\n\n```\n"
+        + data.rstrip(b"\n")
+        + b"\n```\n</details>\n"
+    ),
     # copied from a rendered web page: indentation as no-break spaces
     "web-indented": lambda data: b"\n".join(
         NBSP * (len(line) - len(line.lstrip(b" "))) + line.lstrip(b" ")
@@ -162,8 +168,6 @@ CHANGED_BY = {
     # several ranks' tracebacks one after another: where one ends is told by its indentation
     ("unindented", "1016-"): "ranks' tracebacks in a row: the culprits change",
     ("unindented", "481-"): "a rank's stderr and another's error file: the culprits change",
-    # a log of one line, torchrun's SIGKILL warning: with the fences it is three lines
-    ("fenced", "345-"): "a one-line log read as a longer one",
 }
 """Cases whose verdict an artifact changes, and why: what only the artifact's absence said."""
 
@@ -176,7 +180,7 @@ def test_paste_artifacts_keep_the_verdict(case: Path, tmp_path: Path) -> None:
     that stops right after start-up no longer did (the blanks counted as lines after it); a
     traceback without its indentation (its frames at the start of the line), or indented with
     a web page's no-break spaces, was no traceback; and the closing fence of a paste copied
-    with its Markdown fences was every writer's last line."""
+    with its Markdown fences (or folded in <details>) was every writer's last line."""
     want = diagnose_paths([str(case / "logs")]).verdict
     for name, artifact in PASTE_ARTIFACTS.items():
         if any(name == a and case.name.startswith(c) for a, c in CHANGED_BY):

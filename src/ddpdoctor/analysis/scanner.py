@@ -127,9 +127,13 @@ def windows_line_ends(chunk: bytes) -> bool:
     return False
 
 
-CODE_FENCE = re.compile(r" {0,3}(?:`{3,}|~{3,})[\w+.#-]{0,30}\s*$")
-"""A Markdown code fence ('```', '```python', '~~~'): a paste copied with its fences kept its
-last line as every writer's last words."""
+PASTE_MARKUP = re.compile(
+    r" {0,3}(?:(?:`{3,}|~{3,})[\w+.#-]{0,30}"
+    r"|(?:</?(?:details|summary|pre|code)\b[^>\n]{0,80}>)+(?:[^<\n]{0,200}</summary>)?)\s*$"
+)
+"""A Markdown code fence ('```', '```python', '~~~') or the HTML an issue folds a log in
+('<details>', '<summary>Full log</summary>', '</details>', '<pre>'): a paste copied with them
+kept its last line as every writer's last words."""
 
 NBSP_BYTES = b"\xc2\xa0"
 """A no-break space (UTF-8): a log copied from a web page indents with them."""
@@ -518,6 +522,7 @@ class Scanner:
         whole = item.named is not None
         head_left = sample_bytes if (item.start == 0 or whole) and sample_head else 0
         last_chunk = prev_chunk = b""
+        head_through = 0
         crlf: bool | None = None
         for chunk in stream:
             if b"\x1b" in chunk:  # colour codes out first: the patterns run on the bytes
@@ -546,6 +551,8 @@ class Scanner:
                 head = chunk[:head_left]
                 self._sample(result, head, line_base, file_origin, item.display, src)
                 head_left -= len(head)
+                # the lines the head covered, blank ones too (a line it cut counts as read)
+                head_through = line_base + head.count(b"\n") + (not head.endswith(b"\n"))
             before = 0  # newlines before `prev` in this chunk: one pass numbers hits and lines
             prev = 0
             for start, end, pids in self.matcher.candidate_lines(chunk, src.seen):
@@ -567,7 +574,9 @@ class Scanner:
             tail = _tail(prev_chunk, last_chunk, sample_bytes)
             tail_start = max(0, len(tail) - sample_bytes)
             tail_start = tail.find(b"\n", tail_start - 1) + 1 if tail_start else 0
-            head_lines = sum(s.lines_seen for s in result.streams.values())
+            # (the writers' lines seen left out blank lines and a paste's markup: the tail read
+            # the file's last lines a second time, its last line became its line before too)
+            head_lines = head_through
             first_tail_line = line_base - tail.count(b"\n", tail_start)
             if first_tail_line >= head_lines:
                 for summary in result.streams.values():  # the unread middle may have ended it
@@ -860,8 +869,8 @@ class Scanner:
         for offset, raw in enumerate(text.split("\n")):
             if not raw or raw.isspace() or not raw.strip(QUOTE_BLANK):
                 continue  # an empty line, also inside a Markdown quote ('> ')
-            if raw[:1] in "`~ " and CODE_FENCE.match(raw):
-                continue  # a Markdown code fence the log was pasted in: nobody's words
+            if raw[:1] in "`~ <" and PASTE_MARKUP.match(raw):
+                continue  # the Markdown or HTML a log was pasted in: nobody's words
             parsed = parse_line(raw, with_time=False)  # writers and last words, not times
             src.sampled += 1
             pieces = [(parsed, raw)]
