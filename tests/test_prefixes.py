@@ -221,9 +221,11 @@ def test_logger_name_then_level(line: str, level: str | None) -> None:
         ("2024-05-01T10:00:00.123456789Z 0: soundstream total loss: 19.874", 0),
         ("2024-05-01T10:00:00.123Z\t3: RuntimeError: boom", 3),
         ("Dec 03 16:45:33 node7 python3[4242]: 2: Mini_epoch 23 of 24: save_model.", 2),
-        # not after a program's own time (Python logging's asctime) or a bare syslog time
+        # moreutils' `ts` (a syslog time alone) and a collector's stream tag
+        ("Dec 05 10:00:01 2: Mini_epoch 23 of 24: save_model.", 2),
+        ("[stderr] 3: RuntimeError: boom", 3),
+        # not after a program's own time (Python logging's asctime)
         ("2024-05-01 10:00:00,123 1: loss 0.5", None),
-        ("Dec 03 16:45:33 2: x", None),
     ],
 )
 def test_srun_label_after_a_collectors_stamp(line: str, task: int | None) -> None:

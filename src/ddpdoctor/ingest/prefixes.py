@@ -617,7 +617,7 @@ def parse_line(raw: str, year: int = 1970, with_time: bool = True) -> ParsedLine
             if source := SYSLOG_SOURCE.match(text, pos):
                 origin.host = origin.host or source.group("host")
                 pos = source.end()
-                collected_at = pos
+            collected_at = pos  # journald's header, or moreutils' `ts` time alone
             continue
         if c == " " and nxt == " ":
             rich = RICH_LOG_LEVEL.match(text, pos)
@@ -732,6 +732,8 @@ def parse_line(raw: str, year: int = 1970, with_time: bool = True) -> ParsedLine
             continue
         m = STREAM_TAG.match(text, pos) if bracket and nxt == "s" else None
         if m:
+            if pos in (line_start, collected_at):
+                collected_at = m.end()  # a collector's stream tag: srun's label may follow
             pos = m.end()
             continue
         # not a rank's own tag ("[rank 1/3] ", "[worker 2] "): that names the writer
