@@ -4,6 +4,7 @@ are whole (the same long NCCL line printed by several ranks, a download log's li
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ from ddpdoctor.ingest.unwrap import (
     unnumber,
     unwrap,
 )
-from tests.conftest import REPO
+from tests.conftest import REPO, run_cli
 
 CASES = REPO / "corpus" / "cases"
 
@@ -171,3 +172,19 @@ def test_a_traceback_pasted_without_its_indentation_is_indented_again() -> None:
 def test_indented_tracebacks_and_other_logs_are_left_as_they_are(prefix: str) -> None:
     data = _log(prefix).read_bytes()
     assert reindent(data) == data
+
+
+@pytest.mark.parametrize("prefix", ["246-*", "1597-*"])
+def test_a_paste_piped_in_is_read_as_the_same_paste_in_a_file(prefix: str, tmp_path: Path) -> None:
+    """`pbpaste | ddpdoctor diagnose -`: a real log trimmed of its indentation (246, a cut
+    traceback) and double-spaced (1597, a start-up that stops) reads the same from stdin as
+    from a file; stdin skipped the paste repairs (246 read as 'unknown: hang' there)."""
+    raw = _log(prefix).read_bytes()
+    data = b"\n".join(line.lstrip() for line in raw.split(b"\n")).replace(b"\n", b"\n\n")
+    pasted = tmp_path / "paste.log"
+    pasted.write_bytes(data)
+    from_file = json.loads(run_cli("diagnose", str(pasted), "--format", "json").stdout)
+    from_stdin = json.loads(run_cli("diagnose", "-", "--format", "json", stdin=data).stdout)
+    want = diagnose_paths([str(_log(prefix).parent)]).verdict
+    for got in (from_file["verdict"], from_stdin["verdict"]):
+        assert (got["status"], got["kind"], got["rule"]) == (want.status, want.kind, want.rule)

@@ -114,9 +114,9 @@ class ChunkStream:
     ) -> None:
         self.item = item
         self.join_wrapped = join_wrapped
-        """Join lines a terminal hard-wrapped (ingest/unwrap) in a file read whole: a paste.
-        Not among thousands of rank files, which programs wrote (and where looking costs
-        ~50 us a file)."""
+        """Read a source that fits in one chunk as a paste (see _as_paste): a small file, or
+        stdin that ended within its first chunk. Not among thousands of rank files, which
+        programs wrote (and where looking costs ~50 us a file)."""
         self.chunk_bytes = chunk_bytes
         self.info = SourceInfo(path=item.display)
         self.mtime: float | None = None
@@ -203,7 +203,18 @@ class ChunkStream:
             return
         left = -1 if self.item.end is None else self.item.end - self.item.start
         try:
-            yield from self._joined_chunks(stream, left)
+            chunks = self._joined_chunks(stream, left)
+            first = next(chunks, None)
+            second = next(chunks, None) if first is not None else None
+            if first is not None and second is None and left < 0:
+                # stdin, a pipe or a decoded .gz that ended within one chunk: read as a small
+                # file is (`pbpaste | ddpdoctor diagnose -` lost every paste repair)
+                yield self._as_paste(first)
+                return
+            for chunk in (first, second):
+                if chunk is not None:
+                    yield chunk
+            yield from chunks
         finally:
             if stream is not sys.stdin.buffer:
                 stream.close()
@@ -241,12 +252,22 @@ class ChunkStream:
             self._skip("binary data, not a log")
             return b""
         self.info.bytes = size
-        if self.join_wrapped:
-            data, blanks = undouble(dedent(unnumber(data)))
-            data, joins = unwrap(data)
-            data = reindent(data)  # after the joins: a frame line cut at the width is whole
-            self.merges = compose(joins, blanks)
+        data = self._as_paste(data)
         return data if data.endswith(b"\n") else data + b"\n"
+
+    def _as_paste(self, data: bytes) -> bytes:
+        """A source read whole (a small file, or a stream that ended within its first chunk:
+        a paste piped in) as it was meant (ingest/unwrap): a viewer's line numbers, a code
+        block's indentation and a double-spaced copy's blank lines taken out, hard-wrapped
+        lines joined, a trimmed traceback indented again. `merges` maps its lines back to the
+        source's own numbers."""
+        if not self.join_wrapped:
+            return data
+        data, blanks = undouble(dedent(unnumber(data)))
+        data, joins = unwrap(data)
+        data = reindent(data)  # after the joins: a frame line cut at the width is whole
+        self.merges = compose(joins, blanks)
+        return data
 
     def _read(self, stream: BinaryIO, size: int) -> bytes:
         """Up to `size` bytes. A gzip stream is read in pieces and a pipe or device as data
