@@ -25,6 +25,7 @@ from ddpdoctor.analysis.relations import before_attempt, in_earlier_attempt, sur
 from ddpdoctor.analysis.scanner import (
     ANY_COUNTER,
     CLOCK_WITHIN,
+    DATA_ENDED,
     DATA_ENDED_WORDS,
     PROGRESS_COUNTER,
     FactHit,
@@ -386,18 +387,6 @@ def _scope_to_last_attempt(evidence: JobEvidence, job: JobView, events: list[Eve
         evidence.last_restart, evidence.earlier_attempt_sources = None, frozenset()
 
 
-DATA_ENDED = re.compile(
-    r"(?i)\b(?:data(?:set)?|shard|part|split|input|iterator|loader|stream|samples|batches)\b"
-    r"[^\n]{0,30}?\b(?:exhausted|ran out|(?:is |are )?empty|depleted|consumed)\b"
-    r"|\bran out of (?:data|batches|samples|input|tokens)\b"
-    r"|\bno more (?:data|batches|samples|input)\b"
-    r"|\bend of (?:the )?(?:data|dataset|shard|data ?loader|iterator)\b"
-    # the transformers Trainer, when its iterator ends before max_steps (census hf-no-sample)
-    r"|\bnot (?:to be )?a single sample in your epoch_iterator\b"
-)
-"""A writer's words that its own data ran out."""
-
-
 def _data_ended(stream: StreamSummary) -> str | None:
     """Its last line, or the one before it, or one of its first lines after its last step,
     when it says the writer's data ran out (torchtitan's 'Ran out of data; last step was 17.'
@@ -412,7 +401,7 @@ def _said_data_ended(text: str) -> bool:
     """Whether DATA_ENDED.search(text) finds a match, without its case-blind search of every
     writer's last two lines where none of its words is there (0.11 s for the 19,750 writers of
     10,000 rank files, in the parent after their scan)."""
-    return _search_with_words(DATA_ENDED, DATA_ENDED_WORDS, text)  # (scanner's words)
+    return _search_with_words(DATA_ENDED, DATA_ENDED_WORDS, text)
 
 
 WORK_LINES_MIN = 2

@@ -160,6 +160,7 @@ def merge(acc: SourceScan, part: SourceScan) -> SourceScan:
         )
         a.progress_lines += s.progress_lines
         a.last_init_line = s.last_init_line or a.last_init_line
+        # (the later range's lines of this writer only: enough to tell 'right after' from not)
         a.lines_after_init = (
             s.lines_after_init if s.last_init_line else a.lines_after_init + s.lines_seen
         )

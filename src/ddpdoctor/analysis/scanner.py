@@ -1138,6 +1138,16 @@ TRACE_OPENERS = frozenset((TRACEBACK_HEADER[0], NATIVE_HEADER[0], "f"))
 headers, and NATIVE_FRAME's 'frame #'."""
 AFTER_PROGRESS_LINES = 4
 """Lines looked at of what a writer said after its last progress line (see StreamSummary)."""
+DATA_ENDED = re.compile(
+    r"(?i)\b(?:data(?:set)?|shard|part|split|input|iterator|loader|stream|samples|batches)\b"
+    r"[^\n]{0,30}?\b(?:exhausted|ran out|(?:is |are )?empty|depleted|consumed)\b"
+    r"|\bran out of (?:data|batches|samples|input|tokens)\b"
+    r"|\bno more (?:data|batches|samples|input)\b"
+    r"|\bend of (?:the )?(?:data|dataset|shard|data ?loader|iterator)\b"
+    # the transformers Trainer, when its iterator ends before max_steps (census hf-no-sample)
+    r"|\bnot (?:to be )?a single sample in your epoch_iterator\b"
+)
+"""A writer's words that its own data ran out."""
 DATA_ENDED_WORDS = (
     "exhausted",
     "ran out",
@@ -1148,8 +1158,8 @@ DATA_ENDED_WORDS = (
     "end of",
     "single sample",
 )
-"""A lower-cased piece of every alternative of behaviour's DATA_ENDED (a writer's words that
-its data ran out): ASCII text holding none of them cannot match it. Only lines holding one are
+"""A lower-cased piece of every alternative of DATA_ENDED: ASCII text holding none of them
+cannot match it. Only lines holding one are
 kept after a writer's last step: 10,000 rank files kept 44,195 of them (5.4 MB of text) for
 the four lines each."""
 

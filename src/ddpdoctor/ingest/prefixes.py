@@ -766,8 +766,9 @@ def parse_line(raw: str, year: int = 1970, with_time: bool = True) -> ParsedLine
             prefix_parts.append(m.group("path") + ":")
             pos = line_start = m.end()
             continue
-        # srun --label's task at the start of the line, or right after the stamp a log
-        # collector put before it (Kubernetes' or CloudWatch's RFC 3339 time, journald's header)
+        # srun --label's task at the start of the line, or right after what a log collector
+        # put before it (collected_at: Kubernetes' or CloudWatch's RFC 3339 time, journald's
+        # header, moreutils' `ts` time, a '[stderr] ' tag)
         m = (
             SLURM.match(text, pos)
             if pos in (line_start, collected_at) and (digit or c == " ")
