@@ -14,7 +14,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ddpdoctor.supervise import linescan
+from ddpdoctor.supervise import dropbehind, linescan
+from ddpdoctor.supervise.capture import COALESCE_S, Capture
 from ddpdoctor.supervise.lines import WINDOW, LineRouter
 from ddpdoctor.supervise.linescan import LineScanner
 from ddpdoctor.supervise.logwriter import LogWriter
@@ -209,3 +210,56 @@ def test_a_routing_failure_still_writes_console_log(
     assert rundir.console_log.read_bytes() == b"[rank0]:one\ntwo\n"
     assert log.errors >= 1 and log.first_error == "routing: ValueError: routing bug"
     assert log.backlog() == 0
+
+
+def test_big_logs_are_handed_to_the_disk_and_dropped_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past the window, a log's new part is handed to the disk and its old part dropped from
+    the page cache; what the files hold is every byte, in order, console and rank logs alike."""
+    monkeypatch.setattr(dropbehind, "WINDOW_BYTES", 1 << 16)
+    monkeypatch.setattr(dropbehind, "KEEP_BYTES", 1 << 16)
+    rundir = RunDir(tmp_path)
+    rundir.create()
+    log = LogWriter(rundir, ProgressTracker(None), LineScanner())
+    log.start()
+    chunks = [
+        b"".join(b"[rank%d]:line %07d of chunk %d\n" % (i % 2, i, c) for i in range(900))
+        for c in range(40)
+    ]
+    for chunk in chunks:
+        log.put(1, chunk)
+    log.finish()
+    whole = b"".join(chunks)
+    assert rundir.console_log.read_bytes() == whole
+    for rank in (0, 1):
+        wanted = b"".join(
+            line + b"\n" for line in whole.split(b"\n") if line.startswith(b"[rank%d]" % rank)
+        )
+        assert rundir.rank_log(f"rank{rank}").read_bytes() == wanted
+    console = next(c for c in log._cache.values() if c.pos == len(whole))
+    if console.enabled:  # Linux: the calls exist and the file system took them
+        assert console.handed > len(whole) - (1 << 16)
+        assert 0 < console.dropped <= console.handed - (2 << 16)
+
+
+def test_a_small_log_is_left_to_the_kernel(tmp_path: Path) -> None:
+    path = tmp_path / "small.log"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    cache = dropbehind.DropBehind(fd)
+    os.write(fd, b"x" * 1000)
+    cache.wrote(1000)
+    os.close(fd)
+    assert (cache.handed, cache.dropped, cache.pos) == (0, 0, 1000)
+
+
+def test_coalescing_waits_less_for_a_fast_writer(tmp_path: Path) -> None:
+    """A slow printer's output is gathered for COALESCE_S; a job writing fast gets a wait in
+    which only half its pipe fills, so its writes do not block on a full pipe."""
+    rundir = RunDir(tmp_path)
+    rundir.create()
+    cap = Capture(rundir, ProgressTracker(None), echo=False)
+    cap._fill_bytes = (1 << 20) // 2
+    assert cap._pause(80, 0.5) == COALESCE_S  # a line every half second
+    fast = cap._pause(1 << 20, 0.015)  # 70 MB/s
+    assert 0 < fast < COALESCE_S and fast * (1 << 20) / 0.015 <= (1 << 20) // 2 + 1

@@ -33,11 +33,13 @@ BACKLOG_BYTES = 16 << 20
 LOG_BACKLOG_BYTES = 64 << 20
 COALESCE_BELOW = 1 << 19
 COALESCE_S = 0.02
-"""After a read of less than COALESCE_BELOW, wait this long before the next: each turn of the
-loop costs ~0.1 ms whatever it carries, and a job that flushes every line would otherwise make
-one turn per line. Output reaches the terminal at most this much later; the 1 MiB pipe holds
-what comes meanwhile unless the job writes over 100 MB/s, and then reads are large and the
-loop does not wait."""
+"""After a read of less than COALESCE_BELOW, wait up to this long before the next: each turn of
+the loop costs ~0.1 ms whatever it carries, and a job that flushes every line would otherwise
+make one turn per line. Output reaches the terminal at most this much later."""
+COALESCE_FILL = 2
+"""The wait is shortened so that, at the rate the last turn saw, at most 1/COALESCE_FILL of the
+job's pipe fills meanwhile: a job printing 70 MB/s in small flushed writes filled the 1 MiB
+pipe within a fixed 20 ms wait and then waited on it (1.5x its bare time)."""
 DRAIN_S = 5.0
 """After the job's main process ended, how long its pipes may stay open without EOF (a stray
 grandchild holding them) before the loop stops waiting; time spent throttled does not count."""
@@ -66,6 +68,7 @@ class Capture:
         self.read_bytes: dict[int, int] = {}
         self.reads = 0
         self._avail = array.array("i", [0])
+        self._fill_bytes = PIPE_FALLBACK // COALESCE_FILL
         self.turns = 0
         self.throttled_s = 0.0
         self.drained = True
@@ -116,6 +119,8 @@ class Capture:
         open_pipes = dict(pipes)
         for fd in open_pipes.values():
             os.set_blocking(fd, False)
+        sizes = [_pipe_size(fd) for fd in open_pipes.values()]
+        self._fill_bytes = min(sizes or [PIPE_FALLBACK]) // COALESCE_FILL
         with self._post_lock:
             self._running = True
         try:
@@ -150,7 +155,7 @@ class Capture:
         registered: dict[int, int] = {}
         child_done, exit_seen, held = False, pidfd is None, False
         drain_left = DRAIN_S
-        last = time.monotonic()
+        last = turn_end = time.monotonic()
         log, terms, limit = self.log, self.terminals, self.backlog_bytes
         term_of = {t.poll_fd: t for t in terms.values() if t.mode in (NONBLOCKING, SOCKET)}
         while True:
@@ -219,7 +224,15 @@ class Capture:
             if pidfd is None:
                 exit_seen = True  # no descriptor for the exit: ask every turn
             if 0 < got < COALESCE_BELOW and not child_done:
-                time.sleep(COALESCE_S)
+                time.sleep(self._pause(got, time.monotonic() - turn_end))
+            turn_end = time.monotonic()
+
+    def _pause(self, got: int, since_s: float) -> float:
+        """How long to let output gather: COALESCE_S, less where the job writes so fast that
+        it would fill more than 1/COALESCE_FILL of its pipe meanwhile (`got` bytes came in
+        the `since_s` seconds since the previous turn ended)."""
+        rate = got / max(since_s, 1e-4)
+        return min(COALESCE_S, self._fill_bytes / rate)
 
     def _read(
         self,
@@ -313,6 +326,17 @@ def keep_freed_memory() -> None:
 
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc malloc.h
+
+
+PIPE_FALLBACK = 1 << 16
+"""A pipe's capacity where it cannot be asked (Linux's default)."""
+
+
+def _pipe_size(fd: int) -> int:
+    try:
+        return int(fcntl.fcntl(fd, fcntl.F_GETPIPE_SZ))
+    except (OSError, AttributeError):
+        return PIPE_FALLBACK
 
 
 def _pidfd(pid: int) -> int | None:

@@ -15,6 +15,7 @@ import time
 from collections import deque
 from collections.abc import Sequence
 
+from ddpdoctor.supervise.dropbehind import DropBehind
 from ddpdoctor.supervise.lines import LineRouter, Piece
 from ddpdoctor.supervise.linescan import LineScanner
 from ddpdoctor.supervise.progress import ProgressTracker
@@ -57,11 +58,13 @@ class LogWriter:
         self._router = LineRouter(scanner, fresh=progress.fresh)
         self._files: dict[str, int | None] = {}
         self._console: int | None = None
+        self._cache: dict[int, DropBehind] = {}
         self._thread = threading.Thread(target=self._loop, name="ddpdoctor-logs", daemon=True)
 
     def start(self) -> None:
         try:
             self._console = os.open(self.rundir.console_log, _OPEN_FLAGS, 0o644)
+            self._cache[self._console] = DropBehind(self._console)
         except OSError as exc:
             self._error(exc)
         self._thread.start()
@@ -157,7 +160,9 @@ class LogWriter:
     def _rank_file(self, label: str) -> int | None:
         if label not in self._files:
             try:
-                self._files[label] = os.open(self.rundir.rank_log(label), _OPEN_FLAGS, 0o644)
+                fd = os.open(self.rundir.rank_log(label), _OPEN_FLAGS, 0o644)
+                self._files[label] = fd
+                self._cache[fd] = DropBehind(fd)
             except OSError as exc:
                 self._files[label] = None
                 self._error(exc)
@@ -176,6 +181,7 @@ class LogWriter:
                         if n <= 0:
                             raise OSError(errno.ENOSPC, "short write", str(fd))
                         rest = rest[n:]
+                self._cache[fd].wrote(total)
         except OSError as exc:
             self._error(exc)
 
