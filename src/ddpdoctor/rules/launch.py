@@ -1527,6 +1527,43 @@ STORE_ERROR = Rule(
     negative=("torch.distributed.DistNetworkError: The server socket has failed to listen",),
 )
 
+STORE_WITHOUT_LIBUV = Rule(
+    code="LCH124",
+    kind="rendezvous-failure",
+    title="TCPStore asked for its libuv backend, which this PyTorch build lacks",
+    sources="torch/csrc/distributed/c10d/TCPStoreLibUvBackend.cpp (torch 2.4-2.13; 2.4 wrote "
+    "'was build without')",
+    category=Category.ENVIRONMENT,
+    specificity=70,  # above the DistStoreError / RuntimeError the message is raised as
+    signatures=(
+        Signature(
+            r"use_libuv was requested but PyTorch was buil[dt] without libuv support",
+            "use_libuv was requested",
+        ),
+    ),
+    explanation=Explanation(
+        what="The c10d store could not be created: the store was asked for its libuv backend "
+        "(the default since torch 2.4) and this PyTorch was built without libuv, as the "
+        "Windows and some source builds are. No rank got past start-up.",
+        why="torch 2.4 made libuv the TCPStore default; builds without it (Windows wheels of "
+        "2.4, custom builds) refuse unless the store is told not to use it.",
+        fix="Set USE_LIBUV=0 in the environment of every rank (or add use_libuv=0 to the "
+        "init_method URL), or use a PyTorch whose build or default matches (2.4.1+ on Windows "
+        "defaults to the old backend).",
+        false_positives="None: raised only when the store could not be created.",
+    ),
+    fix=(
+        "Set USE_LIBUV=0 in the environment of every rank (or use_libuv=0 in the "
+        "init_method URL, e.g. tcp://host:port?use_libuv=0).",
+        "Or upgrade PyTorch (2.4.1+ on Windows no longer asks for libuv by default).",
+    ),
+    positive=(
+        "torch.distributed.DistStoreError: use_libuv was requested but PyTorch was built without "
+        "libuv support, run with USE_LIBUV=0 to disable it.",
+    ),
+    negative=("torch.distributed.DistStoreError: Socket Timeout",),
+)
+
 SLURM_STEP_REFUSED = Rule(
     code="LCH117",
     kind="rendezvous-failure",
@@ -1630,6 +1667,7 @@ RULES = (
     AGENT_LOST_STORE,
     SLURM_STEP_REFUSED,
     STORE_ERROR,
+    STORE_WITHOUT_LIBUV,
     RENDEZVOUS_RETRY,
     HOST_OOM_KILL,
     RAY_WORKER_LOST,
