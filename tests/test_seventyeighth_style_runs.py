@@ -39,7 +39,10 @@ inner-step counters of two machines with different H (20/20 against 40/40) are r
 different numbers of batches with the wrong side named (h-drift); every rank's same ValueError
 from post_localSGD_hook names both ranks (sub-void); gloo's size-mismatch abort of the
 receiving rank 0 is read as its rank-dependent collective, not as worker 1's larger vocabulary
-(vocab-skew)."""
+(vocab-skew). Now 13 of 16: a stop 'at outer step N' and a counter at its total followed by
+'after N steps' end the loop (tide-isle, solo-tide, loud-isle), and a rank that said its data
+ran out and then timed out in a collective the others never reached had fewer batches
+(shard-dry)."""
 
 from __future__ import annotations
 
@@ -139,30 +142,11 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "loud-isle": "unknown, hang with no culprit (INF212, 0.3): 'the log ends in the middle of "
-    "training, without an end'; its evidence the averager UserWarning's source line "
-    "'opt.load_state_dict(state_dict[\"optimizer\"])' and rank 1's 'step 120/120 loss 1.23'; "
-    "worker 0's 'eval loss 1.20 after 120 steps', 'saved checkpoint "
-    "checkpoints/post_local_sgd_step_120.pt' and 'done' after the last step are not read as "
-    "the end of training (the same end of the DiLoCo run, calm-isle, is)",
-    "tide-isle": "ok with no kind (no failure found): the status is right, but worker 0's "
-    "'eval loss 1.25 below 1.30, stopping at outer step 4' before 'training finished' and "
-    "'done' at outer step 4 of a 150-step run is not read as an agreed early stop",
-    "solo-tide": "failed, collective-mismatch on rank 0 (INF203, 0.4): right rank, but rank "
-    "0 waiting in barrier (train_diloco.py:325) and rank 1 in all_reduce (:274) are read as "
-    "diverged sequences of collectives, a guess between evenly split ranks; worker 0's "
-    "'eval loss 1.25 below 1.30, stopping at outer step 4' and 'training finished, waiting "
-    "for the other workers' while worker 1 goes on with outer step 5's inner steps are not "
-    "read as a rank that stopped training alone",
     "h-drift": "failed, uneven-inputs on rank 0 (INF209, 0.6): the inner-step counters "
     "'inner step 20/20' (node 0) and 'inner step 40/40' (node 1) are read as numbers of "
     "batches (rank 0: 20, rank 1: 40), so rank 0 is said to have run out of data first; but "
     "both ranks ran 120 steps and rank 1, whose node has the stale local_steps 40, synced "
     "half as often and left for the final barrier first: a collective mismatch on rank 1",
-    "shard-dry": "failed, collective-mismatch on rank 0 (INF203, 0.4): rank 0 waiting in "
-    "all_reduce and rank 1 in barrier split the two ranks evenly and the main process is "
-    "named; worker 1's '[WARNING] [worker 1/2] data shard exhausted at step 49, leaving the "
-    "training loop' (its shard cut at 25000 tokens) is not read as a rank out of batches",
     "sub-void": "failed, python-exception with culprit ranks 0,1 (PY101, 0.6): right status "
     "and kind, but both ranks are named: each raises the same 'ValueError: Default group "
     "size only takes effect when CUDA is available' from post_localSGD_hook's "

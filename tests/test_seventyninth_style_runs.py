@@ -35,7 +35,11 @@ kind); the rank that stops alone prints nothing, as MACE logs on rank 0 only, so
 (lone-plateau); the slurm launcher's 'ERROR:root:Failed to initialize distributed environment:
 'SLURM_JOB_NODELIST'' on a console torchrun leaves empty on success is not recognised (slurm-ghost,
 unknown/hang); ckpt-wake's kind is right but every raising rank is named where EXPECTED names
-none (the other sets name every rank for this kind)."""
+none (the other sets name every rank for this kind). Now 15 of 16: a stop 'after N epochs
+without improvement' is an early stop (flat-plateau); the program's 'Distributed training with
+2 processes' gives the world, so the rank torchrun's summary leaves out exited 0 and left
+(lone-plateau); a launcher variable quoted as a logged KeyError's message is a missing launcher
+environment (slurm-ghost)."""
 
 from __future__ import annotations
 
@@ -136,21 +140,6 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "flat-plateau": "ok with no kind (no rule: 'No error, timeout or crash was found in the "
-    "logs.'): right status, but MACE's patience record 'Stopping optimization after 2 epochs "
-    "without improvement' (logged by rank 0 for a stop every rank takes on the all-reduced "
-    "validation loss) is not read as an early stop; the run goes on to 'Training complete', "
-    "the results and 'Done' as a full run does",
-    "lone-plateau": "failed, uncoordinated-exit with no culprit (INF202, 0.3): right kind, but "
-    "rank 1, which left after epoch 2 on its own patience, printed nothing (MACE filters every "
-    "record on ranks other than 0) and exited 0 (torchrun lists only failed workers): only rank "
-    "0's 'Connection closed by peer' in DDP's buffer broadcast and torchrun's root cause rank 0 "
-    "with <NO_OTHER_FAILURES> are left, and nothing names rank 1",
-    "slurm-ghost": "unknown, hang with no culprit (INF233, 0.25): the two lines 'ERROR:root:"
-    "Failed to initialize distributed environment: 'SLURM_JOB_NODELIST'' (logging's default "
-    "format, a KeyError's message without its traceback) are not recognised as a missing "
-    "launcher environment, and torchrun prints nothing when every worker exits 0, so a "
-    "two-line console without progress reads as output that stops",
     "ckpt-wake": "failed, weights-only-load on ranks 0,1 (ENV102, 0.9): right status and "
     "kind; the culprit differs: EXPECTED, written before the diagnosis, names no rank because "
     "every rank fails alike on the one shared checkpoint, where ddpdoctor (and the other sets' "

@@ -931,8 +931,12 @@ def _step_counter_at_total(stream: StreamSummary, job: JobView) -> bool:
     return epoch is None or last_epoch_done(epoch, job.max_epochs, stream.first_epoch)
 
 
-STEP_NUMBER = re.compile(r"(?i)^(?:iter(?:ation)?|step|update)\s{0,3}[:=]?\s{0,3}(?P<n>\d{1,9})\b")
-"""A progress line that starts with its step's number ('iter 60: loss 2.3053', 'step 60 |')."""
+STEP_NUMBER = re.compile(
+    r"(?i)^(?:iter(?:ation)?|step|update)\s{0,3}[:=]?\s{0,3}(?P<n>\d{1,9})\b"
+    r"|\b(?:after|at|in) (?P<count>\d{1,9}) (?:steps|iterations|iters|updates)\b"
+)
+"""A progress line that starts with its step's number ('iter 60: loss 2.3053', 'step 60 |'), or
+that says how many steps were done ('eval loss 1.20 after 120 steps')."""
 
 
 def _step_at_counted_total(stream: StreamSummary, text: str) -> bool:
@@ -942,8 +946,8 @@ def _step_at_counted_total(stream: StreamSummary, text: str) -> bool:
     total, done = stream.progress_total, stream.progress_done
     if total is None or done != total or total < 2 or EPOCH_WORD.search(text):
         return False
-    m = STEP_NUMBER.match(text)
-    return m is not None and _digits(m["n"]) == total
+    m = STEP_NUMBER.search(text)
+    return m is not None and _digits(m["n"] or m["count"]) == total
 
 
 LOADING_BAR = re.compile(r"(?i)load|download|map|writ|sav|shard|fetch")

@@ -95,6 +95,15 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
         "training on ",
         distinct=VALUE,
     ),
+    # a program's own account of its world: "Distributed training with 2 processes",
+    # "distributed run on 8 GPUs" (not "training with 4 workers": DataLoader's)
+    FactPattern(
+        "world_size",
+        r"\b[Dd]istributed\b[^\n]{0,30}?\b(?:with|on|across|using) (?P<n>\d{1,6}) "
+        r"(?:processes|ranks|GPUs)\b",
+        "istributed",
+        distinct=VALUE,
+    ),
     # Lightning: "Initializing distributed: GLOBAL_RANK: 0, MEMBER: 1/8"
     FactPattern("world_size", r"MEMBER: \d+/(?P<n>\d+)", "MEMBER: ", distinct=VALUE),
     # a DeviceMesh as torch >= 2.6 prints it ("DeviceMesh((dp=2, tp=2), 'cpu', stride=(2, 1))"):

@@ -98,8 +98,17 @@ EARLY_STOP = Rule(
         # .../STOP: stopping after iteration 4.", "stopping at epoch 3: patience used up"
         # (not the Trainer's "stopping training at step 1200!": its data ran out)
         Signature(
-            r"(?i:\bstopping (?:after|at) (?:iteration|iter|epoch|step)) \d",
+            r"(?i:\bstopping (?:after|at) (?:(?:outer|inner|global|train|training) )?"
+            r"(?:iteration|iter|epoch|step)) \d",
             "topping ",
+        ),
+        # a patience that ran out, as the event: MACE's "Stopping optimization after 2 epochs
+        # without improvement" (mace/tools/train.py), "stopping after 5 evals with no
+        # improvement" (the progressive form; a help text's "stop training after N epochs
+        # without improvement" describes a setting)
+        Signature(
+            r"(?i:\bstopping(?: \w+)? after \d+ \w+ (?:without|with no) improvement)",
+            "topping",
         ),
         # a limit or target of the program's own, then the bare word as the message's end:
         # "sample budget of 24 reached, stopping", "max_steps reached; stopping", "validation
@@ -152,6 +161,10 @@ EARLY_STOP = Rule(
     ),
     positive=(
         "Early stopping at epoch 3: val_loss did not improve",
+        # tests/fixtures/real/seventyninth-flat-plateau (mace/tools/train.py's words)
+        "2026-12-05 22:48:41.523 INFO: Stopping optimization after 2 epochs without improvement",
+        # tests/fixtures/real/seventyeighth-tide-isle (a DiLoCo loop's outer step)
+        "[worker 0/2] eval loss 1.25 below 1.30, stopping at outer step 4",
         "Found /tmp/runs/STOP: stopping after iteration 4.",
         "sample budget of 24 reached, stopping",
         # tests/fixtures/real/fiftysecond-lone-halt: a target met in the program's own words
@@ -195,6 +208,7 @@ EARLY_STOP = Rule(
         "FloatingPointError: Loss is inf at epoch 1 batch 2: stopping training",
         # a handler's settings, and the engine's own note that a stop was asked for
         "handlers: [EarlyStopping(patience=3), TerminateOnNan()]",
+        "  --patience N   stop training after N epochs without improvement (default 5)",
         "EarlyStopping: patience=3, min_delta=0.0; Stop training after 3 epochs without gain",
         "2024-05-02 10:00:01,124 trainer INFO: Terminate signaled. Engine will stop after "
         "current iteration is finished.",

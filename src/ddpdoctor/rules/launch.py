@@ -665,6 +665,14 @@ LOCAL_RANK_ARGUMENT = Rule(
     ),
 )
 
+_LAUNCHER_VARS = (
+    r"(?:LOCAL_|GROUP_|NODE_)?RANK|(?:LOCAL_)?WORLD_SIZE|MASTER_ADDR"
+    r"|MASTER_PORT|OMPI_COMM_WORLD_(?:LOCAL_)?(?:RANK|SIZE)|SLURM_(?:PROCID|LOCALID"
+    r"|NTASKS|NODEID|NNODES|JOB_NODELIST|STEP_NODELIST)|PMIX?_(?:RANK|SIZE)"
+    r"|MV2_COMM_WORLD_(?:LOCAL_)?(?:RANK|SIZE)"
+)
+"""The variables a launcher sets for each rank (torchrun, mpirun, srun, PMI, MVAPICH)."""
+
 LAUNCHER_ENV_MISSING = Rule(
     code="LCH106",
     kind="launcher-env-missing",
@@ -686,13 +694,23 @@ LAUNCHER_ENV_MISSING = Rule(
             r"expected, but not set",
             "expected, but not set",
         ),
-        Signature(
-            # torchrun's own, and what mpirun, srun and MPI's process managers set instead
-            r"KeyError: '(?P<var>(?:LOCAL_|GROUP_|NODE_)?RANK|(?:LOCAL_)?WORLD_SIZE|MASTER_ADDR"
-            r"|MASTER_PORT|OMPI_COMM_WORLD_(?:LOCAL_)?(?:RANK|SIZE)|SLURM_(?:PROCID|LOCALID"
-            r"|NTASKS|NODEID|NNODES|JOB_NODELIST|STEP_NODELIST)|PMIX?_(?:RANK|SIZE)"
-            r"|MV2_COMM_WORLD_(?:LOCAL_)?(?:RANK|SIZE))'",
-            "KeyError: '",
+        # torchrun's own, and what mpirun, srun and MPI's process managers set instead
+        Signature(r"KeyError: '(?P<var>" + _LAUNCHER_VARS + ")'", "KeyError: '"),
+        # the same KeyError caught and logged as its message, which is the quoted name alone:
+        # MACE's "ERROR:root:Failed to initialize distributed environment: 'SLURM_JOB_NODELIST'"
+        # (logging.error(f"...: {e}")), the name the line's last word (one signature per
+        # family, each with a literal of its own)
+        *(
+            Signature(r"[^\s:]: '(?P<var>" + family + r")'\s*$", literal)
+            for family, literal in (
+                (
+                    r"SLURM_(?:PROCID|LOCALID|NTASKS|NODEID|NNODES|JOB_NODELIST|STEP_NODELIST)",
+                    ": 'SLURM_",
+                ),
+                (r"(?:LOCAL_|GROUP_|NODE_|OMPI_COMM_WORLD_(?:LOCAL_)?|PMIX?_)?RANK", "RANK'"),
+                (r"(?:(?:LOCAL_)?WORLD_|OMPI_COMM_WORLD_(?:LOCAL_)?|PMIX?_)SIZE", "SIZE'"),
+                (r"MASTER_(?:ADDR|PORT)", ": 'MASTER_"),
+            )
         ),
         Signature(
             r"Error initializing torch\.distributed using env:// rendezvous",
@@ -727,8 +745,16 @@ LAUNCHER_ENV_MISSING = Rule(
         "KeyError: 'LOCAL_RANK'",
         "KeyError: 'OMPI_COMM_WORLD_RANK'",
         "KeyError: 'SLURM_PROCID'",
+        # tests/fixtures/real/seventyninth-slurm-ghost (a KeyError logged as its message)
+        "ERROR:root:Failed to initialize distributed environment: 'SLURM_JOB_NODELIST'",
     ),
-    negative=("KeyError: 'model_state'", "KeyError: 'SLURM_CONF_RANKS'"),
+    negative=(
+        "KeyError: 'model_state'",
+        "KeyError: 'SLURM_CONF_RANKS'",
+        # a variable named in a sentence, not a KeyError's message at the line's end
+        "INFO: reading 'RANK' and 'WORLD_SIZE' from the environment",
+        "env: 'RANK' set to 0 by torchrun",
+    ),
 )
 
 DEEPSPEED_NO_LAUNCHER = Rule(

@@ -136,7 +136,8 @@ def _from_summary(job: JobEvidence) -> Assessment | None:
     (it lists every worker that did not, the ones it stopped too); the others then lost them
     or timed out waiting: they left first."""
     gone = job.unlisted_exits
-    if not gone or not job.waiting or gone & set(job.failing_exits):
+    lost = {r for r, v in job.ranks.items() if "lost-peer" in v.echoes}
+    if not gone or not (job.waiting or lost) or gone & set(job.failing_exits):
         return None
     return Assessment(
         RULE,
@@ -146,7 +147,7 @@ def _from_summary(job: JobEvidence) -> Assessment | None:
             f"{ranks_text(gone)} printed nothing and the launcher's failure summary does not "
             f"list {'it' if len(gone) == 1 else 'them'} (torchrun lists every worker that did "
             f"not exit 0): {'it' if len(gone) == 1 else 'they'} had exited 0 while "
-            f"{ranks_text(job.waiting)} still ran, and these then lost "
+            f"{ranks_text(set(job.waiting) | lost)} still ran, and these then lost "
             f"{'it' if len(gone) == 1 else 'them'} or timed out waiting. This is not a network "
             "fault."
         ],

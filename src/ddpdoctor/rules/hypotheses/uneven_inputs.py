@@ -271,6 +271,14 @@ def _from_data_end(job: JobEvidence) -> Assessment | None:
         for r, v in job.ranks.items()
         if (v.announced_stop or v.completed) and v.data_ended and not v.failed and not v.waiting
     }
+    # or that said so and then timed out in a collective of their own after the loop (a final
+    # barrier, an evaluation) that the others, still in a training step, never reached
+    waited = {
+        r
+        for r, v in job.ranks.items()
+        if v.data_ended and not v.failed and "waiting" in v.echoes and r not in said
+    }
+    said |= waited
     others = {r for r, v in job.ranks.items() if v.present} - said
     if (
         not said
@@ -286,14 +294,21 @@ def _from_data_end(job: JobEvidence) -> Assessment | None:
         if silent
         else ""
     )
+    then = (
+        f"; {ranks_text(waited)} then timed out in a collective that the others, still in "
+        "the loop, never reached"
+        if waited
+        else ""
+    )
     return Assessment(
         RULE,
-        0.8,
+        0.8 if not waited else 0.7,
         sorted(left),
         [
             f"{ranks_text(said)} said its data ran out "
             f'("{job.ranks[min(said)].data_ended}") and left the loop while '
-            f"{ranks_text(others)} went on to the next step and failed waiting for it{also}."
+            f"{ranks_text(others)} went on to the next step and failed waiting for it"
+            f"{then}{also}."
         ],
         evidence=[e for r in sorted(said) for e in job.ranks[r].evidence[:1]],
     )
