@@ -69,6 +69,11 @@ HOST_OOM_KILL = Rule(
         ),
         Signature(r"^\s*exitcode\s*: -9\b", "exitcode", suggests=True),
         Signature(
+            r"ProcessFailure\(local_rank=(?P<local_rank>\d+), pid=(?P<pid>\d+), exitcode=-9\b",
+            "ProcessFailure(local_rank=",
+            suggests=True,
+        ),
+        Signature(
             r"Signal 9 \(SIGKILL\) received by PID (?P<pid>\d+)",
             "Signal 9 (SIGKILL)",
             suggests=True,
@@ -158,6 +163,9 @@ HOST_OOM_KILL = Rule(
         "Ask the scheduler for more memory (Slurm --mem) or use fewer ranks per node.",
     ),
     positive=(
+        "{1: ProcessFailure(local_rank=1, pid=4242, exitcode=-9, error_file='<N/A>', "
+        "error_file_data={'message': '<NONE>'}, message='Signal 9 (SIGKILL) received by PID 4242', "
+        "timestamp=1716283540)}",
         "[Fri Dec  5 10:00:00 2026] oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),"
         "cpuset=slurm,mems_allowed=0-1,oom_memcg=/slurm/uid_0/job_123,task_memcg=/slurm/uid_0/"
         "job_123/step_0,task=python,pid=1234,uid=0",
@@ -452,6 +460,14 @@ NATIVE_CRASH = Rule(
         ),
         Signature(r"\(core dumped\)", "core dumped"),
         Signature(r"Illegal instruction"),
+        # torchelastic's ProcessFailure as an agent built on it logs its failures (DLRover's
+        # "The worker fails with {0: ProcessFailure(local_rank=0, pid=61, exitcode=-7, ...)}"):
+        # the dict's key and the field are the local rank the signal ended
+        Signature(
+            r"ProcessFailure\(local_rank=(?P<local_rank>\d+), pid=(?P<pid>\d+), "
+            r"exitcode=-(?P<signum>11|6|7|4|8)\b",
+            "ProcessFailure(local_rank=",
+        ),
         Signature(
             r"Signal (?P<signum>11|6|7|4|8) \((?P<sig>SIG\w+)\) received by PID", "received by PID"
         ),
@@ -568,6 +584,10 @@ NATIVE_CRASH = Rule(
         for name, value in (("signum", "7"), ("sig", "SIGBUS"))
     ),
     positive=(
+        # corpus case 1266 (DLRover on Kubernetes, a torchelastic-based agent)
+        "The worker fails with {0: ProcessFailure(local_rank=0, pid=61, exitcode=-7, error_file='<N/A>', "
+        "error_file_data={'message': '<NONE>'}, message='Signal 7 (SIGBUS) received by PID 61', "
+        "timestamp=1716283540)}",
         # bash in zh_CN (corpus case 222) and fr locales
         "已放弃 (核心已转储)",
         "run.sh: ligne 3 : 48213 Erreur de segmentation (core dumped) python train.py",
