@@ -52,7 +52,12 @@ params have grad available)' is taken as a consequence of the gloo aborts that f
 (idle-expert, collective-mismatch on both ranks); gloo's abort of rank 1 with equal-sized
 peers leaves the prior to name rank 0 (bucket-skew); a rank waiting on a stale FileBaton lock
 reads as busy, not stuck (baton-stall, slow-rank-timeout); the DataLoader workers Terminated by
-torchrun's own SIGTERM read as /dev/shm trouble (term-fold, dataloader-worker-killed)."""
+torchrun's own SIGTERM read as /dev/shm trouble (term-fold, dataloader-worker-killed). Now 14 of
+16: Megatron's '[exiting program after N minutes]' is a planned stop (clock-fold); its bucket
+assertion '(2/6 params have grad available)' is parameters without gradient (idle-expert); a
+rank whose output stops at 'Using ... as PyTorch extensions root...' waits on the build lock
+(baton-stall); a DataLoader worker Terminated is the echo of a stop sent to the whole job
+(term-fold)."""
 
 from __future__ import annotations
 
@@ -151,37 +156,17 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "clock-fold": "unknown, hang with no culprit (INF212, 0.3: 'The log ends in the middle of "
-    "training, without an end'): Megatron's last line '[exiting program after 0.0999... "
-    "minutes] datetime: ...' (print_datetime of the --exit-duration-in-mins stop both ranks "
-    "agreed on through a MAX all-reduce, after the exit save; both exit 0, so torchrun prints "
-    "nothing) is not read as an end of the run, nor as an intended stop",
     "clock-solo": "collective-mismatch on rank 0 (INF203, 0.4, 'a guess between evenly split "
     "ranks'): right rank, but rank 0 timing out in save_checkpoint's barrier while rank 1 "
     "times out waiting on its bucket is read as two diverged collective sequences; rank 0's "
     "'saving checkpoint at iteration     155' off the save interval (the exit save of an "
     "--exit-duration-in-mins stop it decided alone) is not read as a rank leaving on its own",
-    "idle-expert": "collective-mismatch on ranks 0,1 (COL101, 0.9): the two gloo size-mismatch "
-    "aborts ('50176 vs 34944', '50048 vs 49792', exitcode -6 on both ranks) are taken as the "
-    "root and rank 1's 'AssertionError: Communication call has not been issued for this bucket "
-    "(2/6 params have grad available)' as a consequence; Megatron's text for a bucket whose "
-    "parameters got no grad is not known as the unused-parameters failure it is",
     "bucket-skew": "collective-mismatch on rank 0, host node1 (COL101, 0.75): right kind, the "
     "other rank: gloo aborted rank 1 ('50048 vs 33280' in node1.log), and with two ranks the "
     "sizes do not say which was out of place, so the prior names rank 0, 'the main process' "
     "(it also calls both sizes small side collectives, though they are gradient buckets); node "
     "1's other --ddp-bucket-size shows in no log, as Megatron prints its arguments and buckets "
     "on rank 0 only",
-    "baton-stall": "failed, slow-rank-timeout on rank 0 (INF201, 0.6): right rank, but rank 0, "
-    "whose last line is 'Using .../torch_extensions/py311_cpu as PyTorch extensions root...' "
-    "(torch's extension loader waiting for ever on a stale FileBaton lock), is read as busy "
-    "with work past the timeout rather than stuck",
-    "term-fold": "dataloader-worker-killed on ranks 0,1 (DL101, 0.9, '/dev/shm too small'): the "
-    "'RuntimeError: DataLoader worker (pid N) is killed by signal: Terminated.' both ranks "
-    "raise (torchrun's SIGTERM reaching the loaders' worker processes in the workers' process "
-    "groups) is taken as the root, and torchrun's 'Received 15 death signal, shutting down "
-    "workers' just before it as a consequence; a loader worker Terminated right after the "
-    "agent's death signal is not tied to the preemption",
 }
 
 

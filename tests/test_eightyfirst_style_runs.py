@@ -36,7 +36,9 @@ loud-relay: unknown/hang); records carry the rank only in the program's own word
 hang) and the rank that stopped on its own loss reads as a rank out of batches (lone-goal);
 gloo's size abort names the teacher that received, not the student that sent more than it
 announced (wide-ids); a send-send deadlock of all three ranks gets a culprit (send-clash); two
-students SIGTERMed in silence while the teacher timed out read as busy ranks (lock-idle)."""
+students SIGTERMed in silence while the teacher timed out read as busy ranks (lock-idle). Now
+11 of 16: a writer's tag before a '|' ('student 1/2 | done: 80 steps') is no part of its
+message, so its last words end the run (calm-relay, loud-relay)."""
 
 from __future__ import annotations
 
@@ -136,14 +138,6 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "calm-relay": "unknown, hang with no culprit (INF212, 0.3: 'The log ends in the middle of "
-    "training, without an end'): its evidence is the last line, 'student 1/2 | done: 80 steps, "
-    "mean kd_loss 1.055 over students', read as training progress; neither that nor 'teacher | "
-    "all 2 students finished, served 160 batches' nor 'saved checkpoints/student_final.pt' is "
-    "read as the end of a run, and torchrun prints nothing when every rank exits 0",
-    "loud-relay": "unknown, hang with no culprit (INF212, 0.3): as calm-relay, the 'done: 80 "
-    "steps' records end the log and are not read as an end; the DDP find_unused_parameters and "
-    "kl_div 'mean' warnings are only its context",
     "lone-goal": "failed, uneven-inputs on rank 1 (INF209, 0.6): right rank, wrong kind: gloo "
     "aborting rank 1 in a 4-byte collective ('12544 vs 4') while rank 0 was still in a training "
     "step reads as a rank with fewer batches; rank 1's own 'student 1/2 | kd_loss 0.890 below "

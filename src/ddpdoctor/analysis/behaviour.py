@@ -263,6 +263,9 @@ def build_evidence(job: JobView, events: list[Event]) -> JobEvidence:
     evidence.gpu_processes = {pid: set(gpus) for pid, gpus in job.gpu_processes.items()}
     evidence.gpu_process_rows = {at: Evidence.of(row) for at, row in job.gpu_process_rows.items()}
     evidence.prompts = [replace(Evidence.of(record), rank=rank) for rank, record in job.prompts]
+    evidence.extension_waits = [
+        replace(Evidence.of(record), rank=rank) for rank, record in job.extension_waits
+    ]
     evidence.announcements = {
         rank: [replace(Evidence.of(record), rank=rank) for record in records]
         for rank, records in job.announcements.items()

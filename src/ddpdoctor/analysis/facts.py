@@ -16,13 +16,16 @@ from ddpdoctor.rules.launch import RANK_EXITED_WITH_CODE
 
 VALUE, WRITER = Distinct.VALUE, Distinct.WRITER
 MESSAGE_START = (
-    "^" + LOG_HEADER + r"(?:[A-Za-z_][\w.]{0,39}: )?" + r"(?:\[[^\[\]\n]{1,40}\]:?\s{1,3})?"
+    "^"
+    + LOG_HEADER
+    + r"(?:[A-Za-z_][\w.]{0,39}: )?"
+    + r"(?:\[[^\[\]\n]{1,40}\]:?\s{1,3}|(?![^|\n]{0,40}(?i:epoch))[^|\[\]\n]{1,40} \| )?"
 )
 """Where a program's own words start in a line's text: after the header Python's logging
 may leave before them once the line's prefixes are read ("INFO [rank 0] ", "root - INFO - ",
 "INFO:__main__:", or a logger's name alone where the level was read: "recsys: "), or a
-program's own tag of its writer ("[R0/3] "). Facts that must be a message's first words
-anchor here, not at the line."""
+program's own tag of its writer ("[R0/3] ", "student 1/2 | ", not an epoch's "epoch 3 | ").
+Facts that must be a message's first words anchor here, not at the line."""
 
 
 @dataclass(frozen=True)
@@ -331,6 +334,21 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
             distinct=WRITER,
         )
         for verb in ("dropped", "filtered", "removed", "discarded")
+    ),
+    # torch.utils.cpp_extension's JIT build: where its extensions live, printed before it takes
+    # the build folder's lock (a FileBaton), and the build or the load that follows once it
+    # has it; a process whose words stop at the first waits on a lock another process holds,
+    # or that a build killed earlier left behind, for ever
+    FactPattern(
+        "extension_root",
+        r"Using (?P<path>\S{1,400}) as PyTorch extensions root\.\.\.",
+        "as PyTorch extensions root",
+        distinct=WRITER,
+    ),
+    FactPattern(
+        "extension_built",
+        r"(?:Building|Loading) extension module (?P<module>[\w.-]{1,200})\.\.\.",
+        "extension module ",
     ),
     # a question asked on the terminal ("... will be overwritten. Continue? [y/N] ", wandb's
     # "Enter your choice:", datasets' trust_remote_code prompt): a distributed worker's stdin

@@ -88,6 +88,9 @@ class JobView:
     """A line no rank could be given said a step or a batch was skipped."""
     prompts: list[tuple[int | None, Record]] = field(default_factory=list)
     """Questions asked on the terminal, with the asking rank when known."""
+    extension_waits: list[tuple[int | None, Record]] = field(default_factory=list)
+    """torch's 'Using ... as PyTorch extensions root...' with no build or load of an extension
+    after it in its output: a process waiting on the extensions' build lock."""
     announcements: dict[int, list[Record]] = field(default_factory=dict)
     """Each global rank's announcements of joining the group (facts rank_announced)."""
     gpu_processes: dict[int, set[int]] = field(default_factory=dict)
@@ -266,6 +269,8 @@ def build_job(
     filtered_unranked = False
     skipped_unranked = False
     prompts: list[tuple[int | None, Record]] = []
+    extension_roots: list[tuple[int | None, Record]] = []
+    extension_built: dict[str, int] = {}
     announcements: dict[int, list[Record]] = {}
     gpu_processes: dict[int, set[int]] = {}
     gpu_rows: dict[tuple[int, int], Record] = {}
@@ -355,6 +360,12 @@ def build_job(
             elif fact.name == "prompt":
                 asker = resolve_rank(fact.record.origin, single_node, rank_map)
                 prompts.append((asker, fact.record))
+            elif fact.name == "extension_root":
+                builder = resolve_rank(fact.record.origin, single_node, rank_map)
+                extension_roots.append((builder, fact.record))
+            elif fact.name == "extension_built":
+                src = fact.record.source
+                extension_built[src] = max(extension_built.get(src, 0), fact.record.line)
             elif fact.name == "data_filtered":
                 filterer = resolve_rank(fact.record.origin, single_node, rank_map)
                 if filterer is None:
@@ -542,6 +553,11 @@ def build_job(
         filtered_unranked=filtered_unranked,
         skipped_unranked=skipped_unranked,
         prompts=prompts,
+        extension_waits=[
+            (rank, record)
+            for rank, record in extension_roots
+            if extension_built.get(record.source, 0) < record.line
+        ],
         announcements=announcements,
         gpu_processes=gpu_processes,
         gpu_process_rows=gpu_rows,

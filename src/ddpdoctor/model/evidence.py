@@ -330,6 +330,9 @@ class JobEvidence:
     prompts: list[Evidence] = field(default_factory=list)
     """Questions a process asked on its terminal ('Continue? [y/N]'), with their rank when
     known: nobody answers a distributed worker."""
+    extension_waits: list[Evidence] = field(default_factory=list)
+    """torch's 'Using ... as PyTorch extensions root...' that no build or load followed in its
+    output, with the rank when known: a process waiting on the build folder's lock."""
     announcements: dict[int, list[Evidence]] = field(default_factory=dict)
     """Each global rank's announcements of joining the group, one per process that joined as
     it (Lightning's 'GLOBAL_RANK: 1, MEMBER: 2/8', detectron2's 'Rank of current process: 1.

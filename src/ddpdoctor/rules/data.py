@@ -4,7 +4,7 @@ workers, missing modules, checkpoint loading (weights_only)."""
 from __future__ import annotations
 
 from ddpdoctor.model.taxonomy import Category
-from ddpdoctor.rules.base import Explanation, Rule, Signature
+from ddpdoctor.rules.base import Echo, Explanation, Rule, Signature
 
 DATA_ERROR = Rule(
     code="DATA101",
@@ -348,8 +348,18 @@ DATALOADER_WORKER_KILLED = Rule(
     specificity=80,
     signatures=(
         Signature(r"Unexpected segmentation fault encountered in worker"),
+        # SIGTERM ends a worker only when the whole process group is stopped from outside
+        # (torchrun's stop of every worker after a failure or its own death signal, a
+        # scheduler's preemption): the stop is the cause, the worker's death its echo
+        # (tests/fixtures/real/eightieth-term-fold)
         Signature(
-            r"DataLoader worker \(pid (?P<pid>\d+)\) is killed by signal: (?P<signal>[\w ]+)",
+            r"DataLoader worker \(pid (?P<pid>\d+)\) is killed by signal: Terminated\b",
+            "killed by signal: Terminated",
+            echo=Echo.STOPPED,
+        ),
+        Signature(
+            r"DataLoader worker \(pid (?P<pid>\d+)\) is killed by signal: "
+            r"(?P<signal>(?!Terminated\b)[\w ]+)",
             "DataLoader worker (pid",
         ),
         Signature(r"Unexpected bus error encountered in worker"),
@@ -390,6 +400,8 @@ DATALOADER_WORKER_KILLED = Rule(
     capture_category=(("signal", r"Killed\.?", Category.RESOURCE),),
     positive=(
         "RuntimeError: DataLoader worker (pid 325) is killed by signal: Bus error.",
+        # an echo of a stop sent to the whole job (tests/fixtures/real/eightieth-term-fold)
+        "[rank1]: RuntimeError: DataLoader worker (pid 29417) is killed by signal: Terminated. ",
         "ERROR: Unexpected bus error encountered in worker. This might be caused by "
         "insufficient shared memory (shm).",
         "RuntimeError: unable to write to file </torch_18692_1954506624_0>: No space left on "

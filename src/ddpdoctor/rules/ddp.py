@@ -9,7 +9,8 @@ DDP_UNUSED_PARAMETERS = Rule(
     code="DDP101",
     kind="ddp-unused-parameters",
     title="DDP reducer did not get gradients for some parameters",
-    sources="reducer.cpp Reducer::ensure_prior_reduction_finished()",
+    sources="reducer.cpp Reducer::ensure_prior_reduction_finished(), Megatron-LM "
+    "param_and_grad_buffer.py",
     signatures=(
         # the same reducer under static_graph=True (reducer.cpp): a parameter used in one
         # iteration and not in another (census reducer-static-graph-changed)
@@ -27,6 +28,14 @@ DDP_UNUSED_PARAMETERS = Rule(
         Signature(
             r"Parameter indices which did not receive grad for rank (?P<rank>\d+): (?P<indices>.+)",
             "Parameter indices which did not receive grad",
+        ),
+        # Megatron-LM's own DDP (megatron/core/distributed/param_and_grad_buffer.py,
+        # finish_grad_sync with overlap_grad_reduce): a bucket whose reduction was never
+        # launched because some of its parameters got no gradient on this rank
+        Signature(
+            r"Communication call has not been issued for this bucket \((?P<count_a>\d+)/"
+            r"(?P<count_b>\d+) params have grad available\)",
+            "Communication call has not been issued for this bucket",
         ),
         # the message's last line (printed when the debug level names no parameter), which a
         # paste cut above it keeps alone; no other message of reducer.cpp has it
@@ -87,6 +96,9 @@ DDP_UNUSED_PARAMETERS = Rule(
         "starting a new one. This error indicates that your module has parameters that were "
         "not used in producing loss.",
         "Parameter indices which did not receive grad for rank 0: 1",
+        # tests/fixtures/real/eightieth-idle-expert (Megatron's DDP, overlap_grad_reduce)
+        "[rank1]: AssertionError: Communication call has not been issued for this bucket (2/6 "
+        "params have grad available)",
         "[rank0]:  In addition, you can set the environment variable TORCH_DISTRIBUTED_DEBUG to "
         "either INFO or DETAIL to print out information about which particular parameters did "
         "not receive gradient on this rank as part of this error",

@@ -131,6 +131,13 @@ EARLY_STOP = Rule(
             r"training)[.!]?$",
             "stop training",  # not " training": on every DeepSpeed stage-3 memory warning
         ),
+        # Megatron-LM's planned exits (megatron/training/training.py, print_datetime): the
+        # time budget of --exit-duration-in-mins and the --exit-interval iteration, each
+        # decided on every rank alike (the duration all-reduced), then sys.exit()
+        Signature(
+            r"\[exiting program (?:after [\d.]+ minutes|at iteration \d+)\]",
+            "[exiting program ",
+        ),
         # Lightning EarlyStopping: "... did not improve ... Signaling Trainer to stop."
         Signature(r"Signaling Trainer to stop"),
         # PyTorch-Ignite's handlers when they end the trainer's run (engine.terminate()):
@@ -161,6 +168,9 @@ EARLY_STOP = Rule(
     ),
     positive=(
         "Early stopping at epoch 3: val_loss did not improve",
+        # tests/fixtures/real/eightieth-clock-fold (Megatron's --exit-duration-in-mins)
+        "[exiting program after 0.09993400971094767 minutes] datetime: 2026-12-05 23:15:07 ",
+        "[exiting program at iteration 500] datetime: 2026-12-05 23:15:07 ",
         # tests/fixtures/real/seventyninth-flat-plateau (mace/tools/train.py's words)
         "2026-12-05 22:48:41.523 INFO: Stopping optimization after 2 epochs without improvement",
         # tests/fixtures/real/seventyeighth-tide-isle (a DiLoCo loop's outer step)
@@ -208,6 +218,8 @@ EARLY_STOP = Rule(
         "FloatingPointError: Loss is inf at epoch 1 batch 2: stopping training",
         # a handler's settings, and the engine's own note that a stop was asked for
         "handlers: [EarlyStopping(patience=3), TerminateOnNan()]",
+        # Megatron's exit on a signal is a stop from outside (preempted), not its own
+        "[exiting program after receiving SIGTERM.] datetime: 2026-12-05 23:15:07 ",
         "  --patience N   stop training after N epochs without improvement (default 5)",
         "EarlyStopping: patience=3, min_delta=0.0; Stop training after 3 epochs without gain",
         "2024-05-02 10:00:01,124 trainer INFO: Terminate signaled. Engine will stop after "

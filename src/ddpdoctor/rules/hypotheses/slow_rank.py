@@ -11,6 +11,7 @@ from ddpdoctor.rules.hypotheses.base import Assessment, ranks_text
 from ddpdoctor.rules.hypotheses.stalled_rank import (
     blocked_ranks,
     from_silent_rank,
+    lock_waiting_ranks,
     not_main_and_silent,
     prompted_ranks,
 )
@@ -77,7 +78,8 @@ def assess(job: JobEvidence) -> Assessment | None:
     running = (quiet - terminated) if job.peers_proven_alive else set()
     busy = terminated | running
     busy |= {r for r, v in job.ranks.items() if v.interrupted and not v.failed and r not in waiting}
-    busy -= blocked_ranks(job) | prompted_ranks(job)  # waiting on a lock or an answer: INF211
+    # waiting on a lock, an answer or the extensions' build lock: INF211
+    busy -= blocked_ranks(job) | prompted_ranks(job) | lock_waiting_ranks(job)
     if (
         waiting
         and not any("waiting" in job.ranks[r].echoes for r in waiting)

@@ -121,6 +121,19 @@ def prompted_ranks(job: JobEvidence) -> set[int]:
     return alive if len(alive) == 1 else set()
 
 
+def lock_waiting_ranks(job: JobEvidence) -> set[int]:
+    """Ranks whose output stops at torch's 'Using ... as PyTorch extensions root...' (no build
+    or load after it): waiting on the extensions' build lock. The rank the line names, else
+    the one rank the launcher found still running, silent."""
+    if not job.extension_waits:
+        return set()
+    named = {e.rank for e in job.extension_waits if e.rank is not None}
+    if named:
+        return {r for r in named if r in job.ranks and not job.ranks[r].failed}
+    alive = {r for r in job.quiet if job.ranks[r].terminated}
+    return alive if len(alive) == 1 else set()
+
+
 def not_main_and_silent(job: JobEvidence, ranks: set[int]) -> bool:
     """Ranks other than the main process that announced no work of their own and whose place
     no stop signal showed: nothing says they were busy."""
@@ -207,6 +220,38 @@ def _from_prompt(job: JobEvidence) -> Assessment | None:
     )
 
 
+def _from_extension_lock(job: JobEvidence) -> Assessment | None:
+    """A rank's output stops at torch's 'Using <dir> as PyTorch extensions root...' while the
+    others timed out waiting for it: torch.utils.cpp_extension prints that line, then takes
+    the build folder's lock (a FileBaton) before building or loading; a build killed earlier
+    leaves its lock file behind, and the next process waits for it to go, for ever (a hang
+    outside any collective, not work: no timeout helps)."""
+    stuck, waiting = lock_waiting_ranks(job) - job.waiting, job.waiting
+    if not stuck or not waiting:
+        return None
+    line = job.extension_waits[0]
+    root = line.text.split("Using ", 1)[-1].split(" as PyTorch extensions root", 1)[0]
+    return Assessment(
+        STUCK,
+        0.7,
+        sorted(stuck),
+        [
+            f"{ranks_text(stuck)} printed '{line.text.strip()[:200]}' and nothing after it "
+            f"(no build, no load of the extension), while {ranks_text(waiting)} timed out "
+            "waiting: torch takes the extension build folder's lock after that line, and a "
+            "lock file left by a build that was killed (or another process's build that never "
+            "ends) keeps it waiting for ever."
+        ],
+        fix=[
+            f"Delete the stale lock: the `lock` file in the extension's folder under {root} "
+            "(or the whole folder: it is rebuilt), then run again; set TORCH_EXTENSIONS_DIR to "
+            "a folder of this job's own so that jobs sharing a home do not share locks.",
+        ],
+        evidence=[line],
+        status=Status.HUNG,
+    )
+
+
 def _question(text: str) -> str:
     """The question up to its answer choices (another writer's text may follow on the line)."""
     ends = [at + len(mark) for mark in PROMPTS if (at := text.find(mark)) >= 0]
@@ -280,7 +325,12 @@ def _from_named_absence(job: JobEvidence) -> Assessment | None:
 def assess(job: JobEvidence) -> Assessment | None:
     stall = job.stall
     if stall is None or not stall.activities:
-        return _from_interrupted(job) or _from_prompt(job) or _from_named_absence(job)
+        return (
+            _from_interrupted(job)
+            or _from_prompt(job)
+            or _from_extension_lock(job)
+            or _from_named_absence(job)
+        )
     acts = stall.activities
     inside = {r for r, a in acts.items() if a.in_collective}
     outside = {r for r, a in acts.items() if a.category in ELSEWHERE}
