@@ -45,7 +45,8 @@ Gaussian counts diverge, are not read, so gloo's size abort reads as a collectiv
 names rank 0); DDP's shape check raising on rank 1 alone names rank 1 where both ranks densified
 from their own statistics (wrap-drift); the '[Rank 1] decoding image ...' prints are not rank
 1's work, so the slow rank reads as blocked (decode-crawl); the DataLoader's num_samples=0
-ValueError of a rank without cameras is a generic exception (empty-split)."""
+ValueError of a rank without cameras is a generic exception (empty-split). Now 12 of 16: a
+rank's last words 'decoding image ... from disk' announce work of its own (decode-crawl)."""
 
 from __future__ import annotations
 
@@ -156,10 +157,6 @@ MISSES: dict[str, str] = {
     "from results/garden/ckpts/ckpt_99_rank1.pt at step 100' beside rank 0's 'ckpt_159_rank0.pt "
     "at step 160' and the rank-less 'Model initialized. Number of GS: 193' / '359' are not "
     "read as ranks holding different models: ddp-model-mismatch on rank 1",
-    "decode-crawl": "hung, hang on rank 1 (INF211, 0.55): right rank, but rank 1's four "
-    "'[Rank 1] decoding image cam_0k.png (k/8) from disk (cache miss)' prints (the rank only in "
-    "the program's '[Rank 1]' words, no timestamp) are not read as rank 1's work, so it "
-    "'announced no work of its own' and reads as blocked, not busy: slow-rank-timeout",
     "empty-split": "failed, python-exception on rank 2 (PY101, 0.6): right rank, but the "
     "DataLoader's 'ValueError: num_samples should be a positive integer value, but got "
     "num_samples=0' (the RandomSampler over rank 2's empty camera subset after '[Rank 2] 0 "

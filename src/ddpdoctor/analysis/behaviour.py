@@ -63,6 +63,7 @@ BUSY_PHASE = re.compile(
     r"|(?:evaluation|validation|eval) (?:start|begin|loop|dataloader|epoch|step|batch|on )"
     r"|^(?:validation|evaluation|eval|testing)\b.{0,40}\d+%\|"
     r"|tokeniz|preprocess|download|loading (?:the )?(?:dataset|data|checkpoint|model)"
+    r"|decod(?:e|ing) (?:the )?(?:images?|audio|videos?|frames?|samples?|data)\b"
     r"|building (?:the |a |its )?(?:[\w-]+ ){0,2}(?:index|cache|vocab\w*|dataset|features?\b)"
     r"|consolidat|gather(?:ing)? (?:the )?(?:full )?state"
     r"|running (?:on|the) (?:dataset|eval)|rebuilding"
@@ -76,6 +77,7 @@ BUSY_WORDS = (
     "valid",
     "%|",
     "tokeniz",
+    "decod",
     "preprocess",
     "download",
     "loading",
