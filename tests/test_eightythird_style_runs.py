@@ -36,7 +36,9 @@ pruned trial's TrialPruned inside the agent's record reads as rank 0's failure a
 sweep went on (prune-grid); faulthandler's stack of a gloo abort ('Fatal Python error:
 Aborted') reads as a stall's stack dump (val-gap, odd-batch); spawn's 'Terminating process N'
 by pid leaves a SIGTERMed busy or stuck rank looking like one that left (cache-crawl,
-park-grid)."""
+park-grid). Now 9 of 16: the threads faulthandler lists under
+'Fatal Python error: Aborted' are a crash's report, not a stall's dump (odd-batch; val-gap now
+uneven inputs on the receiving rank); 'reached ..., stopping the sweep' is a stop (goal-grid)."""
 
 from __future__ import annotations
 
@@ -147,9 +149,6 @@ MISSES: dict[str, str] = {
     "driver's last line 'sweep finished: 3 trials, best trial 1 (val_loss 1.385), wrote "
     "trials.csv' is not an end the tool knows, and an in-process agent prints nothing when every "
     "worker returns",
-    "goal-grid": "unknown, hang (INF212, 0.3): neither 'target val_loss 1.200 reached by trial 2, "
-    "stopping the sweep' nor 'sweep finished: 2 trials ...' is read as a stop or an end, so the "
-    "last 'epoch 5' records read as training cut off",
     "prune-grid": "failed, python-exception on rank 0 (INF208, 0.5): the agent's 'failed "
     "(exitcode: 1) local_rank: 0 ... of fn: train_trial' is read as a worker whose own output is "
     "missing: the TrialPruned traceback inside the agent's E-prefixed record is not taken as "
@@ -159,11 +158,11 @@ MISSES: dict[str, str] = {
     "stopping: no improvement for 2 epochs' is read as every rank's intended stop and trial 2's "
     "rank 0 \"AttributeError: Can't pickle local object 'train_trial.<locals>.<lambda>'\" "
     "(PY101, in the agent's _wrap putting the return value) as a consequence of the exit path",
-    "val-gap": "hung, hang with no culprit (HANG101, 0.5): faulthandler's 'Fatal Python error: "
-    "Aborted' stack ('Thread 0x... (most recent call first):', the aborted rank 1 in "
-    "dist.all_reduce) is read as a stack dump of a stalled job; gloo's '388 vs 4' size mismatch "
-    "(COL101 on rank 1, the receiver) is only context, and rank 2's 'val_loss nan' (the rank "
-    "with no validation rows that skipped the all-reduce) is not read",
+    "val-gap": "failed, uneven-inputs on rank 1 (INF209, 0.55): gloo's '388 vs 4' size mismatch "
+    "aborted rank 1 (the receiver) in a gradient all-reduce against a 2-element one, read as a "
+    "rank whose loop ended first; rank 2's 'val_loss nan' (the rank with no validation rows "
+    "that skipped the all-reduce) is not read. At first sight: hung, hang (HANG101), "
+    "faulthandler's crash stack read as a stall dump",
     "cache-crawl": "failed, uncoordinated-exit on rank 1 (INF202, 0.75): right rank, wrong kind: "
     "spawn's 'Terminating process N via signal SIGTERM' names a pid, not a rank, so rank 1, "
     "SIGTERMed while still 'building validation feature cache 5/8', reads as a rank that left "
@@ -173,10 +172,6 @@ MISSES: dict[str, str] = {
     "as a rank that stopped on its own (trial 1's 'early stopping: no improvement for 2 epochs', "
     "EXIT101, taken as a stop), not as stuck while rank 0 timed out in the validation "
     "all-reduce",
-    "odd-batch": "hung, hang with no culprit (HANG101, 0.5): faulthandler's 'Fatal Python error: "
-    "Aborted' stack of the aborted rank 2 is read as a stall's stack dump; gloo's '388 vs 4' "
-    "(COL101 on rank 2) only context; nothing shows rank 2's 6 batches against 7 (bs=11 over "
-    "66 and 67 rows) except trial 2's 'bs=11' and rank 2 never logging epoch 0",
 }
 
 

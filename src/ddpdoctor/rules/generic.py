@@ -120,7 +120,7 @@ EARLY_STOP = Rule(
         Signature(
             r"(?i:\b(?:reached|under|below|above|exceed(?:s|ed)?|target|threshold|patience"
             r"|converged|enough|no improvement|nan|inf)\b[^\n]{0,80}?[,;:]? stopping)"
-            r"(?: the training)?(?:[.!]?$| early\b)",
+            r"(?: the (?:training|sweep|search|run))?(?:[.!]?$| early\b)",
             " stopping",
         ),
         # the same after a metric that stopped improving, in the imperative: "Epoch 1 cv_loss
@@ -179,6 +179,8 @@ EARLY_STOP = Rule(
         "sample budget of 24 reached, stopping",
         # tests/fixtures/real/fiftysecond-lone-halt: a target met in the program's own words
         "accuracy good enough, stopping",
+        # tests/fixtures/real/eightythird-goal-grid (a sweep driver's target)
+        "[sweep] INFO target val_loss 1.200 reached by trial 2, stopping the sweep",
         # tests/fixtures/real/twentyseventh-goal-halt
         "mean loss 0.4933 under 0.60 after epoch 1: stopping",
         # tests/fixtures/real/sixtyninth-floor-met (a callback of a coqui-style Trainer)

@@ -57,7 +57,14 @@ HANG_DUMP = Rule(
     signatures=(
         # faulthandler.dump_traceback_later(timeout) firing: "Timeout (0:00:05)!"
         Signature(r"^Timeout \(\d+:\d\d:\d\d(?:\.\d+)?\)!", "Timeout ("),
-        Signature(r"Thread 0x[0-9a-f]+ \(most recent call first\):", "(most recent call first):"),
+        # not the threads faulthandler lists under a crash's "Fatal Python error: Aborted" (a
+        # signal's handler, not a stall: the crash is read at its header, LCH104)
+        Signature(
+            r"Thread 0x[0-9a-f]+ \(most recent call first\):",
+            "(most recent call first):",
+            after_head="Fatal Python error: ",
+            head_within=60,
+        ),
         # py-spy: decimal thread ids (0.1, 0.2), hexadecimal from 0.3
         Signature(r"Thread (?:\d+|0x[0-9A-Fa-f]+) \(idle\): \"", '(idle): "'),
         Signature(r"Thread (?:\d+|0x[0-9A-Fa-f]+) \(active(?:\+gil)?\): \"", "(active"),
