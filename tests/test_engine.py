@@ -57,7 +57,7 @@ def test_slow_subset_databases_are_cached_on_disk_and_bounded(
 ) -> None:
     """A subset database that was slow to compile is written beside the database of all
     patterns, and loaded by the next process (it finds the same candidates); a fast one is
-    not written, and none is once the cache holds CACHE_MAX_FILES files."""
+    not written; a cache that holds CACHE_MAX_FILES files loses its least recently used."""
     import hyperscan
 
     from ddpdoctor.analysis import engine
@@ -81,6 +81,9 @@ def test_slow_subset_databases_are_cached_on_disk_and_bounded(
     assert len(list(cache.iterdir())) == 1
     loaded = engine._compiled_database(forms, [7], keep_slower_than_s=1e-9)
     assert found(loaded) == found(written) == [7]
+    (older,) = list(cache.iterdir())
     monkeypatch.setattr(engine, "CACHE_MAX_FILES", 1)
     engine._compiled_database(forms, [8], keep_slower_than_s=1e-9)
-    assert len(list(cache.iterdir())) == 1
+    (newest,) = list(cache.iterdir())  # the least recently used made room for it
+    assert newest.name != older.name
+    assert found(engine._compiled_database(forms, [8], keep_slower_than_s=1e-9)) == [8]

@@ -8,6 +8,7 @@ in (a lock) while the others timed out."""
 from __future__ import annotations
 
 from ddpdoctor.model.evidence import PROMPTS, Activity, JobEvidence
+from ddpdoctor.model.findings import Evidence
 from ddpdoctor.model.taxonomy import Category, Status
 from ddpdoctor.rules.base import Explanation, Rule
 from ddpdoctor.rules.collectives import SILENT_HANG_CAUSES
@@ -112,22 +113,22 @@ def blocked_ranks(job: JobEvidence) -> set[int]:
 def prompted_ranks(job: JobEvidence) -> set[int]:
     """Ranks waiting for an answer to a question asked on the terminal: the ranks that asked
     (when the line names one), else the one rank the launcher found still running, silent."""
-    if not job.prompts:
-        return set()
-    asked = {p.rank for p in job.prompts if p.rank is not None}
-    if asked:
-        return {r for r in asked if r in job.ranks and not job.ranks[r].failed}
-    alive = {r for r in job.quiet if job.ranks[r].terminated}
-    return alive if len(alive) == 1 else set()
+    return _writers_or_the_one_alive(job, job.prompts)
 
 
 def lock_waiting_ranks(job: JobEvidence) -> set[int]:
     """Ranks whose output stops at torch's 'Using ... as PyTorch extensions root...' (no build
     or load after it): waiting on the extensions' build lock. The rank the line names, else
     the one rank the launcher found still running, silent."""
-    if not job.extension_waits:
+    return _writers_or_the_one_alive(job, job.extension_waits)
+
+
+def _writers_or_the_one_alive(job: JobEvidence, lines: list[Evidence]) -> set[int]:
+    """The ranks that wrote `lines` where the lines name them, else (lines without a rank) the
+    one rank the launcher found still running and silent; none when nothing was written."""
+    if not lines:
         return set()
-    named = {e.rank for e in job.extension_waits if e.rank is not None}
+    named = {e.rank for e in lines if e.rank is not None}
     if named:
         return {r for r in named if r in job.ranks and not job.ranks[r].failed}
     alive = {r for r in job.quiet if job.ranks[r].terminated}
