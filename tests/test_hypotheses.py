@@ -615,3 +615,24 @@ def test_words_of_the_way_out(line: str, winding: bool) -> None:
     from ddpdoctor.rules.hypotheses.teardown_stop import WINDING_DOWN
 
     assert bool(WINDING_DOWN.search(line)) is winding
+
+
+def test_an_extensions_root_line_is_a_lock_wait_only_without_progress_after_it() -> None:
+    """torch's 'Using ... as PyTorch extensions root...' is a wait on the build lock (INF211)
+    only where its writer made no progress and nothing was built or loaded after it: a rank
+    that went on to train, or whose extension was built, got past the lock."""
+    from ddpdoctor.analysis.job import _extension_waits
+    from ddpdoctor.analysis.scanner import StreamSummary
+    from ddpdoctor.model.records import Origin, Record
+
+    def root(line: int) -> tuple[int | None, Record]:
+        text = "Using /tmp/ext as PyTorch extensions root..."
+        return None, Record("console.log", line, text, stream_key="console.log|")
+
+    def writer(last_progress: int) -> StreamSummary:
+        return StreamSummary("", Origin(), "console.log", last_progress_line=last_progress)
+
+    assert _extension_waits([root(5)], {}, [writer(3)]) == [root(5)]
+    assert _extension_waits([root(5)], {}, [writer(9)]) == []  # it trained after the line
+    assert _extension_waits([root(5)], {"console.log": 6}, [writer(3)]) == []  # built: got past
+    assert _extension_waits([root(5)], {"other.log": 6}, [writer(3)]) == [root(5)]

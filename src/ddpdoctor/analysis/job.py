@@ -553,11 +553,7 @@ def build_job(
         filtered_unranked=filtered_unranked,
         skipped_unranked=skipped_unranked,
         prompts=prompts,
-        extension_waits=[
-            (rank, record)
-            for rank, record in extension_roots
-            if extension_built.get(record.source, 0) < record.line
-        ],
+        extension_waits=_extension_waits(extension_roots, extension_built, streams),
         announcements=announcements,
         gpu_processes=gpu_processes,
         gpu_process_rows=gpu_rows,
@@ -645,6 +641,24 @@ def _first_report(failed_exits: list[FactHit]) -> dict[str, int]:
         record = fact.record
         first[record.source] = min(record.line, first.get(record.source, record.line))
     return first
+
+
+def _extension_waits(
+    roots: list[tuple[int | None, Record]],
+    built: dict[str, int],
+    streams: list[StreamSummary],
+) -> list[tuple[int | None, Record]]:
+    """The 'Using ... as PyTorch extensions root...' lines after which their writer made no
+    progress and no extension was built or loaded in their source: a process waiting on the
+    build folder's lock. (Not 'its last line': an unprefixed console's writer holds the
+    launcher's lines too, which come after any rank's last words.)"""
+    progressed = {f"{s.source}|{s.key}": s.last_progress_line for s in streams}  # stream_key
+    return [
+        (rank, record)
+        for rank, record in roots
+        if built.get(record.source, 0) < record.line
+        and progressed.get(record.stream_key, 0) <= record.line
+    ]
 
 
 def _launcher_of(record: Record) -> str:

@@ -685,13 +685,21 @@ LOCAL_RANK_ARGUMENT = Rule(
     ),
 )
 
-_LAUNCHER_VARS = (
-    r"(?:LOCAL_|GROUP_|NODE_)?RANK|(?:LOCAL_)?WORLD_SIZE|MASTER_ADDR"
-    r"|MASTER_PORT|OMPI_COMM_WORLD_(?:LOCAL_)?(?:RANK|SIZE)|SLURM_(?:PROCID|LOCALID"
-    r"|NTASKS|NODEID|NNODES|JOB_NODELIST|STEP_NODELIST)|PMIX?_(?:RANK|SIZE)"
-    r"|MV2_COMM_WORLD_(?:LOCAL_)?(?:RANK|SIZE)"
+_LAUNCHER_VAR_FAMILIES = (
+    (
+        r"(?:LOCAL_|GROUP_|NODE_|OMPI_COMM_WORLD_(?:LOCAL_)?|MV2_COMM_WORLD_(?:LOCAL_)?|PMIX?_)?RANK",
+        "RANK'",
+    ),
+    (
+        r"(?:(?:LOCAL_)?WORLD_|OMPI_COMM_WORLD_(?:LOCAL_)?|MV2_COMM_WORLD_(?:LOCAL_)?|PMIX?_)SIZE",
+        "SIZE'",
+    ),
+    (r"MASTER_(?:ADDR|PORT)", ": 'MASTER_"),
+    (r"SLURM_(?:PROCID|LOCALID|NTASKS|NODEID|NNODES|JOB_NODELIST|STEP_NODELIST)", ": 'SLURM_"),
 )
-"""The variables a launcher sets for each rank (torchrun, mpirun, srun, PMI, MVAPICH)."""
+"""The variables a launcher sets for each rank (torchrun, mpirun, srun, PMI, MVAPICH), by the
+ending each family shares (a literal for the prefilter)."""
+_LAUNCHER_VARS = "|".join(family for family, _ in _LAUNCHER_VAR_FAMILIES)
 
 LAUNCHER_ENV_MISSING = Rule(
     code="LCH106",
@@ -722,15 +730,7 @@ LAUNCHER_ENV_MISSING = Rule(
         # family, each with a literal of its own)
         *(
             Signature(r"[^\s:]: '(?P<var>" + family + r")'\s*$", literal)
-            for family, literal in (
-                (
-                    r"SLURM_(?:PROCID|LOCALID|NTASKS|NODEID|NNODES|JOB_NODELIST|STEP_NODELIST)",
-                    ": 'SLURM_",
-                ),
-                (r"(?:LOCAL_|GROUP_|NODE_|OMPI_COMM_WORLD_(?:LOCAL_)?|PMIX?_)?RANK", "RANK'"),
-                (r"(?:(?:LOCAL_)?WORLD_|OMPI_COMM_WORLD_(?:LOCAL_)?|PMIX?_)SIZE", "SIZE'"),
-                (r"MASTER_(?:ADDR|PORT)", ": 'MASTER_"),
-            )
+            for family, literal in _LAUNCHER_VAR_FAMILIES
         ),
         Signature(
             r"Error initializing torch\.distributed using env:// rendezvous",

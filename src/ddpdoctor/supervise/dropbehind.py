@@ -6,10 +6,10 @@ dirty). Why: a job printing hundreds of MB made ddpdoctor fill that much fresh p
 fresh pages cost: on this VM 200 MB into a new file cost 0.04 s of CPU for the first ~600 MB
 of a session and 0.56 s after (first touches of memory the guest never used), so `run` took
 0.2-0.65 s of CPU per 200 MB depending on what the machine had done before. Recycling a few
-tens of MB keeps it at ~0.05 s, and a 10 GB console.log no longer pushes the job's training
-data out of the cache. A file below `WINDOW_BYTES` is never touched; where the calls are
-missing (not Linux) nothing happens.
-"""
+tens of MB keeps it at ~0.05 s, and a log of any size holds at most about 96 MB of the cache
+(what the job's own data would otherwise lose; not measured). A file below `WINDOW_BYTES` is
+never touched; where the calls are missing (not Linux) nothing happens; on tmpfs DONTNEED
+drops nothing (checked: the file stays whole)."""
 
 from __future__ import annotations
 

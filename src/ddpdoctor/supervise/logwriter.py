@@ -58,13 +58,13 @@ class LogWriter:
         self._router = LineRouter(scanner, fresh=progress.fresh)
         self._files: dict[str, int | None] = {}
         self._console: int | None = None
-        self._cache: dict[int, DropBehind] = {}
+        self._drop_behind: dict[int, DropBehind] = {}
         self._thread = threading.Thread(target=self._loop, name="ddpdoctor-logs", daemon=True)
 
     def start(self) -> None:
         try:
             self._console = os.open(self.rundir.console_log, _OPEN_FLAGS, 0o644)
-            self._cache[self._console] = DropBehind(self._console)
+            self._drop_behind[self._console] = DropBehind(self._console)
         except OSError as exc:
             self._error(exc)
         self._thread.start()
@@ -162,7 +162,7 @@ class LogWriter:
             try:
                 fd = os.open(self.rundir.rank_log(label), _OPEN_FLAGS, 0o644)
                 self._files[label] = fd
-                self._cache[fd] = DropBehind(fd)
+                self._drop_behind[fd] = DropBehind(fd)
             except OSError as exc:
                 self._files[label] = None
                 self._error(exc)
@@ -181,7 +181,7 @@ class LogWriter:
                         if n <= 0:
                             raise OSError(errno.ENOSPC, "short write", str(fd))
                         rest = rest[n:]
-                self._cache[fd].wrote(total)
+                self._drop_behind[fd].wrote(total)
         except OSError as exc:
             self._error(exc)
 

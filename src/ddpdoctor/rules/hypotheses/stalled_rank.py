@@ -117,8 +117,8 @@ def prompted_ranks(job: JobEvidence) -> set[int]:
 
 
 def lock_waiting_ranks(job: JobEvidence) -> set[int]:
-    """Ranks whose output stops at torch's 'Using ... as PyTorch extensions root...' (no build
-    or load after it): waiting on the extensions' build lock. The rank the line names, else
+    """Ranks that made no progress after torch's 'Using ... as PyTorch extensions root...' (no
+    build or load after it either): waiting on the extensions' build lock. The rank the line names, else
     the one rank the launcher found still running, silent."""
     return _writers_or_the_one_alive(job, job.extension_waits)
 
@@ -222,8 +222,8 @@ def _from_prompt(job: JobEvidence) -> Assessment | None:
 
 
 def _from_extension_lock(job: JobEvidence) -> Assessment | None:
-    """A rank's output stops at torch's 'Using <dir> as PyTorch extensions root...' while the
-    others timed out waiting for it: torch.utils.cpp_extension prints that line, then takes
+    """A rank made no progress after torch's 'Using <dir> as PyTorch extensions root...' while
+    the others timed out waiting for it: torch.utils.cpp_extension prints that line, then takes
     the build folder's lock (a FileBaton) before building or loading; a build killed earlier
     leaves its lock file behind, and the next process waits for it to go, for ever (a hang
     outside any collective, not work: no timeout helps)."""
@@ -237,8 +237,8 @@ def _from_extension_lock(job: JobEvidence) -> Assessment | None:
         0.7,
         sorted(stuck),
         [
-            f"{ranks_text(stuck)} printed '{line.text.strip()[:200]}' and nothing after it "
-            f"(no build, no load of the extension), while {ranks_text(waiting)} timed out "
+            f"{ranks_text(stuck)} printed '{line.text.strip()[:200]}' and made no progress "
+            f"after it (no build, no load of the extension), while {ranks_text(waiting)} timed out "
             "waiting: torch takes the extension build folder's lock after that line, and a "
             "lock file left by a build that was killed (or another process's build that never "
             "ends) keeps it waiting for ever."
