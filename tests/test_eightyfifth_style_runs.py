@@ -35,7 +35,10 @@ Misses: numpy's 'ValueError: buffer is smaller than requested size' from np.from
 memory-mapped tokens.bin is a generic exception to it, not a truncated data file (bin-cut); rank
 1's barrier after '[rank1] epoch 0 done: 48 steps' against rank 0's ring wait reads as a skipped
 send of a collective mismatch, not as the rank whose loop ended first (tail-skip); two ranks both
-stuck in dist.send of the same ring hop read as a bare gloo timeout with no cause (send-lock)."""
+stuck in dist.send of the same ring hop read as a bare gloo timeout with no cause (send-lock).
+Now 15 of 16: numpy's "buffer is smaller than requested size" is a truncated data file
+(DATA101, bin-cut); every rank of the world waiting in a blocking send is a crossed exchange
+(INF203, no culprit: send-lock). tail-skip is still a miss."""
 
 from __future__ import annotations
 
@@ -137,22 +140,11 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "bin-cut": "failed, python-exception on rank 1 (PY101, 0.6): right rank, wrong kind: "
-    "'ValueError: buffer is smaller than requested size' raised at train.py:202 in read (the "
-    "np.frombuffer over the memory-mapped data/tokens.bin, Megatron's indexed-dataset read) is "
-    "a generic exception to it; a token file shorter than its index says (a truncated copy) is "
-    "not recognised as a rank failing on its input data",
     "tail-skip": "failed, collective-mismatch on rank 1 (INF203, 0.4): right rank, wrong kind: "
     "rank 1 waiting in barrier at train.py:337 while rank 0 waited in its ring exchange at "
     "train.py:75 reads as a rank that skipped a send of the others' collective sequence; rank 1's "
     "'[rank1] epoch 0 done: 48 steps' (its loop ended, rank 0 printed no such line and was in "
     "step 49) is not read as the rank whose data ran out first",
-    "send-lock": "failed, nccl-timeout with no culprit (TMO102, 0.3): right culprit, wrong kind: "
-    "rank 1's 'Timed out waiting 15000ms for send operation to complete' and rank 0's "
-    "'Connection closed by peer' read as secondary errors whose cause is not in the logs; both "
-    "ranks' tracebacks end in dist.send at train.py:63 in send_recv of the same first ring hop "
-    "(each send meets a send, no receive posted), which it does not read as a p2p ordering "
-    "mismatch",
 }
 
 

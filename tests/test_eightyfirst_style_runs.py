@@ -152,10 +152,6 @@ MISSES: dict[str, str] = {
     "gloo's '2112 vs 2048. Received data size doesn't match expected size' abort names the "
     "receiver, the teacher, while the student that sent an (8, 33) batch after announcing (8, "
     "32) is rank 1, which only shows 'Connection reset by peer' in its recv of the logits",
-    "send-clash": "failed, collective-mismatch on rank 0 (INF203, 0.4): right kind, but a "
-    "culprit: every rank timed out in send (rank 0 at kd_online.py:262, rank 1 at :260, rank "
-    "2 at :184), a send-send deadlock of the two roles' orders that no one rank caused; the "
-    "rule sees ranks split evenly and names the main process's side",
     "lock-idle": "failed, slow-rank-timeout on ranks 0,1 (INF201, 0.6): only the teacher (rank "
     "2) timed out, waiting for student 1's header; both students were SIGTERMed still running "
     "and printed nothing (student 0 waiting in DDP's all-reduce, student 1 waiting for the "

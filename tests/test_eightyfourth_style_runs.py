@@ -37,7 +37,9 @@ all ranks." on rank 0 is read as a rank of its own that ran out, beside rank 1's
 exhausted all inputs." (join-throw: kind right, both ranks named); rank 1's warnings through
 the program's logger ('[default1]:... | WARNING | __main__ | Recomputing per-channel
 normalisation statistics of train_1.pt (pass 4/8)') are not read as work the rank announced, so
-the slow rank reads as stuck (stats-crawl)."""
+the slow rank reads as stuck (stats-crawl). Now 16 of 16: the ranks that raise Join's "Detected
+at least one rank that exhausted inputs" waited for the one that ran out (DDP106 echo); a
+rank whose own lines went on after the others had timed out was working, not blocked."""
 
 from __future__ import annotations
 
@@ -135,21 +137,7 @@ EXPECTED: dict[str, Expected] = {
 }
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
-MISSES: dict[str, str] = {
-    "join-throw": "failed, uneven-inputs on ranks 0,1 (DDP106, 0.9): the kind is right, the "
-    "culprit is not: Join's throw_on_early_termination raises on every rank, and rank 0's "
-    "'RuntimeError: Detected at least one rank that exhausted inputs. Throwing across all "
-    "ranks.' (the consequence on a rank that still had batches) is read as a rank that ran out "
-    "of data of its own, beside rank 1's 'RuntimeError: Rank 1 exhausted all inputs.' (the rank "
-    "with 8 batches to rank 0's 10): only rank 1 ran out",
-    "stats-crawl": "hung, hang on rank 1 (INF211, 0.55): right rank, wrong kind and status: "
-    "the verdict says rank 1 'announced no work of its own' and a rank other than 0 that falls "
-    "silent is most likely blocked; rank 1's own records through the program's logger, "
-    "'[default1]:... | WARNING | __main__ | Recomputing per-channel normalisation statistics of "
-    "train_1.pt (pass 1/8)' to '(pass 5/8)' every 4 s, the last one after rank 0's 'Application "
-    "timeout caused pair closure', are not read as the rank busy with work of its own: "
-    "slow-rank-timeout on rank 1",
-}
+MISSES: dict[str, str] = {}
 
 
 RUNS = RunSet("eightyfourth-", EXPECTED, MISSES, label_nowhere=True)

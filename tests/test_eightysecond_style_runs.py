@@ -157,11 +157,11 @@ MISSES: dict[str, str] = {
     "from results/garden/ckpts/ckpt_99_rank1.pt at step 100' beside rank 0's 'ckpt_159_rank0.pt "
     "at step 160' and the rank-less 'Model initialized. Number of GS: 193' / '359' are not "
     "read as ranks holding different models: ddp-model-mismatch on rank 1",
-    "empty-split": "failed, python-exception on rank 2 (PY101, 0.6): right rank, but the "
-    "DataLoader's 'ValueError: num_samples should be a positive integer value, but got "
-    "num_samples=0' (the RandomSampler over rank 2's empty camera subset after '[Rank 2] 0 "
-    "training and 0 validation cameras of 2') is a generic exception to it, not a rank "
-    "without batches: uneven-inputs on rank 2",
+    "empty-split": "failed, data-error on rank 2 (DATA101, 0.9): right rank; the DataLoader's "
+    "'ValueError: num_samples should be a positive integer value, but got num_samples=0' (the "
+    "RandomSampler over rank 2's empty camera subset after '[Rank 2] 0 training and 0 validation "
+    "cameras of 2') is read as a rank whose data is empty (set 86's empty-client expects that), "
+    "not as a rank without batches among ranks that have some: uneven-inputs on rank 2",
 }
 
 

@@ -84,9 +84,10 @@ MISSES: dict[str, str] = {
     "report-on-zero": "slow-rank-timeout on rank 0 (INF201, 0.4): the culprit is right (alive: rank 1 only "
     "timed out, gloo would have reported it leaving), but a call only some workers make "
     "is read as a busy rank, not a collective mismatch",
-    "shards-vs-workers": "hung, hang on rank 2 (INF211, 0.35): the workers' 'reading 2 of 4 "
-    "shards' / 'reading 1 of 4 shards' (uneven shards per worker) are not read as uneven "
-    "inputs; rank 2, alive and silent and not the main process, is read as stuck",
+    "shards-vs-workers": "failed, slow-rank-timeout on rank 2 (INF201, 0.6): the workers' "
+    "'reading 2 of 4 shards' / 'reading 1 of 4 shards' (uneven shards per worker) are not read "
+    "as uneven inputs; rank 2, alive, not the main process, and printing after the others had "
+    "timed out, is read as busy past the timeout (at first sight: hang, read as stuck)",
 }
 
 

@@ -470,6 +470,27 @@ def test_a_skypilot_node_prefix_names_the_node_not_a_rank(
     assert parsed.text.endswith(text) and not parsed.text.startswith("(")
 
 
+def test_a_fedml_prefix_names_the_rank_and_its_time() -> None:
+    """FedML's logger opens each line with the process's role and id (the server 0, client k
+    rank k in its simulations), then its time, level and caller
+    (tests/fixtures/real/eightysixth-*); a cross-silo client's own processes share the id and
+    add @replica-rank-N, so that id is no rank."""
+    parsed = parse_line(
+        "[FedML-Client(2) @device-id-2] [Sun, 06 Dec 2026 02:13:02] [INFO] "
+        "[fedavg.py:251:client] client_idx = 2, local_sample_number = 445",
+        2026,
+    )
+    assert parsed.origin.rank == 2 and parsed.level == "info"
+    assert parsed.time is not None and parsed.time.isoformat() == "2026-12-06T02:13:02+00:00"
+    assert parsed.text == "client_idx = 2, local_sample_number = 445"
+    server = parse_line(
+        "[FedML-Server(0) @device-id-0] [Sat, 27 Aug 2022 23:23:51] [INFO] [x.py:28:run] ok"
+    )
+    assert server.origin.rank == 0 and server.text == "ok"
+    replica = parse_line("[FedML-Client(1) @device-id-1 @replica-rank-3] [INFO] [a.py:1:f] go")
+    assert replica.origin.rank is None
+
+
 def test_a_json_log_line_gives_its_time_level_and_pod() -> None:
     """A structured line as the sixteenth set's pods wrote it (tests/fixtures/real/sixteenth-
     pod-evict): its own fields say when, how bad and which pod; its rank field names the

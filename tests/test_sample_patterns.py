@@ -12,12 +12,28 @@ from hypothesis import strategies as st
 from ddpdoctor.analysis.scanner import PROGRESS_COUNTER, PROGRESS_LINE, _progress_line
 
 PLAIN_LINE = re.compile(
-    r"(?i)\b(?:step|iter(?:ation)?|epoch|loss|batch|eta|kimg)\b\s*[:=\[]?\s*\d|\d+%\|"
+    r"(?i)(?:\b(?:step|iter(?:ation)?|epoch|loss|batch|eta|kimg|round)|(?<=train_)loss)\b"
+    r"\s*[:=\[]?\s*\d|\d+%\|"
 )
 PLAIN_COUNTER = re.compile(
     r"(?i)\b(?:step|iter(?:ation)?|batch|it)\b\D{0,3}?(?P<n>\d+)\s*/\s*(?P<total>\d+)"
 )
-WORDS = ["step", "STEP", "Iter", "iteration", "epoch", "Loss", "batch", "it", "x", "steps", "kimg"]
+WORDS = [
+    "step",
+    "STEP",
+    "Iter",
+    "iteration",
+    "epoch",
+    "Loss",
+    "batch",
+    "it",
+    "x",
+    "steps",
+    "kimg",
+    "round",
+    "train_",
+    "val_",
+]
 GLUE = [" ", ":", "=", "[", "/", " / ", "%|", "_", "", "é"]
 texts = st.lists(
     st.sampled_from(WORDS) | st.sampled_from(GLUE) | st.integers(0, 999).map(str), max_size=12
@@ -52,3 +68,11 @@ def test_real_progress_lines() -> None:
         "DUE TO TIME LIMIT ***"
     )
     assert _progress_line("step 59014 loss 0.3")
+    # a federated or RL run's communication round, and the training loss under a variable's
+    # name (FedML's logs: tests/fixtures/real/eightysixth-calm-fed)
+    assert _progress_line("################Communication round : 3")
+    assert _progress_line("client_idx = 1, round 0, train_loss = 1.2685, train_acc = 0.4484")
+    # not configuration, nor a summary's best validation loss at the end
+    assert not _progress_line("max_epoch: 100, num_steps: 10, warmup_steps = 100")
+    assert not _progress_line("rank 0 finished, best val_loss 1.1111")
+    assert not _progress_line("round-trip 3 ms")

@@ -246,13 +246,19 @@ class StreamSummary:
 # then skips other positions in C (3.6 -> 2.3 us a line on the benchmark's tails). Runs are
 # bounded (a percentage has at most 3 digits): `\d+%` from every digit of a long number, or
 # `\s*...\s*` over a long run of blanks, was quadratic.
-# (kimg: thousands of images shown, StyleGAN's unit of training: "tick 6     kimg 0.4")
-_PROGRESS_WORD = r"\b(?:step|iter(?:ation)?|epoch|loss|batch|eta|kimg)\b\s{0,8}[:=\[]?\s{0,8}\d"
+# (kimg: thousands of images shown, StyleGAN's unit of training: "tick 6     kimg 0.4"; round:
+# federated learning's communication round, "Communication round : 3"; the training loss as
+# a variable's name, "train_loss = 1.27" (not val_loss: a summary's "best val_loss 1.11" at
+# the end is no step))
+_PROGRESS_WORD = (
+    r"(?:\b(?:step|iter(?:ation)?|epoch|loss|batch|eta|kimg|round)|(?<=train_)loss)"
+    r"\b\s{0,8}[:=\[]?\s{0,8}\d"
+)
 _PROGRESS_BAR = r"\d{1,3}%\||\d\s?(?:it/s|s/it)\b"
 """A progress bar: tqdm's 'NN%|', or an iteration rate ('2.6it/s', '1.3 s/it') that bars
 without tqdm's frame print too (rich, ultralytics' '96% ━━━ 55/57 2.6it/s')."""
-PROGRESS_LINE = re.compile(rf"(?i)(?=[seilbk\d])(?:{_PROGRESS_WORD}|{_PROGRESS_BAR})")
-PROGRESS_WORDS = ("step", "iter", "epoch", "loss", "batch", "eta", "kimg")
+PROGRESS_LINE = re.compile(rf"(?i)(?=[seilbkr\d])(?:{_PROGRESS_WORD}|{_PROGRESS_BAR})")
+PROGRESS_WORDS = ("step", "iter", "epoch", "loss", "batch", "eta", "kimg", "round")
 """What _PROGRESS_WORD's match begins with (iteration with iter), in lower case."""
 PROGRESS_WORD_AT = re.compile(_PROGRESS_WORD)
 SLURM_STEP_NOTICE = re.compile(r"\*\*\* (?:STEP|JOB) \d[\d.]{0,30} ON ")

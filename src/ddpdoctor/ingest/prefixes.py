@@ -347,6 +347,28 @@ SKYPILOT = re.compile(
     r"(?:, ip=(?P<ip>[\d.]{7,15}|[0-9a-f:]{3,39}))?\) "
 )
 
+# FedML's logger (fedml/core/mlops/mlops_runtime_log.py) opens every line with the process's
+# role and id, then an RFC 2822-like time, its level and its caller: "[FedML-Server(0)
+# @device-id-0] [Sat, 27 Aug 2022 23:23:51] [INFO] [fedavg_api.py:85:train] ". In its MPI and
+# torch.distributed simulations the id is the process's rank (the server 0, client k rank k);
+# a cross-silo client's own processes add "@replica-rank-N" and share the client's id, which
+# is then no rank.
+FEDML = re.compile(
+    r"\[FedML-(?:Server|Client)\((?P<rank>\d{1,6})\)(?: @device-id-[\w.-]{1,40})?"
+    r"(?P<replica> @replica-rank-\d{1,6})?\] "
+    r"(?:\[(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun), (?P<ts>\d\d [A-Z][a-z]{2} \d{4} \d\d:\d\d:\d\d)\] )?"
+)
+
+
+def _fedml_time(ts: str | None) -> datetime | None:
+    if ts is None:
+        return None
+    try:
+        return plausible_time(datetime.strptime(ts, "%d %b %Y %H:%M:%S"))
+    except ValueError:  # a month's name in another locale
+        return None
+
+
 # A logger's name in brackets before its timestamp, as torchtitan's logger writes every line:
 # "[titan] 2025-09-02 16:40:17,305 - root - INFO - step: 10 ..."
 LOGGER_TAG = re.compile(r"\[[A-Za-z][\w.-]{0,30}\] (?=\d{4}-\d\d-\d\d[ T]\d\d:\d\d)")
@@ -653,6 +675,16 @@ def parse_line(raw: str, year: int = 1970, with_time: bool = True) -> ParsedLine
             else:
                 origin.local_rank = num
             prefix_parts.append(m.group(0).strip())
+            pos = m.end()
+            continue
+        m = FEDML.match(text, pos) if bracket and nxt == "F" else None
+        if m:
+            if m.group("replica") is None:
+                origin.rank = rank_number(m.group("rank"))
+            if with_time:
+                out.time = out.time or _fedml_time(m.group("ts"))
+            platform_ok = True
+            prefix_parts.append(m.group(0)[: m.group(0).index("]") + 1])
             pos = m.end()
             continue
         m = LOGGER_TAG.match(text, pos) if bracket and nxt.isalpha() else None

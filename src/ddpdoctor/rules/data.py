@@ -53,6 +53,23 @@ DATA_ERROR = Rule(
             r"mapping size <\d{1,15}>",
             "is smaller than the required mapping size",
         ),
+        # the same for numpy: a token or feature file (Megatron's indexed .bin, nanoGPT's and
+        # the memory-mapped datasets' uint16 shards) shorter than its index or header says, or
+        # cut inside an element: np.frombuffer (numpy's ctors.c) and np.memmap (CPython's
+        # mmap module)
+        Signature(
+            r"ValueError: (?:buffer is smaller than requested size"
+            r"|buffer size must be a multiple of element size"
+            r"|mmap length is greater than file size)",
+            "ValueError: ",
+        ),
+        # RandomSampler over a dataset of length 0 (its num_samples defaults to len(data)):
+        # this rank's part of the data is empty (more ranks than files or samples to split,
+        # a filter that kept nothing, an empty folder on this node)
+        Signature(
+            r"num_samples should be a positive integer value, but got num_samples=0\b",
+            "num_samples should be a positive integer value",
+        ),
         Signature(r"OSError: Unable to open file", "Unable to open file"),
         Signature(r"DatasetGenerationError"),
         Signature(
@@ -163,6 +180,9 @@ DATA_ERROR = Rule(
         "E1204 00:23:30.193631 24467 train.py:48] could not read /data/shard-1.txt: [Errno 2] "
         "No such file or directory: '/data/shard-1.txt'",
         "RuntimeError: Failed to fetch video after 10 retries.",
+        "ValueError: buffer is smaller than requested size",
+        "ValueError: mmap length is greater than file size",
+        "ValueError: num_samples should be a positive integer value, but got num_samples=0",
         "_pickle.UnpicklingError: pickle data was truncated",
     ),
     negative=(
@@ -170,6 +190,8 @@ DATA_ERROR = Rule(
         "python3: can't open file '/work/train.py': [Errno 2] No such file or directory",
         "Failed to load image Python extension: 'libc10_cuda.so: cannot open shared object file'",
         "_pickle.UnpicklingError: Weights only load failed. This file can still be loaded",
+        "ValueError: cannot reshape array of size 0 into shape (8,1024)",
+        "ValueError: num_samples should be a positive integer value, but got num_samples=-5",
     ),
 )
 

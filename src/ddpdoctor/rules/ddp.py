@@ -303,7 +303,10 @@ UNEVEN_INPUTS = Rule(
     title="Ranks ran out of data at different steps",
     sources="torch/distributed/algorithms/join.py, DDP join()",
     signatures=(
-        Signature(r"Detected at least one rank that exhausted inputs"),
+        # join.py Join._get_num_nonjoined_procs with throw_on_early_termination: raised on
+        # the ranks that still had inputs, once a peer ran out (that peer raises 'Rank N
+        # exhausted all inputs.'): they waited for it, they did not run out
+        Signature(r"Detected at least one rank that exhausted inputs", echo=Echo.WAITING),
         Signature(r"rank (?P<rank>\d+) .{0,40}exhausted (?:its )?inputs", "exhausted"),
         # torch/distributed/algorithms/join.py Join._notify_procs_to_terminate: the rank that
         # ran out first

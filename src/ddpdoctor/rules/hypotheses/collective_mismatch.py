@@ -62,6 +62,7 @@ def assess(job: JobEvidence) -> Assessment | None:
             _from_skipped_step(job),
             _from_named_absence(job),
             _from_group_creation(job),
+            _from_crossed_sends(job),
         )
         if a
     ]
@@ -375,5 +376,48 @@ def _from_group_creation(job: JobEvidence) -> Assessment | None:
                 if culprits
                 else ""
             )
+        ],
+    )
+
+
+def _from_crossed_sends(job: JobEvidence) -> Assessment | None:
+    """Every rank that waited stood in a blocking send (its traceback's `dist.send`), and no
+    rank failed on its own: a blocking send returns once its peer posts the matching receive,
+    so ranks that all send before they receive wait on each other (an exchange, a ring, a
+    pipeline's hand-off written in the same order on both sides). The order of the exchange
+    is wrong on every rank alike: nobody to single out."""
+    if any(v.failed for v in job.ranks.values()):
+        return None
+    ops: dict[int, str | None] = {}
+    for rank, view in job.ranks.items():
+        sites = [s for s in view.wait_sites if s.op or s.site]
+        if sites:
+            ops[rank] = sites[-1].op.lower() if sites[-1].op else None
+    senders = {r for r, op in ops.items() if op == "send"}
+    # every rank of the world among them: a rank that was elsewhere (busy, stuck, gone) is
+    # the receiver the senders waited for, not a partner in a crossed exchange
+    world = set(range(job.world_size)) if job.world_size else set(job.ranks)
+    if len(senders) < 2 or senders != set(ops) or not job.waiting <= senders or senders != world:
+        return None
+    where = "; ".join(
+        f"rank {r} at {job.ranks[r].wait_sites[-1].site}"
+        for r in sorted(senders)
+        if job.ranks[r].wait_sites[-1].site
+    )
+    return Assessment(
+        RULE,
+        0.6,
+        [],
+        [
+            f"{ranks_text(senders)} each waited in a blocking send"
+            + (f" ({where})" if where else "")
+            + " and none in a receive: a send returns only once its peer posts the matching "
+            "receive, so ranks that all send first wait on each other for ever (a deadlock in "
+            "the order of the exchange, the same on every rank)."
+        ],
+        fix=[
+            "Order the exchange so that every send meets a posted receive: even ranks send "
+            "first and odd ranks receive first, or post both at once with dist.isend/dist.irecv "
+            "(or dist.batch_isend_irecv) and wait on the requests afterwards.",
         ],
     )

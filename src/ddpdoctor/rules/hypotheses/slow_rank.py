@@ -11,6 +11,7 @@ from ddpdoctor.rules.hypotheses.base import Assessment, ranks_text
 from ddpdoctor.rules.hypotheses.stalled_rank import (
     blocked_ranks,
     from_silent_rank,
+    kept_writing,
     lock_waiting_ranks,
     not_main_and_silent,
     prompted_ranks,
@@ -138,7 +139,12 @@ def assess(job: JobEvidence) -> Assessment | None:
                         f' Its last words while they waited were work of its own: "'
                         f'{job.ranks[min(phased)].busy_phase}".'
                         if len(phased) == 1
-                        else ""
+                        else "".join(
+                            f" Rank {r}'s output went on after they had given up on it (it "
+                            f'was working, not blocked): "{job.ranks[r].last_text.strip()[:120]}".'
+                            for r in sorted(culprit)
+                            if kept_writing(job, r)
+                        )
                     )
                 ],
                 evidence=[e for r in sorted(culprit) for e in job.ranks[r].evidence[:1]],

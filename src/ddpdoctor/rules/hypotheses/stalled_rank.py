@@ -136,12 +136,33 @@ def _writers_or_the_one_alive(job: JobEvidence, lines: list[Evidence]) -> set[in
 
 
 def not_main_and_silent(job: JobEvidence, ranks: set[int]) -> bool:
-    """Ranks other than the main process that announced no work of their own and whose place
-    no stop signal showed: nothing says they were busy."""
+    """Ranks other than the main process that announced no work of their own, whose place no
+    stop signal showed, and whose output did not go on after the others had given up on them:
+    nothing says they were busy. (A rank blocked on a lock or a queue prints nothing; one that
+    went on writing its own lines while the others timed out was working.)"""
     return (
         bool(ranks)
         and MAIN_PROCESS not in ranks
-        and all(job.ranks[r].activity is None and not job.ranks[r].busy_phase for r in ranks)
+        and all(
+            job.ranks[r].activity is None
+            and not job.ranks[r].busy_phase
+            and not kept_writing(job, r)
+            for r in ranks
+        )
+    )
+
+
+def kept_writing(job: JobEvidence, rank: int) -> bool:
+    """The rank's own output went on after another rank's timeout or lost peer, and what it
+    wrote last was neither an error nor a stop signal's trace: alive and at work when the
+    others gave up on it."""
+    view = job.ranks[rank]
+    return (
+        view.spoke_after_waits
+        and not view.interrupted
+        and not view.failed
+        and not view.warned
+        and "stopped" not in view.echoes
     )
 
 
