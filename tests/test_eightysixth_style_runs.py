@@ -40,9 +40,10 @@ the suite's convention being [0] (port-squat); a SIGTERMed spawn launcher leaves
 (term-fed). Now 11 of 16: FedML's prefix names the rank (Server(0), Client(k)) and its
 time, a communication round and train_loss are training progress (calm-fed, loud-fed,
 drop-sim); num_samples=0 is an empty data part (empty-client); port-squat's EXPECTED was
-changed to the suite's convention ([0]) after the diagnosis, as its helper advised. Still
-missed: straggler, stuck-client and local-stop now read as the server alone in a collective
-(INF203 on rank 0), cfg-skew, term-fed."""
+changed to the suite's convention ([0]) after the diagnosis, as its helper advised. Then 13:
+when the main process waited, the clients the others trained on after had fallen behind
+(stuck-client: hang on rank 1) or, where it lost a peer, had left (local-stop). Still missed:
+straggler (hang on the right rank), cfg-skew, term-fed."""
 
 from __future__ import annotations
 
@@ -144,24 +145,11 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "local-stop": "failed, collective-mismatch on rank 0 (INF203, 0.5): with the FedML prefixes "
-    "read as ranks, only the server (rank 0) lost a peer while both clients 'went on without "
-    "error', which reads as the server alone in a collective; client 2's 'client 2 converged "
-    "(train_acc 0.6798 >= 0.67), leaving the federation' and 'client 2 finished' while client 1 "
-    "went on to round 4 are not read as rank 2 leaving early (the wait is in a broadcast, not in "
-    "a training step's backward). At first sight: hung, hang on rank 1 (INF211): uncoordinated-"
-    "exit on rank 2",
-    "straggler": "failed, collective-mismatch on rank 0 (INF203, 0.5): with the FedML prefixes "
-    "read as ranks, only the server timed out in its gather while both clients 'went on without "
-    "error' (spawn SIGTERMed them by pid), which reads as the server alone in a collective; "
-    "client 2's last words 'client 2 (simulated slow device, 30x): local epoch 1/2' (mid-way "
-    "through its local epochs, while client 1 had reported its round) are not read as work of "
-    "its own. At first sight: nccl-timeout on ranks 1,2 (INF204): slow-rank-timeout on rank 2",
-    "stuck-client": "failed, collective-mismatch on rank 0 (INF203, 0.5): with the FedML prefixes "
-    "read as ranks, only the server timed out in round 2's gather while both clients 'went on "
-    "without error', read as the server alone in a collective; that client 2 logged 'round 2' "
-    "and client 1 fell silent after round 1 (a rank behind the others) is not read. At first "
-    "sight: nccl-timeout on ranks 1,2 (INF204): hung, hang on rank 1",
+    "straggler": "hung, hang on rank 2 (INF211, 0.5): right rank, wrong kind: client 1 reported "
+    "its round after client 2's last line and the server timed out waiting, so client 2 fell "
+    "behind; but its last words 'client 2 (simulated slow device, 30x): local epoch 1/2' (a "
+    "phase under way) are not read as work, and a silent rank other than 0 reads as blocked. At "
+    "first sight: nccl-timeout on ranks 1,2 (INF204): slow-rank-timeout on rank 2",
     "cfg-skew": "failed, collective-mismatch on rank 0 (COL101, 0.9): gloo's '6420 vs 3220 ... "
     "Is there a distributed collective mismatch in your code?' abort of the server (the receiver "
     "of the gather) is taken at its word and the aborted rank named; client 2's 'loaded silo "

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from ddpdoctor.model.evidence import JobEvidence
 from ddpdoctor.rules.base import Explanation, Rule
-from ddpdoctor.rules.hypotheses.base import Assessment, ranks_text
+from ddpdoctor.rules.hypotheses.base import MAIN_PROCESS, Assessment, ranks_text
 from ddpdoctor.rules.hypotheses.stalled_rank import (
     blocked_ranks,
     from_silent_rank,
@@ -95,13 +95,23 @@ def assess(job: JobEvidence) -> Assessment | None:
         # of several terminated ranks, the ones that announced a long task of their own ("re-
         # tokenizing the shard") were busy; the others were stopped while waiting with the rest
         phased = {r for r in busy if job.ranks[r].busy_phase}
-        culprit = (busy & named) or phased or busy
+        # the main process waited for the others (a server, a coordinator): of several live
+        # ranks, the ones the others trained on after had fallen behind, and the collective
+        # waited for them. (Where another rank waited, a quiet main process may be ahead, in
+        # a collective of its own, and the order of lines in a console says nothing of it.)
+        behind = busy & job.fell_silent_first if MAIN_PROCESS in waiting else set()
+        behind = behind if behind < busy and not (busy & named) and not phased else set()
+        culprit = (busy & named) or phased or behind or busy
         # the launcher's termination shows a rank alive outside the collective; a
         # transport's silence only that it was alive (busy, stuck, or in another
         # collective whose own evidence then weighs more)
-        score = 0.7 if busy & named else 0.6 if culprit - running else 0.4
+        score = 0.7 if busy & named else 0.6 if culprit - running else 0.55 if behind else 0.4
         if not (busy & named) and not phased and not_main_and_silent(job, culprit):
-            found.append(from_silent_rank(job, culprit, waiting, score, not culprit - running))
+            found.append(
+                from_silent_rank(
+                    job, culprit, waiting, score, not culprit - running, (busy - culprit) & quiet
+                )
+            )
             return max(found, key=lambda a: a.score)
         found.append(
             Assessment(

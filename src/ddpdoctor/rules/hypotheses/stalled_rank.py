@@ -167,7 +167,12 @@ def kept_writing(job: JobEvidence, rank: int) -> bool:
 
 
 def from_silent_rank(
-    job: JobEvidence, silent: set[int], waiting: set[int], score: float, by_transport: bool
+    job: JobEvidence,
+    silent: set[int],
+    waiting: set[int],
+    score: float,
+    by_transport: bool,
+    trained_on: set[int] | None = None,
 ) -> Assessment:
     """Ranks other than the main process, alive (the launcher had to stop them, or the
     transport showed them running), silent and with no work announced, while the others timed
@@ -200,6 +205,15 @@ def from_silent_rank(
             + " own: work only one rank does (evaluation, saving, preprocessing) is the main "
             "process's, so a rank other than 0 that falls silent outside the collectives is "
             "most likely blocked (a lock, a queue, the data loader, a file), not busy."
+            + (
+                f" {ranks_text(trained_on).capitalize()} went on training after "
+                + ("its" if one else "their")
+                + " last line: "
+                + ("it" if one else "they")
+                + " fell behind the others."
+                if trained_on
+                else ""
+            )
         ],
         against=["nothing in the logs shows where it was: it may also have been slow"],
         evidence=[e for r in sorted(silent) for e in job.ranks[r].evidence[:1]],

@@ -8,7 +8,12 @@ from __future__ import annotations
 from ddpdoctor.model.evidence import JobEvidence
 from ddpdoctor.model.taxonomy import Status
 from ddpdoctor.rules.base import Explanation, Rule
-from ddpdoctor.rules.hypotheses.base import Assessment, ranks_text, stall_evidence
+from ddpdoctor.rules.hypotheses.base import (
+    MAIN_PROCESS,
+    Assessment,
+    ranks_text,
+    stall_evidence,
+)
 from ddpdoctor.rules.hypotheses.killed_rank import stopped_on_a_step
 
 RULE = Rule(
@@ -90,6 +95,26 @@ def assess(job: JobEvidence) -> Assessment | None:
         loopback = _from_loopback(job)
         if loopback is not None:
             return loopback
+    first = left & job.fell_silent_first if MAIN_PROCESS in waiting else set()
+    if first and quiet - first and len(waiting) < len(quiet) and not job.timed_out:
+        # the main process lost a peer; of the ranks that fell quiet without an error, the
+        # others trained on after these stopped talking, and a closed connection is a process
+        # that ended: these left first
+        return Assessment(
+            RULE,
+            0.55,
+            sorted(first),
+            [
+                f"{ranks_text(first)} fell silent without any error while "
+                f"{ranks_text(quiet - first)} went on training after "
+                + ("its" if len(first) == 1 else "their")
+                + f" last line, and {ranks_text(waiting)} then lost the connection to a peer: "
+                "a closed connection is a process that ended, so "
+                + ("it" if len(first) == 1 else "they")
+                + " left (or were killed) first. This is not a network fault."
+            ],
+            evidence=[e for r in sorted(first) for e in job.ranks[r].evidence[:1]],
+        )
     if left and waiting and len(waiting) >= len(quiet):
         return Assessment(
             RULE,
