@@ -38,7 +38,9 @@ send of a collective mismatch, not as the rank whose loop ended first (tail-skip
 stuck in dist.send of the same ring hop read as a bare gloo timeout with no cause (send-lock).
 Now 15 of 16: numpy's "buffer is smaller than requested size" is a truncated data file
 (DATA101, bin-cut); every rank of the world waiting in a blocking send is a crossed exchange
-(INF203, no culprit: send-lock). tail-skip is still a miss."""
+(INF203, no culprit: send-lock). Then 16: a collective inside a model's forward (a module's
+call) is a step of the model, so rank 1 waiting in a barrier while rank 0 waited inside one
+had left its loop first (tail-skip)."""
 
 from __future__ import annotations
 
@@ -139,13 +141,7 @@ EXPECTED: dict[str, Expected] = {
 }
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
-MISSES: dict[str, str] = {
-    "tail-skip": "failed, collective-mismatch on rank 1 (INF203, 0.4): right rank, wrong kind: "
-    "rank 1 waiting in barrier at train.py:337 while rank 0 waited in its ring exchange at "
-    "train.py:75 reads as a rank that skipped a send of the others' collective sequence; rank 1's "
-    "'[rank1] epoch 0 done: 48 steps' (its loop ended, rank 0 printed no such line and was in "
-    "step 49) is not read as the rank whose data ran out first",
-}
+MISSES: dict[str, str] = {}
 
 
 RUNS = RunSet("eightyfifth-", EXPECTED, MISSES, label_nowhere=True)

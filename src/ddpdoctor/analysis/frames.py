@@ -78,6 +78,7 @@ EVALUATION_NAME = re.compile(
 )
 TRAINING_NAME = re.compile(r"(?i)(?:^|_)train")
 DDP_FORWARD = re.compile(r"torch/nn/parallel/distributed\.py$")
+MODULE_CALL = re.compile(r"torch/nn/modules/module\.py$")
 FSDP_PATH = re.compile(r"torch/distributed/(?:_composable/)?fsdp/")
 FSDP_FORWARD_FUNCS = frozenset(
     {"_pre_forward", "pre_forward", "_pre_forward_unshard", "_root_pre_forward"}
@@ -88,7 +89,10 @@ their unshard for a state dict or summon_full_params, which also runs outside an
 
 def phase(hit: Hit) -> str | None:
     """The phase of the program the hit's traceback was in, by the innermost frame that names
-    one: a collective reached from an evaluation loop, or from a training step."""
+    one: a collective reached from an evaluation loop, or from a training step. A collective
+    inside a model's forward (a module's call: ring attention, tensor parallelism, DDP's own)
+    that no frame names otherwise is a step of the model, as DDP's forward is."""
+    in_model = False
     for record in reversed(hit.context):
         m = FRAME.search(record.text)
         if m is None:
@@ -97,12 +101,13 @@ def phase(hit: Hit) -> str | None:
         if IN_BACKWARD.search(record.text) or _step_forward(path, func):
             return TRAINING
         if "/torch/" in path:
+            in_model = in_model or MODULE_CALL.search(path) is not None
             continue
         if EVALUATION_NAME.search(func):
             return EVALUATION
         if TRAINING_NAME.search(func):
             return TRAINING
-    return None
+    return TRAINING if in_model else None
 
 
 # A code line that blocks without working: a sleep, or waiting on a lock (a deadlock when the
