@@ -42,7 +42,11 @@ Misses: both healthy runs read as a log that ends mid-training (hang, INF212 0.3
 FourCastNet's final 'DONE ---- rank 0' is not read as the end of training and torchrun without
 --tee says nothing on success (calm-sky, loud-sky); the time limit read as rank 0 leaving
 without an error (uncoordinated-exit, INF202), because the SIGTERM reached node 0's agent first
-and node 1's ranks saw the reset connections before their own agent's death signal (sky-term)."""
+and node 1's ranks saw the reset connections before their own agent's death signal (sky-term).
+Now 15 of 16: FourCastNet's 'DONE ---- rank N' after trainer.train() is the end of training
+(calm-sky, loud-sky). sky-term stays a miss: reading node 0's stop as the cause of node 1's
+lost peers, which its log shows before its own stop line, made the lost peers the root (a
+network fault: worse), and was dropped."""
 
 from __future__ import annotations
 
@@ -144,17 +148,6 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "calm-sky": (
-        "unknown hang [] (INF212, 0.30: 'The log ends in the middle of training, without an "
-        "end'): FourCastNet's last record 'root - INFO - DONE ---- rank 0' is not read as the end "
-        "of training, and torchrun without --tee prints nothing when every worker exits 0, so "
-        "node 0's log ends after epoch 3's records (max_epochs 3 in the logged configuration) "
-        "with no end marker and node 1's holds only the node_rank warning"
-    ),
-    "loud-sky": (
-        "unknown hang [] (INF212, 0.30): the same unread 'DONE ---- rank 0' end as calm-sky; node "
-        "1's log ends in the GradScaler warnings, which are no end either"
-    ),
     "sky-term": (
         "failed uncoordinated-exit [0] (INF202, 0.60; the preemption LCH109 only a cascade): "
         "both torchruns log 'Received 15 death signal, shutting down workers' and raise "

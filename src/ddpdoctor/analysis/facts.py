@@ -467,6 +467,10 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
     ),
     # DeepSpeed launcher/launch.py, for each worker that exited 0
     FactPattern("completed", r"Process \d+ exits successfully\.", "exits successfully"),
+    # the last line of FourCastNet's train.py and the weather models built on it (Makani,
+    # ACE/fme, ClimaX-era scripts): logging.info('DONE ---- rank %d' % world_rank) after
+    # trainer.train() returned
+    FactPattern("completed", MESSAGE_START + r"DONE ---- rank \d{1,6}$", "DONE ---- rank "),
     # a script's own last words: a finishing verb first (the message's first word, after the
     # line's prefix), then how much it did ("finished 61 iters in 5.0s", "done: 30 steps",
     # "completed 3 epochs"); not one epoch's end ("epoch 3 done", "epoch 3 finished: 120
