@@ -377,6 +377,10 @@ def build_evidence(job: JobView, events: list[Event]) -> JobEvidence:
         if s.last_epoch is not None
     ]
     evidence.ended_on_last_epoch = bool(counted) and all(counted)
+    if evidence.ended_on_last_epoch:
+        evidence.last_epoch_lines = [
+            (s.source, s.last_progress_line) for s in job.streams if s.last_epoch is not None
+        ]
     evidence.stalled_at_startup = _stalled_at_startup(job)
     evidence.one_device_per_process = _one_device_per_process(job)
     evidence.cut_tracebacks = list(job.cut_tracebacks)

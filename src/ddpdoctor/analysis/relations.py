@@ -130,7 +130,8 @@ def survived(event: Event, evidence: JobEvidence) -> bool:
 
 
 def _ended_well_after(event: Event, evidence: JobEvidence) -> bool:
-    """An error that training announced its end after, below it in the same output, in a job
+    """An error that training announced its end after (or reached its last epoch after, its
+    counters at their totals), below it in the same output, in a job
     where nothing else shows a failure: no rank lost or waited for another, no launcher
     reacted, no exit failed. Had the error ended its rank, its peers would have lost it: the
     program caught it and went on (a dashboard push retried, a metric skipped)."""
@@ -141,6 +142,11 @@ def _ended_well_after(event: Event, evidence: JobEvidence) -> bool:
     return all(
         any(
             end.source == h.record.source and end.line > h.record.line for end in evidence.end_marks
+        )
+        # or the training loop seen at its last epoch below it (its counters at their totals)
+        or any(
+            source == h.record.source and line > h.record.line
+            for source, line in evidence.last_epoch_lines
         )
         for h in event.hits
     )

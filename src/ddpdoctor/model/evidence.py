@@ -274,6 +274,9 @@ class JobEvidence:
     epoch named without its total, 'Epoch(train) [3][12/12]', is the last when it is the one
     number of epochs the start-up announced, 'max_epochs=3'): the training loop ran to its
     end, whatever the program printed after it."""
+    last_epoch_lines: list[tuple[str, int]] = field(default_factory=list)
+    """(source, line) of each writer's last progress line, where ended_on_last_epoch: where
+    in each output the training loop was seen at its end."""
     normal_seen: bool = False
     """Messages of normal operation were read (start-up, DDP notes): healthy as far as they go."""
     lost_peers_on_loopback: bool = False
