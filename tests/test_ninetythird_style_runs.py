@@ -48,7 +48,9 @@ one-hot of a label with a class the model lacks (label-four) are read as generic
 exceptions, not data errors; five-val's uneven validation partition, which gloo ends exactly as a
 rank-0-only all_reduce ('28800 vs 4 ... Is there a distributed collective mismatch' on rank 0),
 is read as a collective mismatch of rank 0 (only the unlabelled bars' 3/3 and 2/2 show the
-uneven parts)."""
+uneven parts). Now 14 of 16: MONAI's 'train completed, best_metric: ... at epoch: N' is the
+end of training (loud-seg), numpy's 'Failed to read all data for array ... (file seems not
+fully written?)' a truncated input file (torn-case)."""
 
 from __future__ import annotations
 
@@ -151,21 +153,6 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "loud-seg": (
-        "unknown hang [] (INF212, confidence 0.3, 'The log ends in the middle of training, "
-        "without an end'), evidence the last line 'train completed, best_metric: 0.8482 at "
-        "epoch: 3, total time: 1.0579.': the tutorial's end-of-training line is not known as an "
-        "end, and its 'at epoch: 3' (the best epoch) is read as the epoch counter, so the "
-        "writer seems to stop at epoch 3 of 5 (the same console with that line's epoch at 5, "
-        "or without the line, reads ok; calm-seg, whose best epoch is its last, reads ok)"
-    ),
-    "torn-case": (
-        "failed python-exception [1] (PY101, confidence 0.6): rank 1's 'ValueError: Failed to "
-        "read all data for array. Expected (48, 48, 48) = 110592 elements, could only read 4968 "
-        "elements. (file seems not fully written?)' raised by numpy's read_array under np.load "
-        "in CacheDataset's loading is not known as a truncated input file (the tool knows "
-        "torch.load's and image decoders' texts, not numpy's)"
-    ),
     "label-four": (
         "failed python-exception [0] (PY101, confidence 0.6): rank 0's 'RuntimeError: index 4 "
         "is out of bounds for dimension 1 with size 2' raised by scatter_ in the DiceLoss "

@@ -471,6 +471,11 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
     # ACE/fme, ClimaX-era scripts): logging.info('DONE ---- rank %d' % world_rank) after
     # trainer.train() returned
     FactPattern("completed", MESSAGE_START + r"DONE ---- rank \d{1,6}$", "DONE ---- rank "),
+    # MONAI's tutorials and the segmentation scripts copied from them, after the epoch loop:
+    # print(f"train completed, best_metric: {best_metric:.4f} at epoch: {best_metric_epoch}")
+    FactPattern(
+        "completed", MESSAGE_START + r"train completed, best_metric: ", "train completed, best_"
+    ),
     # a script's own last words: a finishing verb first (the message's first word, after the
     # line's prefix), then how much it did ("finished 61 iters in 5.0s", "done: 30 steps",
     # "completed 3 epochs"); not one epoch's end ("epoch 3 done", "epoch 3 finished: 120

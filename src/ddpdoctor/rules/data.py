@@ -63,6 +63,11 @@ DATA_ERROR = Rule(
             r"|mmap length is greater than file size)",
             "ValueError: ",
         ),
+        # np.load of a .npy cut short (numpy/lib/format.py read_array)
+        Signature(
+            r"Failed to read all data for array\. .{0,200}\(file seems not fully written\?\)",
+            "Failed to read all data for array",
+        ),
         # RandomSampler over a dataset of length 0 (its num_samples defaults to len(data)):
         # this rank's part of the data is empty (more ranks than files or samples to split,
         # a filter that kept nothing, an empty folder on this node)
@@ -182,6 +187,8 @@ DATA_ERROR = Rule(
         "RuntimeError: Failed to fetch video after 10 retries.",
         "ValueError: buffer is smaller than requested size",
         "ValueError: mmap length is greater than file size",
+        "ValueError: Failed to read all data for array. Expected (100, 100) = 10000 elements, "
+        "could only read 4992 elements. (file seems not fully written?)",
         "ValueError: num_samples should be a positive integer value, but got num_samples=0",
         "_pickle.UnpicklingError: pickle data was truncated",
     ),
