@@ -39,7 +39,10 @@ torchrun's silence reads as a log that stops (calm-beast, loud-beast, trio-beast
 the actors' unprefixed tracebacks are given to rank 0, not to learner 1 that owns them
 (level-torn, where numpy's short read is not a data error either, and unroll-skew); learner 1's
 'learning finished after 12000 steps' on its smaller share is not read as the rank that ran
-out (actors-odd: uncoordinated-exit without a culprit)."""
+out (actors-odd: uncoordinated-exit without a culprit). Now 13 of 16: TorchBeast's
+'[INFO:pid module:line time] ' header is read (level, pid, time) and its 'Learning finished after N
+steps.' is the end of training (calm-beast, loud-beast, trio-beast); level-torn now data-error,
+on the wrong rank."""
 
 from __future__ import annotations
 
@@ -141,15 +144,11 @@ HEALTHY = "unknown, hang (INF212, 0.3): 'the log ends in the middle of training,
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "calm-beast": HEALTHY,
-    "loud-beast": HEALTHY,
-    "trio-beast": HEALTHY,
-    "level-torn": "failed, python-exception on rank 0 (PY101, 0.6): the four ValueErrors of learner "
-    "1's actors ('Failed to read all data for array. Expected (64, 5, 5) = 1600 elements, could only "
-    "read 772 elements. (file seems not fully written?)' from np.load) come in unprefixed actor "
-    "tracebacks, so they are given to rank 0, the learner whose own timeout is the only ranked error; "
-    "'Exception in worker process 3' and 'Learner 1: actors [1, 3]' are not joined to name learner 1, "
-    "and numpy's short-read of a level file is not read as a data error: data-error on rank 1",
+    "level-torn": "failed, data-error on rank 0 (DATA101, 0.9): the kind is right now (numpy's "
+    "'Failed to read all data for array ... (file seems not fully written?)' is a cut input "
+    "file), the rank is not: the actors' tracebacks carry no rank prefix and are given to rank 0, "
+    "not to learner 1 ('Learner 1: actors [1, 3]', 'Exception in worker process 3'). At first "
+    "sight: python-exception on rank 0 (PY101)",
     "actors-odd": "failed, uncoordinated-exit without a culprit (INF202, 0.3): learner 0 lost its peer "
     "('Connection closed by peer') after '[INFO:2052 monobeast:439 ...] Learner 1: learning finished "
     "after 12000 steps.', but the pid-tagged record is not read as rank 1 leaving its loop on a smaller "

@@ -491,6 +491,14 @@ def test_a_fedml_prefix_names_the_rank_and_its_time() -> None:
     assert replica.origin.rank is None
 
 
+def test_torchbeasts_format_gives_level_pid_and_time() -> None:
+    """TorchBeast's '[%(levelname)s:%(process)d %(module)s:%(lineno)d %(asctime)s] '
+    (tests/fixtures/real/ninetysecond-*): the process, not a rank."""
+    parsed = parse_line("[INFO:348 monobeast:442 2026-12-06 03:26:33,893] Learning finished.")
+    assert (parsed.level, parsed.origin.pid, parsed.origin.rank) == ("info", 348, None)
+    assert parsed.text == "Learning finished." and parsed.time is not None
+
+
 def test_a_json_log_line_gives_its_time_level_and_pod() -> None:
     """A structured line as the sixteenth set's pods wrote it (tests/fixtures/real/sixteenth-
     pod-evict): its own fields say when, how bad and which pod; its rank field names the

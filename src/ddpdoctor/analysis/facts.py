@@ -476,6 +476,13 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
     FactPattern(
         "completed", MESSAGE_START + r"train completed, best_metric: ", "train completed, best_"
     ),
+    # TorchBeast's monobeast/polybeast (and the IMPALA forks built on it), after its learner
+    # threads joined: logging.info("Learning finished after %d steps.", step)
+    FactPattern(
+        "completed",
+        MESSAGE_START + r"Learning finished after \d{1,15} steps\.",
+        "Learning finished after ",
+    ),
     # a script's own last words: a finishing verb first (the message's first word, after the
     # line's prefix), then how much it did ("finished 61 iters in 5.0s", "done: 30 steps",
     # "completed 3 epochs"); not one epoch's end ("epoch 3 done", "epoch 3 finished: 120

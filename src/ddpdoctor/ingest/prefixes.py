@@ -392,6 +392,15 @@ BRACKET_LEVEL = re.compile(
     r"|\|(?P<ts2>\d{4}-\d\d-\d\d " + HMS + r")\] [\w.-]{1,120}(?::\d{1,6})? >> "
     r"|:[\w.-]{1,40}\] )"
 )
+# TorchBeast's (and its IMPALA forks') format, "[%(levelname)s:%(process)d %(module)s:%(lineno)d
+# %(asctime)s] ": "[INFO:348 monobeast:442 2026-12-06 03:26:33,893] Learning finished ..."
+PID_MODULE_TIME = re.compile(
+    r"\["
+    + LEVELS
+    + r":(?P<pid>\d{1,9}) [\w.-]{1,80}:\d{1,6} (?P<ts>\d{4}-\d\d-\d\d "
+    + HMS
+    + r")\] "
+)
 # DeepSpeed's logger after its time: "[INFO] [logging.py:96:log_dist] "
 BRACKET_LEVEL_CALLER = re.compile(r"\[" + LEVELS + r"\] \[[\w.-]{1,80}:\d{1,6}:\w{1,80}\] ")
 # detectron2 (no year): "[05/01 10:00:00 d2.engine.train_loop]: ", its file format
@@ -689,6 +698,15 @@ def parse_line(raw: str, year: int = 1970, with_time: bool = True) -> ParsedLine
             continue
         m = LOGGER_TAG.match(text, pos) if bracket and nxt.isalpha() else None
         if m:
+            pos = m.end()
+            continue
+        m = PID_MODULE_TIME.match(text, pos) if bracket and nxt in "DIWEC" else None
+        if m:
+            out.level = _level_of(m)
+            origin.pid = pid_number(m.group("pid"))
+            if with_time:
+                out.time = out.time or _parse_iso(m.group("ts"))
+            platform_ok = True
             pos = m.end()
             continue
         m = BRACKET_LEVEL.match(text, pos) if bracket and nxt in "DIWEC" else None
