@@ -184,10 +184,11 @@ def _spoke_after_waits(job: JobView, events: list[Event], ranks: dict[int, RankV
             view.spoke_after_waits = True
 
 
-def _fell_silent_first(job: JobView, known: set[int]) -> set[int]:
-    """Ranks whose last line in a console comes before another rank's last training-progress
-    line in that console: the others trained on after this one fell silent. (Per-rank files
-    give no common order: only a console the ranks share says who stopped first.)"""
+def _trained_on_after(job: JobView, known: set[int]) -> dict[int, set[int]]:
+    """Each rank whose last line in a console comes before another rank's last training-
+    progress line in that console, with those ranks: they trained on after it fell silent.
+    (Per-rank files give no common order: only a console the ranks share says who stopped
+    first.)"""
     last: dict[str, dict[int, int]] = {}
     progress: dict[str, dict[int, int]] = {}
     for stream in job.streams:
@@ -199,13 +200,13 @@ def _fell_silent_first(job: JobView, known: set[int]) -> set[int]:
         if stream.last_progress_line > 0:
             steps = progress.setdefault(stream.source, {})
             steps[writer] = max(steps.get(writer, 0), stream.last_progress_line)
-    first: set[int] = set()
+    after: dict[int, set[int]] = {}
     for source, lines in last.items():
         steps = progress.get(source, {})
-        first |= {
-            r for r, line in lines.items() if any(o != r and p > line for o, p in steps.items())
-        }
-    return first
+        for r, line in lines.items():
+            if went_on := {o for o, p in steps.items() if o != r and p > line}:
+                after.setdefault(r, set()).update(went_on)
+    return after
 
 
 def build_evidence(job: JobView, events: list[Event]) -> JobEvidence:
@@ -260,7 +261,7 @@ def build_evidence(job: JobView, events: list[Event]) -> JobEvidence:
     for rank, on_step in ended_on_step.items():
         ranks[rank].ended_on_step = on_step
     _spoke_after_waits(job, events, ranks)
-    evidence.fell_silent_first = _fell_silent_first(job, set(ranks))
+    evidence.trained_on_after = _trained_on_after(job, set(ranks))
 
     flight = info.flight
     if flight is not None:

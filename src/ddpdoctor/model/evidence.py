@@ -301,10 +301,10 @@ class JobEvidence:
     each was doing when its output ends."""
     traced_endings: set[tuple[str, int]] = field(default_factory=set)
     """(source, line) of last words that ended a traceback shown above them."""
-    fell_silent_first: set[int] = field(default_factory=set)
-    """Ranks whose output in a console stops before another rank's training progress there:
-    the others went on with training after this rank's last line (where the console gives
-    the order: one console, lines in their order)."""
+    trained_on_after: dict[int, set[int]] = field(default_factory=dict)
+    """For each rank whose output in a console stops before another rank's training progress
+    there, those other ranks: they went on with training after its last line (where a console
+    gives the order: one console, lines in their order)."""
     stopped_by_run: bool = False
     """`ddpdoctor run` ended the job: its kill after a hang, or a stop signal it forwarded."""
     launched_processes: int | None = None

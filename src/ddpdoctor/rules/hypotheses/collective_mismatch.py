@@ -397,7 +397,7 @@ def _from_crossed_sends(job: JobEvidence) -> Assessment | None:
     # every rank of the world among them: a rank that was elsewhere (busy, stuck, gone) is
     # the receiver the senders waited for, not a partner in a crossed exchange
     world = set(range(job.world_size)) if job.world_size else set(job.ranks)
-    if len(senders) < 2 or senders != set(ops) or not job.waiting <= senders or senders != world:
+    if len(world) < 2 or set(ops) != world or senders != world:
         return None
     where = "; ".join(
         f"rank {r} at {job.ranks[r].wait_sites[-1].site}"

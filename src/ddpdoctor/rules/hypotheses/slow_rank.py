@@ -99,7 +99,7 @@ def assess(job: JobEvidence) -> Assessment | None:
         # ranks, the ones the others trained on after had fallen behind, and the collective
         # waited for them. (Where another rank waited, a quiet main process may be ahead, in
         # a collective of its own, and the order of lines in a console says nothing of it.)
-        behind = busy & job.fell_silent_first if MAIN_PROCESS in waiting else set()
+        behind = busy & set(job.trained_on_after) if MAIN_PROCESS in waiting else set()
         behind = behind if behind < busy and not (busy & named) and not phased else set()
         culprit = (busy & named) or phased or behind or busy
         # the launcher's termination shows a rank alive outside the collective; a
@@ -109,7 +109,12 @@ def assess(job: JobEvidence) -> Assessment | None:
         if not (busy & named) and not phased and not_main_and_silent(job, culprit):
             found.append(
                 from_silent_rank(
-                    job, culprit, waiting, score, not culprit - running, (busy - culprit) & quiet
+                    job,
+                    culprit,
+                    waiting,
+                    score,
+                    not culprit - running,
+                    set().union(*(job.trained_on_after[r] for r in behind)) - culprit,
                 )
             )
             return max(found, key=lambda a: a.score)

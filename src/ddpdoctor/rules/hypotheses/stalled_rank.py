@@ -118,8 +118,8 @@ def prompted_ranks(job: JobEvidence) -> set[int]:
 
 def lock_waiting_ranks(job: JobEvidence) -> set[int]:
     """Ranks that made no progress after torch's 'Using ... as PyTorch extensions root...' (no
-    build or load after it either): waiting on the extensions' build lock. The rank the line names, else
-    the one rank the launcher found still running, silent."""
+    build or load after it either): waiting on the extensions' build lock. The rank the line
+    names, else the one rank the launcher found still running, silent."""
     return _writers_or_the_one_alive(job, job.extension_waits)
 
 

@@ -95,8 +95,9 @@ def assess(job: JobEvidence) -> Assessment | None:
         loopback = _from_loopback(job)
         if loopback is not None:
             return loopback
-    first = left & job.fell_silent_first if MAIN_PROCESS in waiting else set()
-    if first and quiet - first and len(waiting) < len(quiet) and not job.timed_out:
+    first = left & set(job.trained_on_after) if MAIN_PROCESS in waiting else set()
+    went_on = set().union(*(job.trained_on_after[r] for r in first)) - first
+    if first and went_on and len(waiting) < len(quiet) and not job.timed_out:
         # the main process lost a peer; of the ranks that fell quiet without an error, the
         # others trained on after these stopped talking, and a closed connection is a process
         # that ended: these left first
@@ -106,12 +107,12 @@ def assess(job: JobEvidence) -> Assessment | None:
             sorted(first),
             [
                 f"{ranks_text(first)} fell silent without any error while "
-                f"{ranks_text(quiet - first)} went on training after "
+                f"{ranks_text(went_on)} went on training after "
                 + ("its" if len(first) == 1 else "their")
                 + f" last line, and {ranks_text(waiting)} then lost the connection to a peer: "
                 "a closed connection is a process that ended, so "
-                + ("it" if len(first) == 1 else "they")
-                + " left (or were killed) first. This is not a network fault."
+                + ("it left (or was killed)" if len(first) == 1 else "they left (or were killed)")
+                + " first. This is not a network fault."
             ],
             evidence=[e for r in sorted(first) for e in job.ranks[r].evidence[:1]],
         )
