@@ -4,12 +4,14 @@ and re-enacted reports."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 
 from ddpdoctor.analysis.behaviour import BUSY_PHASE
 from ddpdoctor.analysis.diagnose import diagnose_paths
+from tests.program_runs import REAL
 
 
 @pytest.mark.parametrize(
@@ -74,3 +76,44 @@ def test_the_line_before_the_last_announces_a_phase_not_yet_through(
     stream = StreamSummary("w", Origin(), last_line=9, last_text=last, prev_text=before)
     said = _announced_phase(stream)
     assert (said is None) if phase is None else (said is not None and phase in said)
+
+
+def _split_per_writer(console: Path, into: Path) -> list[str]:
+    """The console's lines, one file per torchrun prefix ('[default1]:' -> rank1.log) and
+    the launcher's own in launcher.log: what `torchrun --tee 3 --log-dir` would have left."""
+    writers: dict[str, list[str]] = {}
+    for line in console.read_text(encoding="utf-8").splitlines(keepends=True):
+        m = re.match(r"\[default(\d+)\]:", line)
+        writers.setdefault(f"rank{m.group(1)}" if m else "launcher", []).append(line)
+    paths = []
+    for name, lines in sorted(writers.items(), reverse=True):
+        (into / f"{name}.log").write_text("".join(lines), encoding="utf-8")
+        paths.append(str(into / f"{name}.log"))
+    return paths
+
+
+STATS_CRAWL = REAL / "eightyfourth-stats-crawl" / "console.log"
+"""Rank 1 recomputes normalisation statistics ('... (pass k/8)', one line every 4 s, timed)
+while rank 0 times out in the next collective; the timeout's length is nowhere in the logs."""
+
+
+def test_a_rank_file_whose_timed_lines_went_on_while_the_others_waited_is_busy(
+    tmp_path: Path,
+) -> None:
+    """Per-rank files share no order with rank 0's (untimed) timeout: the times of rank 1's
+    lines after rank 0's last step, before the launcher's reaction, say it was working."""
+    report = diagnose_paths(_split_per_writer(STATS_CRAWL, tmp_path))
+    v = report.verdict
+    assert (v.kind, v.culprit.ranks) == ("slow-rank-timeout", [1])
+    assert any("(pass 5/8)" in e.text for e in v.evidence if e.rank == 1)
+
+
+def test_one_timed_line_after_its_last_step_is_no_work_of_its_own(tmp_path: Path) -> None:
+    """The same files with rank 1's work cut to its first line: one line may be the last of
+    what it did before it stopped, so nothing says it was busy (a hang, rank 1 silent)."""
+    paths = _split_per_writer(STATS_CRAWL, tmp_path)
+    rank1 = tmp_path / "rank1.log"
+    lines = rank1.read_text(encoding="utf-8").splitlines(keepends=True)
+    rank1.write_text("".join(lines[:1]), encoding="utf-8")
+    v = diagnose_paths(paths).verdict
+    assert (v.kind, v.culprit.ranks) == ("hang", [1])

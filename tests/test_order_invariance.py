@@ -101,11 +101,6 @@ SPLIT_KNOWN: dict[str, str] = {
     "call caused) is given, in the whole console, to the one rank that exited with an error "
     "(rank 1, a victim that lost its peer): culprit 1,2; split, that block sits in the "
     "launcher's file and stays unattributed: culprit 2 (the right one)",
-    "real/eightyfourth-stats-crawl": "in the one console rank 1's 'Recomputing per-channel "
-    "normalisation statistics ... (pass 5/8)' stands below rank 0's timeout: it went on working "
-    "while rank 0 gave up on it (slow-rank-timeout on rank 1); split per writer, rank 0's "
-    "timeout carries no time, so nothing orders rank 1's last line after it and the silent rank "
-    "reads as blocked (hang on rank 1, the verdict before session 31)",
 }
 """Consoles whose split verdict differs today, each a strict xfail saying why (a fix turns it
 into a failure)."""

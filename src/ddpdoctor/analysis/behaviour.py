@@ -28,6 +28,7 @@ from ddpdoctor.analysis.scanner import (
     DATA_ENDED,
     DATA_ENDED_WORDS,
     PROGRESS_COUNTER,
+    RECENT_MIN,
     FactHit,
     StreamSummary,
     last_epoch_done,
@@ -439,9 +440,7 @@ def _said_data_ended(text: str) -> bool:
     return _search_with_words(DATA_ENDED, DATA_ENDED_WORDS, text)
 
 
-WORK_LINES_MIN = 2
-"""Lines of its own a writer printed inside the others' wait to count as busy there: one line
-may be the last of what it did before it entered the collective too."""
+WORK_LINES_MIN = RECENT_MIN
 
 
 def _worked_while_others_waited(
@@ -453,13 +452,16 @@ def _worked_while_others_waited(
     """A writer that went on printing lines of its own (neither progress nor errors) while
     the others waited in a collective, until the launcher's reaction, was alive and busy
     with work of its own: not blocked, not gone. The wait is the collective timeout before
-    the launcher's last reaction (`end`: after a restart, the last attempt's). A writer no
+    the launcher's last reaction (`end`: after a restart, the last attempt's), or where the
+    logs do not say the timeout, what followed the waiting ranks' last step. A writer no
     rank is known for counts for the one rank that neither waited nor failed, of its host
     where the ranks' own lines show theirs."""
     timeout_ms, waiting = evidence.timeout_ms, evidence.waiting
-    if end is None or not timeout_ms or not waiting:
+    if end is None or not waiting:
         return
-    start = end - timedelta(milliseconds=timeout_ms)
+    start = end - timedelta(milliseconds=timeout_ms) if timeout_ms else _wait_began(job, evidence)
+    if start is None:
+        return
     hosts = _hosts_of_ranks(job)
     for stream in job.streams:
         if len(stream.recent) < WORK_LINES_MIN:
@@ -479,6 +481,23 @@ def _worked_while_others_waited(
         _busy_with(
             job, evidence, stream, hosts, Evidence(stream.source, line, None, None, time, text)
         )
+
+
+def _wait_began(job: JobView, evidence: JobEvidence) -> datetime | None:
+    """The time of the waiting ranks' last progress line (the latest of them): they entered
+    the collective they timed out in after it. None where one of them shows no timed step,
+    or lost a peer instead (a peer that left: what it printed before it went was no work
+    the others waited for)."""
+    waiting = evidence.waiting
+    if any("waiting" not in evidence.ranks[r].echoes for r in waiting):
+        return None
+    last: dict[int, datetime] = {}
+    for stream in job.streams:
+        rank = job.resolve(stream.origin)
+        at = stream.last_progress_time
+        if rank in waiting and at is not None and (rank not in last or at > last[rank]):
+            last[rank] = at
+    return max(last.values()) if waiting <= last.keys() else None
 
 
 def _counted_work_until_the_reaction(

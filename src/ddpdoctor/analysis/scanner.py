@@ -63,6 +63,16 @@ ERROR_LEVELS = frozenset(("error", "fatal", "critical"))
 RECENT_LINES = 6
 """A writer's last lines of its own kept with their raw text, timed (StreamSummary.recent) and
 untimed (StreamSummary.bare) apart."""
+RANKED_RECENT_LINES = 3
+RANKED_RECENT_CHARS = 200
+"""A ranked writer's last timed lines of its own since its last progress line (work it
+announced after it stopped training), kept fewer and shorter: 10,000 rank files hold 20,000
+writers (their time and the head of their words are what behaviour reads), and one line
+alone is not kept (RECENT_MIN)."""
+RECENT_MIN = 2
+"""Lines of its own a writer printed inside the others' wait to count as busy there
+(behaviour.WORK_LINES_MIN): one may be the last of what it did before it entered the
+collective too."""
 CLOCK = re.compile(r"\d:\d\d:\d\d")
 """A time of day in a line: the cheap test for a line that may carry its time."""
 CLOCK_WITHIN = 100
@@ -921,22 +931,26 @@ class Scanner:
                 # 3.9'); a step number alone rides on every record ('training finished', step 8)
                 told = f"{message} | {parsed.fields}" if "loss" in parsed.fields else message
                 on_progress = _progress_line(told)
-                if (
-                    summary.origin.rank is None  # a ranked writer's last words say it
-                    and not on_progress
-                    and not erred
-                    and raw[:1] not in " \t"  # a traceback's frame, a summary's field
-                ):
+                if not on_progress and not erred and raw[:1] not in " \t":
+                    # (not a traceback's frame, nor a summary's field)
                     timed = CLOCK.search(raw, 0, CLOCK_WITHIN) is not None
-                    # (a traceback's head is no line of work: see StreamSummary.bare)
-                    if timed or not is_traceback_line(message):
-                        kept = recent if timed else bare
-                        mine = kept.get(key)
+                    if summary.origin.rank is None:
+                        # (a traceback's head is no line of work: see StreamSummary.bare)
+                        if timed or not is_traceback_line(message):
+                            kept = recent if timed else bare
+                            mine = kept.get(key)
+                            if mine is None:
+                                mine = kept[key] = deque(maxlen=RECENT_LINES)
+                            mine.append((line_no, raw))
+                    elif timed:
+                        mine = recent.get(key)
                         if mine is None:
-                            mine = kept[key] = deque(maxlen=RECENT_LINES)
-                        mine.append((line_no, raw))
+                            mine = recent[key] = deque(maxlen=RANKED_RECENT_LINES)
+                        mine.append((line_no, raw[:RANKED_RECENT_CHARS]))
                 if on_progress:
                     summary.after_progress, summary.since_progress = (), 0
+                    if summary.origin.rank is not None:
+                        recent.pop(key, None)  # a ranked writer's work since its last step
                 elif summary.since_progress < AFTER_PROGRESS_LINES:
                     summary.since_progress += 1
                     if _may_say_data_ended(message):
@@ -970,6 +984,8 @@ class Scanner:
                     summary.init_sampled = src.sampled
                 _follow_traceback(summary, message, line_no)
         for key, lines in recent.items():
+            if len(lines) < RECENT_MIN and streams[key].origin.rank is not None:
+                continue  # one line since its last step says no work of its own
             streams[key].recent = tuple(lines)
             streams[key].year = src.year
         for key, lines in bare.items():
