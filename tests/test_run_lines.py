@@ -265,3 +265,26 @@ def test_coalescing_waits_less_for_a_fast_writer(tmp_path: Path) -> None:
     assert cap._pause(80, 0.5) == COALESCE_S  # a line every half second
     fast = cap._pause(1 << 20, 0.015)  # 70 MB/s
     assert 0 < fast < COALESCE_S and fast * (1 << 20) / 0.015 <= (1 << 20) // 2 + 1
+
+
+@pytest.mark.parametrize("engine", SCANNERS)
+@pytest.mark.parametrize(
+    ("line", "progress"),
+    [
+        # tests/fixtures/real/eightysixth-*: FedML's server and clients
+        (b"[FedML-Server(0) @device-id-0] ... ################Communication round : 3", True),
+        (b"client_idx = 1, round 4, train_loss = 0.8941, train_acc = 0.6516", True),
+        (b"tick 6     kimg 0.4      time 41s          sec/tick 5.2", True),  # StyleGAN
+        (b"Epoch: [1]  [ 10/100]  eta: 0:01:02  lr: 0.000100", True),
+        (b"RTT of a round trip to 10.0.0.2 measured", False),
+        (b"loaded metadata of 12 shards (beta 0.9)", False),
+        (b"best val_loss 1.11", False),
+    ],
+)
+def test_rarer_words_of_progress_count_with_a_number(
+    line: bytes, progress: bool, engine: str
+) -> None:
+    """What the diagnosis reads as a step (analysis/scanner.py's PROGRESS_LINE) is progress
+    for the supervisor's hang watch too, and the same words without a count are not."""
+    data = b"x\n" + line + b"\n"
+    assert LineScanner(engine).has_progress(data, 2, len(data)) is progress

@@ -17,7 +17,13 @@ except ImportError:  # pragma: no cover - depends on the platform
     _hs = None
 
 # A progress line: training-loop words or a tqdm bar (`45%|####  | 45/100 [00:01<00:02, 30it/s]`).
-PROGRESS_WORDS = rb"\b(?:steps?|iter(?:ation)?s?|epochs?|loss|batch)\b"
+# Rarer words of progress count only with a number behind them, as in the diagnosis
+# (analysis/scanner.py's PROGRESS_LINE): StyleGAN's 'kimg 0.4', a federated 'round : 3', an
+# 'eta: 0:01:02', a 'train_loss = 1.27'.
+PROGRESS_WORDS = (
+    rb"\b(?:steps?|iter(?:ation)?s?|epochs?|loss|batch)\b"
+    rb"|(?:\b(?:kimg|rounds?|eta)|train_loss)\b\s{0,8}[:=\[]?\s{0,8}\d"
+)
 PROGRESS_BAR = rb"\d%\||it/s\]|s/it\]"
 PROGRESS = re.compile(rb"(?i)" + PROGRESS_WORDS + rb"|" + PROGRESS_BAR)
 # torchrun `--tee`: `[{role}{local_rank}]:` (`[default0]:`), or a template such as `[rank3]:`
@@ -27,7 +33,19 @@ PREFIX_MAX = 44
 """The longest prefix PREFIX matches, in bytes."""
 PREFIX_LINE = re.compile(PREFIX)
 # Every literal a progress match holds, in lower case: the fallback's prefilter.
-_LITERALS = (b"step", b"iter", b"epoch", b"loss", b"batch", b"%|", b"it/s]", b"s/it]")
+_LITERALS = (
+    b"step",
+    b"iter",
+    b"epoch",
+    b"loss",
+    b"batch",
+    b"kimg",
+    b"round",
+    b"eta",
+    b"%|",
+    b"it/s]",
+    b"s/it]",
+)
 
 
 class _Hit:
