@@ -588,6 +588,16 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
             "FakeTensor cache stats:",
         )
     ),
+    # Ray's log deduplication (ray/_private/ray_logging.py): a line whose pattern other
+    # processes printed too (numbers ignored: '[Rank 1]' and '[Rank 3]' are one pattern) is
+    # shown once, from one process, with "[repeated 3x across cluster]": the other processes'
+    # lines are not in the log, and a rank nobody shows may have printed all of them
+    FactPattern(
+        "deduplicated",
+        r"\[repeated \d{1,9}x across cluster\]",
+        "x across cluster]",
+        distinct=VALUE,
+    ),
     # messages of normal operation (census/messages.jsonl, kind benign: torch, DeepSpeed,
     # Lightning, transformers sources): logs that hold them and nothing worse were read and
     # are healthy as far as they go; logs in which nothing at all is recognised are not "OK"

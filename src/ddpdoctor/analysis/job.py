@@ -276,6 +276,7 @@ def build_job(
     gpu_rows: dict[tuple[int, int], Record] = {}
     normal_seen = False
     interpreter_exit_seen = False
+    deduplicated = False
     failed_exits: list[FactHit] = []
     finished: list[tuple[int | None, Record]] = []
     summaries = 0
@@ -431,6 +432,8 @@ def build_job(
                 normal_seen = True
             elif fact.name == "interpreter_exit":
                 interpreter_exit_seen = True
+            elif fact.name == "deduplicated":
+                deduplicated = True
 
     finished += _bare_ends(scans, single_node, rank_map)
     all_done: dict[str, int] = {}
@@ -467,7 +470,11 @@ def build_job(
     world = max(world_hints) if world_hints else None
     if ranks and (world is None or max(ranks) >= world):
         world = max(ranks) + 1  # ranks count from 0: the highest one seen bounds the size
-    missing = sorted(set(range(world)) - ranks) if world and world <= 100_000 else []
+    missing = (
+        sorted(set(range(world)) - ranks)
+        if world and world <= 100_000 and not deduplicated  # (Ray's: facts.py "deduplicated")
+        else []
+    )
     stopped_unseen = (
         _stopped_unseen(launched, failed_locals, ranks, missing)
         if single_node and last_restart is None and recovered_at is None
