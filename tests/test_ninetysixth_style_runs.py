@@ -51,7 +51,8 @@ pad-node). Misses: the rank that ran out of group_by_length's packed batches lef
 and only alpaca-lora's unprefixed final line, so the lost peer reads as an uncoordinated exit
 of no rank (pack-uneven); tqdm's last refresh of rank 0's bar after its own timeout
 ('17/48 [00:16<...]') reads as the work of a busy rank 1, which was silently parked
-(queue-park: slow-rank-timeout on the right rank)."""
+(queue-park: slow-rank-timeout on the right rank). Since then: a bar whose last redraw moved
+one count after a gap of about the timeout stood still (queue-park right): 15 of 16."""
 
 from __future__ import annotations
 
@@ -176,14 +177,6 @@ MISSES: dict[str, str] = {
         "final line came from the rank that left, and that rank 0's bar still had steps to "
         "go (a rank with more batches), is not read, so the peer's clean exit is an "
         "uncoordinated exit of no named rank rather than uneven inputs on rank 1"
-    ),
-    "queue-park": (
-        "failed, slow-rank-timeout on rank 1 (INF201, 0.7): right rank, wrong kind: the busy "
-        "rank's evidence is tqdm's ' 35%|...| 17/48 [00:16<00:30,  1.02it/s]', but that bar "
-        "is rank 0's (only rank 0 has one), drawn by tqdm's final refresh when rank 0 exited "
-        "after its own 'Timed out waiting 15000ms' traceback: its 16 s are rank 0's wait, "
-        "not work; rank 1 printed nothing after its last step (silent, parked on a queue), "
-        "which is a hang"
     ),
 }
 

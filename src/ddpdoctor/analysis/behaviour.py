@@ -877,7 +877,24 @@ def _busy_progress(job: JobView, timeout_ms: float | None) -> tuple[float, Evide
         # shows about the timeout too ('train: 13%| 4/30 [00:15<01:43'); only work of the
         # rank's own that moved ('class weights: 62%| 31/50 [00:15<00:09') proves it busy
         busy = busy and (elapsed >= BUSY_PROGRESS_MIN_S or _own_work_bar(fact, job.train_steps))
+    if busy and _stood_still(fact, timeout_ms):
+        return None
     return (elapsed, Evidence.of(fact.record, fact.record.text[-160:])) if busy else None
+
+
+def _stood_still(fact: FactHit, timeout_ms: float | None) -> bool:
+    """The bar's last redraw moved at most one count past the redraw before it while its time
+    grew by about the collective timeout (or the floor without one): the bar stood still, and
+    tqdm drew it once more as its process closed it after the wait ('16/48 [00:01' then
+    '17/48 [00:16'). Its time is the rank's wait, not work."""
+    captures = fact.captures
+    n, before_n = count_number(captures.get("n")), count_number(captures.get("before_n"))
+    elapsed = elapsed_seconds(captures.get("elapsed", ""))
+    before = elapsed_seconds(captures.get("before_elapsed", ""))
+    if n is None or before_n is None or elapsed is None or before is None:
+        return False
+    gap = BUSY_WINDOW[0] * timeout_ms / 1000 if timeout_ms else BUSY_PROGRESS_MIN_S
+    return n - before_n <= 1 and elapsed - before >= gap
 
 
 TRAINING_BAR = re.compile(r"(?i)train|epoch|\bep ?\d|\biter|\bstep")

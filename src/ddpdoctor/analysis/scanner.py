@@ -377,16 +377,26 @@ class HitBudget:
 @dataclass(slots=True)
 class _Progress:
     """The progress bar that ran longest so far (the first of equals): the only one job
-    building keeps, so the others are dropped as they come."""
+    building keeps, so the others are dropped as they come. It carries the redraw before it
+    of a bar with the same total (captures 'before_n', 'before_elapsed'): a last redraw one
+    count on, after a long gap, is a bar that stood still (behaviour._stood_still)."""
 
     fact: FactHit | None = None
     elapsed_s: float = -1.0
+    last: dict[str, tuple[str, str]] = field(default_factory=dict)
+    """A bar's total -> its latest redraw's (count, elapsed)."""
 
     def offer(self, fact: FactHit) -> None:
-        elapsed = elapsed_seconds(fact.captures.get("elapsed", ""))
+        captures = fact.captures
+        elapsed = elapsed_seconds(captures.get("elapsed", ""))
+        total = captures.get("total", "")
         if self.fact is None or (elapsed is not None and elapsed > self.elapsed_s):
             self.fact = fact
             self.elapsed_s = elapsed if elapsed is not None else self.elapsed_s
+            before = self.last.get(total)
+            if before is not None:
+                captures["before_n"], captures["before_elapsed"] = before
+        self.last[total] = (captures.get("n", ""), captures.get("elapsed", ""))
 
 
 @dataclass(frozen=True)
