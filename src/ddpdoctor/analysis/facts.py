@@ -613,6 +613,11 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
                 "to perform barrier as devices used by this process",
             ),
             (r"barrier\(\): using the device under current context", "using the device under"),
+            # ... and torch 2.7+'s guess of the device before the first collective
+            (
+                r"using GPU \d+ as device used by this process is currently unknown",
+                "as device used by this process is currently unknown",
+            ),
             # the same advice in the words of torch 2.5-2.9 (the space before the backtick is
             # torch's own)
             (r"No device id is provided via `init_process_group` or `barrier", "No device id is "),

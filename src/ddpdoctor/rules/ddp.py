@@ -428,8 +428,8 @@ BARRIER_DEVICE_UNKNOWN = Rule(
     code="DDP109",
     kind="device-assignment",
     title="barrier() guessed the rank's GPU (no device_id given)",
-    sources="torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp (torch 2.4-2.6), "
-    "torch/distributed/distributed_c10d.py barrier (2.7-2.13)",
+    sources="torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp (torch 2.4-2.6; guessDeviceId "
+    "2.7+), torch/distributed/distributed_c10d.py barrier (2.7-2.13)",
     severity="info",
     specificity=10,
     signatures=(
@@ -439,6 +439,11 @@ BARRIER_DEVICE_UNKNOWN = Rule(
         ),
         Signature(
             r"barrier\(\): using the device under current context", "using the device under current"
+        ),
+        # torch 2.7+'s ProcessGroupNCCL::guessDeviceId, before any collective that needs a GPU
+        Signature(
+            r"using GPU \d+ as device used by this process is currently unknown",
+            "as device used by this process is currently unknown",
         ),
     ),
     explanation=Explanation(
@@ -462,6 +467,9 @@ BARRIER_DEVICE_UNKNOWN = Rule(
         "incorrect.",
         "UserWarning: barrier(): using the device under current context. You can specify "
         "`device_id` in `init_process_group` to mute this warning.",
+        "[PG ID 0 PG GUID 0 Rank 2]  using GPU 2 as device used by this process is currently "
+        "unknown. This can potentially cause a hang if this rank to GPU mapping is incorrect. "
+        "You can specify device_id in init_process_group() to force use of a particular device.",
     ),
     negative=("dist.barrier(device_ids=[local_rank])",),
 )
