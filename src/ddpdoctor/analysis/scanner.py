@@ -991,6 +991,7 @@ class Scanner:
                     INIT_LINE.search(message)
                     and parsed.level != "warning"
                     and not PY_WARNING.search(message)
+                    and not message[:1].isspace()  # a wrapped message's rest, a frame
                 ):
                     summary.last_init_line = line_no
                     summary.init_sampled = src.sampled
