@@ -115,11 +115,6 @@ MISSES: dict[str, str] = {
     "before it (rank 0's 'Start epoch 0' at 14:08:12) came 39 s earlier in a job whose steps take "
     "0.02-0.05 s: every rank was stuck in its data loader when the stop came, and a longer limit "
     "would not have helped: hung",
-    "odd-shards": "failed, uncoordinated-exit on rank 2 (INF202, 0.6): the culprit is right "
-    "(rank 2 printed nothing and torchrun lists only ranks 0 and 1 as failed, so it had exited 0 "
-    "while they lost it in the all_gather), but not why: with 7 of the 23 shards it had 7 "
-    "batches an epoch against 8 and finished first, which nothing in the log says: "
-    "uneven-inputs on rank 2",
 }
 
 

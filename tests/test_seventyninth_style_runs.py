@@ -140,6 +140,12 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
+    "lone-plateau": "failed, uneven-inputs on rank 1 (INF209, 0.62): right rank, wrong kind: process 1 "
+    "stopped on its own patience and exited 0 without a word (MACE logs nothing on rank "
+    "1), and torchrun's summary leaves it out; a rank that exited 0 silently while the "
+    "others still ran is read as one whose loop ended with fewer batches, the more common "
+    "cause, since no line announces a stop (it was uncoordinated-exit before session 32, "
+    "when the silent clean exit was read that way)",
     "ckpt-wake": "failed, weights-only-load on ranks 0,1 (ENV102, 0.9): right status and "
     "kind; the culprit differs: EXPECTED, written before the diagnosis, names no rank because "
     "every rank fails alike on the one shared checkpoint, where ddpdoctor (and the other sets' "

@@ -140,11 +140,6 @@ MISSES: dict[str, str] = {
     "abort is on rank 1, the rank that received the longer ring chunk, and is read as a "
     "rank-dependent collective there; rank 2's own 'local_rank: 2, observation_shape: (5,)' "
     "(its model's input, so its gradient buffer, differs) is not read",
-    "odd-split": "failed, uncoordinated-exit on rank 1 (INF202, 0.6): right rank, but rank 1, "
-    "absent from torchrun's summary (exit 0) while rank 0 lost it ('Connection closed by "
-    "peer'), is read as leaving early; nothing the tool reads says it had fewer mini-batches "
-    "(the 'args.num_envs: 2, args.batch_size: 256' banner against rank 0's 3 and 384 carries no "
-    "rank)",
 }
 
 

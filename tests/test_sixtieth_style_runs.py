@@ -127,13 +127,7 @@ EXPECTED: dict[str, Expected] = {
 }
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
-MISSES: dict[str, str] = {
-    "short-rows": "failed, uncoordinated-exit on ranks 2 and 3 (INF202, 0.3): the culprits are "
-    "right (the DeviceMesh's '(dp=2, tp=2)' makes a world of 4, and torchrun lists only ranks 0 "
-    "and 1, which lost them: 'Connection closed by peer'), but not why: ranks 2 and 3, out of "
-    "batches after 14 iterations, leave the loop without a word and exit 0, and nothing in the "
-    "log says their data ended; they had 14 batches against 400: uneven-inputs on ranks 2 and 3",
-}
+MISSES: dict[str, str] = {}
 
 
 RUNS = RunSet("sixtieth-", EXPECTED, MISSES, label_nowhere=True)

@@ -659,6 +659,7 @@ def _add_event(evidence: JobEvidence, event: Event) -> None:
     if rank is None:
         if event.echo is not None:
             evidence.unranked_echoes.add(str(event.echo))
+        evidence.unranked_stop |= event.marker == Marker.STOP
         if event.echo is Echo.WAITING:  # a coordinator speaking for the job names the absent
             evidence.unranked_wait_kinds.add(event.rule.kind)
             _mark_named_absent(evidence, event)

@@ -240,6 +240,9 @@ class JobEvidence:
     """Echo kinds seen on lines no rank could be attributed to."""
     unranked_wait_kinds: set[str] = field(default_factory=set)
     """The kinds of the waits on lines no rank could be attributed to (RankView.wait_kinds)."""
+    unranked_stop: bool = False
+    """A line no rank could be attributed to announced a stop on purpose (an early stop, a
+    target reached): some rank decided to leave (RankView.announced_stop)."""
     stall: Stall | None = None
     failing_exits: dict[int, int] = field(default_factory=dict)
     """Ranks whose exit code was not 0 and who were not terminated by the launcher."""

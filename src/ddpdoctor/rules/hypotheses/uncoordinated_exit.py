@@ -167,7 +167,7 @@ def _from_summary(job: JobEvidence) -> Assessment | None:
         return None
     return Assessment(
         RULE,
-        0.65,
+        0.6,
         sorted(gone),
         [
             f"{ranks_text(gone)} printed nothing and the launcher's failure summary does not "

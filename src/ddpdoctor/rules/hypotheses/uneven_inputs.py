@@ -60,6 +60,40 @@ def assess(job: JobEvidence) -> Assessment | None:
         or _from_barrier(job)
         or _from_data_end(job)
         or _from_join_barrier(job)
+        or _from_clean_exit(job)
+    )
+
+
+def _from_clean_exit(job: JobEvidence) -> Assessment | None:
+    """Ranks that printed nothing and that torchrun's failure summary leaves out had exited 0
+    (it lists every worker that did not) while the others still ran and then lost them or
+    timed out waiting, and no rank announced a stop: a loop that ended on some ranks only,
+    most often because they had fewer batches. Just above a rank that only left (INF202 at
+    0.6): an early stop or a return taken on those ranks alone leaves the same trace, but it
+    is decided in code that usually says so."""
+    gone = job.unlisted_exits
+    lost = {r for r, v in job.ranks.items() if "lost-peer" in v.echoes}
+    if not gone or not (job.waiting or lost) or gone & set(job.failing_exits):
+        return None
+    if job.unranked_stop or any(v.announced_stop for v in job.ranks.values()):
+        return None  # a stop decided on purpose (INF202 names who left)
+    one = len(gone) == 1
+    return Assessment(
+        RULE,
+        0.62,
+        sorted(gone),
+        [
+            f"{ranks_text(gone)} printed nothing and the launcher's failure summary does not "
+            f"list {'it' if one else 'them'} (torchrun lists every worker that did not exit 0): "
+            f"{'its' if one else 'their'} loop ended and {'it' if one else 'they'} exited 0 "
+            f"while {ranks_text(set(job.waiting) | lost)} still ran and then lost "
+            f"{'it' if one else 'them'} or timed out waiting. No rank announced a stop: "
+            f"{'it' if one else 'they'} most likely had fewer batches."
+        ],
+        against=[
+            "an early stop or a return taken on that rank alone leaves the same trace: its "
+            "own output would say how much data it had"
+        ],
     )
 
 
