@@ -906,3 +906,38 @@ def test_a_loggers_name_can_name_the_rank(line: str, rank: int | None) -> None:
 def test_a_rank_tag_is_no_pdsh_host(line: str, rank: int | None, host: str | None) -> None:
     parsed = parse_line(line, 2026)
     assert (parsed.origin.rank, parsed.origin.host) == (rank, host)
+
+
+@pytest.mark.parametrize(
+    ("line", "level"),
+    [
+        # OpenPCDet's '%(asctime)s  %(levelname)5s  %(message)s' (tests/fixtures/real/
+        # ninetyfifth-calm-pcd): the level padded to five characters, behind the time
+        (
+            "2026-12-06 05:15:24,240   INFO  **********************End training "
+            "kitti_models/tiny_pointpillar(default)**********************",
+            "info",
+        ),
+        ("2026-12-06 05:15:24,240  ERROR  boom", "error"),
+        # indented text that starts with a level's word, behind no time: no record's level
+        ("    INFO is printed below", None),
+    ],
+)
+def test_a_padded_level_behind_the_time(line: str, level: str | None) -> None:
+    assert parse_line(line).level == level
+
+
+def test_a_record_printed_after_a_wiped_bar_is_its_own_line() -> None:
+    """tests/fixtures/real/ninetyfifth-loud-pcd: tqdm wipes its bar ('\\r', blanks, '\\r') as
+    it closes, and the logger's next record starts on the same physical line: the record is
+    read with its own time and level, and the bar's last redraw is kept as the bar's."""
+    line = (
+        "epochs:  67%|######6   | 2/3 [00:06<00:03,  3.20s/it]\repochs: 100%|##########| 3/3 "
+        "[00:10<00:00,  3.28s/it]\r                                                     \r"
+        "2026-12-06 05:16:13,104   INFO  ****End training kitti_models/tiny_pointpillar****"
+    )
+    parsed = parse_line(line)
+    assert parsed.level == "info"
+    assert parsed.time == datetime(2026, 12, 6, 5, 16, 13, 104000, tzinfo=UTC)
+    assert "End training" in parsed.text
+    assert parsed.bar_line is not None and "3/3" in parsed.bar_line

@@ -119,8 +119,10 @@ KUBECTL = re.compile(r"\[pod/(?P<pod>[^/\]\s]+)/[^\]\s]+\] ")
 STREAM_TAG = re.compile(r"\[(?:stderr|stdout)\]\s?")
 # Job platforms put step/run ids in brackets after their timestamp: `[177/train/578 (pid 1)] `.
 PLATFORM_TAG = re.compile(r"\[(?!Rank |PG |rank\d)[^\[\]]{1,80}\]\s")
-# Python logging `LEVEL:logger:` or `LEVEL logger` heads (level only, message kept).
-PY_LEVEL = re.compile(r"(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL)[:\s]")
+# Python logging `LEVEL:logger:` or `LEVEL logger` heads (level only, message kept), the level
+# padded to its field's width too ('%(asctime)s  %(levelname)5s  %(message)s': "2024-01-01
+# 10:00:00,000   INFO  ...", OpenPCDet's).
+PY_LEVEL = re.compile(r" {0,4}(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL)[:\s]")
 NAMED_PY_LEVEL = re.compile(r"[\w.]{1,100} - (?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) - ")
 """The logging cookbook's '%(asctime)s - %(name)s - %(levelname)s - %(message)s' (torchtitan's,
 many repositories'): after the time, the logger's name, then the level."""
@@ -131,7 +133,7 @@ C10D_RANK = re.compile(r"\[(?:PG \d+ (?:\([^)]{0,200}\) )?)?Rank (?P<rank>\d+)\]
 # Python logging puts its header first: "INFO - trainer - [rank 1] ...", "[INFO] mmcv: rank 2 ...",
 # "INFO [proc 4211] rank 1 | ..." (up to two bracketed fields after the level).
 LOG_HEADER = (
-    r"(?:(?:\[?[\w.]{1,40}\]?\s*[-:|]\s*)?\[?(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\]?"
+    r"(?:(?:\[?[\w.]{1,40}\]?\s*[-:|]\s*)? {0,4}\[?(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\]?"
     r"(?:\s*[-:|]\s*|\s+)(?:\[?[\w.]{1,40}\]?\s*[-:|]\s*)?(?:\[[^\[\]]{1,40}\]\s*){0,2})?"
 )
 LEADING_RANK = re.compile(
@@ -176,6 +178,8 @@ BAR_THEN_TEXT = re.compile(
 """A tqdm bar's redraw ('Steps:  44%|####  | 7/16 [00:00<00:00, 22.7it/s, loss=1.07]') with
 text right after its closing bracket: tqdm ends a redraw without a newline, so the next line
 any writer prints (a log record, the launcher's SIGTERM notice) starts there."""
+BAR_REDRAW = re.compile(r"\d{1,3}%\|")
+"""A progress bar's redraw (tqdm's 'NN%|')."""
 SPAWN_PROCESS = re.compile(r"-- Process (?P<rank>\d{1,7}) terminated with the following error:")
 
 # Structured (JSON) log lines that carry the writer's rank as a field: {"rank": 2, "step": 10}.
@@ -863,11 +867,18 @@ def parse_line(raw: str, year: int = 1970, with_time: bool = True) -> ParsedLine
             inner = parse_line(text[:pos] + message[glued.end() :], year, with_time)
             inner.bar_line = text[:pos] + message[: glued.end()]
             return inner
+        if len(parts) > 1 and BAR_REDRAW.search(parts[-2]) and not BAR_REDRAW.search(message):
+            # a line printed after the bar's last redraw was wiped ('\r', blanks, '\r': tqdm's
+            # close, or a handler that clears the bar before each record): its own line, with
+            # its own prefixes, time and level
+            inner = parse_line(text[:pos] + message, year, with_time)
+            inner.bar_line = text[:pos] + parts[-2]
+            return inner
     if out.level is None:
         m = PY_LEVEL.match(message) or (
             NAMED_PY_LEVEL.match(message) if " - " in message[:110] else None
         )
-        if m:
+        if m and (platform_ok or m.start("level") == 0):  # padded: only behind a time
             out.level = m.group("level").lower()
     if origin.rank is None:
         for needle, within, find, level_follows in RANK_MARKS:
