@@ -105,6 +105,10 @@ POSITIVE = {
     # without `run`: Lightning's SIGTERM handler stood on rank 1's `with self.lock:` (a lock
     # it already held) while ranks 0 and 2 timed out: stuck, not busy
     "INF211": [
+        # StyleGAN's 'Setting up PyTorch plugin "bias_act_plugin"... ' never closed by 'Done.'
+        # (a lock file left by a killed build): rank 0, the one mp.spawn had to stop, waits on
+        # the build lock while rank 1 times out
+        (lambda t: real("ninetyseventh-stale-lock"), [0]),
         (lambda t: real("sixth-lock-twice"), [1]),
         # "... will be overwritten. Continue? [y/N] " and rank 0, still running when the agent
         # stopped the job, never reached DDP's first collective: waiting for an answer
@@ -619,6 +623,30 @@ def test_words_of_the_way_out(line: str, winding: bool) -> None:
     from ddpdoctor.rules.hypotheses.teardown_stop import WINDING_DOWN
 
     assert bool(WINDING_DOWN.search(line)) is winding
+
+
+@pytest.mark.parametrize(
+    ("line", "fact"),
+    [
+        ('Setting up PyTorch plugin "bias_act_plugin"... ', "extension_root"),
+        (
+            'Setting up PyTorch plugin "upfirdn2d_plugin"... W1206 05:19:22.480000 14799 '
+            "torch/multiprocessing/spawn.py:165] Terminating process 14801 via signal SIGTERM",
+            "extension_root",
+        ),
+        ('Setting up PyTorch plugin "bias_act_plugin"... Done.', "extension_built"),
+        ('Setting up PyTorch plugin "bias_act_plugin"... Failed!', None),
+    ],
+)
+def test_stylegans_plugin_line_open_or_done(line: str, fact: str | None) -> None:
+    """NVlabs' custom_ops prints 'Done.' or 'Failed!' on the same line once the build or load
+    is over: the line left open is a process in the build or its lock."""
+    from ddpdoctor.analysis.facts import FACT_PATTERNS
+
+    found = [
+        f.name for f in FACT_PATTERNS if f.name.startswith("extension_") and f.compiled.search(line)
+    ]
+    assert found == ([fact] if fact else [])
 
 
 def test_an_extensions_root_line_is_a_lock_wait_only_without_progress_after_it() -> None:

@@ -350,6 +350,21 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
         r"(?:Building|Loading) extension module (?P<module>[\w.-]{1,200})\.\.\.",
         "extension module ",
     ),
+    # ... and NVlabs' custom_ops.get_plugin (StyleGAN2-ADA, StyleGAN3 and the repositories
+    # built on them) around that build: 'Setting up PyTorch plugin "bias_act_plugin"... ', then
+    # 'Done.' or 'Failed!' on the same line once it is built or loaded; the line left open (or
+    # another writer's words after it) is a process still in the build or its lock
+    FactPattern(
+        "extension_root",
+        r'Setting up PyTorch plugin "(?P<module>[\w.-]{1,200})"\.\.\.(?! ?(?:Done\.|Failed!))',
+        "Setting up PyTorch plugin ",
+        distinct=WRITER,
+    ),
+    FactPattern(
+        "extension_built",
+        r'Setting up PyTorch plugin "(?P<module>[\w.-]{1,200})"\.\.\. ?Done\.',
+        "Setting up PyTorch plugin ",
+    ),
     # a question asked on the terminal ("... will be overwritten. Continue? [y/N] ", wandb's
     # "Enter your choice:", datasets' trust_remote_code prompt): a distributed worker's stdin
     # is no terminal, nobody answers, and the process waits there for ever

@@ -125,13 +125,15 @@ def lock_waiting_ranks(job: JobEvidence) -> set[int]:
 
 def _writers_or_the_one_alive(job: JobEvidence, lines: list[Evidence]) -> set[int]:
     """The ranks that wrote `lines` where the lines name them, else (lines without a rank) the
-    one rank the launcher found still running and silent; none when nothing was written."""
+    one rank the launcher found still running, neither failed nor waiting; none when nothing
+    was written."""
     if not lines:
         return set()
     named = {e.rank for e in lines if e.rank is not None}
     if named:
         return {r for r in named if r in job.ranks and not job.ranks[r].failed}
-    alive = {r for r in job.quiet if job.ranks[r].terminated}
+    # (a warning of its own earlier, a DataLoader's, does not make it a rank that waited)
+    alive = {r for r, v in job.ranks.items() if v.terminated and not v.failed and not v.waiting}
     return alive if len(alive) == 1 else set()
 
 
@@ -266,13 +268,20 @@ def _from_extension_lock(job: JobEvidence) -> Assessment | None:
     if not stuck or not waiting:
         return None
     line = job.extension_waits[0]
-    root = line.text.split("Using ", 1)[-1].split(" as PyTorch extensions root", 1)[0]
+    root = (
+        line.text.split("Using ", 1)[-1].split(" as PyTorch extensions root", 1)[0]
+        if " as PyTorch extensions root" in line.text
+        else "TORCH_EXTENSIONS_DIR (by default ~/.cache/torch_extensions)"
+    )
+    said = line.text.strip()
+    if (cut := said.find('"... ')) >= 0:  # another writer's words glued to the open line
+        said = said[: cut + 4]
     return Assessment(
         STUCK,
         0.7,
         sorted(stuck),
         [
-            f"{ranks_text(stuck)} printed '{line.text.strip()[:200]}' and made no progress "
+            f"{ranks_text(stuck)} printed '{said[:200]}' and made no progress "
             f"after it (no build, no load of the extension), while {ranks_text(waiting)} timed out "
             "waiting: torch takes the extension build folder's lock after that line, and a "
             "lock file left by a build that was killed (or another process's build that never "
