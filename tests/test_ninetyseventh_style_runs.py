@@ -82,7 +82,8 @@ outside the collectives (skew-ada); rank 0's unfinished 'Setting up PyTorch plug
 usage error is not recognised at all (odd-batch); a SIGTERMed spawn launcher leaves no trace
 (wall-ada). Since then: NVlabs' 'Setting up PyTorch plugin "..."... ' left open (no 'Done.') is
 a wait on the extension build's lock, as torch's own 'Using ... as PyTorch extensions root...'
-(stale-lock right): 12 of 16."""
+(stale-lock right); click's usage error (the usage, "Try 'train.py --help' for help.", then
+"Error: ...") is a rejected command line (odd-batch right): 13 of 16."""
 
 from __future__ import annotations
 
@@ -192,11 +193,6 @@ MISSES: dict[str, str] = {
     "of its own (tick 0's check_ddp_consistency broadcast): rank 0 alone resumed from "
     "'network-snapshot-000001.pkl' and took its counters from the name, so its ADA interval "
     "came a step early and no tick line was printed: collective-mismatch on rank 0",
-    "odd-batch": "unknown, hang (INF233, 0.25): click's usage error ('Usage: train.py "
-    "[OPTIONS]', \"Try 'train.py --help' for help.\", 'Error: --batch must be at least 1 and "
-    "divisible by --gpus', exit 2) is not recognised as an error at all, so the three lines read "
-    "as a log that stops with nothing known in it; the launcher refused the arguments before "
-    "any process started: a failure, python-exception with no rank",
     "wall-ada": "unknown, hang (INF212, 0.3): 'the log ends in the middle of training' is what "
     "the fixture shows: the SIGTERMed spawn launcher dies without a word and its processes "
     "leave silently on pdeathsig's SIGINT (mp.spawn's _wrap swallows the KeyboardInterrupt), "

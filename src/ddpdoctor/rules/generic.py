@@ -567,8 +567,8 @@ HYDRA_JOB_ERROR = Rule(
 COMMAND_LINE_REJECTED = Rule(
     code="PY104",
     kind="python-exception",
-    title="The training script rejected its command line (argparse)",
-    sources="CPython Lib/argparse.py ArgumentParser.error",
+    title="The training script rejected its command line (argparse, click)",
+    sources="CPython Lib/argparse.py ArgumentParser.error; click/exceptions.py UsageError.show",
     specificity=30,
     signatures=(
         # "train.py: error: the following arguments are required: --data_dir", "... error:
@@ -579,10 +579,14 @@ COMMAND_LINE_REJECTED = Rule(
             r"[^\n]{1,80}: (?:invalid|expected|ambiguous|not allowed)|unrecognized arguments: )",
             ": error: ",
         ),
+        # click's (and typer's) UsageError: the usage, "Try 'train.py --help' for help.", then
+        # "Error: <what was wrong>" (click/exceptions.py UsageError.show), exit 2
+        Signature(r"^Try '[^'\n]{1,200} --help' for help\.$", "' for help."),
     ),
     explanation=Explanation(
-        what="argparse stopped the script at start-up: a required argument missing, a value "
-        "of the wrong type, or an argument it does not know; it prints the usage and exits 2.",
+        what="argparse (or click) stopped the script at start-up: a required argument missing, "
+        "a value of the wrong type or out of range, or an argument it does not know; it prints "
+        "the usage and exits 2.",
         why="The launch command and the script disagree: an argument renamed or removed, a "
         "value the launcher (or a config template) filled in wrongly, an option meant for the "
         "launcher placed after the script's name.",
@@ -597,8 +601,12 @@ COMMAND_LINE_REJECTED = Rule(
     positive=(
         "train.py: error: the following arguments are required: --data_dir",
         "main.py: error: argument --lr: invalid float value: 'fast'",
+        "Try 'train.py --help' for help.",
     ),
-    negative=("ERROR: could not find a version that satisfies the requirement",),
+    negative=(
+        "ERROR: could not find a version that satisfies the requirement",
+        "Try again with --help for more options.",
+    ),
 )
 
 RULES = (
