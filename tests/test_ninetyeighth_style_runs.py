@@ -55,7 +55,9 @@ end of training, rank 0's lone unprefixed 'Done!' record with torchrun silent on
 read as an end, so both healthy runs read as a log cut off in training (calm-dit, loud-dit:
 unknown hang INF212); node 1's agent's 'Error waiting on exit barrier', after its worker ran
 out of batches and exited 0 in silence, is read as a teardown failure rather than uneven inputs
-on rank 1 (rsync-short: exit-teardown-crash EXIT103)."""
+on rank 1 (rsync-short: exit-teardown-crash EXIT103). Since then: a bare 'Done!' as the last
+words of a writer of no rank after its own training steps ends training (calm-dit, loud-dit
+right): 15 of 16."""
 
 from __future__ import annotations
 
@@ -170,22 +172,6 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "calm-dit": (
-        "unknown, hang, no culprit (INF212, 0.3: 'The log ends in the middle of training, "
-        "without an end', its evidence the last line 'Done!'): DiT's end of training is the "
-        "bare record 'Done!' after 'Saved checkpoint to .../0000020.pt', written by rank 0 "
-        "alone (the other ranks have a NullHandler) into an unprefixed console, and torchrun "
-        "prints nothing when every worker exits 0; a bare 'done' counts as an end only where "
-        "every rank of the world says it under its own rank, and no line here carries a rank "
-        "(world size: unknown; every rank's 'Starting rank=0, seed=0, world_size=2.' is not "
-        "read), so the log reads as training progress followed by silence"
-    ),
-    "loud-dit": (
-        "unknown, hang, no culprit (INF212, 0.3, evidence 'Done!'): as calm-dit; the three "
-        "ranks' pin_memory and autocast warnings and torchrun's OMP_NUM_THREADS banner are "
-        "taken for nothing (no finding names them), but rank 0's lone 'Done!' is not read "
-        "as the end of training"
-    ),
     "rsync-short": (
         "failed, exit-teardown-crash, rank 0 on host node1 (EXIT103, 0.9): node 1's agent's "
         "'Error waiting on exit barrier' (node1.log, its store gone: 'Failed to recv, got 0 "

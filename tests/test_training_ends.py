@@ -197,3 +197,21 @@ def test_the_number_of_epochs_a_run_announces(line: str, n: int | None) -> None:
         m["n"] for f in FACT_PATTERNS if f.name == "max_epochs" and (m := f.compiled.search(line))
     ]
     assert found == ([] if n is None else [str(n)])
+
+
+@pytest.mark.parametrize(
+    ("folder", "ok"),
+    [
+        # DiT's main-process logger (the other ranks log to a NullHandler): its steps, the
+        # checkpoint 'Saved ...', then a bare 'Done!' as its last words
+        ("tests/fixtures/real/ninetyeighth-calm-dit", True),
+        # hifi-gan's 'Saving checkpoint to ...' then 'Complete.': the save's end, and the log
+        # stops there (the launcher was SIGTERMed and died without a word)
+        ("tests/fixtures/real/ninetieth-term-voc", False),
+        # torchvision's MNIST download, 'Processing...' then 'Done!', before any step: the
+        # job then hung in its first collective (corpus case 802)
+        ("corpus/cases/802-hang-kubeflow-pytorchjob-mnist-nccl-no-output-after-download", False),
+    ],
+)
+def test_a_bare_done_after_the_main_loggers_own_steps_ends_training(folder: str, ok: bool) -> None:
+    assert (diagnose_paths([str(REPO / folder)]).verdict.status == "ok") is ok

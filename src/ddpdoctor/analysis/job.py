@@ -160,6 +160,35 @@ def _bare_ends(
     return ends
 
 
+PHASE_OPENED = re.compile(r"^\W{0,10}[A-Z]?[a-z]{2,20}ing\b|\.\.\.\s*$")
+"""A line that opens a phase the next line may close: 'Saving checkpoint to ...',
+'Processing...'."""
+
+
+def _bare_ends_after_training(
+    scans: list[SourceScan], single_node: bool, rank_map: dict[tuple[str, int], int]
+) -> list[Record]:
+    """A writer of no rank (the main process's logger, where only it logs: DiT's
+    "Done!") whose last words are a bare 'done' after its own training progress: the end of
+    its training loop. (Not after a download's or a build's lines alone: torchvision's MNIST
+    prints "Done!" after "Processing...", before any step; nor where the line before it
+    opened a phase that the word closes: "Saving checkpoint to ..." then "Complete.")"""
+    ends: list[Record] = []
+    for scan in scans:
+        for stream in scan.streams.values():
+            if (
+                stream.last_line
+                and 0 < stream.last_progress_line < stream.last_line
+                and BARE_END.match(stream.last_text)
+                and not PHASE_OPENED.search(stream.prev_text)
+                and resolve_rank(stream.origin, single_node, rank_map) is None
+            ):
+                ends.append(
+                    Record(scan.info.path, stream.last_line, stream.last_text, stream.origin)
+                )
+    return ends
+
+
 def _every_rank_finished(
     finished: list[tuple[int | None, Record]], ranks: set[int], world_hints: list[int]
 ) -> list[tuple[int, Record]]:
@@ -436,6 +465,9 @@ def build_job(
                 deduplicated = True
 
     finished += _bare_ends(scans, single_node, rank_map)
+    for record in _bare_ends_after_training(scans, single_node, rank_map):
+        completions.append((None, record))
+        completed_at[record.source] = min(completed_at.get(record.source, record.line), record.line)
     all_done: dict[str, int] = {}
     for rank, record in _every_rank_finished(finished, ranks, world_hints):
         completed_ranks.add(rank)
