@@ -45,3 +45,22 @@ def test_the_ranks_the_summary_does_not_list_had_left() -> None:
     report = diagnose_paths([str(REPO / "tests" / "fixtures" / "real" / "sixtieth-short-rows")])
     assert report.job.world_size == 4
     assert report.verdict.culprit.ranks == [2, 3]
+
+
+WORLD = [f for f in FACT_PATTERNS if f.name == "world_size" and f.literal == "world"]
+
+
+@pytest.mark.parametrize(
+    ("line", "size"),
+    [
+        # DiT's print on every rank (tests/fixtures/real/ninetyeighth-*): a sentence's full stop
+        ("Starting rank=1, seed=1, world_size=2.", 2),
+        ("world size: 8", 8),
+        # a decimal or a comparison quoting it is no world's size
+        ("world_size 2.5", None),
+        ("world_size 32 != 4 * 4 * 4", None),
+    ],
+)
+def test_a_world_size_named_in_words(line: str, size: int | None) -> None:
+    found = [m.group("n") for f in WORLD if (m := f.compiled.search(line))]
+    assert found == ([str(size)] if size else [])

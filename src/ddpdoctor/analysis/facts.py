@@ -80,10 +80,11 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
         text_read=False,
     ),
     FactPattern("world_size", r"\bWORLD_SIZE[=:]\s*(?P<n>\d+)", "WORLD_SIZE", distinct=VALUE),
-    # not a comparison that quotes it ("world_size 32 != 4 * 4 * 4": 32 is another count)
+    # not a comparison that quotes it ("world_size 32 != 4 * 4 * 4": 32 is another count), nor
+    # a decimal; a sentence's full stop may follow ("Starting rank=0, seed=0, world_size=2.")
     FactPattern(
         "world_size",
-        r"\bworld[_ ]size\W{1,4}(?P<n>\d+)(?![\d.])(?!\s{0,3}(?:[!=<>]=|[<>*/+-]))",
+        r"\bworld[_ ]size\W{1,4}(?P<n>\d+)(?!\d|\.\d)(?!\s{0,3}(?:[!=<>]=|[<>*/+-]))",
         "world",
         distinct=VALUE,
     ),
