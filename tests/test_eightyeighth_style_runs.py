@@ -152,13 +152,6 @@ MISSES: dict[str, str] = {
         "exception to it; that a label holds a character the dictionary cannot encode (bad "
         "input data) is not read from the frame"
     ),
-    "odd-list": (
-        "uncoordinated-exit, no culprit (INF202, 0.3): rank 1 ran one step ahead each epoch and "
-        "exited 0 after its 60 steps (rank 1 logs nothing, the launcher lists "
-        "<NO_OTHER_FAILURES>), rank 0 lost it in its extra steps; that rank 0's 'train "
-        "dataloader has 21 iters' is a rank with more batches than the one that left is not "
-        "read, so the peer's clean exit is taken for a one-rank early exit with no rank named"
-    ),
 }
 
 

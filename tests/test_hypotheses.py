@@ -230,6 +230,10 @@ POSITIVE = {
         (lambda t: case("507"), []),
     ],
     "INF209": [
+        # only rank 0 logs; it lost its peer on the loopback and torchrun's summary lists it
+        # alone (<NO_OTHER_FAILURES>): another process existed, printed nothing and exited 0
+        # while rank 0 still had steps (a world of two where nothing says more)
+        (lambda t: real("ninetysixth-pack-uneven"), [1]),
         # rank 2 printed nothing and torchrun's failure summary lists ranks 0 and 1 only (it
         # lists every worker that did not exit 0): rank 2's loop had ended, it exited 0 while
         # they lost it, and no rank announced a stop (it had fewer shards)

@@ -149,10 +149,6 @@ MISSES: dict[str, str] = {
     "file), the rank is not: the actors' tracebacks carry no rank prefix and are given to rank 0, "
     "not to learner 1 ('Learner 1: actors [1, 3]', 'Exception in worker process 3'). At first "
     "sight: python-exception on rank 0 (PY101)",
-    "actors-odd": "failed, uncoordinated-exit without a culprit (INF202, 0.3): learner 0 lost its peer "
-    "('Connection closed by peer') after '[INFO:2052 monobeast:439 ...] Learner 1: learning finished "
-    "after 12000 steps.', but the pid-tagged record is not read as rank 1 leaving its loop on a smaller "
-    "step budget ('Learner 1: actors [1]' against 'Learner 0: actors [0, 2]'): uneven-inputs on rank 1",
     "unroll-skew": "failed, python-exception on rank 0 (PY101, 0.6): right kind, wrong rank: the "
     "IndexErrors ('index 21 is out of bounds for dimension 0 with size 21') of learner 1's actors 1 and "
     "3 are in unprefixed actor tracebacks and are given to rank 0, whose own error is only the timeout "

@@ -52,7 +52,9 @@ and only alpaca-lora's unprefixed final line, so the lost peer reads as an uncoo
 of no rank (pack-uneven); tqdm's last refresh of rank 0's bar after its own timeout
 ('17/48 [00:16<...]') reads as the work of a busy rank 1, which was silently parked
 (queue-park: slow-rank-timeout on the right rank). Since then: a bar whose last redraw moved
-one count after a gap of about the timeout stood still (queue-park right): 15 of 16."""
+one count after a gap of about the timeout stood still (queue-park right); rank 0 alone in the
+logs, its peer lost and torchrun's summary listing only it, had a peer that exited 0 (a world
+of two): uneven inputs on rank 1 (pack-uneven right): 16 of 16."""
 
 from __future__ import annotations
 
@@ -167,18 +169,7 @@ EXPECTED: dict[str, Expected] = {
 }
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
-MISSES: dict[str, str] = {
-    "pack-uneven": (
-        "uncoordinated-exit, no culprit (INF202, 0.3): wrong kind, no rank: rank 1 ran out of "
-        "its packed micro-batches first, finished its 3 epochs and exited 0 (its only trace "
-        "the unprefixed \" If there's a warning about missing keys above, please disregard "
-        ":)\" printed once, before rank 0's traceback; torchrun lists <NO_OTHER_FAILURES>), "
-        "rank 0 lost it at step 28 of its 30 ('Connection closed by peer'); that the script's "
-        "final line came from the rank that left, and that rank 0's bar still had steps to "
-        "go (a rank with more batches), is not read, so the peer's clean exit is an "
-        "uncoordinated exit of no named rank rather than uneven inputs on rank 1"
-    ),
-}
+MISSES: dict[str, str] = {}
 
 
 RUNS = RunSet("ninetysixth-", EXPECTED, MISSES, label_nowhere=True)

@@ -371,6 +371,8 @@ def build_evidence(job: JobView, events: list[Event]) -> JobEvidence:
     evidence.ended_after_full_bar = (
         not evidence.ended_on_full_bar and not errors_logged and _ended_after_full_bar(job)
     )
+    if job.launcher_summaries and not job.function_workers and not evidence.completed_at:
+        _peer_of_a_lone_rank(evidence)  # (a function's summary lists one failure only)
     evidence.unlisted_exits = _unlisted_exits(job, evidence)
     evidence.exited_cleanly = job.interpreter_exit_seen and not errors_logged
     counted = [
@@ -947,6 +949,22 @@ def _stall(job: JobView) -> Stall | None:
 
 def _who(who: object) -> str:
     return ", ".join(map(str, who)) if isinstance(who, list) else str(who)
+
+
+def _peer_of_a_lone_rank(evidence: JobEvidence) -> None:
+    """Rank 0, the only rank the logs show, lost its connection to a peer on one node, and
+    the launcher's failure summary (which lists every worker that did not exit 0) names it
+    alone: the world held another process at least, which printed nothing (only rank 0 logs)
+    and had exited 0. Where nothing says how many, it is rank 1 of a world of two. (Not after
+    training's end was announced: the others then ended with it.)"""
+    if evidence.world_size and evidence.world_size >= 2:
+        return
+    if set(evidence.ranks) != {0} or not evidence.single_node:
+        return
+    if "lost-peer" not in evidence.ranks[0].echoes or not evidence.lost_peers_on_loopback:
+        return
+    evidence.world_size = 2
+    evidence.ranks[1] = RankView(rank=1, present=False)
 
 
 def _unlisted_exits(job: JobView, evidence: JobEvidence) -> set[int]:

@@ -77,6 +77,8 @@ def _from_clean_exit(job: JobEvidence) -> Assessment | None:
         return None
     if job.unranked_stop or any(v.announced_stop for v in job.ranks.values()):
         return None  # a stop decided on purpose (INF202 names who left)
+    if job.completed_at:
+        return None  # training's end was announced: they finished; the loop was not short
     one = len(gone) == 1
     return Assessment(
         RULE,
