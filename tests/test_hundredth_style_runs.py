@@ -81,7 +81,9 @@ worker_K.log whose lines carry no '[rankK]:' prefix is read as a host 'worker_K'
 1's silence and its slow progress lines are not seen behind rank 0's timeout (park-train,
 slow-eval), gloo's size abort names the rank that had more batches (noshuffle-codec), the SIGTERM
 leaves no trace (wall-term), and the Ctrl-C of a run whose rank 1 could not exit reads as a hang
-(exit-linger)."""
+(exit-linger). Since then: Hydra's '[time][name][LEVEL] - ' with the month and day alone (dora's
+and flashy's datefmt) is read, and dora's 'Executor: All workers completed successfully' ends
+the job (calm-codec, loud-codec, resume-codec right): 8 of 16."""
 
 from __future__ import annotations
 
@@ -190,18 +192,6 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "calm-codec": "unknown, hang (INF212, 0.3): the run's end is not read: after rank 0's last "
-    "'Checkpoint saved to .../checkpoint.th' and 'Generate Summary | Epoch 3' (the last of optim."
-    "epochs 3) comes dora's 'Executor: All workers completed successfully', no end the tool knows; "
-    "flashy's records give no times ('[12-06 05:51:41]' has no year; the same with colorlog's "
-    "escapes stripped) and worker_1.log is read as a host 'worker_1', not as rank 1 ('Distributed "
-    "init: 1/2 (local 1) from env' is not read), so the log reads as training cut off: ok",
-    "loud-codec": "unknown, hang (INF212, 0.3): as calm-codec, with 3 workers (worker_1.log and "
-    "worker_2.log read as hosts): dora's 'Executor: All workers completed successfully' after rank "
-    "0's last checkpoint is not read as the end of the run; the warnings are not the cause: ok",
-    "resume-codec": "unknown, hang (INF212, 0.3): as calm-codec: the restored run ('Loading "
-    "existing checkpoint', 'Replaying past metrics...', epoch 3, evaluate, generate) ends with "
-    "dora's 'Executor: All workers completed successfully', not read as an end: ok",
     "heap-codec": "failed, uncoordinated-exit with no rank (INF202, 0.3): rank 0's 'Connection "
     "closed by peer' is read as a peer that left on its own; dora's 'Executor: Worker 1 died, "
     "killing all workers' (the launcher prints no exit code or signal) is not read as rank 1's "

@@ -941,3 +941,13 @@ def test_a_record_printed_after_a_wiped_bar_is_its_own_line() -> None:
     assert parsed.time == datetime(2026, 12, 6, 5, 16, 13, 104000, tzinfo=UTC)
     assert "End training" in parsed.text
     assert parsed.bar_line is not None and "3/3" in parsed.bar_line
+
+
+def test_hydras_format_with_the_month_and_day_alone() -> None:
+    """dora's and flashy's logging (tests/fixtures/real/hundredth-*): Hydra's '[time][name]
+    [LEVEL] - ' with datefmt '%m-%d %H:%M:%S': the time in the source's year, the level."""
+    parsed = parse_line("[12-06 05:51:34][flashy.solver][ERROR] - boom", year=2026)
+    assert (parsed.text, parsed.level) == ("boom", "error")
+    assert parsed.time == datetime(2026, 12, 6, 5, 51, 34, tzinfo=UTC)
+    # a bracketed date without Hydra's fields is no such header
+    assert parse_line("[12-06 05:51:34] boom", year=2026).time is None

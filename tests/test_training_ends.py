@@ -215,3 +215,9 @@ def test_the_number_of_epochs_a_run_announces(line: str, n: int | None) -> None:
 )
 def test_a_bare_done_after_the_main_loggers_own_steps_ends_training(folder: str, ok: bool) -> None:
     assert (diagnose_paths([str(REPO / folder)]).verdict.status == "ok") is ok
+
+
+def test_doras_executor_reports_every_worker_done() -> None:
+    """tests/fixtures/real/hundredth-calm-codec: `dora run -d`'s last line."""
+    assert _completed("Executor: All workers completed successfully")
+    assert not _completed("Executor: Worker 1 died, killing all workers")

@@ -600,6 +600,12 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
     ),
     # Megatron-LM's training loop: "[after training is done] datetime: ..."
     FactPattern("completed", r"\[after training is done\]", "after training is done"),
+    # dora's executor (`dora run -d`: audiocraft, demucs) once every worker it started exited 0
+    FactPattern(
+        "completed",
+        r"^(?:Executor: )?All workers completed successfully$",
+        "All workers completed successfully",
+    ),
     # torchelastic's agent when every worker of the group exited 0 (agent/server/api.py)
     FactPattern(
         "completed",

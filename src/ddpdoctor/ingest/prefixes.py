@@ -419,6 +419,12 @@ SLOWFAST_HEAD = re.compile(
     r"\[(?P<mo>\d\d)/(?P<d>\d\d) (?P<hms>" + HMS + r")\]\[" + LEVELS + r"\] "
     r"[\w.-]{1,120}\.py: {0,5}\d{1,6}: "
 )
+# Hydra's job logging format ('[%(asctime)s][%(name)s][%(levelname)s] - %(message)s') with the
+# month and day alone (datefmt "%m-%d %H:%M:%S", dora's and flashy's: audiocraft, demucs):
+# "[12-06 05:51:34][flashy.solver][INFO] - "; its fields are HYDRA_FIELDS
+SHORT_DATE_FIELDS = re.compile(
+    r"\[(?P<mo>\d\d)-(?P<d>\d\d) (?P<hms>" + HMS + r")\](?=\[[\w.-]{1,80}\]\[" + LEVELS + r"\] - )"
+)
 # OpenMMLab's mmengine (no year): "05/01 10:00:00 - mmengine - INFO - "
 MM_HEAD = re.compile(
     r"(?P<mo>\d\d)/(?P<d>\d\d) (?P<hms>" + HMS + r") - [\w.-]{1,80} - " + LEVELS + r" - "
@@ -611,7 +617,11 @@ def parse_line(raw: str, year: int = 1970, with_time: bool = True) -> ParsedLine
                 rich_record = True
                 pos = rich.end()
                 continue
-            d2 = D2_HEAD.match(text, pos) or SLOWFAST_HEAD.match(text, pos)
+            d2 = (
+                D2_HEAD.match(text, pos)
+                or SLOWFAST_HEAD.match(text, pos)
+                or SHORT_DATE_FIELDS.match(text, pos)
+            )
             if d2:
                 if with_time:
                     out.time = out.time or _short_time(d2, year)
