@@ -298,8 +298,9 @@ NATIVE_WRAPPED = re.compile(r"[^\n]{0,4096}?\(0x[0-9a-fA-F]{1,16} in ")
 """The rest of a native frame that a terminal or a paste wrapped: '... (0x7fa1 in lib.so)'."""
 INIT_LINE = re.compile(
     # torch.distributed's own loggers, except the launcher's process handling (stops, exits),
-    # and advice that names the call ("You can specify device_id in init_process_group()")
-    r"Initializing distributed|(?<!\bin )(?<!\bin `)(?<!\bwith )init_process_group"
+    # and advice that names the call ("You can specify device_id in init_process_group()", a
+    # wrapped line's rest "init_process_group() to force use of a particular device")
+    r"Initializing distributed|(?<!\bin )(?<!\bin `)(?<!\bwith )init_process_group(?!\(\) to )"
     r"|torch\.dis(?!tributed\.elastic\.multiproc)"
     # (a communicator's "comm 0x... - Abort COMPLETE" / "Destroy COMPLETE" is its end)
     r"|NCCL INFO (?:Bootstrap|NET/|comm (?![^\n]{0,300}(?:Abort|Destroy) COMPLETE))"
