@@ -76,7 +76,9 @@ torchrun prints nothing on success, so both healthy runs read as a log cut off i
 collective in a rank-dependent branch, while the one 'Early stopping' among two ranks' epoch
 lines is rank 0 leaving the loop on its own (lone-ett: collective-mismatch, right rank); the
 negative __len__ of node 1's test split is a generic exception, not its CSV cut short
-(short-ett: python-exception, right rank)."""
+(short-ett: python-exception, right rank). Since then: CPython's '__len__() should return >= 0',
+a sliding-window dataset over data shorter than its window, is a data error (short-ett right):
+13 of 16."""
 
 from __future__ import annotations
 
@@ -202,12 +204,6 @@ MISSES: dict[str, str] = {
     "(Vali Loss 0.3379843 vs 0.3360399, 'Validation loss decreased' on one only), is not read as "
     "one rank's own early stop, and the barrier it waits in sits right after the epoch loop: rank 0 "
     "left training alone while rank 1 trained on (uncoordinated-exit on rank 0)",
-    "short-ett": "failed, python-exception on rank 1 (PY101, 0.6): right rank, generic kind: "
-    "'ValueError: __len__() should return >= 0' raised in data_provider's print(flag, "
-    "len(data_set)) right after 'val 2765' is read as a bug of the code; that a dataset's length "
-    "came out negative because node 1's ETTh1.csv is shorter than the test split's borders (node 0 "
-    "printed 'val 2785' and 'test 2785', node 1 'val 2765' and no test line) is not read: data-error "
-    "on rank 1",
 }
 
 

@@ -75,6 +75,10 @@ DATA_ERROR = Rule(
             r"num_samples should be a positive integer value, but got num_samples=0\b",
             "num_samples should be a positive integer value",
         ),
+        # a Dataset whose __len__ came out negative: a sliding-window dataset (time series:
+        # len(data) - seq_len - pred_len + 1, Informer/Autoformer/Time-Series-Library) over
+        # data shorter than its window; CPython's len() refuses it
+        Signature(r"ValueError: __len__\(\) should return >= 0", "__len__() should return >= 0"),
         Signature(r"OSError: Unable to open file", "Unable to open file"),
         Signature(r"DatasetGenerationError"),
         Signature(
@@ -190,6 +194,7 @@ DATA_ERROR = Rule(
         "ValueError: Failed to read all data for array. Expected (100, 100) = 10000 elements, "
         "could only read 4992 elements. (file seems not fully written?)",
         "ValueError: num_samples should be a positive integer value, but got num_samples=0",
+        "ValueError: __len__() should return >= 0",
         "_pickle.UnpicklingError: pickle data was truncated",
     ),
     negative=(
@@ -199,6 +204,7 @@ DATA_ERROR = Rule(
         "_pickle.UnpicklingError: Weights only load failed. This file can still be loaded",
         "ValueError: cannot reshape array of size 0 into shape (8,1024)",
         "ValueError: num_samples should be a positive integer value, but got num_samples=-5",
+        "OverflowError: cannot fit 'int' into an index-sized integer",
     ),
 )
 
