@@ -131,6 +131,9 @@ POSITIVE = {
         # ranks 0 and 1 exit 0, left out of torchrun's summary, as in fiftieth-odd-shards, but a
         # line of no rank says 'Loss below 1.2, stopping at iter 36': a stop decided on purpose
         (lambda t: real("sixtieth-early-out"), [0, 1]),
+        # one 'Early stopping' line of no rank; rank 0 then times out in the barrier after the
+        # epoch loop, rank 1 in its backward: rank 0 left the loop on its own patience
+        (lambda t: real("ninetyninth-lone-ett"), [0]),
     ],
     "INF203": [
         (lambda t: scenario("collective-mismatch-op-nodebug"), [0]),

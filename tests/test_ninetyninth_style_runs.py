@@ -77,8 +77,9 @@ collective in a rank-dependent branch, while the one 'Early stopping' among two 
 lines is rank 0 leaving the loop on its own (lone-ett: collective-mismatch, right rank); the
 negative __len__ of node 1's test split is a generic exception, not its CSV cut short
 (short-ett: python-exception, right rank). Since then: CPython's '__len__() should return >= 0',
-a sliding-window dataset over data shorter than its window, is a data error (short-ett right):
-13 of 16."""
+a sliding-window dataset over data shorter than its window, is a data error (short-ett right);
+a stop announced by a line of no rank, then ranks split between a barrier and another
+collective: the ranks at the barrier left on that stop (lone-ett right): 14 of 16."""
 
 from __future__ import annotations
 
@@ -196,14 +197,6 @@ MISSES: dict[str, str] = {
     "client, 'Store exit requested', 'UV main loop done', 'uv_loop cleanup finished') is not read "
     "as the agent closing a finished job either (its '[rankN]:' C++ INFO lines gave the world size, "
     "3, but no exit code is printed on success)",
-    "lone-ett": "failed, collective-mismatch on rank 0 (INF203, 0.4): right rank, wrong kind: the two "
-    "15 s timeouts in different places (rank 0 in dist.barrier() at run.py:848, rank 1 in "
-    "loss.backward() at :826) are read as a collective inside a rank-dependent branch; the lone "
-    "'Early stopping' (EXIT101, kept as context with no rank) after 'EarlyStopping counter: 2 out "
-    "of 2', printed once where two ranks printed every epoch line and the two epoch-10 lines differ "
-    "(Vali Loss 0.3379843 vs 0.3360399, 'Validation loss decreased' on one only), is not read as "
-    "one rank's own early stop, and the barrier it waits in sits right after the epoch loop: rank 0 "
-    "left training alone while rank 1 trained on (uncoordinated-exit on rank 0)",
 }
 
 

@@ -64,6 +64,9 @@ def assess(job: JobEvidence) -> Assessment | None:
             ],
             evidence=[e for r in sorted(stoppers) for e in job.ranks[r].evidence[:1]],
         )
+    barrier_stop = _stopped_into_a_barrier(job, stoppers)
+    if barrier_stop is not None:
+        return barrier_stop
     # a rank that announced the end of training finished; it did not leave early. Nor did
     # one that left after training announced its end, while the others went on to collectives
     # of their own (collective_mismatch: a collective only some ranks called)
@@ -128,6 +131,37 @@ def assess(job: JobEvidence) -> Assessment | None:
             ],
         )
     return None
+
+
+def _stopped_into_a_barrier(job: JobEvidence, stoppers: set[int]) -> Assessment | None:
+    """A line of no rank announced a stop (an early stop, a target reached), and of the ranks
+    that timed out some waited in a barrier while the others waited in another collective:
+    the ranks at the barrier had left the loop on that stop (a decision each rank took alone,
+    on its own numbers) and waited for the others there, who were still in a step."""
+    if not job.unranked_stop or stoppers:
+        return None
+    waiting = job.waiting
+    at_barrier = {
+        r
+        for r in waiting
+        if any((w.op or "").lower() == "barrier" for w in job.ranks[r].wait_sites)
+    }
+    elsewhere = {r for r in waiting - at_barrier if job.ranks[r].wait_sites}
+    if not at_barrier or not elsewhere:
+        return None
+    one = len(at_barrier) == 1
+    return Assessment(
+        RULE,
+        0.45,
+        sorted(at_barrier),
+        [
+            f"a line of no rank announced a stop, and {ranks_text(at_barrier)} then waited in "
+            f"a barrier while {ranks_text(elsewhere)} still waited in another collective: "
+            f"{'it' if one else 'they'} had left the training loop on that stop alone (a "
+            "stop each rank decided on its own numbers), the others had not."
+        ],
+        evidence=[e for r in sorted(at_barrier) for e in job.ranks[r].evidence[:1]],
+    )
 
 
 def _from_loopback(job: JobEvidence) -> Assessment | None:
