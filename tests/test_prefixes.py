@@ -951,3 +951,10 @@ def test_hydras_format_with_the_month_and_day_alone() -> None:
     assert parsed.time == datetime(2026, 12, 6, 5, 51, 34, tzinfo=UTC)
     # a bracketed date without Hydra's fields is no such header
     assert parse_line("[12-06 05:51:34] boom", year=2026).time is None
+
+
+def test_the_logging_cookbooks_name_then_level_without_a_time() -> None:
+    """'%(name)s - %(levelname)s - %(message)s' with no time in front: the level after the
+    logger's name is read (the padded-level check applies to a level at the message's start
+    only)."""
+    assert parse_line("torchtitan.train - ERROR - Ran out of data").level == "error"

@@ -442,9 +442,6 @@ def _said_data_ended(text: str) -> bool:
     return _search_with_words(DATA_ENDED, DATA_ENDED_WORDS, text)
 
 
-WORK_LINES_MIN = RECENT_MIN
-
-
 def _worked_while_others_waited(
     job: JobView,
     evidence: JobEvidence,
@@ -466,7 +463,7 @@ def _worked_while_others_waited(
         return
     hosts = _hosts_of_ranks(job)
     for stream in job.streams:
-        if len(stream.recent) < WORK_LINES_MIN:
+        if len(stream.recent) < RECENT_MIN:
             continue
         inside = [
             (line, at, parsed.text)
@@ -477,7 +474,7 @@ def _worked_while_others_waited(
             and (at := parsed.time or _clock_time(raw, end))
             and start <= at < end
         ]
-        if len(inside) < WORK_LINES_MIN:
+        if len(inside) < RECENT_MIN:
             continue
         line, time, text = inside[-1]
         _busy_with(
@@ -515,7 +512,7 @@ def _counted_work_until_the_reaction(
     by_source: dict[str, list[int]] = {}
     for source, line in reactions:
         by_source.setdefault(source, []).append(line)
-    streams = [s for s in job.streams if len(s.bare) >= WORK_LINES_MIN and s.source in by_source]
+    streams = [s for s in job.streams if len(s.bare) >= RECENT_MIN and s.source in by_source]
     hosts = _hosts_of_ranks(job) if streams else {}
     for stream in streams:
         counted = _counted_run(stream.bare, sorted(by_source[stream.source]))
@@ -534,7 +531,7 @@ WORK_COUNT = re.compile(r"(?<![\d/.])(\d{1,6})/(\d{1,6})(?![\d/.])")
 
 
 def _counted_run(bare: tuple[tuple[int, str], ...], reactions: list[int]) -> tuple[int, str] | None:
-    """(line, text) of the last of >= WORK_LINES_MIN lines that end a writer's untimed lines
+    """(line, text) of the last of >= RECENT_MIN lines that end a writer's untimed lines
     before a reaction and count one piece of work up (the same words, the same total, the
     count rising, not at its total), the reaction at most REACTION_GAP lines below."""
     for reaction in reactions:
@@ -552,7 +549,7 @@ def _counted_run(bare: tuple[tuple[int, str], ...], reactions: list[int]) -> tup
             if run and (words != run[-1][4] or total != run[-1][3] or done >= run[-1][2]):
                 break
             run.append((line, text, done, total, words))
-        if len(run) >= WORK_LINES_MIN and run[0][2] < run[0][3]:
+        if len(run) >= RECENT_MIN and run[0][2] < run[0][3]:
             return run[0][0], run[0][1].strip()
     return None
 

@@ -516,17 +516,14 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
     # a banner or a line that opens with the end of training ("*****End training
     # kitti_models/pointpillar(default)*****", OpenPCDet's; "End of training."): not one
     # epoch's or step's end ("End of training epoch 3")
-    FactPattern(
-        "completed",
-        MESSAGE_START + r"[*=#>\s-]{0,40}End (?:of )?training\b"
-        r"(?! (?:for |of )?(?:the |this )?(?:epoch|step|iter|batch|stage|phase))",
-        "nd training",
-    ),
-    FactPattern(
-        "completed",
-        MESSAGE_START + r"[*=#>\s-]{0,40}End of training\b"
-        r"(?! (?:for |of )?(?:the |this )?(?:epoch|step|iter|batch|stage|phase))",
-        "nd of training",
+    *(
+        FactPattern(
+            "completed",
+            MESSAGE_START + r"[*=#>\s-]{0,40}" + words + r"\b"
+            r"(?! (?:for |of )?(?:the |this )?(?:epoch|step|iter|batch|stage|phase))",
+            words,
+        )
+        for words in ("End training", "End of training")
     ),
     # a rank's own word that it is done ("rank 0 finished, best val_loss 0.48", "Rank 3:
     # finished.", "[rank 2] done"): not one phase's end ("rank 0 finished epoch 2", "...

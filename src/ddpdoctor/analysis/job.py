@@ -143,50 +143,36 @@ after its own tag at most, with no object: a step's or a phase's end names what 
 done", "loading done")."""
 
 
-def _bare_ends(
-    scans: list[SourceScan], single_node: bool, rank_map: dict[tuple[str, int], int]
-) -> list[tuple[int | None, Record]]:
-    """Ranks whose last words are a bare 'done': their own word that they are done (an end of
-    training when every rank of the world says it, as with 'rank N finished')."""
-    ends: list[tuple[int | None, Record]] = []
-    for scan in scans:
-        for stream in scan.streams.values():
-            if not stream.last_line or not BARE_END.match(stream.last_text):
-                continue
-            rank = resolve_rank(stream.origin, single_node, rank_map)
-            if rank is not None:
-                record = Record(scan.info.path, stream.last_line, stream.last_text, stream.origin)
-                ends.append((rank, record))
-    return ends
-
-
 PHASE_OPENED = re.compile(r"^\W{0,10}[A-Z]?[a-z]{2,20}ing\b|\.\.\.\s*$")
 """A line that opens a phase the next line may close: 'Saving checkpoint to ...',
 'Processing...'."""
 
 
-def _bare_ends_after_training(
+def _bare_ends(
     scans: list[SourceScan], single_node: bool, rank_map: dict[tuple[str, int], int]
-) -> list[Record]:
-    """A writer of no rank (the main process's logger, where only it logs: DiT's
-    "Done!") whose last words are a bare 'done' after its own training progress: the end of
-    its training loop. (Not after a download's or a build's lines alone: torchvision's MNIST
-    prints "Done!" after "Processing...", before any step; nor where the line before it
-    opened a phase that the word closes: "Saving checkpoint to ..." then "Complete.")"""
-    ends: list[Record] = []
+) -> tuple[list[tuple[int | None, Record]], list[Record]]:
+    """Writers whose last words are a bare 'done'. Ranks: their own word that they are done
+    (an end of training when every rank of the world says it, as with 'rank N finished').
+    Writers of no rank (the main process's logger, where only it logs: DiT's "Done!"), where
+    the word follows their own training progress: the end of the training loop. (Not after
+    a download's or a build's lines alone: torchvision's MNIST prints "Done!" after
+    "Processing...", before any step; nor where the line before it opened a phase that the
+    word closes: "Saving checkpoint to ..." then "Complete.")"""
+    ranked: list[tuple[int | None, Record]] = []
+    after_training: list[Record] = []
     for scan in scans:
         for stream in scan.streams.values():
-            if (
-                stream.last_line
-                and 0 < stream.last_progress_line < stream.last_line
-                and BARE_END.match(stream.last_text)
-                and not PHASE_OPENED.search(stream.prev_text)
-                and resolve_rank(stream.origin, single_node, rank_map) is None
+            if not stream.last_line or not BARE_END.match(stream.last_text):
+                continue
+            record = Record(scan.info.path, stream.last_line, stream.last_text, stream.origin)
+            rank = resolve_rank(stream.origin, single_node, rank_map)
+            if rank is not None:
+                ranked.append((rank, record))
+            elif 0 < stream.last_progress_line < stream.last_line and not PHASE_OPENED.search(
+                stream.prev_text
             ):
-                ends.append(
-                    Record(scan.info.path, stream.last_line, stream.last_text, stream.origin)
-                )
-    return ends
+                after_training.append(record)
+    return ranked, after_training
 
 
 def _every_rank_finished(
@@ -464,10 +450,11 @@ def build_job(
             elif fact.name == "deduplicated":
                 deduplicated = True
 
-    finished += _bare_ends(scans, single_node, rank_map)
-    for record in _bare_ends_after_training(scans, single_node, rank_map):
-        completions.append((None, record))
-        completed_at[record.source] = min(completed_at.get(record.source, record.line), record.line)
+    ranked_ends, main_logger_ends = _bare_ends(scans, single_node, rank_map)
+    finished += ranked_ends
+    for end in main_logger_ends:
+        completions.append((None, end))
+        completed_at[end.source] = min(completed_at.get(end.source, end.line), end.line)
     all_done: dict[str, int] = {}
     for rank, record in _every_rank_finished(finished, ranks, world_hints):
         completed_ranks.add(rank)

@@ -70,9 +70,8 @@ announced after it stopped training), kept fewer and shorter: 10,000 rank files 
 writers (their time and the head of their words are what behaviour reads), and one line
 alone is not kept (RECENT_MIN)."""
 RECENT_MIN = 2
-"""Lines of its own a writer printed inside the others' wait to count as busy there
-(behaviour.WORK_LINES_MIN): one may be the last of what it did before it entered the
-collective too."""
+"""Lines of its own a writer printed inside the others' wait to count as busy there: one may
+be the last of what it did before it entered the collective too."""
 CLOCK = re.compile(r"\d:\d\d:\d\d")
 """A time of day in a line: the cheap test for a line that may carry its time."""
 CLOCK_WITHIN = 100

@@ -885,10 +885,12 @@ def parse_line(raw: str, year: int = 1970, with_time: bool = True) -> ParsedLine
             inner.bar_line = text[:pos] + parts[-2]
             return inner
     if out.level is None:
-        m = PY_LEVEL.match(message) or (
-            NAMED_PY_LEVEL.match(message) if " - " in message[:110] else None
-        )
-        if m and (platform_ok or m.start("level") == 0):  # padded: only behind a time
+        m = PY_LEVEL.match(message)
+        if m and m.start("level") > 0 and not platform_ok:
+            m = None  # a level padded to its width stands only behind a time
+        if m is None and " - " in message[:110]:
+            m = NAMED_PY_LEVEL.match(message)
+        if m:
             out.level = m.group("level").lower()
     if origin.rank is None:
         for needle, within, find, level_follows in RANK_MARKS:

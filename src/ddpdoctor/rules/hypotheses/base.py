@@ -85,6 +85,17 @@ def stood_with(job: JobEvidence, waiting: set[int], quiet: set[int]) -> set[int]
     return {r for r in quiet if shapes.get(r, set()) & waited}
 
 
+def exited_while_others_ran(job: JobEvidence) -> tuple[set[int], set[int]] | None:
+    """(gone, lost): the ranks that printed nothing and that torchrun's failure summary leaves
+    out (it lists every worker that did not exit 0: these had), and those that lost a peer,
+    where some rank then lost them or timed out waiting. None otherwise."""
+    gone = job.unlisted_exits
+    lost = {r for r, v in job.ranks.items() if "lost-peer" in v.echoes}
+    if not gone or not (job.waiting or lost) or gone & set(job.failing_exits):
+        return None
+    return gone, lost
+
+
 def ranks_text(ranks: set[int] | list[int]) -> str:
     """'rank 1' or 'ranks 0,2'."""
     ordered = sorted(ranks)

@@ -11,6 +11,7 @@ from ddpdoctor.rules.base import Explanation, Rule
 from ddpdoctor.rules.hypotheses.base import (
     MAIN_PROCESS,
     Assessment,
+    exited_while_others_ran,
     ranks_text,
     stall_evidence,
 )
@@ -195,10 +196,10 @@ def _from_summary(job: JobEvidence) -> Assessment | None:
     """Ranks that printed nothing and that torchrun's failure summary leaves out had exited 0
     (it lists every worker that did not, the ones it stopped too); the others then lost them
     or timed out waiting: they left first."""
-    gone = job.unlisted_exits
-    lost = {r for r, v in job.ranks.items() if "lost-peer" in v.echoes}
-    if not gone or not (job.waiting or lost) or gone & set(job.failing_exits):
+    left = exited_while_others_ran(job)
+    if left is None:
         return None
+    gone, lost = left
     return Assessment(
         RULE,
         0.6,

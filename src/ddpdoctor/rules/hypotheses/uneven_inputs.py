@@ -11,7 +11,12 @@ from __future__ import annotations
 from ddpdoctor.model.evidence import EVALUATION, TRAINING, JobEvidence
 from ddpdoctor.model.taxonomy import Status
 from ddpdoctor.rules.base import Explanation, Rule
-from ddpdoctor.rules.hypotheses.base import MAIN_PROCESS, Assessment, ranks_text
+from ddpdoctor.rules.hypotheses.base import (
+    MAIN_PROCESS,
+    Assessment,
+    exited_while_others_ran,
+    ranks_text,
+)
 
 KIND = "uneven-inputs"
 
@@ -71,10 +76,10 @@ def _from_clean_exit(job: JobEvidence) -> Assessment | None:
     most often because they had fewer batches. Just above a rank that only left (INF202 at
     0.6): an early stop or a return taken on those ranks alone leaves the same trace, but it
     is decided in code that usually says so."""
-    gone = job.unlisted_exits
-    lost = {r for r, v in job.ranks.items() if "lost-peer" in v.echoes}
-    if not gone or not (job.waiting or lost) or gone & set(job.failing_exits):
+    left = exited_while_others_ran(job)
+    if left is None:
         return None
+    gone, lost = left
     if job.unranked_stop or any(v.announced_stop for v in job.ranks.values()):
         return None  # a stop decided on purpose (INF202 names who left)
     if job.completed_at:
