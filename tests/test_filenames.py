@@ -18,6 +18,9 @@ from ddpdoctor.ingest.filenames import origin_from_path
         ("x/rank3.log.gz", 3, None, None),
         ("output-node01-rank07.log", 7, None, None),  # a host only where the name starts
         ("run.local_rank1.err", None, 1, None),
+        # NeMo's exp_manager names both: the global rank is the writer's
+        ("nemo_log_globalrank-3_localrank-1.txt", 3, 1, None),
+        ("log_local_rank1_rank5.txt", 5, 1, None),
         # torchrun --log-dir: <run_id>/attempt_<k>/<local_rank>/stdout.log
         ("logs/none_abc/attempt_0/3/stderr.log", None, 3, None),
         # OpenMPI 4's --output-filename DIR: DIR/<job>/rank.<N>/stdout

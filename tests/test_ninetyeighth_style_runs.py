@@ -173,17 +173,17 @@ EXPECTED: dict[str, Expected] = {
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
     "rsync-short": (
-        "failed, exit-teardown-crash, rank 0 on host node1 (EXIT103, 0.9): node 1's agent's "
-        "'Error waiting on exit barrier' (node1.log, its store gone: 'Failed to recv, got 0 "
-        "bytes') is taken as the root, a job failing while shutting down, and rank 0's "
+        "failed, exit-teardown-crash, rank 1 on host node1 (EXIT103, 0.9): node 1's agent's "
+        "'Error waiting on exit barrier' (node1.log, read as rank 1's from its first line "
+        "'Starting rank=1, ...'; its store gone: 'Failed to recv, got 0 bytes') is taken as the "
+        "root, a job failing while shutting down, and rank 0's "
         "'Connection closed by peer' in step 21's backward as its consequence. By mechanism "
         "the barrier error is the last consequence: rank 1's 80 images gave it 10 steps an "
         "epoch to rank 0's 12, so it finished its 2 epochs at step 20, left its loop and "
         "exited 0 without a word (NullHandler; node 1's agent reports no failed worker and "
         "goes to its exit barrier), while rank 0 (its last record step 20, in epoch 1 of 2, "
         "4 steps short of its end) still had batches and lost its peer; the agent's successful worker on node 1 "
-        "and rank 0's remaining steps are not read as a rank that ran out of data first "
-        "(the culprit also mixes rank 0 with node 1's host)"
+        "and rank 0's remaining steps are not read as a rank that ran out of data first"
     ),
 }
 

@@ -33,6 +33,7 @@ from ddpdoctor.ingest.bounds import (
 from ddpdoctor.ingest.elastic_error import ErrorFileChunks, is_error_file
 from ddpdoctor.ingest.filenames import origin_from_path
 from ddpdoctor.ingest.prefixes import MAX_TEXT, ParsedLine, parse_line, rank_before
+from ddpdoctor.ingest.self_rank import own_rank
 from ddpdoctor.ingest.sources import ChunkStream, Input
 from ddpdoctor.ingest.srun_tasks import HEAD_BYTES, NodeNames, as_node_task, labels_name_nodes
 from ddpdoctor.ingest.tracebacks import carried_on, is_traceback_line, walk_back
@@ -570,8 +571,11 @@ class Scanner:
                 # no-break spaces as a web page's indentation: spaces, as the program wrote
                 # them (a traceback's frames are told by their indentation)
                 chunk = chunk.replace(NBSP_BYTES, b" ")
-            if line_base == 0 and order == 0 and not labels.head:
-                labels.head = chunk[:HEAD_BYTES]
+            if line_base == 0 and order == 0:
+                if not labels.head:
+                    labels.head = chunk[:HEAD_BYTES]
+                if file_origin.rank is None and (own := own_rank(labels.head)) is not None:
+                    file_origin = src.file_origin = replace(file_origin, rank=own)
             if line_base == 0 and order == 0 and is_own_output(chunk[:600]):
                 result.info.status = "skipped"
                 result.info.reason = "a ddpdoctor report, not a log"

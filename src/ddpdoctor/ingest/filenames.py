@@ -15,6 +15,7 @@ RANK_NAME = re.compile(
     r"(?:^|[^a-z])(?:(?:global_?)?rank[-_.]?|std_log_process_)(\d{1,5})(?!\d)", re.IGNORECASE
 )
 LOCAL_RANK_NAME = re.compile(r"local_?rank[-_.]?(\d{1,5})(?!\d)", re.IGNORECASE)
+LOCAL_BEFORE = re.compile(r"local_?rank[-_.]?$", re.IGNORECASE)
 HOST_NAME = re.compile(
     r"^((?:node|worker|host|gpu|compute|pod|trainer|machine)[-_]?\d+[\w-]*)", re.IGNORECASE
 )
@@ -26,6 +27,15 @@ DIR_RANK = re.compile(r"^(?:global_?)?rank[-_.]?(\d{1,5})$", re.IGNORECASE)
 """A folder named for its rank: `rank3/`, `rank_3/`, OpenMPI's `--output-filename DIR` layout
 `DIR/1/rank.3/stdout`."""
 DIR_LOCAL_RANK = re.compile(r"^local_?rank[-_]?(\d{1,5})$", re.IGNORECASE)
+
+
+def _global_rank(name: str) -> int | None:
+    """The rank a file name gives, not its local rank's ('local_rank1' names a device; NeMo's
+    'nemo_log_globalrank-1_localrank-1.txt' names both)."""
+    for m in RANK_NAME.finditer(name):
+        if not LOCAL_BEFORE.search(name, 0, m.start(1)):
+            return int(m.group(1))
+    return None
 
 
 def _parts(path: str) -> list[str]:
@@ -63,10 +73,7 @@ def origin_from_path(path: str) -> Origin:
     m = LOCAL_RANK_NAME.search(name)
     if m and origin.local_rank is None:
         origin.local_rank = int(m.group(1))
-    elif not m:
-        m = RANK_NAME.search(name)
-        if m:
-            origin.rank = int(m.group(1))
+    origin.rank = _global_rank(name)
     m = HOST_NAME.match(stem)
     if m:
         origin.host = m.group(1)

@@ -1,0 +1,76 @@
+"""The rank a per-process log file names as its own at its start, where neither its name nor
+its prefixes say it: launchers that write one file per worker (dora's `worker_1.log`, a
+Kubeflow pod's log, `nohup python train.py > out_1.log`) leave the rank only in the program's
+own start-up line ('Distributed init: 1/2', 'rank 1 of 2', 'Starting rank=1, ...,
+world_size=2', Lightning's 'GLOBAL_RANK: 1, MEMBER: 2/2').
+
+Only a rank other than 0, announced alone: a console that several processes share shows the
+announcement of each (two ranks: not one process's file), and one where only the main process
+logs shows rank 0's while the other ranks' tracebacks land in it unprefixed."""
+
+from __future__ import annotations
+
+import re
+
+from ddpdoctor.ingest.attribution import MAX_RANK
+
+SELF_RANK_HEAD_BYTES = 64 * 1024
+"""A process names its rank while it joins the group, before its training prints much."""
+
+SELF_RANK = re.compile(
+    rb"(?:"
+    # 'rank 1 of 2', 'Rank: 1/2', 'global rank 3 out of 8' (not a local rank's)
+    rb"(?<![Ll]ocal )\b(?:[Gg]lobal[ _]?)?[Rr]ank[ =:]{1,3}(?P<a>\d{1,6})"
+    rb"(?: of | ?/ ?| out of )(?P<an>\d{1,6})\b"
+    # 'Starting rank=1, seed=1, world_size=2.', 'RANK=1 LOCAL_RANK=1 WORLD_SIZE=2'
+    rb"|\b(?:rank|RANK)[=:] ?(?P<b>\d{1,6})\b[^\n]{0,60}?"
+    rb"\b(?:world_size|WORLD_SIZE)[=:] ?(?P<bn>\d{1,6})\b"
+    # dora's 'Distributed init: 1/2 (local 1) from env'
+    rb"|\b[Dd]istributed init\w*:? (?P<c>\d{1,6})/(?P<cn>\d{1,6})\b"
+    # Lightning's, detectron2's, torchvision references' and HF examples' announcements
+    rb"|GLOBAL_RANK: (?P<d>\d{1,6}), MEMBER: \d{1,6}/(?P<dn>\d{1,6})"
+    rb"|Rank of current process: (?P<e>\d{1,6})\. World size: (?P<en>\d{1,6})"
+    rb"|\bdistributed init \(rank (?P<f>\d{1,6})\)"
+    rb"|\bProcess rank: (?P<g>\d{1,6}), device"
+    rb")"
+)
+RANK_PREFIX = re.compile(rb"^\[rank(\d{1,6})\]:", re.MULTILINE)
+"""torch's excepthook prefix: a rank's own lines, whatever file they are in."""
+LITERALS = (b"ank", b"ANK", b"istributed init")
+
+
+def _announced(match: re.Match[bytes]) -> tuple[int, int | None] | None:
+    for name in "abcdefg":
+        rank = match.group(name)
+        if rank is not None:
+            world = match.group(name + "n") if name + "n" in match.re.groupindex else None
+            r = int(rank)
+            n = int(world) if world is not None else None
+            if r > MAX_RANK or (n is not None and r >= n):
+                return None
+            return r, n
+    return None
+
+
+def own_rank(head: bytes) -> int | None:
+    """The one rank other than 0 this file's start announces as its writer's, or None."""
+    head = head[:SELF_RANK_HEAD_BYTES]
+    if not any(literal in head for literal in LITERALS):
+        return None
+    ranks: set[int] = set()
+    for match in SELF_RANK.finditer(head):
+        announced = _announced(match)
+        if announced is None:
+            return None  # a rank beyond its world: not an announcement to trust
+        ranks.add(announced[0])
+        if len(ranks) > 1:
+            return None
+    if len(ranks) != 1:
+        return None
+    rank = next(iter(ranks))
+    if rank == 0:
+        return None
+    prefixed = {int(m.group(1)) for m in RANK_PREFIX.finditer(head)}
+    if prefixed - {rank}:
+        return None
+    return rank
