@@ -16,7 +16,8 @@ PLAIN_LINE = re.compile(
     r"\s*[:=\[]?\s*\d|\d+%\|"
 )
 PLAIN_COUNTER = re.compile(
-    r"(?i)\b(?:step|iter(?:ation)?|batch|it)\b\D{0,3}?(?P<n>\d+)\s*/\s*(?P<total>\d+)"
+    r"(?i)\b(?:(?:step|iter(?:ation)?|batch|it)\b\D{0,3}?"
+    r"|epoch\b[\s:=\[]{0,3}\d{1,6}(?: \| |\]\[ {0,6}))(?P<n>\d+)\s*/\s*(?P<total>\d+)"
 )
 WORDS = [
     "step",
@@ -34,7 +35,7 @@ WORDS = [
     "train_",
     "val_",
 ]
-GLUE = [" ", ":", "=", "[", "/", " / ", "%|", "_", "", "é"]
+GLUE = [" ", ":", "=", "[", "/", " / ", "%|", "_", "", "é", "][ ", " | "]
 texts = st.lists(
     st.sampled_from(WORDS) | st.sampled_from(GLUE) | st.integers(0, 999).map(str), max_size=12
 ).map("".join) | st.text(max_size=60)
@@ -59,6 +60,11 @@ def test_real_progress_lines() -> None:
     bar = "  14%|#         | 2805/20000 [15:35<95:31,  3.01it/s]"
     assert PROGRESS_LINE.search(bar)
     assert PROGRESS_COUNTER.search("Epoch 3 step 120/500 loss 0.3")["total"] == "500"  # type: ignore[index]
+    # the step count right after its epoch, the word for it left out (pytorch/examples'
+    # ProgressMeter, flashy's solver), and not the epoch's own count
+    assert PROGRESS_COUNTER.search("Epoch: [0][ 10/391]\tTime  0.5")["total"] == "391"  # type: ignore[index]
+    assert PROGRESS_COUNTER.search("Train | Epoch 1 | 2/3 | 1.71 it/sec")["n"] == "2"  # type: ignore[index]
+    assert PROGRESS_COUNTER.search("Epoch 3/10 loss 0.2") is None
     assert not PROGRESS_LINE.search("NCCL INFO Channel 02/0 : 0[0] -> 1[1] via P2P/CUMEM/read")
     # StyleGAN's ticks count thousands of images shown
     assert _progress_line("tick 6     kimg 0.4      time 12s          sec/tick 3.9")

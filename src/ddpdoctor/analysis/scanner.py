@@ -284,8 +284,13 @@ Composer's console logger '[epoch=3][batch=24/24]:'."""
 ANY_COUNTER = re.compile(r"(?<![\d./])(?P<n>\d{1,9})\s{0,2}/\s{0,2}(?P<total>\d{1,9})(?![\d./])")
 """Any 'n/total' on a progress line (steps, batches, a bar's count): not a date or a path."""
 PROGRESS_COUNTER = re.compile(
-    r"(?i)(?=[sib])\b(?:step|iter(?:ation)?|batch|it)\b\D{0,3}?(?P<n>\d+)\s*/\s*(?P<total>\d+)"
+    r"(?i)(?=[sibe])\b(?:(?:step|iter(?:ation)?|batch|it)\b\D{0,3}?"
+    r"|epoch\b[\s:=\[]{0,3}\d{1,6}(?: \| |\]\[ {0,6}))(?P<n>\d+)\s*/\s*(?P<total>\d+)"
 )
+"""A count of steps in a total: after the word for them ('step 5/8', 'Batch 2/4'), or right
+after the epoch it is in, where the word is left out (pytorch/examples' ProgressMeter
+'Epoch: [0][ 10/391]', flashy's 'Train | Epoch 1 | 2/4'). Not the epoch's own count ('Epoch
+3/10')."""
 TRACEBACK_HEADER = "Traceback (most recent call last):"
 NATIVE_HEADER = "Exception raised from "
 """c10::Error's backtrace: 'Exception raised from f at file:line (most recent call first):'."""
