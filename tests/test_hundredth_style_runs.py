@@ -85,7 +85,10 @@ leaves no trace (wall-term), and the Ctrl-C of a run whose rank 1 could not exit
 and flashy's datefmt) is read, and dora's 'Executor: All workers completed successfully' ends
 the job (calm-codec, loud-codec, resume-codec right): 8 of 16. Then: a per-process file that
 names its own rank (not 0) at its start, alone, is read as that rank's (worker_1.log's
-'Distributed init: 1/2'): heap-codec, free-crash, disc-solo and park-train right, 12 of 16."""
+'Distributed init: 1/2'): heap-codec, free-crash, disc-solo and park-train right, 12 of 16.
+Then: where the job's files each announce one rank, another per file, rank 0's console is rank
+0's too, and flashy's 'Epoch 1 | 2/3' is a step count (a validation's not the loop's): the two
+ranks' training totals differ (4 against 3), noshuffle-codec right, 13 of 16."""
 
 from __future__ import annotations
 
@@ -194,45 +197,12 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "noshuffle-codec": "failed, collective-mismatch on rank 0 (COL101, 0.9): gloo's '16 vs 8 ... "
-    "Is there a distributed collective mismatch' abort of rank 0 is taken at its word and the "
-    "aborted rank named; rank 1's own progress total ('Train | Epoch 1 | 2/3' in worker_1.log "
-    "against rank 0's '2/4') and its traceback in average_metrics at the end of the train stage "
-    "(it had run out of batches while rank 0 was in its fourth step) are not read: uneven-inputs "
-    "on rank 1",
-    "slow-eval": "hung, hang on rank 1 (INF211, 0.35): worker_1.log is read as rank 1's (its "
-    "first record 'Distributed init: 1/2'), but its 'Evaluate metrics | Epoch 3 | 1/6 | 0.25 "
+    "slow-eval": "hung, hang on rank 1 (INF211, 0.35): worker_1.log is read as rank 1's "
+    "(its first record 'Distributed init: 1/2'), but its 'Evaluate metrics | Epoch 3 | 1/6 | 0.25 "
     "it/sec' and '2/6' lines, written after rank 0's last record while rank 0 waited in "
     "evaluate's all_reduce ('Timed out waiting 15000ms'), are not read as work: dora's 'Worker 0 "
     "died' has no time to end the wait at, and two counted lines are no run of work before it: "
     "slow-rank-timeout on rank 1",
-    "wall-term": ("failed", "preempted", []),
-    # every rank starts a non-daemon thread that uploads the generated samples and stops on a
-    # None, which only rank 0 sends (rank_zero_only): training, evaluation, generation and rank
-    # 0's last checkpoint done, rank 0 exits 0, rank 1 cannot exit; 20 s later the user presses
-    # Ctrl-C: "Executor: Received keyboard interrupt, trying to kill all workers." and rank 1's
-    # "Exception ignored in: <module 'threading' ...> ... _shutdown ... KeyboardInterrupt": a
-    # teardown hang of rank 1
-    "exit-linger": ("hung", "exit-teardown-crash", [1]),
-    # the generate stage's sample folder helper is wrapped in rank_zero_only: rank 1 gets None
-    # and raises "TypeError: unsupported operand type(s) for /: 'NoneType' and 'str'"; rank 0
-    # loses it in generate's barrier ("Connection closed by peer"), "Executor: Worker 1 died"
-    "zero-only": ("failed", "python-exception", [1]),
-}
-
-# mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
-MISSES: dict[str, str] = {
-    "noshuffle-codec": "failed, collective-mismatch on rank 0 (COL101, 0.9): gloo's '16 vs 8 ... "
-    "Is there a distributed collective mismatch' abort of rank 0 is taken at its word and the "
-    "aborted rank named; rank 1's own progress total ('Train | Epoch 1 | 2/3' in worker_1.log "
-    "against rank 0's '2/4') and its traceback in average_metrics at the end of the train stage "
-    "(it had run out of batches while rank 0 was in its fourth step) are not read: uneven-inputs "
-    "on rank 1",
-    "slow-eval": "failed, nccl-timeout with no rank (TMO102, 0.3): rank 0's 'Timed out waiting "
-    "15000ms' in evaluate's all_reduce is the only finding; rank 1's 'Evaluate metrics | Epoch 3 | "
-    "1/6 | 0.25 it/sec' and '2/6' lines, written after rank 0's last record, are in worker_1.log, "
-    "read as a host 'worker_1' with no rank and no times (flashy's '[12-06 05:53:23]' has no "
-    "year), so no rank is seen still at work: slow-rank-timeout on rank 1",
     "wall-term": "unknown, hang (INF212, 0.3): 'the log ends in the middle of training' is what the "
     "fixture shows: the SIGTERM killed the launcher and both workers without a word (neither dora "
     "nor flashy handles it), so nothing names the preemption (as in sets 86, 90 and 97): "

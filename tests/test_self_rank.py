@@ -3,9 +3,12 @@ diagnosis reads the file's lines as that rank's."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from ddpdoctor.ingest.self_rank import own_rank
+from ddpdoctor.ingest.inputs import Input
+from ddpdoctor.ingest.self_rank import files_announcing_ranks, own_rank
 
 
 @pytest.mark.parametrize(
@@ -47,3 +50,40 @@ def test_a_file_that_names_its_writers_rank(head: bytes, rank: int) -> None:
 )
 def test_files_that_name_no_single_writer(head: bytes) -> None:
     assert own_rank(head) is None
+
+
+def _files(tmp_path: Path, heads: dict[str, bytes]) -> list[Input]:
+    inputs = []
+    for name, head in heads.items():
+        (tmp_path / name).write_bytes(head + b"Train | Epoch 1 | 1/4 | loss 0.3\n")
+        inputs.append(Input(str(tmp_path / name), name))
+    return inputs
+
+
+def test_files_that_each_announce_another_rank_are_those_ranks(tmp_path: Path) -> None:
+    """dora's console (rank 0's records and the launcher's) beside worker_1.log: rank 0 counts
+    where every announcing file names another rank."""
+    inputs = _files(
+        tmp_path,
+        {
+            "console.log": b"Distributed init: 0/2 (local 0) from env\n",
+            "worker_1.log": b"Distributed init: 1/2 (local 1) from env\n",
+            "notes.txt": b"nothing announced\n",
+        },
+    )
+    assert [i.own_rank for i in files_announcing_ranks(inputs)] == [0, 1, None]
+
+
+@pytest.mark.parametrize(
+    "heads",
+    [
+        # one file: a console where only the main process logs
+        {"console.log": b"rank 0 of 2\n"},
+        # two files naming the same rank: two runs, or a copy
+        {"a.log": b"rank 0 of 2\n", "b.log": b"rank 0 of 2\n"},
+        # a shared console and one rank's own file
+        {"a.log": b"rank 0 of 2\nrank 1 of 2\n", "b.log": b"rank 1 of 2\n"},
+    ],
+)
+def test_files_that_do_not_each_name_one_writer(tmp_path: Path, heads: dict[str, bytes]) -> None:
+    assert all(i.own_rank is None for i in files_announcing_ranks(_files(tmp_path, heads)))

@@ -27,6 +27,7 @@ from ddpdoctor.analysis.scanner import (
     CLOCK_WITHIN,
     DATA_ENDED,
     DATA_ENDED_WORDS,
+    OTHER_PHASE_BAR,
     PROGRESS_COUNTER,
     RECENT_MIN,
     FactHit,
@@ -1052,8 +1053,6 @@ def _full_bar(text: str) -> bool:
 
 TQDM_COUNTER = re.compile(r"\d{1,3}%\|[^|\r\n]{0,200}\|\s*(?P<n>\d+)/(?P<total>\d+) \[")
 """tqdm's bar counter: '62%|██▌   | 5/8 [00:03<00:01'."""
-OTHER_PHASE_BAR = re.compile(r"(?i)eval|valid|test|predict|infer|load|writ|sav|download|map")
-"""A bar label of another phase than training (its total is not the loop's)."""
 
 
 def _source_counters(job: JobView) -> dict[str, tuple[int, int]]:

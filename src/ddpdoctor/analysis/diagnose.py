@@ -15,6 +15,7 @@ from ddpdoctor.analysis.verdict import build_verdict
 from ddpdoctor.ingest.attribution import attribute
 from ddpdoctor.ingest.flight_dumps import take_dumps
 from ddpdoctor.ingest.run_events import is_events_file, read_events
+from ddpdoctor.ingest.self_rank import files_announcing_ranks
 from ddpdoctor.ingest.sources import Input, expand_paths
 from ddpdoctor.model.findings import Report, Verdict
 from ddpdoctor.model.records import SourceInfo
@@ -33,6 +34,7 @@ def diagnose_inputs(
     event_paths = {e.source for e in run_events}
     inputs = [i for i in inputs if i.path not in event_paths]
     dumps, dump_sources, inputs = take_dumps(inputs)
+    inputs = files_announcing_ranks(inputs)
     scans = scan_inputs(inputs, engine=engine, jobs=jobs)
     hits = [h for scan in scans for h in scan.hits]
     order = 0

@@ -291,6 +291,8 @@ PROGRESS_COUNTER = re.compile(
 after the epoch it is in, where the word is left out (pytorch/examples' ProgressMeter
 'Epoch: [0][ 10/391]', flashy's 'Train | Epoch 1 | 2/4'). Not the epoch's own count ('Epoch
 3/10')."""
+OTHER_PHASE_BAR = re.compile(r"(?i)eval|valid|test|predict|infer|load|writ|sav|download|map")
+"""A counter's label of another phase than training (its total is not the loop's)."""
 TRACEBACK_HEADER = "Traceback (most recent call last):"
 NATIVE_HEADER = "Exception raised from "
 """c10::Error's backtrace: 'Exception raised from f at file:line (most recent call first):'."""
@@ -579,7 +581,8 @@ class Scanner:
             if line_base == 0 and order == 0:
                 if not labels.head:
                     labels.head = chunk[:HEAD_BYTES]
-                if file_origin.rank is None and (own := own_rank(labels.head)) is not None:
+                own = item.own_rank if item.own_rank is not None else own_rank(labels.head)
+                if file_origin.rank is None and own is not None:
                     file_origin = src.file_origin = replace(file_origin, rank=own)
             if line_base == 0 and order == 0 and is_own_output(chunk[:600]):
                 result.info.status = "skipped"
@@ -1027,6 +1030,8 @@ class Scanner:
             writer = streams[key].origin.rank
             for at in range(len(messages) - 1, -1, -1):
                 counter = "/" in messages[at] and _own_counter(messages[at], writer)
+                if counter and OTHER_PHASE_BAR.search(messages[at], 0, counter.start()):
+                    continue  # a validation's count: the loop's total is training's
                 if counter:
                     if not _counts_up_to(counter, messages[max(0, at - 8) : at], writer):
                         break  # 'Batch 2/8' then 2/9: an epoch and a batch, not n of a total

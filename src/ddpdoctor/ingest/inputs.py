@@ -49,6 +49,9 @@ class Input:
     head: bytes = b""
     """A later range of stdin: the start of the stream, which decides how the whole input's
     srun labels read (ingest/srun_tasks), as it does for one reader of the stream."""
+    own_rank: int | None = None
+    """The rank the file's start announces as its writer's, where the job's files each
+    announce another (ingest/self_rank): the writer of its lines that name none."""
 
 
 def reason_for(exc: OSError, what: str = "cannot read") -> str:

@@ -11,8 +11,10 @@ logs shows rank 0's while the other ranks' tracebacks land in it unprefixed."""
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 from ddpdoctor.ingest.attribution import MAX_RANK
+from ddpdoctor.ingest.inputs import Input
 
 SELF_RANK_HEAD_BYTES = 64 * 1024
 """A process names its rank while it joins the group, before its training prints much."""
@@ -39,7 +41,7 @@ RANK_PREFIX = re.compile(rb"^\[rank(\d{1,6})\]:", re.MULTILINE)
 LITERALS = (b"ank", b"ANK", b"istributed init")
 
 
-def _announced(match: re.Match[bytes]) -> tuple[int, int | None] | None:
+def _rank_and_world(match: re.Match[bytes]) -> tuple[int, int | None] | None:
     for name in "abcdefg":
         rank = match.group(name)
         if rank is not None:
@@ -52,25 +54,61 @@ def _announced(match: re.Match[bytes]) -> tuple[int, int | None] | None:
     return None
 
 
-def own_rank(head: bytes) -> int | None:
-    """The one rank other than 0 this file's start announces as its writer's, or None."""
+def _announced(head: bytes) -> set[int] | None:
+    """The ranks this start announces as its writer's (None: one beyond its world, or lines
+    of another rank under torch's prefix)."""
     head = head[:SELF_RANK_HEAD_BYTES]
     if not any(literal in head for literal in LITERALS):
-        return None
+        return set()
     ranks: set[int] = set()
     for match in SELF_RANK.finditer(head):
-        announced = _announced(match)
+        announced = _rank_and_world(match)
         if announced is None:
             return None  # a rank beyond its world: not an announcement to trust
         ranks.add(announced[0])
         if len(ranks) > 1:
-            return None
-    if len(ranks) != 1:
+            return ranks
+    if len(ranks) == 1 and {int(m.group(1)) for m in RANK_PREFIX.finditer(head)} - ranks:
+        return None
+    return ranks
+
+
+def own_rank(head: bytes) -> int | None:
+    """The one rank other than 0 this file's start announces as its writer's, or None."""
+    ranks = _announced(head)
+    if not ranks or len(ranks) != 1:
         return None
     rank = next(iter(ranks))
-    if rank == 0:
-        return None
-    prefixed = {int(m.group(1)) for m in RANK_PREFIX.finditer(head)}
-    if prefixed - {rank}:
-        return None
-    return rank
+    return rank if rank != 0 else None
+
+
+MAX_FILES = 64
+"""Beyond this many files, each is one rank's and names it (rank files of a large job)."""
+
+
+def files_announcing_ranks(inputs: list[Input]) -> list[Input]:
+    """The inputs with `own_rank` set where the files each announce one rank, another per file:
+    several files of one job whose writers all named themselves (dora's console of rank 0 and
+    its `worker_1.log`). Rank 0 counts here: a console that also holds the other ranks' output
+    would be the only file announcing."""
+    whole = [
+        i
+        for i, item in enumerate(inputs)
+        if item.start == 0 and item.path != "-" and item.spool is None and item.named is None
+    ]
+    if not 2 <= len(whole) <= MAX_FILES:
+        return inputs
+    ranks: dict[int, int] = {}
+    for i in whole:
+        try:
+            with open(inputs[i].path, "rb") as f:
+                announced = _announced(f.read(SELF_RANK_HEAD_BYTES))
+        except OSError:
+            continue
+        if announced is not None and len(announced) == 1:
+            ranks[i] = next(iter(announced))
+    if len(ranks) < 2 or len(set(ranks.values())) != len(ranks):
+        return inputs
+    return [
+        replace(item, own_rank=ranks[i]) if i in ranks else item for i, item in enumerate(inputs)
+    ]
