@@ -88,7 +88,9 @@ names its own rank (not 0) at its start, alone, is read as that rank's (worker_1
 'Distributed init: 1/2'): heap-codec, free-crash, disc-solo and park-train right, 12 of 16.
 Then: where the job's files each announce one rank, another per file, rank 0's console is rank
 0's too, and flashy's 'Epoch 1 | 2/3' is a step count (a validation's not the loop's): the two
-ranks' training totals differ (4 against 3), noshuffle-codec right, 13 of 16."""
+ranks' training totals differ (4 against 3), noshuffle-codec right, 13 of 16. Then: a rank
+whose counters went on, two lines at least, after the waiting ranks' last step was at work in a
+phase of its own (slow-eval right: 14 of 16)."""
 
 from __future__ import annotations
 
@@ -197,12 +199,6 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "slow-eval": "hung, hang on rank 1 (INF211, 0.35): worker_1.log is read as rank 1's "
-    "(its first record 'Distributed init: 1/2'), but its 'Evaluate metrics | Epoch 3 | 1/6 | 0.25 "
-    "it/sec' and '2/6' lines, written after rank 0's last record while rank 0 waited in "
-    "evaluate's all_reduce ('Timed out waiting 15000ms'), are not read as work: dora's 'Worker 0 "
-    "died' has no time to end the wait at, and two counted lines are no run of work before it: "
-    "slow-rank-timeout on rank 1",
     "wall-term": "unknown, hang (INF212, 0.3): 'the log ends in the middle of training' is what the "
     "fixture shows: the SIGTERM killed the launcher and both workers without a word (neither dora "
     "nor flashy handles it), so nothing names the preemption (as in sets 86, 90 and 97): "

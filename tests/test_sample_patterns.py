@@ -9,7 +9,7 @@ import re
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ddpdoctor.analysis.scanner import PROGRESS_COUNTER, PROGRESS_LINE, _progress_line
+from ddpdoctor.analysis.scanner import PROGRESS_COUNTER, PROGRESS_LINE, _counts, _progress_line
 
 PLAIN_LINE = re.compile(
     r"(?i)(?:\b(?:step|iter(?:ation)?|epoch|loss|batch|eta|kimg|round)|(?<=train_)loss)\b"
@@ -82,3 +82,12 @@ def test_real_progress_lines() -> None:
     assert not _progress_line("max_epoch: 100, num_steps: 10, warmup_steps = 100")
     assert not _progress_line("rank 0 finished, best val_loss 1.1111")
     assert not _progress_line("round-trip 3 ms")
+
+
+def test_the_numbers_a_progress_line_counts_by() -> None:
+    """What tells a counter that moved from a heartbeat repeating its step: the numbers after
+    a word for steps and before a total, not a loss, a rate or a memory figure."""
+    assert _counts("Evaluate metrics | Epoch 3 | 2/6 | 0.25 it/sec | sisnr -67.936") == ["3", "2"]
+    assert _counts("heartbeat step=5 rss_mb=374") == ["5"]
+    assert _counts("heartbeat step=5 rss_mb=375") == _counts("heartbeat step=5 rss_mb=374")
+    assert _counts("iter 120 loss 0.31") != _counts("iter 121 loss 0.31")

@@ -359,6 +359,7 @@ def build_evidence(job: JobView, events: list[Event]) -> JobEvidence:
     ]
     _worked_while_others_waited(job, evidence, last_reaction, reaction_lines)
     _counted_work_until_the_reaction(job, evidence, reaction_lines)
+    _progressed_while_others_waited(job, evidence)
     evidence.lost_peers_on_loopback = bool(peers) and all(
         found and all(LOOPBACK.fullmatch(a) for a in found) for found in peers
     )
@@ -481,6 +482,34 @@ def _worked_while_others_waited(
         _busy_with(
             job, evidence, stream, hosts, Evidence(stream.source, line, None, None, time, text)
         )
+
+
+def _progressed_while_others_waited(job: JobView, evidence: JobEvidence) -> None:
+    """A writer whose own progress went on after the waiting ranks' last step, two of its
+    progress lines at least after it, was at work in a phase of its own while they waited: the
+    ranks of one training loop step together (its collectives hold each back), so a counter
+    runs on past the others' only where it has no collective with them (its own evaluation,
+    preprocessing, sampling). Alive and busy, not blocked."""
+    if not evidence.waiting:
+        return
+    began = _wait_began(job, evidence)
+    if began is None:
+        return
+    hosts: dict[int, str] | None = None
+    for stream in job.streams:
+        at, pace = stream.last_progress_time, stream.step_s
+        if (
+            at is None
+            or pace is None
+            or not stream.progress_moved
+            or at - timedelta(seconds=pace) <= began
+        ):
+            continue
+        hosts = _hosts_of_ranks(job) if hosts is None else hosts
+        work = Evidence(
+            stream.source, stream.last_progress_line, None, None, at, stream.last_progress_text
+        )
+        _busy_with(job, evidence, stream, hosts, work)
 
 
 def _wait_began(job: JobView, evidence: JobEvidence) -> datetime | None:

@@ -167,6 +167,7 @@ def merge(acc: SourceScan, part: SourceScan) -> SourceScan:
         if s.last_progress_line:
             a.last_progress_line, a.last_progress_time = s.last_progress_line, s.last_progress_time
             a.step_s = s.step_s or a.step_s
+            a.progress_moved = s.progress_moved if s.step_s else a.progress_moved
         a.last_progress_text = s.last_progress_text or a.last_progress_text
         if s.progress_total is not None:
             a.progress_done = s.progress_done

@@ -208,6 +208,9 @@ class StreamSummary:
     an error lived on from it."""
     step_s: float | None = None
     """Seconds between its last two timed progress lines: how often it reported progress."""
+    progress_moved: bool = False
+    """Its counters moved between those two lines ('1/6' then '2/6'): not a heartbeat thread
+    repeating the step a blocked main thread is at ('heartbeat step=5', again and again)."""
     last_progress_text: str = ""
     """The writer's last progress line (for the report's timeline)."""
     recent: tuple[tuple[int, str], ...] = ()
@@ -1021,11 +1024,16 @@ class Scanner:
             streams[key].bare = tuple(lines)
         for key, raw in last_raw.items():  # the time of each writer's last progress line only
             streams[key].last_progress_time = last = parse(raw).time
-            before = parse(prev_raw[key]).time if key in prev_raw else None
+            earlier = prev_raw.get(key)
+            before = parse(earlier).time if earlier is not None else None
             if before is not None and last is not None and before >= last and key in prev2_raw:
-                before = parse(prev2_raw[key]).time
+                earlier = prev2_raw[key]
+                before = parse(earlier).time
             if last is not None and before is not None and last > before:
                 streams[key].step_s = (last - before).total_seconds()
+                streams[key].progress_moved = _counts(parse(raw).text) != _counts(
+                    parse(earlier).text  # type: ignore[arg-type]
+                )
         for key, messages in progress.items():  # the last counter counts: search from the end
             writer = streams[key].origin.rank
             for at in range(len(messages) - 1, -1, -1):
@@ -1038,6 +1046,18 @@ class Scanner:
                     streams[key].progress_total = count_number(counter.group("total"))
                     streams[key].progress_done = count_number(counter.group("n"))
                     break
+
+
+STEP_COUNT = re.compile(
+    r"(?i)\b(?:step|iter(?:ation)?|batch|epoch|it|kimg|round)\b\D{0,3}?(\d{1,12})"
+    r"|(?<![\d./])(\d{1,12})\s{0,2}/\s{0,2}\d{1,12}(?![\d./])"
+)
+
+
+def _counts(text: str) -> list[str]:
+    """The numbers a progress line counts its work by: after a word for steps, or before a
+    total."""
+    return [a or b for a, b in STEP_COUNT.findall(text)]
 
 
 def _logged_trace(parsed: ParsedLine) -> list[tuple[int, ParsedLine]]:
