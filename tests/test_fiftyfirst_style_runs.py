@@ -120,12 +120,6 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "backup-drag": "failed, nccl-timeout on ranks 0 and 2 (INF204, 0.3): rank 0 is said to "
-    "have left no logs (and rank 2, of a world of at least 3 since spawn stopped two processes "
-    "after process 1 failed), when every log line is the master's: it logged "
-    "'Copying checkpoint_epoch_00001.pyth to backup storage: part k/8' every 5 s from before the "
-    "others entered the evaluation's all_reduce until mp.spawn SIGTERMed it after part 4/8, while "
-    "process 1 timed out after 15 s: a rank busy outside the collective past the timeout",
     "result-wait": "unknown, hang with no culprit (INF212, 0.3): the kind is right, but neither "
     "the status nor the culprit: the master logged 'Waiting for the test predictions of 1 of 2 "
     "processes (part_1.pt)' six times over 60 s after the last epoch until `timeout` ended the "

@@ -360,6 +360,7 @@ def build_evidence(job: JobView, events: list[Event]) -> JobEvidence:
     _worked_while_others_waited(job, evidence, last_reaction, reaction_lines)
     _counted_work_until_the_reaction(job, evidence, reaction_lines)
     _progressed_while_others_waited(job, evidence)
+    _counted_work_past_the_steps(job, evidence)
     evidence.lost_peers_on_loopback = bool(peers) and all(
         found and all(LOOPBACK.fullmatch(a) for a in found) for found in peers
     )
@@ -568,20 +569,60 @@ def _counted_run(bare: tuple[tuple[int, str], ...], reactions: list[int]) -> tup
         before = [(line, raw.rsplit("\r", 1)[-1]) for line, raw in bare if line < reaction]
         if not before or reaction - before[-1][0] > REACTION_GAP + 1:
             continue
-        run: list[tuple[int, str, int, int, str]] = []
-        for line, text in reversed(before):
-            counts = list(WORK_COUNT.finditer(text))
-            if not counts:
-                break
-            m = counts[-1]  # the last count of the line (a bar glued in front has its own)
-            done, total = int(m[1]), int(m[2])
-            words = text[: m.start()][-60:] + text[m.end() :]
-            if run and (words != run[-1][4] or total != run[-1][3] or done >= run[-1][2]):
-                break
-            run.append((line, text, done, total, words))
+        run = _rising_count(before)
         if len(run) >= RECENT_MIN and run[0][2] < run[0][3]:
             return run[0][0], run[0][1].strip()
     return None
+
+
+def _rising_count(lines: list[tuple[int, str]]) -> list[tuple[int, str, int, int, str]]:
+    """The lines that end `lines` and count one piece of work up ('(3/8)...' after
+    '(2/8)...': the same words, the same total, the count rising), last first, as (line,
+    text, count, total, words)."""
+    run: list[tuple[int, str, int, int, str]] = []
+    for line, text in reversed(lines):
+        counts = list(WORK_COUNT.finditer(text))
+        if not counts:
+            break
+        m = counts[-1]  # the last count of the line (a bar glued in front has its own)
+        done, total = int(m[1]), int(m[2])
+        words = text[: m.start()][-60:] + text[m.end() :]
+        if run and (words != run[-1][4] or total != run[-1][3] or done >= run[-1][2]):
+            break
+        run.append((line, text, done, total, words))
+    return run
+
+
+def _counted_work_past_the_steps(job: JobView, evidence: JobEvidence) -> None:
+    """Timed lines that count one piece of work up without finishing it ('Rebuilding the
+    length buckets (3/8)...' after '(2/8)', 5 s apart), written after the job's last training
+    step for about the collective timeout, where a wait timed out: a writer was busy with its
+    own work while the wait ran out, as a bar that kept moving shows (busy_progress). Its rank
+    is the writer's where known."""
+    timeout_ms, last = evidence.timeout_ms, evidence.last_progress_at
+    if evidence.busy_progress is not None or not evidence.timed_out or not timeout_ms:
+        return
+    if last is None:
+        return
+    for stream in job.streams:
+        timed: dict[int, datetime] = {}
+        lines: list[tuple[int, str]] = []
+        for line, raw in stream.recent:
+            parsed = parse_line(raw, stream.year)
+            if parsed.time is None or parsed.time < last or parsed.text[:1].isspace():
+                continue
+            timed[line] = parsed.time
+            lines.append((line, parsed.text))
+        run = _rising_count(lines)
+        if len(run) < RECENT_MIN or run[0][2] >= run[0][3]:
+            continue
+        elapsed = (timed[run[0][0]] - last).total_seconds()
+        if elapsed < BUSY_WINDOW[0] * timeout_ms / 1000:
+            continue
+        rank = job.resolve(stream.origin)
+        work = Evidence(stream.source, run[0][0], rank, None, timed[run[0][0]], run[0][1])
+        evidence.busy_progress = (elapsed, work)
+        return
 
 
 def _hosts_of_ranks(job: JobView) -> dict[int, str]:

@@ -47,14 +47,21 @@ def assess(job: JobEvidence) -> Assessment | None:
     if not (waiting or job.timed_out):
         return None
     found: list[Assessment] = []
-    if job.busy_progress is not None and (quiet or missing):
+    # (where no rank is known at all, the busy writer is none of the waiting ones either)
+    if job.busy_progress is not None and (quiet or missing or not job.ranks):
         elapsed, line = job.busy_progress
+        guessed = False
         if line.rank is not None and line.rank not in waiting:
             culprit = {line.rank}  # the bar's own writer (not a timeout glued to its line)
         elif len(quiet) == 1:
             culprit = set(quiet)
+        elif len(missing) == 1 and not quiet:
+            culprit = set(missing)
         else:
-            culprit = set(missing) if len(missing) == 1 and not quiet else set()
+            # lines no rank is named on are most often the main process's, the one that logs
+            # (and the one that does work alone: saving, copying, evaluating)
+            culprit = {MAIN_PROCESS} & (quiet | missing) - waiting
+            guessed = bool(culprit)
         timeout = (
             f", about the collective timeout of {job.timeout_ms / 1000:g} s"
             if job.timeout_ms
@@ -63,12 +70,18 @@ def assess(job: JobEvidence) -> Assessment | None:
         found.append(
             Assessment(
                 RULE,
-                0.7,
+                0.65 if guessed else 0.7,
                 sorted(culprit),
                 [
-                    f"a rank was busy: its progress bar ran for {elapsed:g} s{timeout}, while "
-                    "the other ranks waited."
+                    f"a rank was busy: its own progress went on for {elapsed:g} s{timeout}, "
+                    "while the other ranks waited."
                 ],
+                against=[
+                    "no line names the busy writer's rank: the main process, which "
+                    "logs, is the likeliest"
+                ]
+                if guessed
+                else [],
                 evidence=[line],
             )
         )
