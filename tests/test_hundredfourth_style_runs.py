@@ -48,7 +48,9 @@ reaching params.max_epochs while LR scheduler is set to CosineAnnealingLR' and e
 rank, is not read as an end, so the healthy run reads as a log cut off mid-training (calm-era:
 unknown hang); an IndexError raised in the DataLoader worker by the loader's own index
 arithmetic (years of different lengths, the length taken from the leap year 1980) reads as a
-corrupt input file (leap-lead: data-error, right rank)."""
+corrupt input file (leap-lead: data-error, right rank). Since then: a loop that says it stops
+after reaching its configured end ('Terminating training after reaching ...', 'Reached
+max_steps', 'Maximum number of epochs reached.') ends training (calm-era right): 15 of 16."""
 
 from __future__ import annotations
 
@@ -161,12 +163,6 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "calm-era": "unknown, hang, no culprit (INF212, 0.3): 'The log ends in the middle of training, "
-    "without an end'; FourCastNet's own end with CosineAnnealingLR, 'Terminating training after "
-    "reaching params.max_epochs while LR scheduler is set to CosineAnnealingLR' logged by both "
-    "ranks before exit() (every rank exits 0, torchrun silent, the last epoch's 'Time taken' and "
-    "checkpoint skipped by design), is not read as the end of training, so the healthy run reads "
-    "as cut off; loud-era, ending in 'DONE ---- rank N', is read as ok",
     "leap-lead": "failed, data-error on rank 1 (DATA101, 0.6): right rank; 'IndexError: Caught "
     "IndexError in DataLoader worker process 0' is read as a rank failing on a missing or corrupt "
     "input file, but the years are valid: the Dataset took 'Number of samples per year: 13' from "

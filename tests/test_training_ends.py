@@ -38,6 +38,11 @@ def _completed(line: str) -> bool:
         "Training time: 812.33s",
         # PyTorch's examples/distributed/tensor_parallelism (sixtieth-calm-grid)
         "2D training successfully completed!",
+        # a loop that stops at its configured end (FourCastNet's, hundredfourth-calm-era)
+        "Terminating training after reaching params.max_epochs while LR scheduler is set to "
+        "CosineAnnealingLR",
+        "Reached max_steps (5000), stopping",
+        "Maximum number of epochs reached.",
     ],
 )
 def test_a_sentence_or_a_wrapper_exit_code_ends_training(line: str) -> None:
@@ -59,6 +64,9 @@ def test_a_sentence_or_a_wrapper_exit_code_ends_training(line: str) -> None:
         "| - Training Time per step : 0.33 s",
         "Epoch 3 | Training time: 12.5s | val loss 2.1",
         "training successfully completed for epoch 2",
+        # what a loop will do, said at its start; a configuration's value
+        "Training will stop after reaching max_steps",
+        "max_epochs: 100 (reached)",
     ],
 )
 def test_an_epoch_a_phase_or_a_failed_exit_ends_nothing(line: str) -> None:

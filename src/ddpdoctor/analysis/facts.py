@@ -66,6 +66,12 @@ NAMED_RANK = r"(?:(?<![A-Za-z])[Rr]ank[ =:]?(?P<named_rank>\d{1,5})\b[^\d\n]{1,1
 """'rank 2 -> ', 'rank 2: ', 'Rank 2 has ': a rank named right before a count, no other number
 between them."""
 
+
+_MAX_END = (
+    r"(?:params\.|cfg\.|config\.|args\.)?max_(?:epochs?|steps|iters|iterations|updates)"
+    r"|[Mm]ax(?:imum)? (?:number of )?(?:epochs|steps|iterations|iters|updates)"
+)
+"""A loop's configured end, as it names it when it stops there."""
 FACT_PATTERNS: tuple[FactPattern, ...] = (
     # NCCL INFO comm ... rank 8 nranks 16 (NCCL init.cc)
     FactPattern("world_size", r"\bnranks (?P<n>\d+)", "nranks ", distinct=VALUE),
@@ -480,6 +486,25 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
         MESSAGE_START + r"(?:\[Rank \d+\] )?[Tt]raining done\b"
         r"(?! (?:for |of |with )?(?:the |this )?(?:epoch|step|iter|batch|stage|phase))",
         "raining done",
+    ),
+    # a loop that says it stops because it reached its configured end: "Terminating training
+    # after reaching params.max_epochs ..." (FourCastNet's), "Stopping training after
+    # reaching max_steps", "Reached max_steps (5000), stopping", "Maximum number of epochs
+    # reached." (a message's own start or end: not "training will stop after reaching max_steps")
+    FactPattern(
+        "completed",
+        MESSAGE_START + r"(?:Terminating|Stopping|Ending|Finishing) training after reaching\b",
+        " training after reaching",
+    ),
+    FactPattern(
+        "completed",
+        MESSAGE_START + r"[Rr]eached (?:the )?(?:" + _MAX_END + r")\b",
+        "eached ",
+    ),
+    FactPattern(
+        "completed",
+        r"\b(?:" + _MAX_END + r") (?:has been |was )?reached[.!]?\s*$",
+        " reached",
     ),
     # DeepSpeed launcher/launch.py, for each worker that exited 0
     FactPattern("completed", r"Process \d+ exits successfully\.", "exits successfully"),
