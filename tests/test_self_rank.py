@@ -24,6 +24,8 @@ from ddpdoctor.ingest.self_rank import files_announcing_ranks, own_rank
         (b"Process rank: 1, device: cpu, n_gpu: 0, distributed training: True\n", 1),
         # the same process announcing twice, and its own excepthook prefix
         (b"rank 1 of 2\nrank 1 of 2\n[rank1]: Traceback (most recent call last):\n", 1),
+        # behind torch's prefix on the same line
+        (b"[rank1]:[W1206 rank.cpp:12] x\n[rank1]: I am rank 1 of 2\n", 1),
     ],
 )
 def test_a_file_that_names_its_writers_rank(head: bytes, rank: int) -> None:

@@ -584,9 +584,12 @@ class Scanner:
             if line_base == 0 and order == 0:
                 if not labels.head:
                     labels.head = chunk[:HEAD_BYTES]
-                own = item.own_rank if item.own_rank is not None else own_rank(labels.head)
-                if file_origin.rank is None and own is not None:
-                    file_origin = src.file_origin = replace(file_origin, rank=own)
+                # (a rank file's name says it; thousands of files are one writer each, and
+                # their names tell which: no search)
+                if file_origin.rank is None and sample_head:
+                    own = item.own_rank if item.own_rank is not None else own_rank(labels.head)
+                    if own is not None:
+                        file_origin = src.file_origin = replace(file_origin, rank=own)
             if line_base == 0 and order == 0 and is_own_output(chunk[:600]):
                 result.info.status = "skipped"
                 result.info.reason = "a ddpdoctor report, not a log"

@@ -11,6 +11,7 @@ logs shows rank 0's while the other ranks' tracebacks land in it unprefixed."""
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import replace
 
 from ddpdoctor.ingest.attribution import MAX_RANK
@@ -39,6 +40,7 @@ SELF_RANK = re.compile(
 RANK_PREFIX = re.compile(rb"^\[rank(\d{1,6})\]:", re.MULTILINE)
 """torch's excepthook prefix: a rank's own lines, whatever file they are in."""
 LITERALS = (b"ank", b"ANK", b"istributed init")
+"""What every announcement holds: 'rank', 'Rank', 'RANK', or dora's words."""
 
 
 def _rank_and_world(match: re.Match[bytes]) -> tuple[int, int | None] | None:
@@ -54,6 +56,25 @@ def _rank_and_world(match: re.Match[bytes]) -> tuple[int, int | None] | None:
     return None
 
 
+def _matches(head: bytes) -> Iterator[re.Match[bytes]]:
+    """SELF_RANK's matches, searched only in the lines that hold one of its literals (the
+    pattern tried at every byte of a 64 KB head took 2 ms)."""
+    seen: set[int] = set()
+    for literal in LITERALS:
+        at = head.find(literal)
+        while at >= 0:
+            if head[at - 2 : at] == b"[r":  # torch's '[rankN]:' prefix, on most lines
+                at = head.find(literal, at + 3)
+                continue
+            start = head.rfind(b"\n", 0, at) + 1
+            end = head.find(b"\n", at)
+            end = len(head) if end < 0 else end
+            if start not in seen:
+                seen.add(start)
+                yield from SELF_RANK.finditer(head, start, end)
+            at = head.find(literal, end)
+
+
 def _announced(head: bytes) -> set[int] | None:
     """The ranks this start announces as its writer's (None: one beyond its world, or lines
     of another rank under torch's prefix)."""
@@ -61,7 +82,7 @@ def _announced(head: bytes) -> set[int] | None:
     if not any(literal in head for literal in LITERALS):
         return set()
     ranks: set[int] = set()
-    for match in SELF_RANK.finditer(head):
+    for match in _matches(head):
         announced = _rank_and_world(match)
         if announced is None:
             return None  # a rank beyond its world: not an announcement to trust
