@@ -69,7 +69,17 @@ earlier run's logs moved to run_<k>/ on resume as exp_manager does; everything w
 re-captured with the program unchanged since.
 
 EXPECTED was written from each mode's mechanism and the taxonomy before any diagnosis was seen;
-a mode ddpdoctor gets wrong today is a strict xfail whose reason says what it says instead."""
+a mode ddpdoctor gets wrong today is a strict xfail whose reason says what it says instead.
+First diagnosis: 12 of 16 right (calm-asr, loud-asr, resume-asr, plateau-wer, dump-preds,
+codec-abort, wer-gather, long-shard, nfs-stall, port-squat, wall-term, stale-ckpt). Misses: the
+culprit is right but not the kind where NeMo's words for an unreadable input ('Your audio file
+... could not be decoded', 'model_path: ... tokenizer.model is invalid') are read as code errors
+(lost-wav, and vocab-node, whose node 1 is also read as a host of no rank: only the file name
+nemo_log_globalrank-1_localrank-0.txt ties it to rank 1) and where a rank vanishes mid-step
+with no word and no exit code (gloo kills the launcher's observer's chance to report it) and is
+read as a rank that left (fbank-hoard); and rank 1's announced CMVN work, rank-less on the
+console and timed only in its own nemo log while rank 0's timeout has no time, is not seen to
+outlast rank 0's 15 s (cmvn-crawl)."""
 
 from __future__ import annotations
 
@@ -172,7 +182,37 @@ EXPECTED: dict[str, Expected] = {
 }
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
-MISSES: dict[str, str] = {}
+MISSES: dict[str, str] = {
+    "lost-wav": "failed, python-exception on rank 1 (PY101, 0.6): the culprit is right, the kind "
+    "is not: NeMo's bare 'Exception: Your audio file .../wav/utt_0018.wav could not be decoded. "
+    "We tried using soundfile.' raised in load_audio under the DataLoader's fetch, and the "
+    "'[NeMo E ... segment:298] Loading .../utt_0018.wav via SoundFile raised RuntimeError: `Error "
+    "opening '...': System error.`' record before it, are not read as an input file the rank "
+    "could not open (the utterance was deleted after the manifest was written): data-error on "
+    "rank 1",
+    "fbank-hoard": "failed, uncoordinated-exit on rank 1 (INF202, 0.6): the culprit is right; "
+    "rank 1 vanished mid-step in epoch 1 without a word and rank 0's 'Connection closed by peer' "
+    "is read as a peer that left on its own. Nothing names the SIGKILL (gloo let rank 0 raise and "
+    "exit before Lightning's 5 s child-process observer could print 'terminated with code -9'), "
+    "and a rank that stops dead in the middle of a step, its last records epoch 0's, with no "
+    "stop message of its own, is not read as killed from outside: host-oom on rank 1",
+    "cmvn-crawl": "failed, nccl-timeout with no rank (TMO102, 0.3): rank 0's 'Timed out waiting "
+    "15000ms for send operation' in the first step's DDP broadcast is the root and rank 1's "
+    "'Connection closed by peer' its cascade; rank 1's announced work is not seen: its NeMo "
+    "records ('CMVN statistics data/asr_demo/tarred/cmvn_1.pt not found, computing them over "
+    "audio_1.tar (this may take a while)', 'CMVN statistics of audio_1.tar: chunk k/8 done' every "
+    "4 s, five of them after rank 0's traceback) carry no rank on the console and sit, timed, "
+    "in nemo_log_globalrank-1_localrank-1.txt, while rank 0's timeout has no time, so nothing "
+    "places rank 1 at work after rank 0 gave up: slow-rank-timeout on rank 1",
+    "vocab-node": "failed, python-exception on host node1 with no rank (PY101, 0.6): node1.log's "
+    "'ValueError: model_path: tokenizers/tokenizer_spe_bpe_v40/tokenizer.model is invalid' (the "
+    "tokenizer's check that its model file exists) is read as a code error of the host named by "
+    "the file, not as an input file missing on that node; and node 1's process is not tied to "
+    "global rank 1: the only line that says so is the name of "
+    "nemo_log_globalrank-1_localrank-0.txt (exp_manager's two records from node 1), and node "
+    "0's 'DistStoreError: Timed out after 16 seconds waiting for clients. 1/2 clients joined.' "
+    "names no rank: data-error on rank 1",
+}
 
 
 RUNS = RunSet("hundredfirst-", EXPECTED, MISSES, label_nowhere=True)
