@@ -79,7 +79,11 @@ nemo_log_globalrank-1_localrank-0.txt ties it to rank 1) and where a rank vanish
 with no word and no exit code (gloo kills the launcher's observer's chance to report it) and is
 read as a rank that left (fbank-hoard); and rank 1's announced CMVN work, rank-less on the
 console and timed only in its own nemo log while rank 0's timeout has no time, is not seen to
-outlast rank 0's 15 s (cmvn-crawl)."""
+outlast rank 0's 15 s (cmvn-crawl).
+Since then (same session): the file name's global rank is read beside its local rank
+(nemo_log_globalrank-1_localrank-1.txt), a bare 'Exception:' raised under the DataLoader's
+fetch in __getitem__ is a data error (lost-wav right), and NeMo's 'model_path: ... is invalid'
+is a missing file (vocab-node right in kind, its rank still unknown): 13 of 16."""
 
 from __future__ import annotations
 
@@ -183,13 +187,6 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "lost-wav": "failed, python-exception on rank 1 (PY101, 0.6): the culprit is right, the kind "
-    "is not: NeMo's bare 'Exception: Your audio file .../wav/utt_0018.wav could not be decoded. "
-    "We tried using soundfile.' raised in load_audio under the DataLoader's fetch, and the "
-    "'[NeMo E ... segment:298] Loading .../utt_0018.wav via SoundFile raised RuntimeError: `Error "
-    "opening '...': System error.`' record before it, are not read as an input file the rank "
-    "could not open (the utterance was deleted after the manifest was written): data-error on "
-    "rank 1",
     "fbank-hoard": "failed, uncoordinated-exit on rank 1 (INF202, 0.6): the culprit is right; "
     "rank 1 vanished mid-step in epoch 1 without a word and rank 0's 'Connection closed by peer' "
     "is read as a peer that left on its own. Nothing names the SIGKILL (gloo let rank 0 raise and "
@@ -204,14 +201,11 @@ MISSES: dict[str, str] = {
     "4 s, five of them after rank 0's traceback) carry no rank on the console and sit, timed, "
     "in nemo_log_globalrank-1_localrank-1.txt, while rank 0's timeout has no time, so nothing "
     "places rank 1 at work after rank 0 gave up: slow-rank-timeout on rank 1",
-    "vocab-node": "failed, python-exception on host node1 with no rank (PY101, 0.6): node1.log's "
-    "'ValueError: model_path: tokenizers/tokenizer_spe_bpe_v40/tokenizer.model is invalid' (the "
-    "tokenizer's check that its model file exists) is read as a code error of the host named by "
-    "the file, not as an input file missing on that node; and node 1's process is not tied to "
-    "global rank 1: the only line that says so is the name of "
-    "nemo_log_globalrank-1_localrank-0.txt (exp_manager's two records from node 1), and node "
-    "0's 'DistStoreError: Timed out after 16 seconds waiting for clients. 1/2 clients joined.' "
-    "names no rank: data-error on rank 1",
+    "vocab-node": "failed, data-error on host node1 with no rank (DATA101, 0.9): the kind is right "
+    "since NeMo's 'ValueError: model_path: .../tokenizer.model is invalid' is read as a missing "
+    "file; node1's traceback comes before its process group exists (no '[rank1]:' prefix), and "
+    "node1.log is not tied to rank 1: only the name nemo_log_globalrank-1_localrank-0.txt says "
+    "so, and that file holds no error",
 }
 
 

@@ -47,7 +47,12 @@ rank 1's own error (retry-hope's Stale file handle) goes unread, the culprits of
 rank printed come from torchrun's one 'failed ... local_rank: N' line (script-astray,
 env-ifname), and a busy or stuck rank's last words are nobody's (ckpt-crawl, prefetch-park);
 torchx's 'Job finished: SUCCEEDED' is no end the tool knows (calm-cifar, loud-cifar); the
-component parser's 'unrecognized arguments: --epochs' is not recognised (arg-early)."""
+component parser's 'unrecognized arguments: --epochs' is not recognised (arg-early).
+Since then (same session): TorchX's 'role/replica ' prefix and torchrun's role-less '[N]:' are
+read (ckpt-crawl, prefetch-park, retry-hope right; script-astray and env-ifname now name both
+ranks), 'Job finished: SUCCEEDED' ends a job (calm-cifar, loud-cifar right), and argparse's
+error of a subcommand's prog ('torchx run <run args...> ddp : error: unrecognized arguments')
+is a rejected command line (arg-early right): 14 of 16."""
 
 from __future__ import annotations
 
@@ -149,48 +154,14 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "calm-cifar": "unknown, hang (INF212, 0.3): 'The log ends in the middle of training, without "
-    "an end': torchx's 'Job finished: SUCCEEDED' (the local scheduler's word that every replica "
-    "exited 0) is not read as the end of a healthy run, nor rank 0's 'train acc: 0.5020, val acc: "
-    "0.6172' and 'exported model to outputs/ckpt/model.pt' behind 'train/0 [0]:'; torchrun prints "
-    "nothing when every worker returns 0, so the last progress line is the last thing it knows",
-    "loud-cifar": "unknown, hang (INF212, 0.3): as calm-cifar: 'Job finished: SUCCEEDED' after "
-    "'train acc: 0.4492, val acc: 0.6124' is no end the tool knows; the OMP_NUM_THREADS banner and "
-    "the three lr_scheduler UserWarnings are rightly not taken as errors",
-    "script-astray": "failed, entrypoint-not-found on rank 0 (LCH107, 0.9): kind right; both "
-    "workers' \"can't open file '/tmp/run-39235/train.py': [Errno 2]\" sit behind 'train/0 [0]:' "
-    "and 'train/0 [1]:', which are not read as local ranks (no rank is seen in the whole log), so "
-    "the culprit is the local_rank of torchrun's first 'failed (exitcode: 2) local_rank: 0' line; "
-    "the script path was wrong for every rank alike: no culprit (with 'train/0 ' removed by hand "
-    "it names ranks 0 and 1)",
-    "arg-early": "unknown, hang (INF233, 0.25): nothing recognised: dist.ddp's component parser "
-    "printed its usage and 'torchx run <run args...> ddp : error: unrecognized arguments: "
-    "--epochs' (argparse's exit 2, the app's arguments given without `--`, no process started); "
-    "that rejection of a launch argument is not read, and eleven lines without a known error "
-    "read as output that stopped",
-    "env-ifname": "failed, nccl-socket-interface on rank 1 (NET104, 0.9): kind right; the two "
-    "'Unable to find address for: eht0' tracebacks carry no rank behind 'train/0 [0]:' and "
-    "'train/0 [1]:', the culprit is the local_rank of torchrun's single 'failed (exitcode: 1) "
-    "local_rank: 1' line; GLOO_SOCKET_IFNAME came from torchx's --env and reached every worker "
-    "(both raised in init_process_group): no culprit",
-    "retry-hope": "failed, python-exception on rank 1 (INF208, 0.5): right rank, wrong kind: rank "
-    "1's \"[rank1]: OSError: [Errno 116] Stale file handle: "
-    "'data/cifar_tiny/train-00003-of-00004.pt'\" (its shard's load in the DataLoader) behind "
-    "'train/0 [1]:' is not matched at all, so torchrun's 'failed (exitcode: 1) local_rank: 1' "
-    "reads as a worker 'whose own output is not in the logs'; an input file of rank 1 that could "
-    "not be read: data-error (with 'train/0 [1]:' rewritten by hand to '[default1]:' it reads "
-    "DATA105, data-error on rank 1)",
-    "ckpt-crawl": "failed, nccl-timeout on ranks 0 and 1 (INF204, 0.3): 'Ranks timed out and the "
-    "ranks they waited for left no logs': no line behind 'train/0 [0]:' / 'train/0 [1]:' is "
-    "given a rank (ranks_seen is empty), so rank 0's last words 'uploading epoch_1.pt to "
-    "s3://cifar-runs/ckpt: part 4/6' (busy for 20 s while rank 1 timed out after 15 s in the "
-    "gradient all-reduce) are nobody's; slow-rank-timeout on rank 0 (with 'train/0 ' removed by "
-    "hand it reads INF201, slow-rank-timeout on rank 0)",
-    "prefetch-park": "failed, nccl-timeout on ranks 0 and 1 (INF204, 0.3): as ckpt-crawl, no rank "
-    "is seen behind the torchx and torchrun prefixes, so rank 1's silence after epoch 0 while "
-    "rank 0 timed out ('[rank0]: RuntimeError: ... Timed out waiting 15000ms for recv operation') "
-    "reads as two ranks without logs; rank 1 announced no work and was SIGTERMed by torchrun: "
-    "hung, hang on rank 1 (with 'train/0 ' removed it reads INF201, slow-rank-timeout on rank 1)",
+    "script-astray": "failed, entrypoint-not-found on ranks 0 and 1 (LCH107, 0.9): kind right; "
+    "TorchX's 'train/0 [N]:' prefixes are now read, and both workers' \"can't open file "
+    "'/tmp/run-39235/train.py': [Errno 2]\" name both ranks; the script path was wrong for every "
+    "rank alike: no culprit",
+    "env-ifname": "failed, nccl-socket-interface on ranks 0 and 1 (NET104, 0.9): kind right; both "
+    "'Unable to find address for: eht0' tracebacks are read as ranks 0 and 1 behind 'train/0 "
+    "[N]:'; GLOO_SOCKET_IFNAME came from torchx's --env and reached every worker (both raised in "
+    "init_process_group): no culprit",
 }
 
 

@@ -81,7 +81,11 @@ stays context and reads as a rank that left; index-crawl's progress lines on nod
 1 working) and node1's SIGKILLed second process becomes rank 0 (heap-slots). Rank 1 leaving the
 loop first reads as diverged collectives on the main process (json-stale); pdsh's interrupt
 report is read neither as a Ctrl-C of a job whose node2 still ran (worker-park, nccl-timeout)
-nor as a stop from outside (wall-term, a hang)."""
+nor as a stop from outside (wall-term, a hang).
+Since then (same session): DeepSpeed's global_rank_mapping gives each node's local ranks their
+global ranks, a node running one rank is that rank, and the launcher's '--local_rank=N ... exits
+with return code' names that worker (ssh-refused, heap-slots, segv-tower, worker-park right):
+13 of 16."""
 
 from __future__ import annotations
 
@@ -199,23 +203,6 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "ssh-refused": "failed/rendezvous-failure [] (LCH123, 0.9): the kind is right and pdsh's "
-    "'node2: ssh: connect to host node2 port 22: Connection refused' is the root, but the culprit "
-    "is host node2 with no rank: node2 printed nothing, and which global rank it would have run "
-    "is only in node1's launch.py line \"global_rank_mapping=defaultdict(<class 'list'>, "
-    "{'node1': [0], 'node2': [1]})\", which is not read (rank 0's 'DistStoreError: ... 1/2 "
-    "clients joined' says one client is missing, not which)",
-    "heap-slots": "failed/host-oom [0] (LCH101, 0.6): the kind is right, the rank is not: the root "
-    "line is node1's launch.py \"[ERROR] [launch.py:328:sigkill_handler] [..., '--local_rank=1', "
-    "...] exits with return code = -9\" (no rank of its own); neither the '--local_rank=1' in it "
-    "nor node1's global_rank_mapping {'node1': [0, 1], 'node2': [2]} is read, and host node1 "
-    "becomes rank 0, the only rank seen there (DeepSpeed's '[Rank 0]' lines; rank 1 printed "
-    "nothing and is listed as missing)",
-    "segv-tower": "failed/uncoordinated-exit [] (INF202, 0.3): node2's launch.py '[ERROR] ... "
-    "exits with return code = -11' and pdsh's 'pdsh@node1: node2: ssh exited with exit code 245' "
-    "are found only as context (LCH104 native-crash for host node2, no rank), not as the root: "
-    "with rank 1 silent and rank 0's 'Connection closed by peer' on the loopback 5 s later, INF202 "
-    "reads a rank that left without an error; node2 is not mapped to rank 1",
     "json-stale": "failed/collective-mismatch [0] (INF203, 0.4): both ranks timed out in "
     "different collectives (rank 0 in all_reduce at train_mem.py:1023 in step, rank 1 in "
     "all_gather at :1065 in gather_scalar, called from train's '# store_flos' line after the "
@@ -227,11 +214,6 @@ MISSES: dict[str, str] = {
     "length cache not found on this node: computing the lengths of ...: 100/160 (5/8)', which "
     "go on after rank 0's timeout up to (8/8), are not read as rank 1 still working: they carry "
     "only the 'node2: ' prefix, and node2 is rank 1 only by launch.py's global_rank_mapping",
-    "worker-park": "failed/nccl-timeout [] (TMO102, 0.3) instead of hung: rank 0's timeout in the "
-    "gradient all_reduce is the only error; rank 1 (node2) printed nothing after its start-up, and "
-    "the end of the log, pdsh's 'interrupt (one more within 1 sec to abort)' and 'pdsh@node1: "
-    "node2: command in progress' after node1 had exited 1, is not read as node2's process still "
-    "running until the user's Ctrl-C: a rank stuck silently outside any collective",
     "wall-term": "unknown/hang [] (INF212, 0.3): the log ends mid-training with pdsh's 'pdsh@"
     "node1: interrupt (one more within 1 sec to abort)' and both nodes' 'command in progress'; "
     "the DeepSpeed runner's SIGTERM handler interrupts and kills pdsh and pkills the launchers "

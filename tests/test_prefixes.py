@@ -36,6 +36,15 @@ from ddpdoctor.rules.registry import all_rules
         ),
         # custom role
         ("[trainer3]:loss=0.5", "loss=0.5", None, 3, None),
+        # TorchX's local scheduler: role/replica, then torchrun's role-less local rank
+        # (hundredsecond-*, corpus case 269)
+        ("train/0 [1]:epoch 2 loss 0.31", "epoch 2 loss 0.31", None, 1, "train/0"),
+        ("trainer/1 [default0]:x", "x", None, 0, "trainer/1"),
+        ("train/0 [1]:[rank1]: RuntimeError: x", "RuntimeError: x", 1, 1, "train/0"),
+        # torchelastic's failure summary heads each entry with a bare '[1]:': not a prefix
+        ("[1]:", "[1]:", None, None, None),
+        # a path before a bracket that is no torchrun prefix
+        ("usr/1 [x] no", "usr/1 [x] no", None, None, None),
         # NCCL debug line: host, pid, device
         (
             "asr-ddp-7f3k-train-job0-w-0:15325:16199 [2] NCCL INFO [Service thread] Connection closed by localRank 2",

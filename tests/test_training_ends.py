@@ -43,6 +43,9 @@ def _completed(line: str) -> bool:
         "CosineAnnealingLR",
         "Reached max_steps (5000), stopping",
         "Maximum number of epochs reached.",
+        # a job runner's word that every replica exited 0 (hundredsecond-calm-cifar)
+        "Job finished: SUCCEEDED",
+        "Job finished (status: SUCCEEDED).",
     ],
 )
 def test_a_sentence_or_a_wrapper_exit_code_ends_training(line: str) -> None:
@@ -67,6 +70,7 @@ def test_a_sentence_or_a_wrapper_exit_code_ends_training(line: str) -> None:
         # what a loop will do, said at its start; a configuration's value
         "Training will stop after reaching max_steps",
         "max_epochs: 100 (reached)",
+        "Job finished: FAILED",
     ],
 )
 def test_an_epoch_a_phase_or_a_failed_exit_ends_nothing(line: str) -> None:

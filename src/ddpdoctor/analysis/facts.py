@@ -151,6 +151,15 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
         "] (",
         distinct=VALUE,
     ),
+    # DeepSpeed's launcher (launcher/launch.py) on each node, before it starts the workers: the
+    # global ranks of every node's local ranks, in order ("global_rank_mapping=defaultdict(<class
+    # 'list'>, {'node1': [0, 1], 'node2': [2]})"), the hosts as the hostfile names them
+    FactPattern(
+        "rank_mapping",
+        r"global_rank_mapping=defaultdict\(<class 'list'>, (?P<map>\{[^\n{}]{1,20000}\})\)",
+        "global_rank_mapping=",
+        distinct=VALUE,
+    ),
     # torchelastic summary block (torch/distributed/elastic/multiprocessing/errors/__init__.py)
     FactPattern("summary_exit", r"^\s*exitcode\s*: (?P<code>-?\d+)", "exitcode", lines_before=5),
     FactPattern("root_cause", r"Root Cause \(first observed failure\)", "Root Cause"),
@@ -506,6 +515,10 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
         r"\b(?:" + _MAX_END + r") (?:has been |was )?reached[.!]?\s*$",
         " reached",
     ),
+    # a job runner's word that every replica exited 0: TorchX's CLI ("torchx ... INFO     Job
+    # finished: SUCCEEDED", torchx/cli/cmd_run.py), SkyPilot's ("Job finished (status:
+    # SUCCEEDED).")
+    FactPattern("completed", r"\bJob finished:? \(?(?:status: )?SUCCEEDED\b", "Job finished"),
     # DeepSpeed launcher/launch.py, for each worker that exited 0
     FactPattern("completed", r"Process \d+ exits successfully\.", "exits successfully"),
     # the last line of FourCastNet's train.py and the weather models built on it (Makani,

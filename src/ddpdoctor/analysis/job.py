@@ -200,9 +200,19 @@ def resolve_rank(
                 return rank_map[(origin.host, key)]
     if rank_map and origin.pid and ("", -origin.pid) in rank_map:
         return rank_map[("", -origin.pid)]  # a worker the job named by its pid alone (Ray)
+    if rank_map and origin.host and origin.local_rank is None:
+        sole = rank_map.get((origin.host, SOLE_RANK))
+        if sole is not None:
+            return sole  # the one rank its host runs
     if single_node and origin.local_rank is not None:
         return origin.local_rank
     return None
+
+
+HOST_RANKS = re.compile(r"'([^'\n]{1,255})': \[([\d, ]{0,10000})\]")
+"""One node's entry of DeepSpeed's global_rank_mapping: its name, its ranks."""
+SOLE_RANK = -(1 << 62)
+"""rank_map's key of a host that runs one rank only: every line of that host is that rank's."""
 
 
 def learn_rank_map(scans: list[SourceScan]) -> dict[tuple[str, int], int]:
@@ -229,6 +239,14 @@ def learn_rank_map(scans: list[SourceScan]) -> dict[tuple[str, int], int]:
                 mapping.setdefault((fact.captures.get("ip", ""), -pid), rank)
                 # a worker's own lines name its pid and, on the driver's node, no address
                 mapping.setdefault(("", -pid), rank)
+            elif fact.name == "rank_mapping":
+                for node, ranks in HOST_RANKS.findall(fact.captures.get("map", "")):
+                    globals_ = [rank_number(r.strip()) for r in ranks.split(",") if r.strip()]
+                    for local, rank in enumerate(globals_):
+                        if rank is not None:
+                            mapping.setdefault((node, local), rank)
+                    if len(globals_) == 1 and globals_[0] is not None:
+                        mapping.setdefault((node, SOLE_RANK), globals_[0])
             elif fact.name == "summary_exit":
                 r, exit_ = parse_summary_entry(fact.before, fact.record.text)
                 # the summary's own host, and the node its lines came from (a node's file, an
@@ -347,7 +365,16 @@ def build_job(
                     or signal_number_code(fact.captures.get("signum"))
                 )
                 named = rank_number(fact.captures.get("rank"))  # a global rank, where it says one
-                rank = named if named is not None else local if single_node else None
+                # else its local rank on its node: the node's own on a single node, else what
+                # the job said of that node's local ranks (DeepSpeed's global_rank_mapping)
+                worker = Origin(host=fact.record.origin.host, local_rank=local)
+                rank = (
+                    named
+                    if named is not None
+                    else None
+                    if local is None
+                    else resolve_rank(worker, single_node, rank_map)
+                )
                 if rank is not None and code is not None and rank not in per_rank:
                     per_rank[rank] = RankExit(code=code, signal=signal_name(code), local_rank=local)
             elif fact.name == "progress":

@@ -84,6 +84,12 @@ def rank_of(hit: Hit, resolve: Resolver, single_node: bool, sole_host: str | Non
     local = _number(captures.get("local_rank"))
     if local is not None and single_node:
         return local
+    if local is not None and hit.record.origin.host:
+        # a node's launcher naming its worker by local rank: what the job said of that node's
+        # local ranks (DeepSpeed's global_rank_mapping, NCCL's comm lines)
+        found = resolve(Origin(host=hit.record.origin.host, local_rank=local))
+        if found is not None:
+            return found
     subject = _number(captures.get("rank"))
     if subject is not None:
         return subject
@@ -126,7 +132,9 @@ def attribute(
     sole_host = hosts[0] if len(hosts) == 1 else None
     ranks = [rank_of(hit, resolve, single_node, sole_host) for hit in hits]
     lone = _lone_unprefixed_rank(hits, ranks, ended) if single_node and ended else None
-    aborted = ended.aborted if single_node and ended and len(ended.aborted) == 1 else frozenset()
+    # (one rank of the whole job ended by SIGABRT: the terminate lines no prefix names are its,
+    # on one node or several)
+    aborted = ended.aborted if ended and len(ended.aborted) == 1 else frozenset()
     out: list[Hit] = []
     for hit, rank in zip(hits, ranks, strict=True):
         if rank is None and lone is not None and ended and _uncaught_in_a_worker(hit, ended):

@@ -79,7 +79,18 @@ RICH_LOG_BODY = re.compile(
 )
 RICH_CALLER = re.compile(r"[\w.-]{1,80}\.py:\d{1,6}")
 # torchrun: `[rank3]:`, `[default0]:`, custom role `[trainer1]:`; TORCHELASTIC prefixes.
-TORCHRUN = re.compile(r"\[(?P<role>[A-Za-z_][A-Za-z_-]*?)(?P<num>\d+)\]:\s?")
+TORCHRUN = re.compile(
+    r"\[(?:(?P<role>[A-Za-z_][A-Za-z_-]*?)(?P<num>\d+)\]:\s?|(?P<bare>\d+)\]:\s?(?=.))"
+)
+"""torchrun --tee's '[default1]:' (its role, then the local rank; an empty role under TorchX's
+dist.ddp: '[1]:' before what the worker printed, not the bare '[1]:' that heads an entry of
+torchelastic's failure summary), and the excepthook's '[rank1]:' (the global rank)."""
+# TorchX's local schedulers (local_cwd, local_docker) put the role and replica a line came from
+# in front of it: 'trainer/0 [1]:...' (replica 0, torchrun's local rank 1). A replica is one
+# node of the job: its lines are that node's
+TORCHX_REPLICA = re.compile(
+    r"(?P<replica>[A-Za-z_][\w.-]{0,40}/\d{1,5}) (?=\[(?:[A-Za-z_][A-Za-z_-]*)?\d+\]:)"
+)
 # MosaicML Composer's and llm-foundry's logging format ("%(asctime)s: rank{global rank}
 # [%(process)d][%(threadName)s]: %(levelname)s: %(name)s: %(message)s"), after its time:
 # "rank1[6376][MainThread]: INFO: __main__: Building trainer..."
@@ -684,6 +695,16 @@ def parse_line(raw: str, year: int = 1970, with_time: bool = True) -> ParsedLine
             prefix_parts.append(f"rank{m.group('rank')}[{m.group('pid')}]")
             pos = m.end()
             continue
+        m = (
+            TORCHX_REPLICA.match(text, pos)
+            if pos == line_start and c.isalpha() and text.find("/", pos, pos + 42) > 0
+            else None
+        )
+        if m:
+            origin.host = origin.host or m.group("replica")
+            prefix_parts.append(m.group("replica"))
+            pos = m.end()
+            continue
         m = KUBECTL.match(text, pos) if bracket and nxt == "p" else None
         if m:
             origin.host = origin.host or m.group("pod")
@@ -692,8 +713,8 @@ def parse_line(raw: str, year: int = 1970, with_time: bool = True) -> ParsedLine
             continue
         m = TORCHRUN.match(text, pos) if bracket else None
         if m:
-            num = rank_number(m.group("num"))
-            if m.group("role").lower() == "rank":
+            num = rank_number(m.group("num") or m.group("bare"))
+            if (m.group("role") or "").lower() == "rank":
                 origin.rank = num
             else:
                 origin.local_rank = num

@@ -32,6 +32,10 @@ DATA_ERROR = Rule(
             r"ValueError: Tried to find (?P<path>\S{1,300}) but folder does not exist",
             "but folder does not exist",
         ),
+        # NeMo's SentencePieceTokenizer when its model file is not there (a tokenizer dir that
+        # exists on one node only, a relative path from another working directory):
+        # "ValueError: model_path: tokenizers/spe/tokenizer.model is invalid"
+        Signature(r"ValueError: model_path: (?P<path>\S{1,300}) is invalid", "model_path: "),
         # a .safetensors file that is not one: a git-lfs pointer left by a clone without LFS,
         # a download cut short (safetensors' deserialize, Rust; HeaderTooLarge,
         # MetadataIncompleteBuffer, InvalidHeader...)
@@ -180,6 +184,7 @@ DATA_ERROR = Rule(
         "RuntimeError: PytorchStreamReader failed locating file data.pkl: file not found",
         "ValueError: [deepspeed] failed to resume from checkpoint /scratch/out/checkpoint-2000",
         "ValueError: Tried to find epoch_1 but folder does not exist",
+        "ValueError: model_path: tokenizers/tokenizer_spe_bpe_v128/tokenizer.model is invalid",
         "safetensors_rust.SafetensorError: Error while deserializing header: HeaderTooLarge",
         "RuntimeError: file <data/fineweb10B/fineweb_train_000001.bin> size <130> is smaller "
         "than the required mapping size <1024>",
@@ -626,7 +631,9 @@ SAMPLE_FETCH = Rule(
     specificity=5,
     signatures=(
         Signature(r"^\**(?P<exc>[A-Za-z_][\w.]*Error)(?::|$)", "Error", suggests=True),
-        Signature(r"^\**(?P<exc>[A-Za-z_][\w.]*Exception)(?::|$)", "Exception", suggests=True),
+        # (a bare 'Exception: ...' too: NeMo's audio loader raises one for a file it cannot
+        # decode)
+        Signature(r"^\**(?P<exc>(?:[A-Za-z_][\w.]*)?Exception)(?::|$)", "Exception", suggests=True),
     ),
     # the same writer's traceback passes through the DataLoader's fetch into the dataset's
     # __getitem__ or __iter__ (reading or decoding a sample; with workers the main process re-raises it

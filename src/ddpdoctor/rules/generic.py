@@ -573,9 +573,10 @@ COMMAND_LINE_REJECTED = Rule(
     signatures=(
         # "train.py: error: the following arguments are required: --data_dir", "... error:
         # argument --lr: invalid float value: 'x'", "... error: unrecognized arguments: --foo"
-        # (--local_rank's own cases are LCH105's, more specific)
+        # (--local_rank's own cases are LCH105's, more specific); a subcommand's prog has
+        # spaces ("torchx run <run args...> ddp : error: unrecognized arguments: --epochs")
         Signature(
-            r"^[\w./-]{1,200}: error: (?:the following arguments are required: |argument "
+            r"^[^\n:]{1,200}: error: (?:the following arguments are required: |argument "
             r"[^\n]{1,80}: (?:invalid|expected|ambiguous|not allowed)|unrecognized arguments: )",
             ": error: ",
         ),
@@ -602,9 +603,11 @@ COMMAND_LINE_REJECTED = Rule(
         "train.py: error: the following arguments are required: --data_dir",
         "main.py: error: argument --lr: invalid float value: 'fast'",
         "Try 'train.py --help' for help.",
+        "torchx run <run args...> ddp : error: unrecognized arguments: --epochs",
     ),
     negative=(
         "ERROR: could not find a version that satisfies the requirement",
+        "RuntimeError: an error: unrecognized arguments given to the kernel",
         "Try again with --help for more options.",
     ),
 )

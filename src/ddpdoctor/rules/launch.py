@@ -78,7 +78,14 @@ HOST_OOM_KILL = Rule(
             "Signal 9 (SIGKILL)",
             suggests=True,
         ),
-        Signature(r"exits with return code = -9", suggests=True),
+        # DeepSpeed's launcher (launch.py sigkill_handler): the worker's command line, with its
+        # --local_rank, then its end
+        Signature(
+            r"(?:'--local_rank=(?P<local_rank>\d{1,5})'[^\]\n]{0,4000}\] )?"
+            r"exits with return code = -9",
+            "exits with return code = -9",
+            suggests=True,
+        ),
         Signature(CHILD_PROCESS_CODE + r"-9\b", "terminated with code -9", suggests=True),
         Signature(r"Out of memory: Kill(?:ed)? process (?P<pid>\d+)", "Out of memory: Kill"),
         Signature(r"Memory cgroup out of memory"),
