@@ -3,6 +3,7 @@ diagnosis reads the file's lines as that rank's."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -89,3 +90,12 @@ def test_files_that_each_announce_another_rank_are_those_ranks(tmp_path: Path) -
 )
 def test_files_that_do_not_each_name_one_writer(tmp_path: Path, heads: dict[str, bytes]) -> None:
     assert all(i.own_rank is None for i in files_announcing_ranks(_files(tmp_path, heads)))
+
+
+def test_a_named_pipe_among_the_files_is_not_read_ahead(tmp_path: Path) -> None:
+    """A FIFO has no start to read before the scan: opening it here would wait for a writer."""
+    inputs = _files(tmp_path, {"worker_1.log": b"Distributed init: 1/2 (local 1) from env\n"})
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    inputs.append(Input(str(fifo), "pipe"))
+    assert [i.own_rank for i in files_announcing_ranks(inputs)] == [None, None]

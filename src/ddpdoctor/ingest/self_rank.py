@@ -10,7 +10,9 @@ logs shows rank 0's while the other ranks' tracebacks land in it unprefixed."""
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 from collections.abc import Iterator
 from dataclasses import replace
 
@@ -122,6 +124,8 @@ def files_announcing_ranks(inputs: list[Input]) -> list[Input]:
     ranks: dict[int, int] = {}
     for i in whole:
         try:
+            if not stat.S_ISREG(os.stat(inputs[i].path).st_mode):
+                continue  # a pipe or a device: reading it here would wait for its writer
             with open(inputs[i].path, "rb") as f:
                 announced = _announced(f.read(SELF_RANK_HEAD_BYTES))
         except OSError:
