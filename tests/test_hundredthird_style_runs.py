@@ -85,7 +85,9 @@ nor as a stop from outside (wall-term, a hang).
 Since then (same session): DeepSpeed's global_rank_mapping gives each node's local ranks their
 global ranks, a node running one rank is that rank, and the launcher's '--local_rank=N ... exits
 with return code' names that worker (ssh-refused, heap-slots, segv-tower, worker-park right):
-13 of 16."""
+13 of 16. Then: a writer whose plain lines count one piece of work from before another rank's
+timeout to after it in the same console was at it for the whole wait, even where it later
+found its peer gone (index-crawl right): 14 of 16."""
 
 from __future__ import annotations
 
@@ -209,11 +211,6 @@ MISSES: dict[str, str] = {
     "loop), the world is split evenly and the main process is named; that rank 1 had left the "
     "training loop (rank 0's loss lines stop at epoch 0.9 of 1.0, rank 1 logs no steps and its "
     "frame is past the loop) is not read as a rank that ran out of batches",
-    "index-crawl": "failed/nccl-timeout [] (TMO102, 0.3): rank 0's 'Timed out waiting 15000ms for "
-    "send operation' in _broadcast_model is the root with its cause unseen; node2's 'Modality-"
-    "length cache not found on this node: computing the lengths of ...: 100/160 (5/8)', which "
-    "go on after rank 0's timeout up to (8/8), are not read as rank 1 still working: they carry "
-    "only the 'node2: ' prefix, and node2 is rank 1 only by launch.py's global_rank_mapping",
     "wall-term": "unknown/hang [] (INF212, 0.3): the log ends mid-training with pdsh's 'pdsh@"
     "node1: interrupt (one more within 1 sec to abort)' and both nodes' 'command in progress'; "
     "the DeepSpeed runner's SIGTERM handler interrupts and kills pdsh and pkills the launchers "

@@ -360,6 +360,7 @@ def build_evidence(job: JobView, events: list[Event]) -> JobEvidence:
     _worked_while_others_waited(job, evidence, last_reaction, reaction_lines)
     _counted_work_until_the_reaction(job, evidence, reaction_lines)
     _progressed_while_others_waited(job, evidence)
+    _counted_through_a_timeout(job, evidence, events)
     _counted_work_past_the_steps(job, evidence)
     evidence.lost_peers_on_loopback = bool(peers) and all(
         found and all(LOOPBACK.fullmatch(a) for a in found) for found in peers
@@ -557,6 +558,7 @@ def _counted_work_until_the_reaction(
 
 REACTION_GAP = 3
 """Lines between a writer's last count of work and the launcher's reaction, at most."""
+DIGITS = re.compile(r"\d+")
 WORK_COUNT = re.compile(r"(?<![\d/.])(\d{1,6})/(\d{1,6})(?![\d/.])")
 """A count of work done ('4/10', '(3/8 stores done'), not a date or a path."""
 
@@ -586,11 +588,41 @@ def _rising_count(lines: list[tuple[int, str]]) -> list[tuple[int, str, int, int
             break
         m = counts[-1]  # the last count of the line (a bar glued in front has its own)
         done, total = int(m[1]), int(m[2])
-        words = text[: m.start()][-60:] + text[m.end() :]
+        # (the same words: other numbers on the line may move with the count, '140/160 (7/8)')
+        words = DIGITS.sub("#", text[: m.start()])[-60:] + DIGITS.sub("#", text[m.end() :])
         if run and (words != run[-1][4] or total != run[-1][3] or done >= run[-1][2]):
             break
         run.append((line, text, done, total, words))
     return run
+
+
+def _counted_through_a_timeout(job: JobView, evidence: JobEvidence, events: list[Event]) -> None:
+    """A writer whose untimed lines count one piece of work up from before another rank's
+    timeout in the same output to after it ('(4/8)', the timeout, '(5/8)'): it was at that
+    work for the whole of the other's wait, alive and busy (a plain print carries no time to
+    measure the wait by; the order of one console's lines does)."""
+    timeouts: dict[str, int] = {}
+    for event in events:
+        if event.echo is Echo.WAITING and event.rank is not None:
+            for hit in event.hits:
+                at = timeouts.get(hit.record.source)
+                if at is None or hit.record.line < at:
+                    timeouts[hit.record.source] = hit.record.line
+    if not timeouts:
+        return
+    hosts: dict[int, str] | None = None
+    for stream in job.streams:
+        at = timeouts.get(stream.source)
+        if at is None or len(stream.bare) < RECENT_MIN:
+            continue
+        lines = [(line, raw.rsplit("\r", 1)[-1]) for line, raw in stream.bare]
+        run = _rising_count(lines)
+        if len(run) < RECENT_MIN or run[-1][0] > at or run[0][0] < at:
+            continue
+        hosts = _hosts_of_ranks(job) if hosts is None else hosts
+        after = next(r for r in reversed(run) if r[0] > at)
+        work = Evidence(stream.source, after[0], None, None, None, after[1].strip())
+        _busy_with(job, evidence, stream, hosts, work)
 
 
 def _counted_work_past_the_steps(job: JobView, evidence: JobEvidence) -> None:
@@ -657,10 +689,23 @@ def _busy_with(
             return
         writer = candidates.pop()
     view = evidence.ranks.get(writer)
-    if view is None or writer in waiting or view.failed or view.busy_phase:
+    if view is None or view.failed or view.busy_phase:
+        return
+    if writer in waiting and not _lost_its_peer_only(evidence, writer):
         return
     view.busy_phase = work.text[:80]
     view.evidence.insert(0, replace(work, rank=writer, host=stream.origin.host))
+
+
+def _lost_its_peer_only(evidence: JobEvidence, rank: int) -> bool:
+    """The rank's only wait was finding a peer gone (no timeout of its own) while another rank
+    timed out waiting: it came to the collective after the others had given up on it."""
+    echoes = evidence.ranks[rank].echoes
+    return (
+        "lost-peer" in echoes
+        and "waiting" not in echoes
+        and any("waiting" in evidence.ranks[r].echoes for r in evidence.waiting if r != rank)
+    )
 
 
 LAUNCHER_OWN = re.compile(r"torch/distributed/(?:elastic|run\.py)|torch/multiprocessing/")

@@ -92,6 +92,13 @@ def assess(job: JobEvidence) -> Assessment | None:
     running = (quiet - terminated) if job.peers_proven_alive else set()
     busy = terminated | running
     busy |= {r for r, v in job.ranks.items() if v.interrupted and not v.failed and r not in waiting}
+    # a rank busy with work of its own that found its peers gone only when it came back to
+    # the collective (its 'Connection closed', no timeout of its own)
+    busy |= {
+        r
+        for r, v in job.ranks.items()
+        if v.busy_phase and not v.failed and "waiting" not in v.echoes and "lost-peer" in v.echoes
+    }
     # waiting on a lock, an answer or the extensions' build lock: INF211
     busy -= blocked_ranks(job) | prompted_ranks(job) | lock_waiting_ranks(job)
     if (
