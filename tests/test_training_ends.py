@@ -46,6 +46,8 @@ def _completed(line: str) -> bool:
         # a job runner's word that every replica exited 0 (hundredsecond-calm-cifar)
         "Job finished: SUCCEEDED",
         "Job finished (status: SUCCEEDED).",
+        # the SageMaker training toolkit (hundredfifth-calm-fit)
+        "2026-12-06 08:52:57,172 sagemaker-training-toolkit INFO     Reporting training SUCCESS",
     ],
 )
 def test_a_sentence_or_a_wrapper_exit_code_ends_training(line: str) -> None:
@@ -71,6 +73,7 @@ def test_a_sentence_or_a_wrapper_exit_code_ends_training(line: str) -> None:
         "Training will stop after reaching max_steps",
         "max_epochs: 100 (reached)",
         "Job finished: FAILED",
+        "sagemaker-training-toolkit ERROR    Reporting training FAILURE",
     ],
 )
 def test_an_epoch_a_phase_or_a_failed_exit_ends_nothing(line: str) -> None:

@@ -519,6 +519,9 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
     # finished: SUCCEEDED", torchx/cli/cmd_run.py), SkyPilot's ("Job finished (status:
     # SUCCEEDED).")
     FactPattern("completed", r"\bJob finished:? \(?(?:status: )?SUCCEEDED\b", "Job finished"),
+    # the SageMaker training toolkit after the user's script exited 0 (sagemaker_training/
+    # trainer.py: "sagemaker-training-toolkit INFO     Reporting training SUCCESS")
+    FactPattern("completed", r"\bReporting training SUCCESS\b", "Reporting training SUCCESS"),
     # DeepSpeed launcher/launch.py, for each worker that exited 0
     FactPattern("completed", r"Process \d+ exits successfully\.", "exits successfully"),
     # the last line of FourCastNet's train.py and the weather models built on it (Makani,
