@@ -66,7 +66,8 @@ line, written when mpirun stops the job, reads as a silent rank's long phase (st
 slow-rank-timeout, right rank); a Spot stop that killed the toolkit leaves no trace to read
 (spot-term: hang).
 Since then (same session): the toolkit's 'Reporting training SUCCESS' ends the job (calm-fit,
-loud-fit right): 13 of 16."""
+loud-fit right): 13 of 16. Then: a line in which a signal handler says it received the signal
+is its answer to a stop from outside, not a phase of work (stats-park right): 14 of 16."""
 
 from __future__ import annotations
 
@@ -190,13 +191,6 @@ MISSES: dict[str, str] = {
     "progress without an end'): the SIGTERM to every process killed the handler-less toolkit "
     "at once, so nothing of the stop reached the stream (the ranks' 'Received SIGTERM' lines "
     "were lost, mpirun said nothing); no line shows the preemption",
-    "stats-park": "failed, slow-rank-timeout on rank 1 (INF201, 0.55): the rank is right, but "
-    "rank 1's last line 'Received SIGTERM, saving a checkpoint before the instance is "
-    "reclaimed' is read as the start of a long phase of its own; it is the Spot handler "
-    "answering mpirun's SIGTERM after rank 0 had already timed out ('Timed out waiting 15000ms "
-    "for send operation', 'Primary job terminated normally ...' come before it), and before it "
-    "rank 1 had said nothing since its init line, silent while it polled for a file on "
-    "another host's disk: a hang",
 }
 
 

@@ -91,3 +91,12 @@ def test_the_numbers_a_progress_line_counts_by() -> None:
     assert _counts("heartbeat step=5 rss_mb=374") == ["5"]
     assert _counts("heartbeat step=5 rss_mb=375") == _counts("heartbeat step=5 rss_mb=374")
     assert _counts("iter 120 loss 0.31") != _counts("iter 121 loss 0.31")
+
+
+def test_a_signal_handlers_answer_is_no_phase_of_work() -> None:
+    """'Received SIGTERM, saving a checkpoint' answers a stop from outside (hundredfifth-stats-
+    park); 'saving a checkpoint' alone is work the rank was at."""
+    from ddpdoctor.analysis.behaviour import busy_phase
+
+    assert not busy_phase("Received SIGTERM, saving a checkpoint before the instance is reclaimed")
+    assert busy_phase("Saving checkpoint to /opt/ml/checkpoints/checkpoint.pth")

@@ -32,6 +32,7 @@ from ddpdoctor.analysis.scanner import (
     RECENT_MIN,
     FactHit,
     StreamSummary,
+    is_progress_line,
     last_epoch_done,
 )
 from ddpdoctor.ingest.bounds import count_number
@@ -97,7 +98,14 @@ def busy_phase(text: str) -> bool:
     """Whether BUSY_PHASE.search(text) finds a match, without running its case-blind search of
     18 alternatives over every writer's last words where none of their words is there: 1.0 s
     (profiled) of build_evidence for 19,750 writers of 10,000 rank files."""
+    if "SIG" in text and SIGNAL_ANSWER.search(text):
+        return False  # a handler answering a stop ('Received SIGTERM, saving a checkpoint')
     return _search_with_words(BUSY_PHASE, BUSY_WORDS, text)
+
+
+SIGNAL_ANSWER = re.compile(r"(?i)\b(?:received|caught|got|handling) (?:signal )?SIG[A-Z]{3,6}\b")
+"""A signal handler's own words: what it then does is its answer to a stop from outside, not
+work the process was at before it."""
 
 
 def _search_with_words(regex: re.Pattern[str], words: tuple[str, ...], text: str) -> bool:
@@ -584,8 +592,8 @@ def _rising_count(lines: list[tuple[int, str]]) -> list[tuple[int, str, int, int
     run: list[tuple[int, str, int, int, str]] = []
     for line, text in reversed(lines):
         counts = list(WORK_COUNT.finditer(text))
-        if not counts:
-            break
+        if not counts or is_progress_line(text):
+            break  # (a training step's count is the loop's, not work of the writer's own)
         m = counts[-1]  # the last count of the line (a bar glued in front has its own)
         done, total = int(m[1]), int(m[2])
         # (the same words: other numbers on the line may move with the count, '140/160 (7/8)')

@@ -1133,6 +1133,11 @@ def _own_counter(message: str, writer: int | None) -> re.Match[str] | None:
     return None
 
 
+def is_progress_line(message: str) -> bool:
+    """Whether a message is a training progress line (a step, an epoch, a loss, a bar)."""
+    return _progress_line(message)
+
+
 def _progress_line(message: str) -> bool:
     """Whether PROGRESS_LINE.search(message) finds a match, at half its cost on the benchmark's
     tails: on ASCII text, where case folding only maps letters, its word alternative can only
