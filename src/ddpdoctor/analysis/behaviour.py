@@ -621,11 +621,16 @@ def _counted_through_a_timeout(job: JobView, evidence: JobEvidence, events: list
     hosts: dict[int, str] | None = None
     for stream in job.streams:
         at = timeouts.get(stream.source)
-        if at is None or len(stream.bare) < RECENT_MIN:
+        if at is None or len(stream.bare) + len(stream.recent) < RECENT_MIN:
             continue
-        lines = [(line, raw.rsplit("\r", 1)[-1]) for line, raw in stream.bare]
+        lines = sorted(
+            {(line, raw.rsplit("\r", 1)[-1]) for line, raw in stream.bare + stream.recent}
+        )
         run = _rising_count(lines)
-        if len(run) < RECENT_MIN or run[-1][0] > at or run[0][0] < at:
+        # the count runs on after the timeout, and had begun before it: from before the wait's
+        # end in this console's order, or from past its first piece (the rest of a bar glued
+        # in front of its first line after the timeout hides the earlier ones)
+        if len(run) < RECENT_MIN or run[0][0] < at or (run[-1][0] > at and run[-1][2] <= 1):
             continue
         hosts = _hosts_of_ranks(job) if hosts is None else hosts
         after = next(r for r in reversed(run) if r[0] > at)
@@ -691,7 +696,9 @@ def _busy_with(
         candidates = {
             r
             for r, v in evidence.ranks.items()
-            if r not in waiting and not v.failed and (host is None or hosts.get(r, host) == host)
+            if (r not in waiting or _lost_its_peer_only(evidence, r))
+            and not v.failed
+            and (host is None or hosts.get(r, host) == host)
         }
         if len(candidates) != 1:
             return
