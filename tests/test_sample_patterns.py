@@ -96,7 +96,9 @@ def test_the_numbers_a_progress_line_counts_by() -> None:
 def test_a_signal_handlers_answer_is_no_phase_of_work() -> None:
     """'Received SIGTERM, saving a checkpoint' answers a stop from outside (hundredfifth-stats-
     park); 'saving a checkpoint' alone is work the rank was at."""
-    from ddpdoctor.analysis.behaviour import busy_phase
+    from ddpdoctor.analysis.behaviour import phase_of_work
 
-    assert not busy_phase("Received SIGTERM, saving a checkpoint before the instance is reclaimed")
-    assert busy_phase("Saving checkpoint to /opt/ml/checkpoints/checkpoint.pth")
+    assert not phase_of_work(
+        "Received SIGTERM, saving a checkpoint before the instance is reclaimed"
+    )
+    assert phase_of_work("Saving checkpoint to /opt/ml/checkpoints/checkpoint.pth")
