@@ -77,7 +77,9 @@ merely progressing node is unseen (spot-gone, shard-park: world size 1; bucket-c
 and its clean stop are not rank 0 leaving first), SkyPilot's 'return code list: [1, 137]' is not
 read, a Ctrl-C of `sky launch` with 'Request will continue running asynchronously' reads as a log
 that ends mid-training (detach-tail), and numpy's memmap size error on train.bin is a generic
-exception rather than a truncated input file (bin-torn)."""
+exception rather than a truncated input file (bin-torn).
+Since then (same session): numpy's memmap 'Size of available data is not a multiple of the
+data-type size' is a file cut short (bin-torn right): 11 of 16."""
 
 from __future__ import annotations
 
@@ -210,10 +212,6 @@ MISSES: dict[str, str] = {
     "training from /checkpoints/shakespeare-char', began at step 40 and stopped without an "
     "error after 'iter 100' while worker1 had printed 'Initializing a new model from scratch' "
     "is not read as rank 0 running out of iterations first",
-    "bin-torn": "failed/python-exception [1] (PY101, 0.60): rank right; numpy's '[rank1]: "
-    "ValueError: Size of available data is not a multiple of the data-type size.' raised in "
-    "np.memmap (memmap.py __new__) under get_batch's memmap of train.bin is not read as an input "
-    "file that is cut short (data-error)",
     "bucket-crawl": "failed/nccl-timeout [0] (INF204, 0.30): rank right, but inferred from "
     "'Rank 0 left no line that names them': the head's 'still uploading ckpt.pt to "
     "/checkpoints/shakespeare-char: 0.25/1.23 MB (5 s)', (10 s), (15 s), around worker1's "

@@ -64,7 +64,8 @@ DATA_ERROR = Rule(
         Signature(
             r"ValueError: (?:buffer is smaller than requested size"
             r"|buffer size must be a multiple of element size"
-            r"|mmap length is greater than file size)",
+            r"|mmap length is greater than file size"
+            r"|Size of available data is not a multiple of the data-type size)",
             "ValueError: ",
         ),
         # np.load of a .npy cut short (numpy/lib/format.py read_array)
@@ -195,6 +196,7 @@ DATA_ERROR = Rule(
         "No such file or directory: '/data/shard-1.txt'",
         "RuntimeError: Failed to fetch video after 10 retries.",
         "ValueError: buffer is smaller than requested size",
+        "ValueError: Size of available data is not a multiple of the data-type size.",
         "ValueError: mmap length is greater than file size",
         "ValueError: Failed to read all data for array. Expected (100, 100) = 10000 elements, "
         "could only read 4992 elements. (file seems not fully written?)",
