@@ -9,7 +9,7 @@ import re
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ddpdoctor.analysis.scanner import PROGRESS_COUNTER, PROGRESS_LINE, _counts, _progress_line
+from ddpdoctor.analysis.scanner import PROGRESS_COUNTER, PROGRESS_LINE, _counts, progress_line
 
 PLAIN_LINE = re.compile(
     r"(?i)(?:\b(?:step|iter(?:ation)?|epoch|loss|batch|eta|kimg|round)|(?<=train_)loss)\b"
@@ -42,7 +42,7 @@ texts = st.lists(
 
 
 @given(texts)
-def test_progress_line_finds_what_the_plain_pattern_finds(text: str) -> None:
+def testprogress_line_finds_what_the_plain_pattern_finds(text: str) -> None:
     """Both find a line or neither; where they do, the match ends at the same place. A
     percentage is read as at most three digits, so in '0100%|' the fast pattern starts one
     digit later than the plain one: the scanner only asks whether a line matches."""
@@ -56,7 +56,7 @@ def test_progress_counter_finds_what_the_plain_pattern_finds(text: str) -> None:
     assert (fast and fast.groupdict()) == (plain and plain.groupdict())
 
 
-def test_real_progress_lines() -> None:
+def test_realprogress_lines() -> None:
     bar = "  14%|#         | 2805/20000 [15:35<95:31,  3.01it/s]"
     assert PROGRESS_LINE.search(bar)
     assert PROGRESS_COUNTER.search("Epoch 3 step 120/500 loss 0.3")["total"] == "500"  # type: ignore[index]
@@ -67,24 +67,24 @@ def test_real_progress_lines() -> None:
     assert PROGRESS_COUNTER.search("Epoch 3/10 loss 0.2") is None
     assert not PROGRESS_LINE.search("NCCL INFO Channel 02/0 : 0[0] -> 1[1] via P2P/CUMEM/read")
     # StyleGAN's ticks count thousands of images shown
-    assert _progress_line("tick 6     kimg 0.4      time 12s          sec/tick 3.9")
+    assert progress_line("tick 6     kimg 0.4      time 12s          sec/tick 3.9")
     # slurmstepd's notice names a job step's id, not a training step (fiftyninth-stale-lock)
-    assert not _progress_line(
+    assert not progress_line(
         "slurmstepd-node01: error: *** STEP 59014.0 ON node01 CANCELLED AT 2026-12-04T23:55:44 "
         "DUE TO TIME LIMIT ***"
     )
-    assert _progress_line("step 59014 loss 0.3")
+    assert progress_line("step 59014 loss 0.3")
     # a federated or RL run's communication round, and the training loss under a variable's
     # name (FedML's logs: tests/fixtures/real/eightysixth-calm-fed)
-    assert _progress_line("################Communication round : 3")
-    assert _progress_line("client_idx = 1, round 0, train_loss = 1.2685, train_acc = 0.4484")
+    assert progress_line("################Communication round : 3")
+    assert progress_line("client_idx = 1, round 0, train_loss = 1.2685, train_acc = 0.4484")
     # not configuration, nor a summary's best validation loss at the end
-    assert not _progress_line("max_epoch: 100, num_steps: 10, warmup_steps = 100")
-    assert not _progress_line("rank 0 finished, best val_loss 1.1111")
-    assert not _progress_line("round-trip 3 ms")
+    assert not progress_line("max_epoch: 100, num_steps: 10, warmup_steps = 100")
+    assert not progress_line("rank 0 finished, best val_loss 1.1111")
+    assert not progress_line("round-trip 3 ms")
 
 
-def test_the_numbers_a_progress_line_counts_by() -> None:
+def test_the_numbers_aprogress_line_counts_by() -> None:
     """What tells a counter that moved from a heartbeat repeating its step: the numbers after
     a word for steps and before a total, not a loss, a rate or a memory figure."""
     assert _counts("Evaluate metrics | Epoch 3 | 2/6 | 0.25 it/sec | sisnr -67.936") == ["3", "2"]

@@ -25,8 +25,8 @@ from ddpdoctor.analysis.scanner import (
     Scanner,
     StreamSummary,
     _follow_traceback,
-    _progress_line,
     is_own_output,
+    progress_line,
 )
 from ddpdoctor.ingest.sources import CHUNK_BYTES, ChunkStream, Input
 from ddpdoctor.model.records import Origin
@@ -146,7 +146,7 @@ BITS = st.sampled_from(
 @given(parts=st.lists(st.one_of(WORDS, BITS), max_size=8))
 def test_the_quick_progress_test_agrees_with_its_regex(parts: list[str]) -> None:
     message = "".join(parts)
-    assert _progress_line(message) == bool(PROGRESS_LINE.search(message))
+    assert progress_line(message) == bool(PROGRESS_LINE.search(message))
 
 
 @pytest.mark.parametrize(

@@ -32,8 +32,8 @@ from ddpdoctor.analysis.scanner import (
     RECENT_MIN,
     FactHit,
     StreamSummary,
-    is_progress_line,
     last_epoch_done,
+    progress_line,
 )
 from ddpdoctor.ingest.bounds import count_number
 from ddpdoctor.ingest.prefixes import parse_line
@@ -596,7 +596,7 @@ def _rising_count(lines: list[tuple[int, str]]) -> list[tuple[int, str, int, int
     run: list[tuple[int, str, int, int, str]] = []
     for line, text in reversed(lines):
         counts = list(WORK_COUNT.finditer(text))
-        if not counts or is_progress_line(text):
+        if not counts or progress_line(text):
             break  # (a training step's count is the loop's, not work of the writer's own)
         m = counts[-1]  # the last count of the line (a bar glued in front has its own)
         done, total = int(m[1]), int(m[2])
@@ -609,10 +609,10 @@ def _rising_count(lines: list[tuple[int, str]]) -> list[tuple[int, str, int, int
 
 
 def _counted_through_a_timeout(job: JobView, evidence: JobEvidence, events: list[Event]) -> None:
-    """A writer whose untimed lines count one piece of work up from before another rank's
-    timeout in the same output to after it ('(4/8)', the timeout, '(5/8)'): it was at that
-    work for the whole of the other's wait, alive and busy (a plain print carries no time to
-    measure the wait by; the order of one console's lines does)."""
+    """A writer whose lines count one piece of work up across another rank's timeout in the
+    same output ('(4/8)', the timeout, '(5/8)'): it was at that work for the whole of the
+    other's wait, alive and busy (a plain print carries no time to measure the wait by; the
+    order of one console's lines does)."""
     timeouts: dict[str, int] = {}
     for event in events:
         if event.echo is Echo.WAITING and event.rank is not None:
@@ -700,7 +700,7 @@ def _busy_with(
         candidates = {
             r
             for r, v in evidence.ranks.items()
-            if (r not in waiting or _lost_its_peer_only(evidence, r))
+            if (r not in waiting or evidence.lost_its_peer_only(r))
             and not v.failed
             and (host is None or hosts.get(r, host) == host)
         }
@@ -710,21 +710,10 @@ def _busy_with(
     view = evidence.ranks.get(writer)
     if view is None or view.failed or view.busy_phase:
         return
-    if writer in waiting and not _lost_its_peer_only(evidence, writer):
+    if writer in waiting and not evidence.lost_its_peer_only(writer):
         return
     view.busy_phase = work.text[:80]
     view.evidence.insert(0, replace(work, rank=writer, host=stream.origin.host))
-
-
-def _lost_its_peer_only(evidence: JobEvidence, rank: int) -> bool:
-    """The rank's only wait was finding a peer gone (no timeout of its own) while another rank
-    timed out waiting: it came to the collective after the others had given up on it."""
-    echoes = evidence.ranks[rank].echoes
-    return (
-        "lost-peer" in echoes
-        and "waiting" not in echoes
-        and any("waiting" in evidence.ranks[r].echoes for r in evidence.waiting if r != rank)
-    )
 
 
 LAUNCHER_OWN = re.compile(r"torch/distributed/(?:elastic|run\.py)|torch/multiprocessing/")

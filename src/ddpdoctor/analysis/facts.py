@@ -10,6 +10,11 @@ from dataclasses import dataclass
 from ddpdoctor.analysis.engine import Distinct
 from ddpdoctor.ingest.bounds import count_number, exit_code_number, pid_number, rank_number
 from ddpdoctor.ingest.prefixes import LOG_HEADER
+from ddpdoctor.ingest.self_rank import (
+    DETECTRON2_ANNOUNCEMENT,
+    LIGHTNING_ANNOUNCEMENT,
+    TORCHVISION_ANNOUNCEMENT,
+)
 from ddpdoctor.model.evidence import PROMPTS
 from ddpdoctor.model.findings import RankExit
 from ddpdoctor.rules.launch import RANK_EXITED_WITH_CODE
@@ -130,18 +135,17 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
     # one rank announced by two processes is two launches that took the same ranks
     FactPattern(
         "rank_announced",
-        r"(?:initializing ddp|Initializing distributed): GLOBAL_RANK: (?P<rank>\d{1,6}), "
-        r"MEMBER: \d{1,6}/(?P<n>\d{1,6})",
+        LIGHTNING_ANNOUNCEMENT,
         "GLOBAL_RANK: ",
     ),
     FactPattern(
         "rank_announced",
-        r"Rank of current process: (?P<rank>\d{1,6})\. World size: (?P<n>\d{1,6})",
+        DETECTRON2_ANNOUNCEMENT,
         "Rank of current process: ",
     ),
     FactPattern(
         "rank_announced",
-        r"\bdistributed init \(rank (?P<rank>\d{1,6})\)",
+        TORCHVISION_ANNOUNCEMENT,
         "distributed init (rank ",
     ),
     # k2/icefall-style logging names rank and world after the caller: "[trainer.py:650] (5/8) "

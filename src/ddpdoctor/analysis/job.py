@@ -367,14 +367,10 @@ def build_job(
                 named = rank_number(fact.captures.get("rank"))  # a global rank, where it says one
                 # else its local rank on its node: the node's own on a single node, else what
                 # the job said of that node's local ranks (DeepSpeed's global_rank_mapping)
-                worker = Origin(host=fact.record.origin.host, local_rank=local)
-                rank = (
-                    named
-                    if named is not None
-                    else None
-                    if local is None
-                    else resolve_rank(worker, single_node, rank_map)
-                )
+                rank = named
+                if rank is None and local is not None:
+                    worker = Origin(host=fact.record.origin.host, local_rank=local)
+                    rank = resolve_rank(worker, single_node, rank_map)
                 if rank is not None and code is not None and rank not in per_rank:
                     per_rank[rank] = RankExit(code=code, signal=signal_name(code), local_rank=local)
             elif fact.name == "progress":

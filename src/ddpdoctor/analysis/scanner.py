@@ -963,7 +963,7 @@ class Scanner:
                 # a JSON record's fields are progress when they report a loss ('step: 5  loss:
                 # 3.9'); a step number alone rides on every record ('training finished', step 8)
                 told = f"{message} | {parsed.fields}" if "loss" in parsed.fields else message
-                on_progress = _progress_line(told)
+                on_progress = progress_line(told)
                 if not on_progress and not erred and raw[:1] not in " \t":
                     # (not a traceback's frame, nor a summary's field)
                     timed = CLOCK.search(raw, 0, CLOCK_WITHIN) is not None
@@ -1026,17 +1026,15 @@ class Scanner:
         for key, lines in bare.items():
             streams[key].bare = tuple(lines)
         for key, raw in last_raw.items():  # the time of each writer's last progress line only
-            streams[key].last_progress_time = last = parse(raw).time
-            earlier = prev_raw.get(key)
-            before = parse(earlier).time if earlier is not None else None
-            if before is not None and last is not None and before >= last and key in prev2_raw:
-                earlier = prev2_raw[key]
-                before = parse(earlier).time
-            if last is not None and before is not None and last > before:
+            newest = parse(raw)
+            streams[key].last_progress_time = last = newest.time
+            earlier = parse(prev_raw[key]) if key in prev_raw else None
+            if earlier and last and earlier.time and earlier.time >= last and key in prev2_raw:
+                earlier = parse(prev2_raw[key])
+            before = earlier.time if earlier is not None else None
+            if earlier is not None and last is not None and before is not None and last > before:
                 streams[key].step_s = (last - before).total_seconds()
-                streams[key].progress_moved = _counts(parse(raw).text) != _counts(
-                    parse(earlier).text  # type: ignore[arg-type]
-                )
+                streams[key].progress_moved = _counts(newest.text) != _counts(earlier.text)
         for key, messages in progress.items():  # the last counter counts: search from the end
             writer = streams[key].origin.rank
             for at in range(len(messages) - 1, -1, -1):
@@ -1052,15 +1050,15 @@ class Scanner:
 
 
 STEP_COUNT = re.compile(
-    r"(?i)\b(?:step|iter(?:ation)?|batch|epoch|it|kimg|round)\b\D{0,3}?(\d{1,12})"
-    r"|(?<![\d./])(\d{1,12})\s{0,2}/\s{0,2}\d{1,12}(?![\d./])"
+    r"(?i)\b(?:step|iter(?:ation)?|batch|epoch|it|kimg|round)\b\D{0,3}?(?P<after>\d{1,12})|"
+    + ANY_COUNTER.pattern
 )
 
 
 def _counts(text: str) -> list[str]:
     """The numbers a progress line counts its work by: after a word for steps, or before a
     total."""
-    return [a or b for a, b in STEP_COUNT.findall(text)]
+    return [m["after"] or m["n"] for m in STEP_COUNT.finditer(text)]
 
 
 def _logged_trace(parsed: ParsedLine) -> list[tuple[int, ParsedLine]]:
@@ -1133,12 +1131,7 @@ def _own_counter(message: str, writer: int | None) -> re.Match[str] | None:
     return None
 
 
-def is_progress_line(message: str) -> bool:
-    """Whether a message is a training progress line (a step, an epoch, a loss, a bar)."""
-    return _progress_line(message)
-
-
-def _progress_line(message: str) -> bool:
+def progress_line(message: str) -> bool:
     """Whether PROGRESS_LINE.search(message) finds a match, at half its cost on the benchmark's
     tails: on ASCII text, where case folding only maps letters, its word alternative can only
     match where the lower-cased text holds one of its words, and only there is it tried (a

@@ -22,23 +22,34 @@ from ddpdoctor.ingest.inputs import Input
 SELF_RANK_HEAD_BYTES = 64 * 1024
 """A process names its rank while it joins the group, before its training prints much."""
 
-SELF_RANK = re.compile(
-    rb"(?:"
-    # 'rank 1 of 2', 'Rank: 1/2', 'global rank 3 out of 8' (not a local rank's)
-    rb"(?<![Ll]ocal )\b(?:[Gg]lobal[ _]?)?[Rr]ank[ =:]{1,3}(?P<a>\d{1,6})"
-    rb"(?: of | ?/ ?| out of )(?P<an>\d{1,6})\b"
-    # 'Starting rank=1, seed=1, world_size=2.', 'RANK=1 LOCAL_RANK=1 WORLD_SIZE=2'
-    rb"|\b(?:rank|RANK)[=:] ?(?P<b>\d{1,6})\b[^\n]{0,60}?"
-    rb"\b(?:world_size|WORLD_SIZE)[=:] ?(?P<bn>\d{1,6})\b"
-    # dora's 'Distributed init: 1/2 (local 1) from env'
-    rb"|\b[Dd]istributed init\w*:? (?P<c>\d{1,6})/(?P<cn>\d{1,6})\b"
-    # Lightning's, detectron2's, torchvision references' and HF examples' announcements
-    rb"|GLOBAL_RANK: (?P<d>\d{1,6}), MEMBER: \d{1,6}/(?P<dn>\d{1,6})"
-    rb"|Rank of current process: (?P<e>\d{1,6})\. World size: (?P<en>\d{1,6})"
-    rb"|\bdistributed init \(rank (?P<f>\d{1,6})\)"
-    rb"|\bProcess rank: (?P<g>\d{1,6}), device"
-    rb")"
+# a process announcing the global rank it joins the group as, once per process: Lightning
+# (strategies/ddp.py), detectron2's default_setup, the init_distributed_mode of torchvision's
+# references and the research code built on it (DETR, DeiT, MAE, DINO); facts.py reads them too
+LIGHTNING_ANNOUNCEMENT = (
+    r"(?:initializing ddp|Initializing distributed): GLOBAL_RANK: (?P<rank>\d{1,6}), "
+    r"MEMBER: \d{1,6}/(?P<n>\d{1,6})"
 )
+DETECTRON2_ANNOUNCEMENT = r"Rank of current process: (?P<rank>\d{1,6})\. World size: (?P<n>\d{1,6})"
+TORCHVISION_ANNOUNCEMENT = r"\bdistributed init \(rank (?P<rank>\d{1,6})\)"
+SELF_RANK = tuple(
+    re.compile(pattern.encode())
+    for pattern in (
+        # 'rank 1 of 2', 'Rank: 1/2', 'global rank 3 out of 8' (not a local rank's)
+        r"(?<![Ll]ocal )\b(?:[Gg]lobal[ _]?)?[Rr]ank[ =:]{1,3}(?P<rank>\d{1,6})"
+        r"(?: of | ?/ ?| out of )(?P<n>\d{1,6})\b",
+        # 'Starting rank=1, seed=1, world_size=2.', 'RANK=1 LOCAL_RANK=1 WORLD_SIZE=2'
+        r"\b(?:rank|RANK)[=:] ?(?P<rank>\d{1,6})\b[^\n]{0,60}?"
+        r"\b(?:world_size|WORLD_SIZE)[=:] ?(?P<n>\d{1,6})\b",
+        # dora's 'Distributed init: 1/2 (local 1) from env'
+        r"\b[Dd]istributed init\w*:? (?P<rank>\d{1,6})/(?P<n>\d{1,6})\b",
+        # HF examples' 'Process rank: 1, device: cuda:1, n_gpu: 1, ...'
+        r"\bProcess rank: (?P<rank>\d{1,6}), device",
+        LIGHTNING_ANNOUNCEMENT,
+        DETECTRON2_ANNOUNCEMENT,
+        TORCHVISION_ANNOUNCEMENT,
+    )
+)
+"""The ways a process says which rank it is (the rank, and the world where it says it)."""
 RANK_PREFIX = re.compile(rb"^\[rank(\d{1,6})\]:", re.MULTILINE)
 """torch's excepthook prefix: a rank's own lines, whatever file they are in."""
 LITERALS = (b"ank", b"ANK", b"istributed init")
@@ -46,16 +57,11 @@ LITERALS = (b"ank", b"ANK", b"istributed init")
 
 
 def _rank_and_world(match: re.Match[bytes]) -> tuple[int, int | None] | None:
-    for name in "abcdefg":
-        rank = match.group(name)
-        if rank is not None:
-            world = match.group(name + "n") if name + "n" in match.re.groupindex else None
-            r = int(rank)
-            n = int(world) if world is not None else None
-            if r > MAX_RANK or (n is not None and r >= n):
-                return None
-            return r, n
-    return None
+    rank = int(match["rank"])
+    world = int(match["n"]) if "n" in match.re.groupindex and match["n"] else None
+    if rank > MAX_RANK or (world is not None and rank >= world):
+        return None
+    return rank, world
 
 
 def _matches(head: bytes) -> Iterator[re.Match[bytes]]:
@@ -73,7 +79,8 @@ def _matches(head: bytes) -> Iterator[re.Match[bytes]]:
             end = len(head) if end < 0 else end
             if start not in seen:
                 seen.add(start)
-                yield from SELF_RANK.finditer(head, start, end)
+                for pattern in SELF_RANK:
+                    yield from pattern.finditer(head, start, end)
             at = head.find(literal, end)
 
 

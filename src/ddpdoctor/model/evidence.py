@@ -409,6 +409,17 @@ class JobEvidence:
     def timed_out(self) -> bool:
         return "waiting" in self.echoes
 
+    def lost_its_peer_only(self, rank: int) -> bool:
+        """The rank's only wait was finding a peer gone (no timeout of its own) while another
+        rank timed out waiting: it came to the collective after the others had given up on
+        it (busy until then, or blocked)."""
+        echoes = self.ranks[rank].echoes
+        return (
+            "lost-peer" in echoes
+            and "waiting" not in echoes
+            and any("waiting" in self.ranks[r].echoes for r in self.waiting if r != rank)
+        )
+
     @property
     def peers_proven_alive(self) -> bool:
         """Every waiting rank timed out on a transport that would have reported a peer that

@@ -94,15 +94,10 @@ def assess(job: JobEvidence) -> Assessment | None:
     busy |= {r for r, v in job.ranks.items() if v.interrupted and not v.failed and r not in waiting}
     # a rank busy with work of its own that found its peers gone only when it came back to
     # the collective (its 'Connection closed', no timeout of its own)
-    timed_out = {r for r in waiting if "waiting" in job.ranks[r].echoes}
     busy |= {
         r
         for r, v in job.ranks.items()
-        if v.busy_phase
-        and not v.failed
-        and "waiting" not in v.echoes
-        and "lost-peer" in v.echoes
-        and timed_out - {r}
+        if v.busy_phase and not v.failed and job.lost_its_peer_only(r)
     }
     # waiting on a lock, an answer or the extensions' build lock: INF211
     busy -= blocked_ranks(job) | prompted_ranks(job) | lock_waiting_ranks(job)
