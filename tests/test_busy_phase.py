@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from ddpdoctor.analysis.behaviour import BUSY_PHASE
 from ddpdoctor.analysis.diagnose import diagnose_paths
+from ddpdoctor.analysis.phases import BUSY_PHASE
 from tests.program_runs import REAL
 
 

@@ -91,9 +91,6 @@ MISSES: dict[str, str] = {
     "the rank gloo aborted in its 4-byte collective ('1384 vs 4') is named, not rank 2, which "
     "also dealt 8 batches against 12 ('worker 2/4 ...: 8 batches per epoch' is not read as rank "
     "2's count) and waited in an all_reduce of its own",
-    "vocab-index": "failed, nccl-timeout on rank 0 (INF204, 0.35): the culprit is right, but "
-    "rank 0 is said to have left no logs (it printed no [rank0] line) instead of being busy "
-    "building its index past the 15 s timeout",
     "no-port-x": "failed, launcher-env-missing on rank 3 (LCH106, 0.9): the kind is right, but "
     "only the rank mpirun names as the first to exit; rank 2's identical traceback has no rank",
     "walltime": "unknown, hang as a guess (0.3): 'the log ends after its training progress without an "

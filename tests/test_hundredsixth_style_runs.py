@@ -79,7 +79,10 @@ read, a Ctrl-C of `sky launch` with 'Request will continue running asynchronousl
 that ends mid-training (detach-tail), and numpy's memmap size error on train.bin is a generic
 exception rather than a truncated input file (bin-torn).
 Since then (same session): numpy's memmap 'Size of available data is not a multiple of the
-data-type size' is a file cut short (bin-torn right): 11 of 16."""
+data-type size' is a file cut short (bin-torn right): 11 of 16. Session 34: a long phase
+announced by a line of no rank ('saving checkpoint to /checkpoints/...', under SkyPilot's node
+prefix only)
+before worker1 timed out names the rank that did not wait (bucket-crawl right): 12 of 16."""
 
 from __future__ import annotations
 
@@ -212,11 +215,6 @@ MISSES: dict[str, str] = {
     "training from /checkpoints/shakespeare-char', began at step 40 and stopped without an "
     "error after 'iter 100' while worker1 had printed 'Initializing a new model from scratch' "
     "is not read as rank 0 running out of iterations first",
-    "bucket-crawl": "failed/nccl-timeout [0] (INF204, 0.30): rank right, but inferred from "
-    "'Rank 0 left no line that names them': the head's 'still uploading ckpt.pt to "
-    "/checkpoints/shakespeare-char: 0.25/1.23 MB (5 s)', (10 s), (15 s), around worker1's "
-    "'Timed out waiting 15000ms for recv operation', carry only SkyPilot's node prefix "
-    "'(head, rank=0, pid=P)' and are not read as rank 0 busy past the timeout",
     "shard-park": "failed/nccl-timeout [] (TMO102, 0.30): the head's '[rank0]: ... Timed out "
     "waiting 15000ms for recv operation to complete' is the root with its peer unknown (world "
     "size 1: worker1's lines name no '[rank1]'); worker1's silence after its start-up lines and "

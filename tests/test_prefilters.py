@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from ddpdoctor.analysis.behaviour import BUSY_PHASE, DATA_ENDED, _said_data_ended, busy_phase
+from ddpdoctor.analysis.behaviour import DATA_ENDED, _said_data_ended
+from ddpdoctor.analysis.phases import BUSY_PHASE, busy_phase
 from ddpdoctor.ingest.prefixes import parse_line
 from ddpdoctor.ingest.tracebacks import FRAME_LINE, _may_hold_frame
 

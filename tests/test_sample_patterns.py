@@ -96,7 +96,7 @@ def test_the_numbers_aprogress_line_counts_by() -> None:
 def test_a_signal_handlers_answer_is_no_phase_of_work() -> None:
     """'Received SIGTERM, saving a checkpoint' answers a stop from outside (hundredfifth-stats-
     park); 'saving a checkpoint' alone is work the rank was at."""
-    from ddpdoctor.analysis.behaviour import phase_of_work
+    from ddpdoctor.analysis.phases import phase_of_work
 
     assert not phase_of_work(
         "Received SIGTERM, saving a checkpoint before the instance is reclaimed"

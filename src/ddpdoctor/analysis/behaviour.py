@@ -21,6 +21,7 @@ from ddpdoctor.analysis.frames import (
     phase,
 )
 from ddpdoctor.analysis.job import JobView
+from ddpdoctor.analysis.phases import phase_of_work, search_with_words
 from ddpdoctor.analysis.relations import before_attempt, in_earlier_attempt, survived
 from ddpdoctor.analysis.scanner import (
     ANY_COUNTER,
@@ -58,69 +59,6 @@ BUSY_WINDOW = (0.5, 1.25)
 """A bar whose elapsed time is about the collective timeout (this share of it) ran while the
 others waited: it started with the collective they waited in. With the timeout known, the
 window alone decides (a 15 s timeout's busy rank ran a 15 s bar, below the floor above)."""
-
-BUSY_PHASE = re.compile(
-    r"(?i)sav(?:e|ing) (?:(?:the|a|its) )?(?:model|checkpoint|state)|saving (?:to|into) \S"
-    r"|writing (?:the )?(?:checkpoint|model)|evaluating|validating"
-    r"|(?:running|start(?:ing)?|begin(?:ning)?) (?:the )?(?:evaluation|validation|eval\b)"
-    r"|(?:evaluation|validation|eval) (?:start|begin|loop|dataloader|epoch|step|batch|on )"
-    r"|^(?:validation|evaluation|eval|testing)\b.{0,40}\d+%\|"
-    r"|tokeniz|preprocess|download|loading (?:the )?(?:dataset|data|checkpoint|model)"
-    r"|decod(?:e|ing) (?:the )?(?:images?|audio|videos?|frames?|samples?|data)\b"
-    r"|building (?:the |a |its )?(?:[\w-]+ ){0,2}(?:index|cache|vocab\w*|dataset|features?\b)"
-    r"|consolidat|gather(?:ing)? (?:the )?(?:full )?state"
-    r"|running (?:on|the) (?:dataset|eval)|rebuilding"
-    r"|(?:can|may|might|will) take (?:a while|a (?:few )?minutes?|some time|long)"
-)
-"""Last words that announce a long phase a rank does on its own."""
-BUSY_WORDS = (
-    "sav",
-    "writing",
-    "eval",
-    "valid",
-    "%|",
-    "tokeniz",
-    "decod",
-    "preprocess",
-    "download",
-    "loading",
-    "building",
-    "consolidat",
-    "gather",
-    "running",
-    "take",
-)
-"""A lower-cased piece of every alternative of BUSY_PHASE: ASCII text holding none of them
-cannot match it (see busy_phase)."""
-
-
-def busy_phase(text: str) -> bool:
-    """Whether BUSY_PHASE.search(text) finds a match, without running its case-blind search of
-    18 alternatives over every writer's last words where none of their words is there: 1.0 s
-    (profiled) of build_evidence for 19,750 writers of 10,000 rank files."""
-    return _search_with_words(BUSY_PHASE, BUSY_WORDS, text)
-
-
-def phase_of_work(text: str) -> bool:
-    """A long phase the writer announces (busy_phase), not a signal handler's answer to a stop
-    from outside ('Received SIGTERM, saving a checkpoint')."""
-    return busy_phase(text) and not ("SIG" in text and SIGNAL_ANSWER.search(text))
-
-
-SIGNAL_ANSWER = re.compile(r"(?i)\b(?:received|caught|got|handling) (?:signal )?SIG[A-Z]{3,6}\b")
-"""A signal handler's own words: what it then does is its answer to a stop from outside, not
-work the process was at before it."""
-
-
-def _search_with_words(regex: re.Pattern[str], words: tuple[str, ...], text: str) -> bool:
-    """Whether a case-blind regex matches, searched only where the text holds one of the
-    lower-cased pieces every alternative of it contains. Only ASCII text is tested by words:
-    (?i) also folds letters such as U+017F (long s) into ASCII ones."""
-    if text.isascii():
-        lower = text.lower()
-        if not any(word in lower for word in words):
-            return False
-    return regex.search(text) is not None
 
 
 def _digits(text: str | None, limit: int = 12) -> int | None:
@@ -352,6 +290,7 @@ def build_evidence(job: JobView, events: list[Event]) -> JobEvidence:
     evidence.timeout_ms = _timeout_ms(events)
     evidence.startup_seq = _startup_seq(events)
     evidence.busy_progress = _busy_progress(job, evidence.timeout_ms)
+    evidence.unranked_phase = _unranked_phase(job, events)
     evidence.stall = _stall(job)
     evidence.stopped_by_run = job.stopped
     evidence.ended |= bool(info.per_rank or info.exit_code is not None or job.completed_at)
@@ -455,7 +394,7 @@ def _said_data_ended(text: str) -> bool:
     """Whether DATA_ENDED.search(text) finds a match, without its case-blind search of every
     writer's last two lines where none of its words is there (0.11 s for the 19,750 writers of
     10,000 rank files, in the parent after their scan)."""
-    return _search_with_words(DATA_ENDED, DATA_ENDED_WORDS, text)
+    return search_with_words(DATA_ENDED, DATA_ENDED_WORDS, text)
 
 
 def _worked_while_others_waited(
@@ -758,6 +697,30 @@ def _counted_to_its_end(text: str) -> bool:
     eval data'): the phase's last step; a line after it (its results) says it ended."""
     counters = list(ANY_COUNTER.finditer(text.rsplit("\r", 1)[-1]))
     return bool(counters) and all(m["n"] == m["total"] for m in counters)
+
+
+def _unranked_phase(job: JobView, events: list[Event]) -> Evidence | None:
+    """The long phase a writer no rank can be given set out on (StreamSummary.pending_phase),
+    shown before the first wait in its own source (a phase announced after the others' wait
+    is no work they waited for); the earliest of several, in source and line order."""
+    first_wait: dict[str, int] = {}
+    for event in events:
+        if event.echo is not Echo.WAITING:
+            continue
+        for hit in event.hits:
+            line = first_wait.get(hit.record.source)
+            if line is None or hit.record.line < line:
+                first_wait[hit.record.source] = hit.record.line
+    if not first_wait:
+        return None
+    found = [
+        Evidence(s.source, s.pending_phase[0], None, s.origin.host, None, s.pending_phase[1])
+        for s in job.streams
+        if s.pending_phase is not None
+        and job.resolve(s.origin) is None
+        and s.pending_phase[0] < first_wait.get(s.source, s.pending_phase[0] + 1)
+    ]
+    return min(found, key=lambda e: (e.source, e.line)) if found else None
 
 
 def _last_words(job: JobView) -> list[Evidence]:

@@ -138,6 +138,8 @@ def merge(acc: SourceScan, part: SourceScan) -> SourceScan:
         s.closed_traceback_line += shift if s.closed_traceback_line else 0
         s.recent = tuple((line + shift, raw) for line, raw in s.recent)
         s.bare = tuple((line + shift, raw) for line, raw in s.bare)
+        if s.pending_phase is not None:
+            s.pending_phase = (s.pending_phase[0] + shift, s.pending_phase[1])
         a = acc.streams.get(key)
         if a is None:
             acc.streams[key] = s
@@ -158,6 +160,8 @@ def merge(acc: SourceScan, part: SourceScan) -> SourceScan:
             if s.progress_lines
             else (a.after_progress + s.after_progress)[:AFTER_PROGRESS_LINES]
         )
+        if s.pending_phase is not None or s.progress_lines:
+            a.pending_phase = s.pending_phase  # (a later step ended an earlier range's phase)
         a.progress_lines += s.progress_lines
         a.last_init_line = s.last_init_line or a.last_init_line
         # (the later range's lines of this writer only: enough to tell 'right after' from not)

@@ -23,6 +23,7 @@ from ddpdoctor.analysis.engine import (
 )
 from ddpdoctor.analysis.facts import FACT_PATTERNS, FactPattern, elapsed_seconds
 from ddpdoctor.analysis.newlines import count_newlines
+from ddpdoctor.analysis.phases import phase_of_work
 from ddpdoctor.ingest.bounds import (
     MAX_NUMBER_DIGITS,
     count_number,
@@ -70,6 +71,8 @@ RANKED_RECENT_CHARS = 200
 announced after it stopped training), kept fewer and shorter: 10,000 rank files hold 20,000
 writers (their time and the head of their words are what behaviour reads), and one line
 alone is not kept (RECENT_MIN)."""
+PHASE_CHARS = 160
+"""What a pending phase keeps of its line: its words, not a dump that follows them."""
 RECENT_MIN = 2
 """Lines of its own a writer printed inside the others' wait to count as busy there: one may
 be the last of what it did before it entered the collective too."""
@@ -222,6 +225,12 @@ class StreamSummary:
     bare: tuple[tuple[int, str], ...] = ()
     """The same as `recent` for its last few lines that show no time: a plain print's count of
     work ('rebuilding (3/10)'), which only its place in the file dates."""
+    pending_phase: tuple[int, str] | None = None
+    """For a writer no rank is known for, its last line since its last progress line that
+    announced a long phase of work (phases.phase_of_work: 'building the index ...'): what
+    it set out to do and never reported done by a step. A rank's own words say it already
+    (behaviour reads a ranked writer's last lines); one set out on far above its last lines
+    (the phase's parameters printed after it) is still under way."""
     year: int = 1970
     """The year its source's times without one are read in (the file's)."""
     last_epoch: tuple[int, int | None, bool] | None = None
@@ -975,6 +984,8 @@ class Scanner:
                             if mine is None:
                                 mine = kept[key] = deque(maxlen=RECENT_LINES)
                             mine.append((line_no, raw))
+                        if phase_of_work(message):
+                            summary.pending_phase = (line_no, message[:PHASE_CHARS])
                     elif timed:
                         mine = recent.get(key)
                         if mine is None:
@@ -982,6 +993,7 @@ class Scanner:
                         mine.append((line_no, raw[:RANKED_RECENT_CHARS]))
                 if on_progress:
                     summary.after_progress, summary.since_progress = (), 0
+                    summary.pending_phase = None
                     if summary.origin.rank is not None:
                         recent.pop(key, None)  # a ranked writer's work since its last step
                 elif summary.since_progress < AFTER_PROGRESS_LINES:

@@ -236,6 +236,10 @@ class JobEvidence:
     """Sequence number of a timed-out barrier-like collective among the job's first few."""
     busy_progress: tuple[float, Evidence] | None = None
     """A progress bar that kept moving (elapsed seconds, its line) while others waited."""
+    unranked_phase: Evidence | None = None
+    """A long phase of work announced by a writer no rank can be given, after its last
+    progress line and before the first wait shown in its source: work that one rank set out
+    to do alone when the others began to wait."""
     unranked_echoes: set[str] = field(default_factory=set)
     """Echo kinds seen on lines no rank could be attributed to."""
     unranked_wait_kinds: set[str] = field(default_factory=set)

@@ -232,6 +232,9 @@ def assess(job: JobEvidence) -> Assessment | None:
                 ],
             )
         )
+    unranked = _from_unranked_phase(job)
+    if unranked is not None:
+        found.append(unranked)
     if missing and job.startup_seq is not None:
         found.append(
             Assessment(
@@ -276,4 +279,38 @@ def _arrived_late(job: JobEvidence) -> Assessment | None:
             "connection closed: busy past the timeout, not failed."
         ],
         evidence=[e for r in sorted(late) for e in job.ranks[r].evidence[:1]],
+    )
+
+
+def _from_unranked_phase(job: JobEvidence) -> Assessment | None:
+    """A writer no rank can be given announced a long phase of work ('building the token
+    index ...') and the others then waited: the rank that was not among them set out on it
+    alone. Of several such ranks, the main process (the one that does work alone: indexing,
+    caching, saving) is the likeliest. Not where no rank is known at all: the line may then
+    be the waiting process's own, before it joined (and waited for) the others. Weaker than
+    a rank's own announcement (0.55): the line names no rank."""
+    phase = job.unranked_phase
+    if phase is None or not job.waiting:
+        return None
+    absent = {r for r in job.quiet | job.missing if not job.ranks[r].failed} - set(job.waiting)
+    guessed = len(absent) > 1
+    culprit = absent if not guessed else {MAIN_PROCESS} & absent
+    if not culprit:
+        return None
+    return Assessment(
+        RULE,
+        0.55,
+        sorted(culprit),
+        [
+            f'a line of no rank announced a long phase of work ("{phase.text.strip()[:100]}") '
+            f"before the others waited, and {ranks_text(culprit)} was not among the ranks that "
+            "timed out: it set out on that work alone and did not reach the collective in time."
+        ],
+        against=["the line that announced the work names no rank"]
+        + (
+            ["several ranks were absent: the main process, which works alone, is guessed"]
+            if guessed
+            else []
+        ),
+        evidence=[phase],
     )
