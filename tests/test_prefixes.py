@@ -180,6 +180,42 @@ from ddpdoctor.rules.registry import all_rules
         ),
         # a program's own 'rank0[...]' that is not that header stays its text
         ("rank0[ok] all good", "rank0[ok] all good", None, None, None),
+        # Determined's task logs (set 108; the form of real `det trial logs`): its time, the
+        # container (the node), the rank its launch layer adds, two bars
+        (
+            "[2026-12-06T11:53:21.548721Z] f1b4ae76 [rank=1] || [rank1]: Traceback (most "
+            "recent call last):",
+            "Traceback (most recent call last):",
+            1,
+            None,
+            "f1b4ae76",
+        ),
+        (
+            "[2024-03-15T16:29:06.552162Z] 5c902731 [rank=0] || INFO: [62] determined.core: "
+            "report_training_metrics(steps_completed=100)",
+            "INFO: [62] determined.core: report_training_metrics(steps_completed=100)",
+            0,
+            None,
+            "5c902731",
+        ),
+        # the container's own line, the master's (no container), a paste without times
+        (
+            "[2026-12-06T11:53:13.408324Z] f1b4ae76 || + test -f startup-hook.sh",
+            "+ test -f startup-hook.sh",
+            None,
+            None,
+            "f1b4ae76",
+        ),
+        (
+            "[2026-12-06T11:53:12.975579Z]          || INFO: Scheduling Trial 18",
+            "INFO: Scheduling Trial 18",
+            None,
+            None,
+            None,
+        ),
+        ("[rank=1] || Training in distributed mode", "Training in distributed mode", 1, None, None),
+        # bars without a time before them are a program's own
+        ("deadbeef || x", "deadbeef || x", None, None, None),
     ],
 )
 def test_prefix_stripping(

@@ -526,6 +526,13 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
     # the SageMaker training toolkit after the user's script exited 0 (sagemaker_training/
     # trainer.py: "sagemaker-training-toolkit INFO     Reporting training SUCCESS")
     FactPattern("completed", r"\bReporting training SUCCESS\b", "Reporting training SUCCESS"),
+    # Determined's agent and master once the trial's container exited 0 (every process in it:
+    # its first process is the launch layer, which exits with the worst of its workers)
+    FactPattern(
+        "completed",
+        r"\bresources exited successfully with a zero exit code\b",
+        "resources exited successfully",
+    ),
     # DeepSpeed launcher/launch.py, for each worker that exited 0
     FactPattern("completed", r"Process \d+ exits successfully\.", "exits successfully"),
     # the last line of FourCastNet's train.py and the weather models built on it (Makani,
@@ -791,11 +798,21 @@ def signal_number_code(number: str | None) -> int | None:
     return -int(number)
 
 
+WRAPPED_SIGNALS = frozenset({6, 7, 9, 11, 15})
+"""Signals whose 256-N exit code is read as death by that signal: a wrapper process that
+passes its child's negative return code on to sys.exit() or exit() (Determined's launch
+layer: `sys.exit(proc.wait())`) exits with it modulo 256, so a SIGKILLed child makes it exit
+247 and a SIGSEGV 245. Not 255 or 254: a program's own exit(-1) or exit(-2) gives those."""
+
+
 def signal_name(exit_code: int) -> str | None:
     """The signal an exit code stands for: negative as launchers report it (-9 -> SIGKILL),
-    or 128+N as shells and handlers do (143 -> SIGTERM)."""
+    128+N as shells and handlers do (143 -> SIGTERM), or 256-N as a wrapper that exits with
+    its child's negative return code does (247 -> SIGKILL)."""
     if exit_code > 128 and exit_code - 128 in SHELL_SIGNALS:
         return signal.Signals(exit_code - 128).name
+    if 240 < exit_code < 256 and 256 - exit_code in WRAPPED_SIGNALS:
+        return signal.Signals(256 - exit_code).name
     if exit_code >= 0:
         return None
     try:

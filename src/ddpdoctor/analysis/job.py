@@ -547,7 +547,7 @@ def build_job(
                 line=stream.open_traceback_at,
                 rank=resolve_rank(stream.origin, single_node, rank_map),
                 host=stream.origin.host,
-                time=None,
+                time=stream.open_traceback_time,
                 text=stream.open_traceback_text,
             ),
             native=stream.open_trace_native,

@@ -151,6 +151,7 @@ def merge(acc: SourceScan, part: SourceScan) -> SourceScan:
         a.prev_text = s.prev_text or a.last_text
         a.last_line, a.last_text = s.last_line, s.last_text
         a.open_traceback_line, a.open_traceback_at = s.open_traceback_line, s.open_traceback_at
+        a.open_traceback_time = s.open_traceback_time
         a.open_traceback_text, a.open_trace_native = s.open_traceback_text, s.open_trace_native
         a.open_trace_indent = s.open_trace_indent
         a.open_traceback_tail = s.open_traceback_tail

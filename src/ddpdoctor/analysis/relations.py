@@ -608,10 +608,11 @@ def relate_teardown_marker(graph: CausalGraph, ctx: Context) -> None:
 
 def agreed_stop(graph: CausalGraph, ctx: Context) -> list[Event]:
     """The stop announcements, when every rank announced (or agreed to) the early stop, or
-    caught the scheduler's warning signal."""
+    caught the scheduler's warning signal (or the scheduler said, for the whole job, why it
+    ended it: its reason)."""
     stops = [e for e in graph.events if e.marker == Marker.STOP]
     warned = [e for e in graph.events if e.marker == Marker.WARNED]
-    if not stops and warned and _every_rank_said(warned, ctx):
+    if not stops and warned and (_every_rank_said(warned, ctx) or _for_the_job(warned)):
         return warned
     if not stops:
         return []
@@ -653,6 +654,11 @@ def agreed_stop(graph: CausalGraph, ctx: Context) -> list[Event]:
 
 def _present(ctx: Context) -> set[int]:
     return {r for r, v in ctx.evidence.ranks.items() if v.present}
+
+
+def _for_the_job(events: list[Event]) -> bool:
+    """A scheduler's words for the whole job, not a rank's: it names its reason."""
+    return any(e.rank is None and "reason" in h.captures for e in events for h in e.hits)
 
 
 def _every_rank_said(events: list[Event], ctx: Context) -> bool:

@@ -249,6 +249,8 @@ class StreamSummary:
     (for a C++ backtrace, its 'Exception raised from' line or first frame)."""
     open_traceback_at: int = 0
     """The line of open_traceback_text."""
+    open_traceback_time: datetime | None = None
+    """The time the open traceback's first line shows, if any: when the error was raised."""
     open_traceback_tail: tuple[str, ...] = ()
     """The open traceback's last few lines (frames and their code): what it was doing."""
     closed_traceback_line: int = 0
@@ -927,6 +929,7 @@ class Scanner:
         prev2_raw: dict[str, str] = {}
         recent: dict[str, deque[tuple[int, str]]] = {}
         bare: dict[str, deque[tuple[int, str]]] = {}
+        trace_head: dict[str, tuple[int, str]] = {}  # where each writer's last trace began
         for offset, raw in enumerate(text.split("\n")):
             if not raw or raw.isspace() or not raw.strip(QUOTE_BLANK):
                 continue  # an empty line, also inside a Markdown quote ('> ')
@@ -1030,6 +1033,8 @@ class Scanner:
                     summary.last_init_line = line_no
                     summary.init_sampled = src.sampled
                 _follow_traceback(summary, message, line_no)
+                if summary.open_traceback_line == line_no:
+                    trace_head[key] = (line_no, raw)
         for key, lines in recent.items():
             if len(lines) < RECENT_MIN and streams[key].origin.rank is not None:
                 continue  # one line since its last step says no work of its own
@@ -1037,6 +1042,9 @@ class Scanner:
             streams[key].year = src.year
         for key, lines in bare.items():
             streams[key].bare = tuple(lines)
+        for key, (line_no, raw) in trace_head.items():  # still open at the end: its time
+            if streams[key].open_traceback_line == line_no:
+                streams[key].open_traceback_time = parse(raw).time
         for key, raw in last_raw.items():  # the time of each writer's last progress line only
             newest = parse(raw)
             streams[key].last_progress_time = last = newest.time

@@ -124,6 +124,18 @@ PDSH = re.compile(
 # `docker compose logs` (and SageMaker local mode): `trainer-worker-1  | `, the container name
 # padded, then a bar; the container is the host. Its name carries the replica number, a digit.
 COMPOSE = re.compile(r"(?P<host>(?=[a-z0-9._-]{0,62}[0-9])[a-z][a-z0-9._-]{0,62}) {1,40}\| ")
+# Determined's task logs (`det trial logs`, the web UI), after their time: the container's id
+# (its first 8 hex digits), the rank the launch layer's wrapper adds to each worker's lines,
+# then two bars: '[2024-03-15T16:29:06.552162Z] 5c902731 [rank=0] || INFO: ...'. The master's
+# own lines have no container ('[...Z]          || INFO: Scheduling Trial 18'), the
+# container's own no rank ('5c902731 || + test -f startup-hook.sh'). A container is one node
+# of the trial: its lines are that node's. Only after a time, but for the rank alone (a
+# paste of the messages without their times).
+DETERMINED = re.compile(
+    r"(?:(?P<container>[0-9a-f]{8})|\s{1,12})(?: \[rank=(?P<rank>\d{1,6})\])? \|\| ?"
+    r"|\[rank=(?P<alone>\d{1,6})\] \|\| ?"
+)
+DETERMINED_STARTS = frozenset("0123456789abcdef ")
 # `kubectl logs --prefix`: `[pod/train-worker-1/pytorch] `; the pod is the host.
 KUBECTL = re.compile(r"\[pod/(?P<pod>[^/\]\s]+)/[^\]\s]+\] ")
 # Capture platforms: `[stderr]`, `[stdout]`.
@@ -687,6 +699,20 @@ def parse_line(raw: str, year: int = 1970, with_time: bool = True) -> ParsedLine
                 rich_record = True  # padded to the console's width
                 pos = rich.end()
                 continue
+        m = (
+            DETERMINED.match(text, pos)
+            if ((platform_ok and c in DETERMINED_STARTS) or (bracket and nxt == "r"))
+            and text.find("||", pos, pos + 40) > 0
+            else None
+        )
+        if m:
+            rank = m.group("rank") or m.group("alone")
+            if rank is not None:
+                origin.rank = rank_number(rank)
+            origin.host = origin.host or m.group("container")
+            prefix_parts.append(m.group(0).rstrip(" |") or "||")
+            pos = m.end()
+            continue
         m = RANK_PID_THREAD.match(text, pos) if c == "r" else None
         if m:
             origin.rank = rank_number(m.group("rank"))

@@ -82,7 +82,12 @@ EARLY_STOP = Rule(
             "arly",
         ),
         # the same event in the other word order: "val loss below target: stopping early"
-        Signature(r"(?i:\bstop(?:ping|ped) early)\b(?![_=(-])", "early"),
+        # (not Determined's master on any trial whose containers exited: "allocation stopped
+        # early after all resources exited: resources exited successfully with a zero exit
+        # code", its words for an allocation that ended before its time, whatever the cause)
+        Signature(
+            r"(?i:\bstop(?:ping|ped) early)\b(?![_=(-]| after all resources exited)", "early"
+        ),
         # a stop without the word early: DeiT/MAE/DINO's engine.py "Loss is nan, stopping
         # training" (then sys.exit(1) on that rank); not an exception's message ("Floating
         # PointError: Loss is inf ...: stopping training" is the error, not an announcement),
@@ -205,6 +210,9 @@ EARLY_STOP = Rule(
         "stop training",
     ),
     negative=(
+        # Determined's master on any trial whose containers exited (set 108)
+        "INFO: Trial 12 (Experiment 7) was terminated: allocation stopped early after all "
+        "resources exited: resources exited successfully with a zero exit code",
         "Epoch 3: val_loss improved to 0.21",
         "val_loss did not improve; patience 2/5, continuing (stop training at 5)",
         "early_stopping_patience=3,",

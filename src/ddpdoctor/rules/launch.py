@@ -68,6 +68,14 @@ HOST_OOM_KILL = Rule(
             suggests=True,
         ),
         Signature(r"^\s*exitcode\s*: -9\b", "exitcode", suggests=True),
+        # 247 = 256 - 9: a wrapper between the agent and the script that exits with its
+        # child's negative return code (Determined's launch layer, `sys.exit(proc.wait())`)
+        Signature(
+            r"failed \(exitcode: 247\) local_rank: (?P<local_rank>\d+)",
+            "failed (exitcode: 247)",
+            suggests=True,
+        ),
+        Signature(r"^\s*exitcode\s*: 247\b", "exitcode", suggests=True),
         Signature(
             r"ProcessFailure\(local_rank=(?P<local_rank>\d+), pid=(?P<pid>\d+), exitcode=-9\b",
             "ProcessFailure(local_rank=",
@@ -170,6 +178,8 @@ HOST_OOM_KILL = Rule(
         "Ask the scheduler for more memory (Slurm --mem) or use fewer ranks per node.",
     ),
     positive=(
+        # set 108 (Determined's launch layer between torchrun and the script)
+        "  exitcode  : 247 (pid: 15)",
         "{1: ProcessFailure(local_rank=1, pid=4242, exitcode=-9, error_file='<N/A>', "
         "error_file_data={'message': '<NONE>'}, message='Signal 9 (SIGKILL) received by PID 4242', "
         "timestamp=1716283540)}",
@@ -206,6 +216,7 @@ HOST_OOM_KILL = Rule(
         "ERROR:torch.distributed.elastic.multiprocessing.api:failed (exitcode: 1) local_rank: 0 "
         "(pid: 6067)",
         "Worker exit type: INTENDED_USER_EXIT Worker exit detail: Worker exits by an user request.",
+        "  exitcode  : 2470 (pid: 15)",
     ),
 )
 
@@ -483,6 +494,13 @@ NATIVE_CRASH = Rule(
             r"failed \(exitcode: -(?P<signum>11|6|7|4|8)\) local_rank: (?P<local_rank>\d+)",
             "failed (exitcode: -",
         ),
+        # the same signals as 256 - N, from a wrapper that exits with its child's negative
+        # return code (Determined's launch layer): 245 SIGSEGV, 250 SIGABRT, 249 SIGBUS
+        Signature(r"^\s*exitcode\s*: (?:245|250|249)\b", "exitcode"),
+        Signature(
+            r"failed \(exitcode: (?:245|250|249)\) local_rank: (?P<local_rank>\d+)",
+            "failed (exitcode: ",
+        ),
         Signature(r"Segmentation fault"),
         # the shell's name of the signal in the user's language (rules/localized.py)
         *shell_signatures(CRASHED, suggests=False),
@@ -591,6 +609,8 @@ NATIVE_CRASH = Rule(
         for name, value in (("signum", "7"), ("sig", "SIGBUS"))
     ),
     positive=(
+        # set 108 (Determined's launch layer between torchrun and the script)
+        "  exitcode  : 245 (pid: 16)",
         # corpus case 1266 (DLRover on Kubernetes, a torchelastic-based agent)
         "The worker fails with {0: ProcessFailure(local_rank=0, pid=61, exitcode=-7, error_file='<N/A>', "
         "error_file_data={'message': '<NONE>'}, message='Signal 7 (SIGBUS) received by PID 61', "
@@ -1204,6 +1224,13 @@ SLURM_TERMINATED = Rule(
             "*** ",
             echo=Echo.STOPPED,
         ),
+        # Determined's agent: a trial's container ended by SIGTERM from outside (a docker stop,
+        # an agent drained): 143, or 241 from its launch layer's sys.exit(-15)
+        Signature(
+            r"container failed with non-zero exit code: (?:143|241)\b",
+            "container failed with non-zero exit code",
+            echo=Echo.STOPPED,
+        ),
         # Kubernetes scheduler (DisruptionTarget condition of a preempted pod)
         Signature(r": preempting to accommodate a higher priority", "preempting to accommodate"),
         # Ray GCS (gcs_actor_manager.cc): an actor lost with its node, drained for preemption
@@ -1235,6 +1262,9 @@ SLURM_TERMINATED = Rule(
         "is preempted.",
         "[2026-05-07T14:10:47.011] error: *** STEP 2210587.1 ON",
         "\tthe actor's node was preempted: spot instance reclaimed",
+        # set 108 (Determined)
+        "ERROR: crashed: resources failed with non-zero exit code: container failed with non-zero "
+        "exit code: 241 (exit code 241)",
         "(autoscaler +51m03s) Instance k-7c30d9e4b0001 (node IP: 10.4.117.52) will be "
         "terminated soon (reason: kubernetes-pod-termination).",
         # torch under Python 3.10 and older names the signal (an IntEnum printed with %s)
@@ -1245,6 +1275,8 @@ SLURM_TERMINATED = Rule(
     ),
     negative=(
         "slurmstepd: error: Detected 1 oom_kill event in StepId=1234.0",
+        "ERROR: crashed: resources failed with non-zero exit code: container failed with non-zero "
+        "exit code: 1 (exit code 1)",
         "W0611 02:41:53.118402 140213958416192 torch/distributed/elastic/agent/server/api.py:"
         "741] Received Signals.SIGHUP death signal, shutting down workers",
         "W0611 02:41:53.118402 140213958416192 torch/distributed/elastic/agent/server/api.py:"
@@ -1317,8 +1349,9 @@ TERMINAL_HANGUP = Rule(
 WARNING_SIGNAL_HANDLED = Rule(
     code="LCH118",
     kind="preempted",
-    title="The ranks caught the scheduler's warning signal and stopped on purpose",
-    sources="training programs' signal handlers (Slurm sbatch --signal=USR1@N, LSF, SGE)",
+    title="The ranks were warned of a preemption or the time limit and stopped on purpose",
+    sources="training programs' signal handlers (Slurm sbatch --signal=USR1@N, LSF, SGE); "
+    "Determined's master (a preemption its trials check for with should_preempt())",
     severity="info",
     marker=Marker.WARNED,
     specificity=10,
@@ -1336,10 +1369,19 @@ WARNING_SIGNAL_HANDLED = Rule(
             )
             for name in ("USR1", "USR2")
         ),
+        # Determined's master once a trial it preempted (a pause, a higher-priority job) had
+        # checkpointed and every process of it had exited
+        # (its reason is the scheduler's, for the whole job)
+        Signature(
+            r"\ballocation (?P<reason>preempted) after all resources exited\b",
+            "allocation preempted",
+        ),
     ),
     explanation=Explanation(
         what="Every rank's handler of the scheduler's warning signal (SIGUSR1/SIGUSR2) stopped "
-        "training: the time limit or a preemption was near.",
+        "training, or the platform preempted the job and its processes exited on their own "
+        "(Determined: 'allocation preempted after all resources exited'): the time limit or a "
+        "preemption was near.",
         why="A batch job asked the scheduler for a signal before its end (Slurm's "
         "--signal=USR1@120); the program saved its state and left, so the job can be requeued "
         "and resumed. When every rank stops together and exits 0, nothing failed.",
@@ -1357,6 +1399,10 @@ WARNING_SIGNAL_HANDLED = Rule(
         "[rank 0] caught SIGUSR1 at epoch 8 it 22",
         "Received SIGUSR2: saving checkpoint before the time limit",
         "got signal USR1, stopping after this step",
+        # set 108 (Determined, a trial paused by its user)
+        "[2026-12-06T11:52:46.965049Z]          || INFO: Trial 16 (Experiment 11) was terminated: "
+        "allocation preempted after all resources exited: resources exited successfully with a "
+        "zero exit code",
     ),
     negative=(
         "Handling auto-requeue signal: 10",

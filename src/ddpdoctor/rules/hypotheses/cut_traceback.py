@@ -87,6 +87,7 @@ def assess(job: JobEvidence) -> Assessment | None:
             or (c.where.rank is not None and c.where.rank not in echoing)
         )
         and not (c.native and SOCKET_IO.match(c.where.text))
+        and not _at_a_peers_timeout(c, job)
     ]
     if not cut:
         return None
@@ -122,6 +123,27 @@ def assess(job: JobEvidence) -> Assessment | None:
         status=place.verdict_status if place is not None else Status.FAILED,
         # a writer known by its rank can be the one the others lost; an unnamed one cannot
         explains_echoes=bool(ranks),
+    )
+
+
+AT_THE_TIMEOUT_S = 2.0
+"""A trace that began this close to the moment a peer reported its collective timed out."""
+
+
+def _at_a_peers_timeout(cut: CutTrace, job: JobEvidence) -> bool:
+    """The trace began within seconds of the moment another rank reported that its collective
+    had timed out: a collective that ran for its whole timeout was waiting for something at
+    its start, not at its end, and every rank in it times out at about that moment. A trace
+    printed then is that timeout reaching this rank too, cut before its message, not a cause."""
+    began = cut.where.time
+    if began is None or cut.where.rank in job.waiting:
+        return False
+    return any(
+        "waiting" in job.ranks[r].echoes
+        and e.time is not None
+        and abs((began - e.time).total_seconds()) <= AT_THE_TIMEOUT_S
+        for r in job.waiting
+        for e in job.ranks[r].evidence[:1]
     )
 
 
