@@ -42,7 +42,15 @@ console.log. Neither the program nor the launch were used to build the rules: th
 generalise.
 
 EXPECTED was written from each mode's mechanism and the taxonomy before any diagnosis was seen;
-a mode ddpdoctor gets wrong today is a strict xfail whose reason says what it says instead."""
+a mode ddpdoctor gets wrong today is a strict xfail whose reason says what it says instead.
+First diagnosis: 13 of 16 right (calm-slab, loud-slab, flat-slab, lone-e0, graph-hoard,
+nbr-segv, shard-skew, otf-crawl, prefetch-park, port-squat, wall-term, wandb-gone, ckpt-scalar).
+Misses: the truncated shard's 'EOFError: Ran out of input' under the DataLoader's fetch frames is
+read as a DataLoader worker's broken channel (DL103), although the run has no worker and the
+program's own __getitem__ raised it (torn-lmdb); the missing metadata.npz of the shared config
+is rank 1's data error only, rank 0 being SIGTERMed by spawn at the same line without a record
+(meta-gone); rank 0's time-out in an all-reduce inside its step-logging block, beside a rank 1
+that spawn SIGTERMed silently in the sampler's all-gather, is read as rank 1 hanging (gnorm-solo)."""
 
 from __future__ import annotations
 
@@ -156,7 +164,34 @@ EXPECTED: dict[str, Expected] = {
 }
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
-MISSES: dict[str, str] = {}
+MISSES: dict[str, str] = {
+    "torn-lmdb": (
+        "failed dataloader-worker-killed [1] (DL103, 0.9, category unknown): the 'EOFError: Ran "
+        "out of input' under torch/utils/data/dataloader.py and _utils/fetch.py is read as the "
+        "main process losing a DataLoader worker's channel, but the run has no worker (the "
+        "launcher's 'setting dataloading num_workers to 0'; the fetch is the main process's "
+        "_MapDatasetFetcher) and the frame right above the error is the program's own "
+        "LmdbDataset.__getitem__ (main.py:377, pickle.load at an offset past the end of the "
+        "shard cut short): DATA101's 'EOFError: Ran out of input' (a rank failing on its input) "
+        "loses to DL103's higher specificity"
+    ),
+    "meta-gone": (
+        "failed data-error [1] (DATA101, 0.9): the kind is right, the culprit only the rank the "
+        "agent recorded; rank 0 reads the same missing metadata_path of the shared config and "
+        "is SIGTERMed by spawn at the same line, which the console shows only as 'Terminating "
+        "process P via signal SIGTERM' (by pid) after both ranks' 'Loading dataset: "
+        "trajectory_lmdb'; nothing tells the tool that the missing file is every rank's input"
+    ),
+    "gnorm-solo": (
+        "hung hang [1] (INF211, 0.55): rank 0's 'Timed out waiting 15000ms for recv operation' "
+        'at `log_dict["grad_norm"] = all_reduce(float(self.grad_norm), average=True)` in the '
+        "training loop, beside a rank 1 that printed nothing before spawn SIGTERMed it, is read "
+        "as rank 1 stuck outside the collective; rank 1 was in the balanced sampler's "
+        "all-gather of its next batch (no stack of it in the console), and the only sign of a "
+        "rank-0-only collective is that call site inside rank 0's step-logging block (the "
+        "is_master() guard itself is not in the traceback)"
+    ),
+}
 
 
 RUNS = RunSet("hundredtenth-", EXPECTED, MISSES, label_nowhere=True)
