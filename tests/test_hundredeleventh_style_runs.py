@@ -40,7 +40,10 @@ data .bin file" is a generic exception, not a bad input file (magic-skew), and i
 raised StopIteration" not a rank out of data (tail-ebb); in the Muon all_gather mismatch the
 rank gloo aborted (rank 1, the one that skipped a round) is taken for the victim and rank 0 named
 as the main process (muon-odd); the same AssertionError on all three ranks of a launch the script
-refuses names every rank (world-three)."""
+refuses names every rank (world-three).
+Since then (same session): an exception whose message says a file's magic number does not match
+is a bad input file (DATA101; magic-skew right), and an uncaught StopIteration on some ranks, not
+all, after training ran is a rank out of batches (tail-ebb right): 14 of 16."""
 
 from __future__ import annotations
 
@@ -139,11 +142,6 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "magic-skew": "failed, python-exception on rank 1 (PY101, 0.6): right rank, wrong kind: "
-    "'[rank1]: AssertionError: magic number mismatch in the data .bin file' raised in "
-    "_load_data_shard is read as a generic uncaught exception of the script; the speedrun "
-    "loader's header check (a shard of another format: here one written before the header "
-    "existed) is not known as a bad input file",
     "muon-odd": "failed, collective-mismatch on rank 0 (COL101, 0.75): right kind, wrong rank: "
     "gloo aborted rank 1 ('3072 vs 1024. Received data size doesn't match expected size') and "
     "rank 0's all_gather lost it; the tool says both sizes are small so they do not tell which "
@@ -152,11 +150,6 @@ MISSES: dict[str, str] = {
     "entered the next group's smaller one: the receiver of the bigger message is the rank that "
     "moved on, which '[rank0]: ... in step ... dist.all_gather(update_buffer_views, g)' (rank 0 "
     "still in the round) does not show the tool",
-    "tail-ebb": "failed, python-exception on rank 1 (PY101, 0.6): right rank, wrong kind: "
-    "'[rank1]: StopIteration' in distributed_data_generator's next(file_iter) and 'RuntimeError: "
-    "generator raised StopIteration' are read as a generic exception; the generator's shards "
-    "ending on one rank (files[rank::world_size] gave rank 1 two chunks of five) is not read as "
-    "that rank running out of batches first while rank 0 still trained",
     "world-three": "failed, python-exception on ranks 0,1,2 (PY101, 0.6): right kind, but every "
     "rank is named: the three unprefixed 'AssertionError: world_size must be a divisor of 8' "
     "are the same check failing on every rank of a 3-process launch (a world size the script "

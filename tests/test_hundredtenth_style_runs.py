@@ -50,7 +50,9 @@ read as a DataLoader worker's broken channel (DL103), although the run has no wo
 program's own __getitem__ raised it (torn-lmdb); the missing metadata.npz of the shared config
 is rank 1's data error only, rank 0 being SIGTERMed by spawn at the same line without a record
 (meta-gone); rank 0's time-out in an all-reduce inside its step-logging block, beside a rank 1
-that spawn SIGTERMed silently in the sampler's all-gather, is read as rank 1 hanging (gnorm-solo)."""
+that spawn SIGTERMed silently in the sampler's all-gather, is read as rank 1 hanging (gnorm-solo).
+Since then (same session): a broken channel under the DataLoader's fetch into the dataset's own
+__getitem__ is the dataset's error, not a worker's (torn-lmdb right): 14 of 16."""
 
 from __future__ import annotations
 
@@ -165,16 +167,6 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "torn-lmdb": (
-        "failed dataloader-worker-killed [1] (DL103, 0.9, category unknown): the 'EOFError: Ran "
-        "out of input' under torch/utils/data/dataloader.py and _utils/fetch.py is read as the "
-        "main process losing a DataLoader worker's channel, but the run has no worker (the "
-        "launcher's 'setting dataloading num_workers to 0'; the fetch is the main process's "
-        "_MapDatasetFetcher) and the frame right above the error is the program's own "
-        "LmdbDataset.__getitem__ (main.py:377, pickle.load at an offset past the end of the "
-        "shard cut short): DATA101's 'EOFError: Ran out of input' (a rank failing on its input) "
-        "loses to DL103's higher specificity"
-    ),
     "meta-gone": (
         "failed data-error [1] (DATA101, 0.9): the kind is right, the culprit only the rank the "
         "agent recorded; rank 0 reads the same missing metadata_path of the shared config and "

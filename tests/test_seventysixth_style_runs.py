@@ -40,7 +40,9 @@ not read as a rank out of batches (shard-ebb), nor torch.from_file's "size <130>
 than the required mapping size" on a git-lfs pointer as a bad data file (husk-shard). Since
 session 29 husk-shard too (ATen's mapping-size error is a bad input file, DATA101), and the
 healthy calm-fern and loud-fern (the counter reached its total on 'step:60/60 val_loss:...' and
-the last line, 'iter 60: loss ...', names that step: the loop ended): 12 of 16."""
+the last line, 'iter 60: loss ...', names that step: the loop ended): 12 of 16. Session 34: an
+uncaught StopIteration on some ranks, not all, after training ran, while the others went on, is
+a rank out of batches (shard-ebb right): 13 of 16."""
 
 from __future__ import annotations
 
@@ -146,10 +148,6 @@ MISSES: dict[str, str] = {
     "whose cause is not in the logs; rank 1 compiled for 14 s from its node's cold inductor "
     "cache without a line after 'compiling the model... (takes a ~minute)' and then lost rank "
     "0 ('Connection closed by peer' in the same all-reduce), so nothing marks it as busy",
-    "shard-ebb": "failed, python-exception on rank 1 (PY101, 0.6): right rank, but the "
-    "speedrun loader's 'StopIteration' and 'RuntimeError: generator raised StopIteration' "
-    "from next(train_loader) at iteration 44 (node 1 holds 3 of the 8 shards, rank 0 trains "
-    "on) are read as a generic exception, not as a rank that ran out of batches",
 }
 
 

@@ -117,6 +117,17 @@ DATA_ERROR = Rule(
         # (a legacy-format file that is not a checkpoint)
         Signature(r"invalid header or archive is corrupted"),
         Signature(r"Invalid magic number; corrupt file\?", "Invalid magic number"),
+        # any reader's check of a file's magic number or header against the format it expects,
+        # as the exception's message: a file of another format or version, or cut short
+        # (nanoGPT-style token shards' "AssertionError: magic number mismatch in the data .bin
+        # file", numpy's "ValueError: the magic string is not correct; expected b'\x93NUMPY'")
+        Signature(
+            r"^\**[\w.]*(?:Error|Exception): [^\n]{0,200}?(?i:\bmagic (?:number|string|bytes?)\b"
+            r"[^\n]{0,60}?\b(?:mismatch|not correct|does not match|doesn't match|invalid|wrong"
+            r"|unexpected)|\b(?:invalid|wrong|bad|unexpected|unknown) magic (?:number|string"
+            r"|bytes?)\b)",
+            "agic ",
+        ),
         # transformers trainer.py: resume_from_checkpoint missing on this node
         Signature(r"Can't find a valid checkpoint at"),
         Signature(r"No valid checkpoint found in output directory"),
@@ -182,6 +193,9 @@ DATA_ERROR = Rule(
         ),
     ),
     positive=(
+        # set 111 (modded-nanogpt's token shards)
+        "AssertionError: magic number mismatch in the data .bin file",
+        "ValueError: the magic string is not correct; expected b'\\x93NUMPY', got b'PK\\x03\\x04\\x14\\x00'",
         "RuntimeError: PytorchStreamReader failed locating file data.pkl: file not found",
         "ValueError: [deepspeed] failed to resume from checkpoint /scratch/out/checkpoint-2000",
         "ValueError: Tried to find epoch_1 but folder does not exist",
@@ -205,6 +219,7 @@ DATA_ERROR = Rule(
         "_pickle.UnpicklingError: pickle data was truncated",
     ),
     negative=(
+        "header magic number: 20240520, version 1",
         "Checkpoint ./out/last.pt not found! Training from scratch.",
         "python3: can't open file '/work/train.py': [Errno 2] No such file or directory",
         "Failed to load image Python extension: 'libc10_cuda.so: cannot open shared object file'",
@@ -579,6 +594,13 @@ DATALOADER_FD_LIMIT = Rule(
     negative=("DataLoader worker (pid 12) is killed by signal: Killed.",),
 )
 
+SAMPLE_FETCH_FRAMES = (
+    r"torch[/\\]utils[/\\]data[/\\]_utils[/\\]fetch\.py\", line \d{1,6}, in \w{1,40}"
+    r"(?:\n[^\n]{0,2000}){0,20}?\", line \d{1,6}, in __(?:getitems?|iter|next)__\b"
+)
+"""A traceback that passes through the DataLoader's fetch into the dataset's __getitem__ (or an
+iterable one's __iter__ / __next__): the dataset's own code raised, reading a sample."""
+
 DATALOADER_CHANNEL_BROKEN = Rule(
     code="DL103",
     kind="dataloader-worker-killed",
@@ -602,6 +624,9 @@ DATALOADER_CHANNEL_BROKEN = Rule(
         r"resource_sharer|rebuild_storage_fd|torch/utils/data/dataloader\.py"
         r"|torch/utils/data/_utils/",
     ),
+    # (not when it passed through the fetch into the dataset's own code: the dataset raised
+    # it, reading a sample with pickle or a socket of its own, in the main process itself)
+    context_none=(SAMPLE_FETCH_FRAMES,),
     explanation=Explanation(
         what="The main process lost the connection to a DataLoader worker while receiving a "
         "batch: ConnectionResetError, ConnectionRefusedError, BrokenPipeError or EOFError "
@@ -645,10 +670,7 @@ SAMPLE_FETCH = Rule(
     # below the fetch's: the DataLoader's own __iter__ and __next__ are above it), within 20
     # lines (real ones: 3-6; a longer window reaches a peer's next traceback, and each
     # fetch.py frame scans it, so its cost is the window times the line)
-    context_all=(
-        r"torch[/\\]utils[/\\]data[/\\]_utils[/\\]fetch\.py\", line \d{1,6}, in \w{1,40}"
-        r"(?:\n[^\n]{0,2000}){0,20}?\", line \d{1,6}, in __(?:getitems?|iter|next)__\b",
-    ),
+    context_all=(SAMPLE_FETCH_FRAMES,),
     explanation=Explanation(
         what="A rank's traceback ends in an exception raised while the DataLoader fetched a "
         "sample: in the dataset's __getitem__ (reading, decoding, transforming it).",

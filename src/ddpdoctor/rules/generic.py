@@ -27,9 +27,6 @@ PYTHON_EXCEPTION = Rule(
         # Ctrl-C, or a stop forwarded as SIGINT: what a stopped process prints, not a bug
         Signature(r"^\**(?P<exc>KeyboardInterrupt)(?::|$)", "KeyboardInterrupt", echo=Echo.STOPPED),
         Signature(r"^\**(?P<exc>SystemExit)(?::|$)", "SystemExit"),
-        # an iterator's end that nothing caught (`next(data_iterator)` past the last batch):
-        # Python's own exception, whose name ends neither in Error nor in Exception
-        Signature(r"^\**(?P<exc>StopIteration)(?::|$)", "StopIteration"),
         # `raise Exception(...)` itself: the two patterns above need a prefix before the suffix
         Signature(r"^\**(?P<exc>Exception)(?::|$)", "Exception"),
         # a rank's error as torchelastic's failure summary quotes it from its @record error
@@ -49,8 +46,6 @@ PYTHON_EXCEPTION = Rule(
     fix=("Fix the error at the deepest frame of your own code in the traceback.",),
     positive=(
         "AttributeError: 'DistributedDataParallel' object has no attribute 'model'",
-        # tests/fixtures/real/seventysixth-shard-ebb: next(train_loader) past its last shard
-        "StopIteration",
         # tests/fixtures/real/twentyeighth-lock-pickle
         "torch.distributed.checkpoint.api.CheckpointException: CheckpointException "
         "ranks:dict_keys([1])",
@@ -398,6 +393,44 @@ TEARDOWN_HANG_DUMP = Rule(
     ),
 )
 
+ITERATOR_RAN_DRY = Rule(
+    code="PY107",
+    kind="python-exception",
+    title="An iterator ran dry and nothing caught it (StopIteration)",
+    sources="CPython (StopIteration; PEP 479's 'generator raised StopIteration')",
+    # the rank that runs out of batches (or shards) first raises it while the others go on
+    symptom_of=("uneven-inputs",),
+    specificity=20,
+    signatures=(
+        # Python's own exception, whose name ends neither in Error nor in Exception
+        Signature(r"^\**(?P<exc>StopIteration)(?::|$)", "StopIteration"),
+        # a generator whose own next() ran dry (PEP 479 turns it into a RuntimeError)
+        Signature(r"^\**RuntimeError: generator raised StopIteration\s*$", "raised StopIteration"),
+    ),
+    context_all=PYTHON_EXCEPTION.context_all,
+    explanation=Explanation(
+        what="`next()` on an iterator with nothing left was not caught: a plain StopIteration, "
+        "or the RuntimeError a generator turns it into when a `next()` inside it runs dry.",
+        why="Most often the data: `next(data_iter)` past the last batch, a shard list shorter "
+        "than the steps asked for, a loader with no batch at all. On one rank while the "
+        "others go on, that rank had fewer batches (uneven data).",
+        fix="Re-create the iterator at the end of an epoch (or catch StopIteration there); give "
+        "every rank as many batches and steps as the others.",
+        false_positives="An iterator that is not the data's (a scheduler's, a generator of the "
+        "program's own) ran dry.",
+    ),
+    fix=(
+        "Find which next() ran dry in the traceback: wrap it to start a new epoch (or stop "
+        "every rank together) when the data ends.",
+    ),
+    positive=(
+        # tests/fixtures/real/seventysixth-shard-ebb: next(train_loader) past its last shard
+        "StopIteration",
+        "RuntimeError: generator raised StopIteration",
+    ),
+    negative=("catching StopIteration at the end of each epoch",),
+)
+
 FP16_MASTER_WEIGHTS = Rule(
     code="PY102",
     kind="python-exception",
@@ -622,6 +655,7 @@ COMMAND_LINE_REJECTED = Rule(
 
 RULES = (
     PYTHON_EXCEPTION,
+    ITERATOR_RAN_DRY,
     COMMAND_LINE_REJECTED,
     SHARED_PATH_RACE,
     MAIN_GUARD_MISSING,

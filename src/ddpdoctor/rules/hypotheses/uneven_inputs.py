@@ -8,6 +8,8 @@ the loop, or in a barrier, while the others still waited inside a training step.
 
 from __future__ import annotations
 
+import re
+
 from ddpdoctor.model.evidence import EVALUATION, TRAINING, JobEvidence
 from ddpdoctor.model.taxonomy import Status
 from ddpdoctor.rules.base import Explanation, Rule
@@ -57,6 +59,7 @@ def assess(job: JobEvidence) -> Assessment | None:
     )
     return (
         found
+        or _from_exhausted_iterator(job)
         or _from_filtering(job)
         or _from_resume_points(job)
         or _from_sources(job)
@@ -66,6 +69,41 @@ def assess(job: JobEvidence) -> Assessment | None:
         or _from_data_end(job)
         or _from_join_barrier(job)
         or _from_clean_exit(job)
+    )
+
+
+EXHAUSTED = re.compile(r"^(?:StopIteration|RuntimeError: generator raised StopIteration)\s*$")
+"""Python's words for an iterator with nothing left, uncaught: a plain StopIteration, or the
+RuntimeError a generator turns it into (PEP 479) when one of its own `next()` calls ran dry."""
+
+
+def _from_exhausted_iterator(job: JobEvidence) -> Assessment | None:
+    """Some ranks, not all, died of an iterator with nothing left, uncaught (their
+    next batch or shard was not there), after training had run, while the others went on and
+    then lost them or timed out: those ranks had fewer batches. Where every rank raises it,
+    the data has no batch at all for anyone (a data error, not uneven data). Above the plain
+    exception (PY101 at 0.6): the exception says what ran out."""
+    if not job.started_training or not job.waiting:
+        return None
+    dry = {
+        r
+        for r, v in job.ranks.items()
+        if v.failed and r not in job.waiting and any(EXHAUSTED.match(e.text) for e in v.evidence)
+    }
+    if not dry or dry >= set(job.ranks) or len(dry) >= (job.world_size or len(job.ranks)):
+        return None
+    return Assessment(
+        RULE,
+        0.7,
+        sorted(dry),
+        [
+            f"{ranks_text(dry)} died of an iterator with nothing left (StopIteration) after "
+            f"training had run, while {ranks_text(set(job.waiting))} went on and then lost "
+            f"{'it' if len(dry) == 1 else 'them'}: {ranks_text(dry)} ran out of batches (or "
+            "shards) first."
+        ],
+        against=["an iterator of another kind (not the data's) that ran dry raises the same"],
+        evidence=[e for r in sorted(dry) for e in job.ranks[r].evidence[:2]],
     )
 
 
