@@ -172,15 +172,12 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "bare-folder": "unknown, hang, no culprit (INF233, 0.25): 'Nothing in these logs was "
-    "recognised: no error, no message of normal operation, no training progress, no end of "
-    "training, no exit code', the output read as stopping at line 80 (the last wrapped line of "
-    "the error). rich's level column ('                    ERROR    No data found. Please verify "
-    "  train_network.py:115', the message wrapped over nine lines beside the path column) is "
-    "not read as an error record, nor its WARNING 'ignore directory without repeats' on both "
-    "processes; with every worker returning 0 the launcher prints nothing, so there is no exit "
-    "to read either: the run that ended at once on missing input data on every rank reads as a "
-    "job that waits for ever",
+    "bare-folder": "unknown, python-exception, no culprit (INF240, 0.25): 'The program logged an "
+    "error no rule knows, then its output stops', quoting rich's 'No data found. Please verify' "
+    "(the first of its nine wrapped lines). The words are not read as missing input data, and "
+    "with every worker returning 0 the launcher prints nothing, so there is no exit to read "
+    "either: a run that ended at once on missing input data on every rank (at first sight: "
+    "unknown, hang, INF233, 0.25, 'Nothing in these logs was recognised: no error ...')",
     "portrait-odd": "failed, collective-mismatch on rank 0 (INF203, 0.4): 'rank 0 waited in "
     "all_reduce at train_util.py:179; rank 1 waited in barrier at train_util.py:173 ... the "
     "ranks are split evenly ... the main process's side is named'. That rank 1's barrier is "

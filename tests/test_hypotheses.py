@@ -307,6 +307,11 @@ POSITIVE["INF233"] = [
     # a Kubeflow master's MNIST download, then nothing
     (lambda t: case("802"), None),
 ]
+POSITIVE["INF240"] = [
+    # kohya's rich ERROR record 'No data found. Please verify ...' on both processes, every
+    # worker returning 0: an error of the program's own that no rule knows, then nothing
+    (lambda t: real("hundredninth-bare-folder"), []),
+]
 POSITIVE["INF237"] = [
     # '[rank 0] calling destroy_process_group ...' and nothing after it
     (lambda t: case("452"), []),
@@ -508,6 +513,11 @@ NEAR_MISS = {
         lambda t: case("568"),
         # OpenMMLab's MKL_NUM_THREADS note alone
         lambda t: case("755"),
+    ],
+    # a log that stops with no error-level line at all (INF233's own), and a healthy run
+    "INF240": [
+        lambda t: case("938"),
+        lambda t: real("hundredninth-calm-lora"),
     ],
     # nvidia-smi's device table (utilisation, memory) without its process rows
     "INF234": [lambda t: case("523"), lambda t: real("healthy-plain")],

@@ -51,6 +51,8 @@ from ddpdoctor.model.findings import Evidence, Hit
 from ddpdoctor.model.records import Record
 from ddpdoctor.rules.base import Echo, Marker
 
+MAX_LOGGED_ERRORS = 8
+"""Writers' last error-level lines kept (10,000 rank files may each have one)."""
 STARTUP_SEQ = 5
 """A timed-out collective among the first this many of the job happened at start-up."""
 BUSY_PROGRESS_MIN_S = 30.0
@@ -291,6 +293,21 @@ def build_evidence(job: JobView, events: list[Event]) -> JobEvidence:
     evidence.startup_seq = _startup_seq(events)
     evidence.busy_progress = _busy_progress(job, evidence.timeout_ms)
     evidence.unranked_phase = _unranked_phase(job, events)
+    evidence.logged_errors = sorted(
+        (
+            Evidence(
+                s.source,
+                s.last_error_line,
+                job.resolve(s.origin),
+                s.origin.host,
+                None,
+                s.last_error_text,
+            )
+            for s in job.streams
+            if s.last_error_line and s.last_error_text.strip()
+        ),
+        key=lambda e: (e.source, e.line),
+    )[:MAX_LOGGED_ERRORS]
     evidence.stall = _stall(job)
     evidence.stopped_by_run = job.stopped
     evidence.ended |= bool(info.per_rank or info.exit_code is not None or job.completed_at)

@@ -71,6 +71,8 @@ RANKED_RECENT_CHARS = 200
 announced after it stopped training), kept fewer and shorter: 10,000 rank files hold 20,000
 writers (their time and the head of their words are what behaviour reads), and one line
 alone is not kept (RECENT_MIN)."""
+ERROR_TEXT_CHARS = 200
+"""What a writer's last error-level line keeps of its words."""
 PHASE_CHARS = 160
 """What a pending phase keeps of its line: its words, not a dump that follows them."""
 RECENT_MIN = 2
@@ -202,6 +204,8 @@ class StreamSummary:
     """Lines logged at error level (glog E/F, logging ERROR): this writer is not quiet."""
     last_error_line: int = 0
     """The last of them: a restart after it leaves the writer's new attempt quiet."""
+    last_error_text: str = ""
+    """The words of that line (an error the program logged that no rule may know)."""
     progress_total: int | None = None
     """The M of the last "step n/M" counter: ranks with different M have uneven inputs."""
     progress_done: int | None = None
@@ -972,6 +976,7 @@ class Scanner:
                 if erred:
                     summary.error_lines += 1  # an error logged, or an exception it printed
                     summary.last_error_line = line_no
+                    summary.last_error_text = message[:ERROR_TEXT_CHARS]
                 # a JSON record's fields are progress when they report a loss ('step: 5  loss:
                 # 3.9'); a step number alone rides on every record ('training finished', step 8)
                 told = f"{message} | {parsed.fields}" if "loss" in parsed.fields else message

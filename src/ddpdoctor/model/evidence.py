@@ -236,6 +236,9 @@ class JobEvidence:
     """Sequence number of a timed-out barrier-like collective among the job's first few."""
     busy_progress: tuple[float, Evidence] | None = None
     """A progress bar that kept moving (elapsed seconds, its line) while others waited."""
+    logged_errors: list[Evidence] = field(default_factory=list)
+    """Each writer's last error-level line (logging's ERROR, glog's E): what the program said
+    went wrong, whether or not a rule knows the words."""
     unranked_phase: Evidence | None = None
     """A long phase of work announced by a writer no rank can be given, after its last
     progress line and before the first wait shown in its source: work that one rank set out

@@ -63,6 +63,7 @@ HYPOTHESIS_ONLY_RULES = (
     startup_hang.RENDEZVOUS,
     startup_hang.LOCAL_INTERFACE,
     missing_ranks.NEVER_JOINED,
+    log_stops.UNKNOWN_ERROR,
 )
 """Rules a hypothesis may conclude with besides its own (documented like every rule)."""
 

@@ -42,6 +42,33 @@ RULE = Rule(
 )
 
 
+UNKNOWN_ERROR = Rule(
+    code="INF240",
+    kind="python-exception",
+    title="The program logged an error no rule knows, then its output stops",
+    signatures=(),
+    category=Category.UNKNOWN,
+    status=Status.UNKNOWN,
+    explanation=Explanation(
+        what="The only sign of trouble is an error-level line of the program's own (logging's "
+        "ERROR, a rich or glog error record) whose words no rule here knows; after it there is "
+        "no progress, no end of training and no exit code.",
+        why="Programs often log what they cannot do and quit without a traceback (a missing "
+        "dataset, a bad argument: 'dataset not found', 'invalid config'), and every process then "
+        "exits 0, so the launcher prints nothing. The same log is left by a job that logged "
+        "the error and then waits.",
+        fix="Read the error the program logged: it names what it could not do (a path, an "
+        "argument, a file). If the job still runs and prints nothing, take every rank's stack.",
+        false_positives="An error the program logged and recovered from, in a log copied "
+        "before the job went on.",
+    ),
+    fix=(
+        "Read the quoted error: fix the input, path or argument it names and start again.",
+        "If the job is still running and prints nothing: dump every rank's stack (py-spy dump "
+        "--pid PID) or re-run under `ddpdoctor run`.",
+    ),
+)
+
 MAX_ENDINGS = 4
 """The last lines quoted: where the first writers' output stops (every one is in the JSON)."""
 
@@ -53,6 +80,8 @@ def assess(job: JobEvidence) -> Assessment | None:
         return None
     if not job.last_words or job.warnings:
         return None  # nothing read, or something recognised after all
+    if job.logged_errors:
+        return _after_an_unknown_error(job)
     return Assessment(
         RULE,
         0.3,
@@ -73,4 +102,33 @@ def assess(job: JobEvidence) -> Assessment | None:
         category=str(Category.UNKNOWN),
         explains_echoes=False,
         evidence=job.last_words[:MAX_ENDINGS],
+    )
+
+
+def _after_an_unknown_error(job: JobEvidence) -> Assessment:
+    """The program logged an error no rule here knows, and then its output stops: no progress,
+    no end, no exit code. Its own words are the best lead: quoted first, the reading stays a
+    guess (a job that quits on its error leaves this log, and so does one that waits after
+    logging it)."""
+    said = job.logged_errors[0]
+    return Assessment(
+        UNKNOWN_ERROR,
+        0.3,
+        [],
+        [
+            "No rule here knows the error the program logged "
+            f'("{said.text.strip()[:160]}"), and nothing after it says what became of the job: '
+            "no progress, no end of training, no exit code. If the job ended there, that "
+            "error is most likely why; if it still runs and prints nothing, it waits."
+        ],
+        against=["an error no rule knows: its words are the evidence, not a diagnosis"],
+        next_steps=[
+            "Read the error the program logged (quoted above): it names what it could not do.",
+            "Find out whether the job is still running; collect every rank's complete output "
+            "and the launcher's, and diagnose them together.",
+        ],
+        status=Status.UNKNOWN,
+        category=str(Category.UNKNOWN),
+        explains_echoes=False,
+        evidence=[*job.logged_errors[:2], *job.last_words[:MAX_ENDINGS]],
     )
