@@ -4,6 +4,7 @@ plain evidence (model.evidence) that hypotheses are scored from. Reads; decides 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime, timedelta
 
@@ -293,20 +294,8 @@ def build_evidence(job: JobView, events: list[Event]) -> JobEvidence:
     evidence.startup_seq = _startup_seq(events)
     evidence.busy_progress = _busy_progress(job, evidence.timeout_ms)
     evidence.unranked_phase = _unranked_phase(job, events)
-    evidence.logged_errors = sorted(
-        (
-            Evidence(
-                s.source,
-                s.last_error_line,
-                job.resolve(s.origin),
-                s.origin.host,
-                None,
-                s.last_error_text,
-            )
-            for s in job.streams
-            if s.last_error_line and s.last_error_text.strip()
-        ),
-        key=lambda e: (e.source, e.line),
+    evidence.logged_errors = _each_writers(
+        job, lambda s: (s.last_error_line, s.last_error_text) if s.last_error_text.strip() else None
     )[:MAX_LOGGED_ERRORS]
     evidence.stall = _stall(job)
     evidence.stopped_by_run = job.stopped
@@ -742,19 +731,20 @@ def _unranked_phase(job: JobView, events: list[Event]) -> Evidence | None:
 
 def _last_words(job: JobView) -> list[Evidence]:
     """Each writer's last line, in source and line order (the input's order does not count)."""
-    words = [
-        Evidence(
-            s.source,
-            s.last_line,
-            job.resolve(s.origin),
-            s.origin.host,
-            None,
-            s.last_text,
-        )
+    return _each_writers(job, lambda s: (s.last_line, s.last_text) if s.last_text else None)
+
+
+def _each_writers(
+    job: JobView, pick: Callable[[StreamSummary], tuple[int, str] | None]
+) -> list[Evidence]:
+    """One line of each writer that has it (`pick` gives its number and words), in source and
+    line order."""
+    found = [
+        Evidence(s.source, line, job.resolve(s.origin), s.origin.host, None, text)
         for s in job.streams
-        if s.last_line > 0 and s.last_text
+        if (picked := pick(s)) is not None and (line := picked[0]) > 0 and (text := picked[1])
     ]
-    return sorted(words, key=lambda e: (e.source, e.line, e.text))
+    return sorted(found, key=lambda e: (e.source, e.line, e.text))
 
 
 def _add_event(evidence: JobEvidence, event: Event) -> None:
