@@ -135,7 +135,7 @@ DETERMINED = re.compile(
     r"(?:(?P<container>[0-9a-f]{8})|\s{1,12})(?: \[rank=(?P<rank>\d{1,6})\])? \|\| ?"
     r"|\[rank=(?P<alone>\d{1,6})\] \|\| ?"
 )
-DETERMINED_STARTS = frozenset("0123456789abcdef ")
+HEX_DIGITS = frozenset("0123456789abcdef")
 # `kubectl logs --prefix`: `[pod/train-worker-1/pytorch] `; the pod is the host.
 KUBECTL = re.compile(r"\[pod/(?P<pod>[^/\]\s]+)/[^\]\s]+\] ")
 # Capture platforms: `[stderr]`, `[stdout]`.
@@ -701,7 +701,16 @@ def parse_line(raw: str, year: int = 1970, with_time: bool = True) -> ParsedLine
                 continue
         m = (
             DETERMINED.match(text, pos)
-            if ((platform_ok and c in DETERMINED_STARTS) or (bracket and nxt == "r"))
+            if (
+                (
+                    platform_ok
+                    and (
+                        (c == " " and nxt == " ")
+                        or (c in HEX_DIGITS and text[pos + 8 : pos + 9] == " ")
+                    )
+                )
+                or (bracket and text.startswith("[rank=", pos))
+            )
             and text.find("||", pos, pos + 40) > 0
             else None
         )
