@@ -45,7 +45,9 @@ clip-long, feature-hoard, resample-segv, gen-crawl, main-wer, stream-short, deco
 port-squat, wall-term, lang-typo). Miss: a patience stop that logs nothing (HF's
 EarlyStoppingCallback), visible only as the bar ending at 15/200 of 'Total optimization steps =
 200' and 'Loading best model from ...', reads as a run that finished all its steps (patience-wer:
-ok with no kind instead of early-stop)."""
+ok with no kind instead of early-stop).
+Since then (session 34): a run that announced its end while the main process's bar stood at
+half its total or less is a silent early stop (INF241; patience-wer right): 16 of 16."""
 
 from __future__ import annotations
 
@@ -153,16 +155,7 @@ EXPECTED: dict[str, Expected] = {
 }
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
-MISSES: dict[str, str] = {
-    "patience-wer": "ok, no kind (no rule, 0.5, 'No failure found'): right status, but the stop "
-    "is not read as an early stop: the EarlyStoppingCallback-like patience stops training "
-    "silently, as HF's does, so the only signs are the main process's bar ending at '15/200' "
-    "against '  Total optimization steps = 200', the last log dict's 'epoch': 1.88 and "
-    "'Loading best model from ./whisper-small-hi/checkpoint-5 (score: 100.0).' after 'Training "
-    "completed.'; the tool takes 'Training completed.' with every rank's exit 0 as a run that "
-    "did all its work and does not compare the last step reached with the planned total: "
-    "ok, early-stop",
-}
+MISSES: dict[str, str] = {}
 
 
 RUNS = RunSet("hundredthirteenth-", EXPECTED, MISSES, label_nowhere=True)

@@ -51,7 +51,9 @@ KeyError on a data row's field while the main process tokenises (key-row) and an
 packed lengths after a stale prepared dataset was loaded from last_run_prepared/ (stale-pack)
 read as bugs of the script, not data errors; rank 1, one packed batch short under
 multipack_real_batches, finishing first and exiting 0 reads as an uncoordinated exit, not
-uneven inputs (pack-skew)."""
+uneven inputs (pack-skew).
+Since then (session 34): a run that announced its end while the main process's bar stood at
+half its total or less is a silent early stop (INF241; patience-halt right): 13 of 16."""
 
 from __future__ import annotations
 
@@ -142,11 +144,6 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "patience-halt": "ok, no kind (no rule, 0.5): 'No error, timeout or crash was found': the "
-    "HF-like early stop is silent (no line says it stopped), and what shows it is not read: "
-    "'total_num_steps: 84' on both ranks, the bar left at 28/84 and the final dict's 'epoch': "
-    "2.0 of num_epochs 6 after the eval loss rose (6.0358 -> 6.09), then 'Training Completed!!!' "
-    "from both ranks",
     "key-row": "failed, python-exception on rank 0 (PY101, 0.6): right rank, wrong kind: "
     "\"KeyError: 'instruction'\" raised in tokenize_prompt under "
     "load_tokenized_prepared_datasets, with the 'Tokenizing Prompts' bar stopped at 130/240 and "

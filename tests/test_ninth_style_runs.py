@@ -12,7 +12,9 @@ build the rules: the diagnosis must generalise. Captured by tests/fixtures/real/
 
 EXPECTED was written from each mode's mechanism and the taxonomy before any diagnosis was seen;
 a mode ddpdoctor gets wrong today is a strict xfail whose reason says what it says instead.
-tests/program_runs.py is used as it is."""
+tests/program_runs.py is used as it is.
+Session 34: a run that announced its end while the main process's bar stood at half its total
+or less is a silent early stop (INF241; patience-halt right)."""
 
 from __future__ import annotations
 
@@ -90,8 +92,6 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "patience-halt": "ok with no kind (no rule; 'No error, timeout or crash was found in the logs "
-    "of rank 0'): the early stop is not named",
     "eval-skew": "failed/collective-mismatch [0] (COL101, gloo's size-mismatch enforce and "
     "SIGABRT on rank 1, '16 vs 4': two small collectives in a world of two, so the main "
     "process is named by the prior), not uneven-inputs on rank 1",

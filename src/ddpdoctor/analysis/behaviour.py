@@ -294,6 +294,7 @@ def build_evidence(job: JobView, events: list[Event]) -> JobEvidence:
     evidence.startup_seq = _startup_seq(events)
     evidence.busy_progress = _busy_progress(job, evidence.timeout_ms)
     evidence.unranked_phase = _unranked_phase(job, events)
+    evidence.stopped_short = _stopped_short(job)
     evidence.logged_errors = _each_writers(
         job, lambda s: (s.last_error_line, s.last_error_text) if s.last_error_text.strip() else None
     )[:MAX_LOGGED_ERRORS]
@@ -727,6 +728,33 @@ def _unranked_phase(job: JobView, events: list[Event]) -> Evidence | None:
         and s.pending_phase[0] < first_wait.get(s.source, s.pending_phase[0] + 1)
     ]
     return min(found, key=lambda e: (e.source, e.line)) if found else None
+
+
+def _stopped_short(job: JobView) -> Evidence | None:
+    """A run that announced its end while every training counter of a writer no rank is known
+    for (the main process's bar: StreamSummary.planned) stood at half its total or less: the
+    loop ended long before the steps it counted towards (a final evaluation's bar may follow
+    the end). Half, not just short: a log that prints every tenth step ends on '90/100'
+    before a whole run's end. Ranked writers' last counters are left out: a rank's tag ('rank
+    1/3') or another phase's count ('Generate | 1/2') stands there as often."""
+    if not job.completed_at:
+        return None
+    counted = [s for s in job.streams if s.planned is not None]
+    if not counted:
+        return None
+    for s in counted:
+        done, total = s.planned or (0, 0)
+        if not 0 < done * 2 <= total:
+            return None
+    last = max(counted, key=lambda s: (s.source, s.last_progress_line))
+    return Evidence(
+        last.source,
+        last.last_progress_line,
+        job.resolve(last.origin),
+        last.origin.host,
+        None,
+        last.last_progress_text[-300:],
+    )
 
 
 def _last_words(job: JobView) -> list[Evidence]:

@@ -1001,6 +1001,15 @@ def _quiet(evidence: JobEvidence, job: JobView, ctx: Context) -> Decision:
                 "that came back), so they ended nothing."
             )
         reading = None if evidence.ended else _end_without_a_line(evidence)
+        if evidence.stopped_short is not None:
+            decision.rule = ctx.intended.get("stopped-short")
+            decision.notes.append(
+                "training announced its end while its step counter stood at "
+                f'"{evidence.stopped_short.text.strip()[-80:]}": the loop stopped long before '
+                "its total, on purpose (nothing failed): an early stop that said nothing."
+            )
+            decision.basis = ["+ the end came at half the counted steps or less, no failure"]
+            decision.evidence = [evidence.stopped_short]
         if reading is not None:
             decision.confidence, note, basis = reading
             decision.notes.append(note)

@@ -162,6 +162,8 @@ def merge(acc: SourceScan, part: SourceScan) -> SourceScan:
             if s.progress_lines
             else (a.after_progress + s.after_progress)[:AFTER_PROGRESS_LINES]
         )
+        if s.planned is not None and (a.planned is None or s.planned[1] >= a.planned[1]):
+            a.planned = s.planned
         if s.pending_phase is not None or s.progress_lines:
             a.pending_phase = s.pending_phase  # (a later step ended an earlier range's phase)
         a.progress_lines += s.progress_lines

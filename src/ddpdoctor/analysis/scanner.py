@@ -229,6 +229,9 @@ class StreamSummary:
     bare: tuple[tuple[int, str], ...] = ()
     """The same as `recent` for its last few lines that show no time: a plain print's count of
     work ('rebuilding (3/10)'), which only its place in the file dates."""
+    planned: tuple[int, int] | None = None
+    """For a writer no rank is known for (the main process's bar), its training counter with
+    the largest total, where it stood last: (done, total), the steps it planned and reached."""
     pending_phase: tuple[int, str] | None = None
     """For a writer no rank is known for, its last line since its last progress line that
     announced a long phase of work (phases.phase_of_work: 'building the index ...'): what
@@ -1072,6 +1075,36 @@ class Scanner:
                     streams[key].progress_total = count_number(counter.group("total"))
                     streams[key].progress_done = count_number(counter.group("n"))
                     break
+            if writer is None:
+                streams[key].planned = _planned(messages)
+
+
+BAR_COUNT = re.compile(r"\d{1,3}%\|[^|]{0,80}\|\s{0,4}(?P<n>\d{1,12})/(?P<total>\d{1,12})\b")
+"""A tqdm-like bar's count: '  7%|▋         | 15/200 [00:02<00:30, 6.08it/s]'."""
+
+
+DATA_PREP_BAR = re.compile(
+    r"(?i)tokeniz|preprocess|filter|caching|packing|prepar|convert|extract|examples/s\b|ba/s\b"
+)
+"""A bar of the data's preparation (datasets' map over examples, a tokenizer's pass)."""
+
+
+def _planned(messages: list[str]) -> tuple[int, int] | None:
+    """Of a writer's progress lines, the counter (done, total) with the largest total, a
+    training one (not labelled as another phase's), where it stood last: the steps the run
+    planned and how far it got (an evaluation's small bar may come after the loop's)."""
+    best: tuple[int, int] | None = None
+    for message in messages:
+        counter = BAR_COUNT.search(message) or ("/" in message and _own_counter(message, None))
+        if not counter or OTHER_PHASE_BAR.search(message, 0, counter.start()):
+            continue
+        if DATA_PREP_BAR.search(message):
+            continue  # the data's preparation counts its examples, not the training's steps
+        done = count_number(counter.group("n"))
+        total = count_number(counter.group("total"))
+        if done is not None and total and (best is None or total >= best[1]):
+            best = (done, total)
+    return best
 
 
 STEP_COUNT = re.compile(

@@ -239,6 +239,9 @@ class JobEvidence:
     logged_errors: list[Evidence] = field(default_factory=list)
     """Each writer's last error-level line (logging's ERROR, glog's E): what the program said
     went wrong, whether or not a rule knows the words."""
+    stopped_short: Evidence | None = None
+    """The last training counter of a run that announced its end, where every writer's
+    counter stood at half its total or less ('15/200'): the loop ended long before its plan."""
     unranked_phase: Evidence | None = None
     """A long phase of work announced by a writer no rank can be given, after its last
     progress line and before the first wait shown in its source: work that one rank set out

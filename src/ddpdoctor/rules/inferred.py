@@ -22,6 +22,30 @@ EARLY_STOP_ALL = Rule(
     fix=("After the loop: dist.destroy_process_group(); sys.exit(0).",),
 )
 
+STOPPED_SHORT = Rule(
+    code="INF241",
+    kind="early-stop",
+    title="The run ended on its own well before its planned steps: a silent early stop",
+    signatures=(),
+    severity="info",
+    explanation=Explanation(
+        what="Training announced its end with no failure, while its own step counter had "
+        "reached at most half of the total it counted towards ('15/200' and then 'Training "
+        "completed').",
+        why="An early-stopping callback or a target the program checks ended the loop; many "
+        "(the transformers Trainer's EarlyStoppingCallback among them) say nothing when they "
+        "stop, so the counter's total is the only sign that more steps were planned.",
+        fix="Nothing, if stopping early was meant (the best checkpoint is kept); otherwise "
+        "check the early-stopping patience and threshold, or the limit that ended the loop.",
+        false_positives="A counter whose total is not the run's plan (a bar over a dataset "
+        "larger than the steps asked for with max_steps).",
+    ),
+    fix=(
+        "If the stop was not meant: look at the early-stopping settings (patience, threshold, "
+        "metric) and at the evaluations before the end.",
+    ),
+)
+
 TEARDOWN_CRASH = Rule(
     code="INF210",
     kind="exit-teardown-crash",
@@ -179,4 +203,12 @@ STALLED_THEN_STOPPED = Rule(
     ),
 )
 
-RULES = (TEARDOWN_CRASH, HANG_DUMP, EARLY_STOP_ALL, STOPPED, INTERRUPTED, STALLED_THEN_STOPPED)
+RULES = (
+    TEARDOWN_CRASH,
+    HANG_DUMP,
+    EARLY_STOP_ALL,
+    STOPPED,
+    INTERRUPTED,
+    STALLED_THEN_STOPPED,
+    STOPPED_SHORT,
+)
