@@ -36,7 +36,9 @@ writing config_sentence_transformers.json into a checkpoint folder another rank'
 deleted reads as a missing input (keep-latest: data-error); a KeyError on the 'anchor' column of
 an STS file given as training data reads as a generic exception (sts-columns).
 Since then (session 34): a run that announced its end while the main process's bar stood at
-half its total or less is a silent early stop (INF241; goal-halt right): 14 of 16."""
+half its total or less is a silent early stop (INF241; goal-halt right), and a KeyError on a
+line that reads that field from a row of the data is a record without it (DATA107; sts-columns
+right): 15 of 16."""
 
 from __future__ import annotations
 
@@ -140,11 +142,6 @@ MISSES: dict[str, str] = {
     "input file; that it is raised by a write (open(..., 'w') in the model's save, under "
     "'Saving model checkpoint to .../checkpoint-10') into a folder the program's own callback "
     "deleted on rank 1 is not read: the rank is right, the kind is not",
-    "sts-columns": "python-exception on ranks 0 and 1 (PY101, 0.6, 'a generic error'): "
-    "\"KeyError: 'anchor'\" raised where the batch's rows are read (row['anchor'] in a list "
-    "comprehension) is not read as the training file lacking the column the loss needs (the STS "
-    "file, sentence1/sentence2/score, given as --train_file): no rule ties a KeyError on a "
-    "row's field to the input data",
 }
 
 

@@ -53,7 +53,9 @@ read as bugs of the script, not data errors; rank 1, one packed batch short unde
 multipack_real_batches, finishing first and exiting 0 reads as an uncoordinated exit, not
 uneven inputs (pack-skew).
 Since then (session 34): a run that announced its end while the main process's bar stood at
-half its total or less is a silent early stop (INF241; patience-halt right): 13 of 16."""
+half its total or less is a silent early stop (INF241; patience-halt right), and a KeyError
+on a line that reads that field from a row of the data is a record without it (DATA107; key-row
+right): 14 of 16."""
 
 from __future__ import annotations
 
@@ -144,11 +146,6 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "key-row": "failed, python-exception on rank 0 (PY101, 0.6): right rank, wrong kind: "
-    "\"KeyError: 'instruction'\" raised in tokenize_prompt under "
-    "load_tokenized_prepared_datasets, with the 'Tokenizing Prompts' bar stopped at 130/240 and "
-    "'Loading dataset: data/alpaca_2k.jsonl' just before, is read as a bug of the script, not "
-    "as a row of the input data missing a field",
     "stale-pack": "failed, python-exception on ranks 0 and 1 (PY101, 0.6): right ranks, wrong "
     "kind: 'AssertionError: sample of 307 tokens does not fit in a pack of 256 tokens' in the "
     "multipack sampler is read as a bug; the 'Loading prepared dataset from disk at "

@@ -720,6 +720,39 @@ DATALOADER_TIMEOUT = Rule(
     negative=("DataLoader(timeout=600, num_workers=8)",),
 )
 
+RECORD_WITHOUT_FIELD = Rule(
+    code="DATA107",
+    kind="data-error",
+    title="A data record lacks the field the code reads from it (KeyError on a row)",
+    sources="CPython dict lookups on a dataset's rows (JSON lines, CSV rows, datasets' examples)",
+    specificity=30,
+    signatures=(Signature(r"^\**KeyError: ['\"][^'\"\n]{1,100}['\"]\s*$", "KeyError: "),),
+    # the failing line of code looks a name up in a row of the data: row["instruction"],
+    # r["anchor"] in a comprehension over rows, example["text"], sample['label']
+    context_all=(
+        r"\b(?:rows?|r|ex|examples?|samples?|records?|items?|entry|doc|instance|line|datum)"
+        r"\[['\"][^'\"\n]{1,100}['\"]\]",
+    ),
+    explanation=Explanation(
+        what="A KeyError naming a field, raised on a line that reads that field from a row of "
+        "the data (a JSON line, a CSV row, a dataset example).",
+        why="The data does not have the columns the code expects: another dataset format (an "
+        "alpaca row without 'instruction', pairs named 'sentence1' where the loss wants "
+        "'anchor'), a malformed row, or the wrong file given as training data.",
+        fix="Check the data's columns against what the code reads: rename the columns "
+        "(datasets' rename_column), pick the right format in the config, or fix the rows that "
+        "lack the field.",
+        false_positives="A row built by the program itself under another name (a bug in the "
+        "code, not the data).",
+    ),
+    fix=(
+        "Print the first rows' keys of the data the failing rank read and compare them with the "
+        "field the KeyError names; rename the columns or choose the matching dataset format.",
+    ),
+    positive=("KeyError: 'instruction'",),
+    negative=("KeyError: 42", "KeyError: 'instruction' not in config, using the default"),
+)
+
 DEEPSPEED_NO_CHECKPOINT = Rule(
     code="DATA106",
     kind="data-error",
@@ -750,6 +783,7 @@ DEEPSPEED_NO_CHECKPOINT = Rule(
 
 RULES = (
     DATA_ERROR,
+    RECORD_WITHOUT_FIELD,
     DEEPSPEED_NO_CHECKPOINT,
     DATALOADER_TIMEOUT,
     SAMPLE_FETCH,
