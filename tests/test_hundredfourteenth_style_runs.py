@@ -38,7 +38,8 @@ an STS file given as training data reads as a generic exception (sts-columns).
 Since then (session 34): a run that announced its end while the main process's bar stood at
 half its total or less is a silent early stop (INF241; goal-halt right), and a KeyError on a
 line that reads that field from a row of the data is a record without it (DATA107; sts-columns
-right): 15 of 16."""
+right), and a FileNotFoundError raised by open(path, 'w') is a folder gone (or never made), not
+missing input (PY105; keep-latest right): 16 of 16."""
 
 from __future__ import annotations
 
@@ -136,13 +137,7 @@ EXPECTED: dict[str, Expected] = {
 }
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
-MISSES: dict[str, str] = {
-    "keep-latest": "data-error on rank 0 (DATA101, 0.9): the FileNotFoundError 'No such file or "
-    "directory: output/.../checkpoint-10/config_sentence_transformers.json' is read as a missing "
-    "input file; that it is raised by a write (open(..., 'w') in the model's save, under "
-    "'Saving model checkpoint to .../checkpoint-10') into a folder the program's own callback "
-    "deleted on rank 1 is not read: the rank is right, the kind is not",
-}
+MISSES: dict[str, str] = {}
 
 
 RUNS = RunSet("hundredfourteenth-", EXPECTED, MISSES, label_nowhere=True)

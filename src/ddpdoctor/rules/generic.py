@@ -483,7 +483,10 @@ SHARED_PATH_RACE = Rule(
         r"(?m), in (?:renames?|replace|rmtree|_rmtree_\w+|makedirs|mkdir|removedirs|remove|unlink"
         r"|rmdir|move)[ \t]*$"
         r"|\b(?:os\.(?:renames?|replace|makedirs|mkdir|removedirs|remove|unlink|rmdir)"
-        r"|shutil\.(?:rmtree|move))\(|\.(?:mkdir|rename|unlink|rmdir)\(",
+        r"|shutil\.(?:rmtree|move))\(|\.(?:mkdir|rename|unlink|rmdir)\("
+        # or writes a file into a folder (its parent gone: deleted by another process's
+        # rotation, or never made): open(path, "w"), not reading input
+        r"|\bopen\([^\n]{0,300}?,\s*(?:mode\s*=\s*)?[\"'](?:w|wb|wt|a|ab|x|xb|w\+|wb\+)[\"']",
     ),
     explanation=Explanation(
         what="A rank failed to create, rename or delete a file or folder because it was "
@@ -513,6 +516,10 @@ SHARED_PATH_RACE = Rule(
         "FileExistsError: [Errno 17] File",
         "FileNotFoundError: [Errno 2] No such file or directory: './exp/asr_ft_run3/model.pt."
         "ep0.5000'",
+        # tests/fixtures/real/hundredfourteenth-keep-latest (its traceback: open(..., "w") into
+        # a checkpoint folder another rank's rotation had deleted)
+        "FileNotFoundError: [Errno 2] No such file or directory: 'output/tiny-encoder-nli/"
+        "checkpoint-10/config_sentence_transformers.json'",
     ),
     negative=(
         # reading input: no create, rename or delete in its traceback (DATA101)
