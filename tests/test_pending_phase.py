@@ -49,6 +49,18 @@ def test_a_pending_phase_comes_after_the_writers_last_step(path: Path) -> None:
             assert stream.pending_phase[0] > stream.last_progress_line, stream.key
 
 
+def test_the_consoles_above_hold_phases_set_out_on_after_a_step() -> None:
+    """The property above is not empty: some of those consoles have writers that stepped and
+    then set out on a phase (13 writers with a phase, 8 of them after a step, when written)."""
+    after_a_step = [
+        s
+        for path in CONSOLES[::7]
+        for s in _scan(path).streams.values()
+        if s.pending_phase is not None and s.last_progress_line
+    ]
+    assert len(after_a_step) >= 5
+
+
 def test_the_absent_rank_is_busy_with_the_unranked_phase() -> None:
     report = diagnose_paths([str(REAL / "eighteenth-vocab-index")])
     verdict = report.verdict

@@ -743,17 +743,18 @@ def _stopped_short(job: JobView) -> Evidence | None:
     if not counted:
         return None
     for s in counted:
-        done, total = s.planned or (0, 0)
-        if not 0 < done * 2 <= total:
+        assert s.planned is not None
+        if not 0 < s.planned.done * 2 <= s.planned.total:
             return None
-    last = max(counted, key=lambda s: (s.source, s.last_progress_line))
+    last = max(counted, key=lambda s: (s.source, s.planned.line if s.planned else 0))
+    assert last.planned is not None
     return Evidence(
         last.source,
-        last.last_progress_line,
+        last.planned.line,
         job.resolve(last.origin),
         last.origin.host,
         None,
-        last.last_progress_text[-300:],
+        last.planned.text,
     )
 
 

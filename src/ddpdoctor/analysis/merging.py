@@ -6,6 +6,7 @@ semantics: it keeps what job building and the analysis read (see scanner.HitBudg
 from __future__ import annotations
 
 from collections.abc import Iterable, MutableSequence
+from dataclasses import replace
 
 from ddpdoctor.analysis.engine import Distinct
 from ddpdoctor.analysis.facts import FACT_PATTERNS, elapsed_seconds
@@ -141,6 +142,8 @@ def merge(acc: SourceScan, part: SourceScan) -> SourceScan:
         s.bare = tuple((line + shift, raw) for line, raw in s.bare)
         if s.pending_phase is not None:
             s.pending_phase = (s.pending_phase[0] + shift, s.pending_phase[1])
+        if s.planned is not None:
+            s.planned = replace(s.planned, line=s.planned.line + shift)
         a = acc.streams.get(key)
         if a is None:
             acc.streams[key] = s
@@ -162,7 +165,7 @@ def merge(acc: SourceScan, part: SourceScan) -> SourceScan:
             if s.progress_lines
             else (a.after_progress + s.after_progress)[:AFTER_PROGRESS_LINES]
         )
-        if s.planned is not None and (a.planned is None or s.planned[1] >= a.planned[1]):
+        if s.planned is not None and (a.planned is None or s.planned.total >= a.planned.total):
             a.planned = s.planned
         if s.pending_phase is not None or s.progress_lines:
             a.pending_phase = s.pending_phase  # (a later step ended an earlier range's phase)

@@ -170,6 +170,21 @@ class FactHit:
 
 
 @by_fields
+@dataclass(frozen=True, slots=True)
+class Planned:
+    """A writer's training counter where it stood last: `done` of `total`, on `line`."""
+
+    done: int
+    total: int
+    line: int
+    text: str
+
+
+PLANNED_CHARS = 300
+"""What a planned counter keeps of its line (a bar redrawn in place keeps its last state)."""
+
+
+@by_fields
 @dataclass(slots=True)
 class StreamSummary:
     """What the sampled head and tail say about one writer in one source."""
@@ -229,9 +244,9 @@ class StreamSummary:
     bare: tuple[tuple[int, str], ...] = ()
     """The same as `recent` for its last few lines that show no time: a plain print's count of
     work ('rebuilding (3/10)'), which only its place in the file dates."""
-    planned: tuple[int, int] | None = None
+    planned: Planned | None = None
     """For a writer no rank is known for (the main process's bar), its training counter with
-    the largest total, where it stood last: (done, total), the steps it planned and reached."""
+    the largest total, where it stood last: the steps it planned and reached."""
     pending_phase: tuple[int, str] | None = None
     """For a writer no rank is known for, its last line since its last progress line that
     announced a long phase of work (phases.phase_of_work: 'building the index ...'): what
@@ -929,6 +944,7 @@ class Scanner:
         text = data.decode("utf-8", errors="replace")
         streams = result.streams
         progress: dict[str, list[str]] = {}
+        progress_at: dict[str, list[int]] = {}  # the line of each of those
         last_raw: dict[str, str] = {}
         prev_raw: dict[str, str] = {}
         # one further back: a step's line and its save's share one time, and the pace is the
@@ -1031,6 +1047,7 @@ class Scanner:
                         prev_raw[key] = last_raw[key]
                     last_raw[key] = raw
                     progress.setdefault(key, []).append(told)
+                    progress_at.setdefault(key, []).append(line_no)
                 if (
                     INIT_LINE.search(message)
                     and parsed.level != "warning"
@@ -1076,7 +1093,7 @@ class Scanner:
                     streams[key].progress_done = count_number(counter.group("n"))
                     break
             if writer is None:
-                streams[key].planned = _planned(messages)
+                streams[key].planned = _planned(messages, progress_at[key])
 
 
 BAR_COUNT = re.compile(r"\d{1,3}%\|[^|]{0,80}\|\s{0,4}(?P<n>\d{1,12})/(?P<total>\d{1,12})\b")
@@ -1089,12 +1106,12 @@ DATA_PREP_BAR = re.compile(
 """A bar of the data's preparation (datasets' map over examples, a tokenizer's pass)."""
 
 
-def _planned(messages: list[str]) -> tuple[int, int] | None:
-    """Of a writer's progress lines, the counter (done, total) with the largest total, a
-    training one (not labelled as another phase's), where it stood last: the steps the run
-    planned and how far it got (an evaluation's small bar may come after the loop's)."""
-    best: tuple[int, int] | None = None
-    for message in messages:
+def _planned(messages: list[str], lines: list[int]) -> Planned | None:
+    """Of a writer's progress lines, the counter with the largest total, a training one (not
+    labelled as another phase's), where it stood last: the steps the run planned and how far
+    it got (an evaluation's small bar may come after the loop's)."""
+    best: Planned | None = None
+    for message, line in zip(messages, lines, strict=True):
         counter = BAR_COUNT.search(message) or ("/" in message and _own_counter(message, None))
         if not counter or OTHER_PHASE_BAR.search(message, 0, counter.start()):
             continue
@@ -1102,8 +1119,8 @@ def _planned(messages: list[str]) -> tuple[int, int] | None:
             continue  # the data's preparation counts its examples, not the training's steps
         done = count_number(counter.group("n"))
         total = count_number(counter.group("total"))
-        if done is not None and total and (best is None or total >= best[1]):
-            best = (done, total)
+        if done is not None and total and (best is None or total >= best.total):
+            best = Planned(done, total, line, message[-PLANNED_CHARS:])
     return best
 
 
