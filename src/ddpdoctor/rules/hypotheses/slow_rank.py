@@ -287,8 +287,9 @@ def _from_unranked_phase(job: JobEvidence) -> Assessment | None:
     index ...') and the others then waited: the rank that was not among them set out on it
     alone. Of several such ranks, the main process (the one that does work alone: indexing,
     caching, saving) is the likeliest. Not where no rank is known at all: the line may then
-    be the waiting process's own, before it joined (and waited for) the others. Weaker than
-    a rank's own announcement (0.55): the line names no rank."""
+    be the waiting process's own, before it joined (and waited for) the others. Scored as a
+    rank's own announcement is (0.55), with the rank the line does not name as a point
+    against (which lowers the confidence shown)."""
     phase = job.unranked_phase
     if phase is None or not job.waiting:
         return None
