@@ -477,16 +477,37 @@ def _went_down(graph: CausalGraph, event: Event) -> bool:
 
 def relate_consequences(graph: CausalGraph, ctx: Context) -> None:
     """A generic exception on another rank, not logged clearly before a specific failure, is
-    most likely that failure's echo (a rank raising on a broken collective)."""
-    specific = [e for e in graph.events if e.primary and not e.generic and not _went_down(graph, e)]
+    most likely that failure's echo (a rank raising on a broken collective). Not an error
+    the job went on from (an exception Python printed and ignored at exit): it broke
+    nothing."""
+    specific = [
+        e
+        for e in graph.events
+        if e.primary
+        and not e.generic
+        and not _went_down(graph, e)
+        and not survived(e, ctx.evidence)
+    ]
     for event in graph.events:
         if not (event.primary and event.generic):
             continue
         for cause in specific:
             if cause.rank is not None and cause.rank == event.rank:
                 continue
-            if could_cause(cause, event):
+            if could_cause(cause, event) and not _written_later(cause, event):
                 graph.add(cause, event, "consequence", "a generic error after a specific one")
+
+
+def _written_later(a: Event, b: Event) -> bool:
+    """Every line of a comes after every line of b in the same writer's output: b came first,
+    clocks or not."""
+    return all(
+        ha.record.source == hb.record.source
+        and ha.record.stream_key == hb.record.stream_key
+        and ha.record.line > hb.record.line
+        for ha in a.hits
+        for hb in b.hits
+    )
 
 
 def relate_refinements(graph: CausalGraph, ctx: Context) -> None:

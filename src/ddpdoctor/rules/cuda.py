@@ -403,6 +403,29 @@ CUDA_LIBRARY_MISMATCH = Rule(
             "does not match the version torch was compiled with",
         ),
         Signature(r"CUDA_HOME does not exist, unable to compile CUDA op"),
+        # torchvision (extension.py _check_cuda_version) refuses a torch built for another
+        # CUDA version (older wording) or major version; a torchvision or torchaudio built
+        # for another torch fails to load or register its C++ ops: _assert_has_ops says so,
+        # or the first use of one (torchvision's own meta registrations at import) finds
+        # none: "operator torchvision::nms does not exist"
+        Signature(
+            r"PyTorch and torchvision were compiled with different CUDA (?:major )?versions",
+            "compiled with different CUDA ",
+        ),
+        Signature(
+            r"Couldn't load custom C\+\+ ops\. This can happen if your PyTorch and "
+            r"torchvision versions are incompatible",
+            "Couldn't load custom C++ ops",
+        ),
+        Signature(
+            r"operator (?:torchvision|torchaudio)::\w{1,60} does not exist", " does not exist"
+        ),
+        # torch/__init__.py on Windows: one of torch's own DLLs (CUDA, cuDNN, c10) or a
+        # library it needs (the VC++ runtime) could not be loaded
+        Signature(
+            r"Error loading \"[^\"\n]{1,300}\.dll\" or one of its dependencies",
+            "or one of its dependencies",
+        ),
     ),
     explanation=Explanation(
         what="The installed PyTorch binary does not fit the GPU, the driver or the CUDA libraries.",
@@ -446,10 +469,18 @@ CUDA_LIBRARY_MISMATCH = Rule(
         "ImportError: libtorch_cuda_cu.so: cannot open shared object file: No such file or "
         "directory",
         "Cuda failure 802 'system not yet initialized'",
+        "RuntimeError: Detected that PyTorch and torchvision were compiled with different CUDA "
+        "major versions. PyTorch has CUDA Version=12.8 and torchvision has CUDA Version=13.0. "
+        "Please reinstall the torchvision that matches your PyTorch install.",
+        "RuntimeError: operator torchvision::nms does not exist",
+        'OSError: [WinError 126] The specified module could not be found. Error loading "C:\\'
+        'Python310\\lib\\site-packages\\torch\\lib\\cudnn_cnn_infer64_8.dll" or one of its '
+        "dependencies.",
     ),
     negative=(
         "NotImplementedError: Could not run 'aten::_sparse_mm' with arguments from the 'CUDA' "
         "backend.",
+        "RuntimeError: operator mylib::fused_attn does not exist",
         "NCCL INFO cudaDriverVersion 12020",
         "OSError: libmydata.so: cannot open shared object file: No such file or directory",
     ),

@@ -318,6 +318,13 @@ EXIT_TEARDOWN = Rule(
         # torchelastic: this node's workers finished; the other agents never reached the
         # barrier every agent passes before it exits
         Signature(r"Error waiting on exit barrier\. Elapsed: ", "Error waiting on exit barrier"),
+        # concurrent.futures: work handed to a thread or process pool after the interpreter
+        # began to shut down (an async checkpoint writer, a logger's or uploader's flush
+        # registered to run at exit): the main thread had already finished
+        Signature(
+            r"cannot schedule new futures after interpreter shutdown",
+            "cannot schedule new futures after",
+        ),
     ),
     explanation=Explanation(
         what="An error that only happens on the way out: a CUDA call after the driver began "
@@ -340,8 +347,13 @@ EXIT_TEARDOWN = Rule(
         "  what():  CUDA error: driver shutting down",
         "E1130 13:00:00.100000 4242 torch/distributed/elastic/agent/server/api.py:1008] Error "
         "waiting on exit barrier. Elapsed: 300.0042 seconds",
+        "RuntimeError: cannot schedule new futures after interpreter shutdown",
     ),
-    negative=("CUDA error: out of memory",),
+    negative=(
+        "CUDA error: out of memory",
+        # the pool's own shutdown() called by the program: no interpreter exit
+        "RuntimeError: cannot schedule new futures after shutdown",
+    ),
 )
 
 TEARDOWN_HANG_DUMP = Rule(
