@@ -172,12 +172,12 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "bare-folder": "unknown, python-exception, no culprit (INF240, 0.25): 'The program logged an "
-    "error no rule knows, then its output stops', quoting rich's 'No data found. Please verify' "
-    "(the first of its nine wrapped lines). The words are not read as missing input data, and "
-    "with every worker returning 0 the launcher prints nothing, so there is no exit to read "
-    "either: a run that ended at once on missing input data on every rank (at first sight: "
-    "unknown, hang, INF233, 0.25, 'Nothing in these logs was recognised: no error ...')",
+    "bare-folder": "failed, data-error, no culprit (DATA108, 0.4): the kind is right since "
+    "session 35 (rich's 'No data found. Please verify', the first of its nine wrapped lines, is "
+    "read as the program's own words for missing input data, and no training followed), but "
+    "the two ERROR records carry no rank and nothing gives the world size, so every rank is not "
+    "named (at first sight: unknown, hang, INF233, 0.25; in session 34: unknown, "
+    "python-exception, INF240, 0.25)",
     "portrait-odd": "failed, collective-mismatch on rank 0 (INF203, 0.4): 'rank 0 waited in "
     "all_reduce at train_util.py:179; rank 1 waited in barrier at train_util.py:173 ... the "
     "ranks are split evenly ... the main process's side is named'. That rank 1's barrier is "

@@ -3,6 +3,8 @@ workers, missing modules, checkpoint loading (weights_only)."""
 
 from __future__ import annotations
 
+import re
+
 from ddpdoctor.model.taxonomy import Category
 from ddpdoctor.rules.base import Echo, Explanation, Rule, Signature
 
@@ -753,6 +755,113 @@ RECORD_WITHOUT_FIELD = Rule(
     negative=("KeyError: 42", "KeyError: 'instruction' not in config, using the default"),
 )
 
+DATA_NOUN = (
+    r"(?:(?<![A-Za-z])(?:data(?:sets?)?|images?|files?|shards?|manifests?|corpus|samples?"
+    r"|examples?|annotations?|audios?|videos?|recordings?)(?![A-Za-z])|\.(?:jsonl?|csv|tsv"
+    r"|parquet|arrow|npy|npz|h5|hdf5|pkl|tfrecords?|lmdb|idx|tar|zip|jpe?g|png|wav|flac|mp[34])"
+    r"\b|(?<![\w.])(?:\.{0,2}|~)/[\w.-]+/[\w./-]+)"
+)
+"""Words for a job's input data: its nouns (also inside names: 'data_dir', 'train_images'),
+the extensions of data files, or a path of two parts or more ('/data/coco/train2017')."""
+
+MISSING_PHRASES = (
+    "does not exist",
+    "doesn't exist",
+    "not found",
+    "could not be found",
+    "cannot be found",
+    "could not find",
+    "cannot find",
+    "can't find",
+    "unable to find",
+    "is empty",
+)
+"""How programs say, in their own words, that something they were given is not there."""
+
+NONE_FOUND = r"no (?:data|images?|files?|samples?|examples?)\b[^\n]{0,40}\bfound"
+"""'No data found', 'No images found in ...': the input looked for and not there."""
+
+MISSING_INPUT_WORDS = re.compile(
+    r"(?i)(?:(?=[^\n]{0,300}"
+    + DATA_NOUN
+    + r")[^\n]{0,300}?\b(?:"
+    + "|".join(re.escape(p) for p in MISSING_PHRASES)
+    + r")|\b"
+    + NONE_FOUND
+    + ")"
+)
+"""An error in the program's own words saying its input data is not there: a data noun or a
+data file's extension, and a phrase of absence ('data_dir /data/x does not exist', 'No data
+found', 'dataset is empty')."""
+
+OWN_EXCEPTION = (
+    r"^\**(?:[\w.]+\.)?(?P<exc>AssertionError|ValueError|RuntimeError|OSError|IOError"
+    r"|Exception): (?!Parent directory )"
+)
+
+
+def _missing_input_signatures() -> tuple[Signature, ...]:
+    """One signature per phrase of absence, each with its own literal for the prefilter,
+    and one for 'no images found'."""
+    return (
+        *(
+            Signature(
+                r"(?i)"
+                + OWN_EXCEPTION
+                + r"(?=[^\n]{0,300}"
+                + DATA_NOUN
+                + r")[^\n]{0,300}?\b"
+                + re.escape(phrase),
+                phrase,
+            )
+            for phrase in MISSING_PHRASES
+        ),
+        Signature(r"(?i)" + OWN_EXCEPTION + r"[^\n]{0,300}?\b" + NONE_FOUND, " found"),
+    )
+
+
+MISSING_INPUT = Rule(
+    code="DATA108",
+    kind="data-error",
+    title="The program's own error says its input data is not there",
+    sources="programs' own checks of their inputs (assert os.path.exists(...), raise "
+    "ValueError(f'{path} does not exist'))",
+    specificity=20,
+    signatures=_missing_input_signatures(),
+    # not a place the program writes to: torch.save's 'Parent directory ... does not exist',
+    # a traceback through a save or write function
+    context_none=(r"PyTorchFileWriter", r", in _?(?:save|write|dump)\w*\s*$"),
+    explanation=Explanation(
+        what="An exception of the program's own (an assertion, a ValueError or RuntimeError it "
+        "raised) whose message says that data it was given is not there: a dataset, a folder "
+        "of images, a file of samples that does not exist, was not found or is empty.",
+        why="The path points where the data is not: a relative path run from another working "
+        "directory, a mount or a download missing on this node, a preprocessing step that did "
+        "not run or wrote elsewhere, a folder layout the loader does not expect.",
+        fix="Check the path the message names on the node and rank that raised it (absolute "
+        "path, the mount, the preprocessing output), then start again.",
+        false_positives="A file the program writes (an output folder that does not exist yet) "
+        "named in the same words.",
+    ),
+    fix=(
+        "Check the path the error names on the node that raised it: `ls -la PATH` from the "
+        "job's working directory; use an absolute path, mount or copy the data there, or run "
+        "the preprocessing step that makes it.",
+    ),
+    positive=(
+        "AssertionError: /data/coco/train2017 does not exist",
+        "ValueError: Dataset file data/train.jsonl not found",
+        "RuntimeError: No images found in /data/faces (expected .jpg or .png files)",
+    ),
+    negative=(
+        "RuntimeError: operator torchvision::nms does not exist",
+        "AssertionError: key 'lr' not found in config",
+        "ValueError: Tried to find epoch_1 but folder does not exist, skip",
+        # torch.save into a folder that is not there: an output, not an input
+        "RuntimeError: Parent directory /tmp/run-38566/vits-0000000 does not exist.",
+    ),
+)
+
 DEEPSPEED_NO_CHECKPOINT = Rule(
     code="DATA106",
     kind="data-error",
@@ -784,6 +893,7 @@ DEEPSPEED_NO_CHECKPOINT = Rule(
 RULES = (
     DATA_ERROR,
     RECORD_WITHOUT_FIELD,
+    MISSING_INPUT,
     DEEPSPEED_NO_CHECKPOINT,
     DATALOADER_TIMEOUT,
     SAMPLE_FETCH,

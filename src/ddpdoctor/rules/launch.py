@@ -37,6 +37,12 @@ HOST_OOM_KILL = Rule(
         Signature(r"NCCL WARN Failed to malloc \d{1,15} bytes", "Failed to malloc"),
         # Python could not get host memory (an address-space or cgroup limit, no OOM killer)
         Signature(r"^\**MemoryError\b", "MemoryError"),
+        # numpy's MemoryError subclass (numpy/_core/_exceptions.py _ArrayMemoryError, numpy
+        # >= 1.17): an array the host could not hold
+        Signature(
+            r"_ArrayMemoryError: Unable to allocate [\d.]{1,12} [KMGTPE]?i?B for an array",
+            "_ArrayMemoryError: Unable to allocate",
+        ),
         # ENOMEM from fork, mmap or a pinned allocation (a DataLoader forking its workers, the
         # kernel's overcommit limit): the host had no memory to give
         Signature(r"\[Errno 12\] Cannot allocate memory", "Cannot allocate memory"),
@@ -187,6 +193,9 @@ HOST_OOM_KILL = Rule(
         "cpuset=slurm,mems_allowed=0-1,oom_memcg=/slurm/uid_0/job_123,task_memcg=/slurm/uid_0/"
         "job_123/step_0,task=python,pid=1234,uid=0",
         "gpu-n7:2291:2384 [3] include/alloc.h:47 NCCL WARN Failed to malloc 1073741824 bytes",
+        # numpy 2.4 on this machine (tests/test_host_memory_errors.py runs it)
+        "numpy._core._exceptions._ArrayMemoryError: Unable to allocate 7.28 TiB for an array "
+        "with shape (1000000, 1000000) and data type float64",
         "ERROR:torch.distributed.elastic.multiprocessing.api:failed (exitcode: -9) local_rank: 3 "
         "(pid: 812917) of binary: /usr/bin/python",
         "traceback : Signal 9 (SIGKILL) received by PID 4242",

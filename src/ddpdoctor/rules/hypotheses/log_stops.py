@@ -8,9 +8,11 @@ writer's output stops, which is where a hung job is waiting."""
 from __future__ import annotations
 
 from ddpdoctor.model.evidence import JobEvidence
+from ddpdoctor.model.findings import Evidence
 from ddpdoctor.model.taxonomy import Category, Status
 from ddpdoctor.rules.base import Explanation, Rule
 from ddpdoctor.rules.collectives import SILENT_HANG_CAUSES
+from ddpdoctor.rules.data import MISSING_INPUT, MISSING_INPUT_WORDS
 from ddpdoctor.rules.hypotheses.base import Assessment
 
 RULE = Rule(
@@ -111,6 +113,9 @@ def _after_an_unknown_error(job: JobEvidence) -> Assessment:
     guess (a job that quits on its error leaves this log, and so does one that waits after
     logging it)."""
     said = job.logged_errors[0]
+    missing = [e for e in job.logged_errors if MISSING_INPUT_WORDS.search(e.text)]
+    if missing:
+        return _missing_input(job, missing)
     return Assessment(
         UNKNOWN_ERROR,
         0.3,
@@ -131,4 +136,26 @@ def _after_an_unknown_error(job: JobEvidence) -> Assessment:
         category=str(Category.UNKNOWN),
         explains_echoes=False,
         evidence=[*job.logged_errors[:2], *job.last_words[:MAX_ENDINGS]],
+    )
+
+
+def _missing_input(job: JobEvidence, missing: list[Evidence]) -> Assessment:
+    """The error the program logged says its input data is not there ('No data found',
+    'data_dir /data/x does not exist'), and no training followed: a program that cannot find
+    its data does not train, whether it then exits (every worker returning 0, the launcher
+    silent) or waits."""
+    ranks = sorted({e.rank for e in missing if e.rank is not None})
+    return Assessment(
+        MISSING_INPUT,
+        0.45,
+        ranks,
+        [
+            "The program logged that its input data is not there "
+            f'("{missing[0].text.strip()[:160]}"), and no training followed: no progress, '
+            "no end of training, no exit code."
+        ],
+        against=["the program's own words, read as missing data; no exit code was seen"],
+        next_steps=["Check the path or folder the logged error names, on every node."],
+        explains_echoes=False,
+        evidence=[*missing[:2], *job.last_words[:MAX_ENDINGS]],
     )
