@@ -117,3 +117,39 @@ def test_one_timed_line_after_its_last_step_is_no_work_of_its_own(tmp_path: Path
     rank1.write_text("".join(lines[:1]), encoding="utf-8")
     v = diagnose_paths(paths).verdict
     assert (v.kind, v.culprit.ranks) == ("hang", [1])
+
+
+@pytest.mark.parametrize(
+    ("line", "counted"),
+    [
+        # tests/fixtures/real/seventyseventh-track-crawl and eightyfirst-sage-crawl (the parsed
+        # text keeps the level word), corpus 986 (sglang's checkpoint loader)
+        ("regenerating track layouts for 4 envs (1/8)", True),
+        ("INFO teacher | calibrating temperature: batch 3/8 (T=2.00)", True),
+        ("Loading safetensors checkpoint shards: 0% Completed | 0/4 [00:00<?, ?it/s]", True),
+        # the loop's own counters, and counts of processes (corpus 884: Lightning's start-up)
+        ("Training 3/100", False),
+        ("running step 5/50", False),
+        ("Initializing distributed: GLOBAL_RANK: 3, MEMBER: 4/4", False),
+        ("starting worker 2/4", False),
+        ("epoch 3/10 loss 0.31", False),
+    ],
+)
+def test_a_phase_that_counts_its_own_parts(line: str, counted: bool) -> None:
+    from ddpdoctor.analysis.phases import counted_phase
+
+    assert counted_phase(line) is counted
+
+
+@pytest.mark.parametrize(
+    ("mode", "rank"), [("seventyseventh-track-crawl", 1), ("eightyfirst-sage-crawl", 2)]
+)
+def test_a_silent_rank_whose_unprefixed_lines_count_the_parts_of_its_work_is_busy(
+    mode: str, rank: int
+) -> None:
+    """The busy rank prints without a rank prefix ('regenerating track layouts for 4 envs
+    (k/8)', 'teacher | calibrating temperature: batch k/8') until the others time out; the
+    launcher then stops it alive. Counted parts show work under way: a slow rank, not one
+    blocked silently (INF211)."""
+    v = diagnose_paths([str(REAL / mode)]).verdict
+    assert (v.kind, v.rule, v.culprit.ranks) == ("slow-rank-timeout", "INF201", [rank])

@@ -143,11 +143,6 @@ MISSES: dict[str, str] = {
     "step reads as a rank with fewer batches; rank 1's own 'student 1/2 | kd_loss 0.890 below "
     "--stop-kd-loss 1.000, stopping at step 20' (a stop on its unreduced loss, logged by it "
     "alone) is not read as a rank's own early stop",
-    "sage-crawl": "hung, hang on rank 2 (INF211, 0.55): right rank, wrong kind: the teacher's "
-    "'teacher | calibrating temperature: batch k/8 (T=2.00)' records every 5 s carry no rank "
-    "prefix (the rank is only the program's word 'teacher'), so rank 2 'announced no work of "
-    "its own' and, silent and SIGTERMed while ranks 0,1 timed out in send, is read as blocked, "
-    "not busy",
     "wide-ids": "failed, collective-mismatch on rank 2 (COL101, 0.9): right kind, wrong rank: "
     "gloo's '2112 vs 2048. Received data size doesn't match expected size' abort names the "
     "receiver, the teacher, while the student that sent an (8, 33) batch after announcing (8, "

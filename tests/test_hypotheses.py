@@ -4,6 +4,8 @@ A positive concludes that hypothesis with the culprit given; a near miss conclud
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -34,6 +36,22 @@ def case(prefix: str) -> list[str]:
     splits = {c.path: c.split for c in load_cases()}
     assert splits[found[0]] == "train", "hypothesis examples come from the training split only"
     return [str(found[0] / "logs")]
+
+
+def ran(code: str, tmp: Path) -> list[str]:
+    """The console of a real Python program run here (stdout and stderr together)."""
+    script = tmp / "train.py"
+    script.write_text(code)
+    proc = subprocess.run(
+        [sys.executable, str(script)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=60,
+    )
+    out = tmp / "console.log"
+    out.write_text(proc.stdout)
+    return [str(out)]
 
 
 def launcher_only(name: str, tmp: Path) -> list[str]:
@@ -308,9 +326,18 @@ POSITIVE["INF233"] = [
     (lambda t: case("802"), None),
 ]
 POSITIVE["INF240"] = [
-    # kohya's rich ERROR record 'No data found. Please verify ...' on both processes, every
-    # worker returning 0: an error of the program's own that no rule knows, then nothing
-    (lambda t: real("hundredninth-bare-folder"), []),
+    # a program's own ERROR record that no rule knows (an option it refuses), then it returns
+    # 0: nothing after it. (kohya's 'No data found. Please verify' was one until its words
+    # were read as missing input data: DATA108)
+    (
+        lambda t: ran(
+            "import logging\nlogging.basicConfig(level=logging.INFO)\n"
+            "log = logging.getLogger('train')\nlog.info('parsing the run configuration')\n"
+            "log.error(\"unsupported optimizer 'adamw8bit' with backend 'gloo', nothing to do\")\n",
+            t,
+        ),
+        [],
+    ),
 ]
 POSITIVE["INF237"] = [
     # '[rank 0] calling destroy_process_group ...' and nothing after it

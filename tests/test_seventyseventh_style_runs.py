@@ -132,9 +132,6 @@ MISSES: dict[str, str] = {
     "progress, the program prints no end of training and torchrun prints nothing when every "
     "worker exits 0, so nothing in the log is recognised and it 'stops' at its last SPS line; "
     "the same run with torchrun's OMP_NUM_THREADS banner in front (loud-pole) reads as ok",
-    "track-crawl": "hung, hang on rank 1 (INF211, 0.55): right rank, but the slow rank's "
-    "'regenerating track layouts for 4 envs (k/8)' lines carry no rank (torchrun without --tee, "
-    "a plain print), so rank 1 reads as silent outside the collective, blocked rather than busy",
     "wide-obs": "failed, collective-mismatch on rank 1 (COL101, 0.9): gloo's 'op.preamble.length "
     "<= op.nbytes. 6192 vs 6104 ... Is there a distributed collective mismatch in your code?' "
     "abort is on rank 1, the rank that received the longer ring chunk, and is read as a "

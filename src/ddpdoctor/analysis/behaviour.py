@@ -22,7 +22,7 @@ from ddpdoctor.analysis.frames import (
     phase,
 )
 from ddpdoctor.analysis.job import JobView
-from ddpdoctor.analysis.phases import phase_of_work, search_with_words
+from ddpdoctor.analysis.phases import counted_phase, phase_of_work, search_with_words
 from ddpdoctor.analysis.relations import before_attempt, in_earlier_attempt, survived
 from ddpdoctor.analysis.scanner import (
     ANY_COUNTER,
@@ -294,6 +294,9 @@ def build_evidence(job: JobView, events: list[Event]) -> JobEvidence:
     evidence.startup_seq = _startup_seq(events)
     evidence.busy_progress = _busy_progress(job, evidence.timeout_ms)
     evidence.unranked_phase = _unranked_phase(job, events)
+    evidence.unranked_phase_counted = evidence.unranked_phase is not None and counted_phase(
+        evidence.unranked_phase.text
+    )
     evidence.stopped_short = _stopped_short(job)
     evidence.logged_errors = _each_writers(
         job, lambda s: (s.last_error_line, s.last_error_text) if s.last_error_text.strip() else None

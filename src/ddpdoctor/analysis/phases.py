@@ -41,11 +41,42 @@ BUSY_WORDS = (
 cannot match it (see busy_phase)."""
 
 
+COUNTED_PHASE = re.compile(
+    r"(?i)^(?:(?:info|warning|warn|debug|notice)\b[: -]{1,3})?(?:[\w.-]{1,24} ?[|:\]>] ?)?"
+    r"(?!train|fitt|runn|epoch|step)[a-z]{3,20}ing\b"
+    r"[^\n]{0,100}?(?<![\w.])(?P<count>\d{1,7}/\d{1,7})\b"
+)
+"""A phase of work that counts its own parts, named by a verb in -ing at the start of the line
+(after a level and a short label: 'INFO teacher | calibrating temperature: batch 3/8',
+'regenerating track layouts (1/8)', 'Filling kNN memory bank: part 2/8'): whatever the verb, a
+writer that counts the parts of something other than its training loop is at work on it. Not
+the loop's own counters ('Training 3/100', 'running step 5/50'), nor a count of processes
+('Initializing distributed: GLOBAL_RANK: 3, MEMBER: 4/4', 'worker 2/4': PROCESS_COUNT)."""
+
+
 def busy_phase(text: str) -> bool:
     """Whether BUSY_PHASE.search(text) finds a match, without running its case-blind search of
     18 alternatives over every writer's last words where none of their words is there: 1.0 s
     (profiled) of build_evidence for 19,750 writers of 10,000 rank files."""
     return search_with_words(BUSY_PHASE, BUSY_WORDS, text)
+
+
+PROCESS_COUNT = re.compile(
+    r"(?i)\b(?:rank|member|node|worker|process|gpu|device|host|client|student|replica|world)"
+    r"[\s:=#]{0,3}$"
+)
+"""Words before a counter that make it a count of processes, not of parts of the work."""
+
+
+def counted_phase(text: str) -> bool:
+    """COUNTED_PHASE, tried only on lines with a '/' and an 'ing', whose counter counts no
+    processes. Read on the lines of writers no rank can be given, where a progress line is
+    the whole of what shows a process at work (a rank's own last line may be the last of
+    what it did before it stopped: busy_phase reads words, not counters)."""
+    if "/" not in text or "ing" not in text.lower():
+        return False
+    found = COUNTED_PHASE.search(text)
+    return found is not None and not PROCESS_COUNT.search(text, 0, found.start("count"))
 
 
 def phase_of_work(text: str) -> bool:

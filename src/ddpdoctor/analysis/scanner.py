@@ -23,7 +23,7 @@ from ddpdoctor.analysis.engine import (
 )
 from ddpdoctor.analysis.facts import FACT_PATTERNS, FactPattern, elapsed_seconds
 from ddpdoctor.analysis.newlines import count_newlines
-from ddpdoctor.analysis.phases import phase_of_work
+from ddpdoctor.analysis.phases import counted_phase, phase_of_work
 from ddpdoctor.ingest.bounds import (
     MAX_NUMBER_DIGITS,
     count_number,
@@ -1011,7 +1011,7 @@ class Scanner:
                             if mine is None:
                                 mine = kept[key] = deque(maxlen=RECENT_LINES)
                             mine.append((line_no, raw))
-                        if phase_of_work(message):
+                        if phase_of_work(message) or counted_phase(message):
                             summary.pending_phase = (line_no, message[:PHASE_CHARS])
                     elif timed:
                         mine = recent.get(key)
@@ -1021,6 +1021,9 @@ class Scanner:
                 if on_progress:
                     summary.after_progress, summary.since_progress = (), 0
                     summary.pending_phase = None
+                    if summary.origin.rank is None and counted_phase(message):
+                        # progress, but of a phase of work it counts the parts of
+                        summary.pending_phase = (line_no, message[:PHASE_CHARS])
                     if summary.origin.rank is not None:
                         recent.pop(key, None)  # a ranked writer's work since its last step
                 elif summary.since_progress < AFTER_PROGRESS_LINES:

@@ -246,6 +246,9 @@ class JobEvidence:
     """A long phase of work announced by a writer no rank can be given, after its last
     progress line and before the first wait shown in its source: work that one rank set out
     to do alone when the others began to wait."""
+    unranked_phase_counted: bool = False
+    """That phase counts its own parts ('regenerating track layouts (3/8)'): the writer was
+    working through it, not waiting."""
     unranked_echoes: set[str] = field(default_factory=set)
     """Echo kinds seen on lines no rank could be attributed to."""
     unranked_wait_kinds: set[str] = field(default_factory=set)

@@ -126,7 +126,10 @@ def assess(job: JobEvidence) -> Assessment | None:
         # transport's silence only that it was alive (busy, stuck, or in another
         # collective whose own evidence then weighs more)
         score = 0.7 if busy & named else 0.6 if culprit - running else 0.55 if behind else 0.4
-        if not (busy & named) and not phased and not_main_and_silent(job, culprit):
+        # a line of no rank that counts the parts of its work speaks for the silent rank
+        counted = _from_unranked_phase(job) if job.unranked_phase_counted else None
+        told = counted is not None and bool(set(counted.culprits) & culprit)
+        if not (busy & named) and not phased and not told and not_main_and_silent(job, culprit):
             found.append(
                 from_silent_rank(
                     job,
@@ -289,7 +292,8 @@ def _from_unranked_phase(job: JobEvidence) -> Assessment | None:
     caching, saving) is the likeliest. Not where no rank is known at all: the line may then
     be the waiting process's own, before it joined (and waited for) the others. Scored as a
     rank's own announcement is (0.55), with the rank the line does not name as a point
-    against (which lowers the confidence shown)."""
+    against (which lowers the confidence shown); a phase that counts its own parts (0.65)
+    shows work under way, stronger than a silent rank read as blocked (INF211 at 0.55)."""
     phase = job.unranked_phase
     if phase is None or not job.waiting:
         return None
@@ -300,7 +304,7 @@ def _from_unranked_phase(job: JobEvidence) -> Assessment | None:
         return None
     return Assessment(
         RULE,
-        0.55,
+        0.65 if job.unranked_phase_counted else 0.55,
         sorted(culprit),
         [
             f'a line of no rank announced a long phase of work ("{phase.text.strip()[:100]}") '
