@@ -101,6 +101,11 @@ SPLIT_KNOWN: dict[str, str] = {
     "call caused) is given, in the whole console, to the one rank that exited with an error "
     "(rank 1, a victim that lost its peer): culprit 1,2; split, that block sits in the "
     "launcher's file and stays unattributed: culprit 2 (the right one)",
+    "real/hundredseventeenth-lddt-solo": "rank 0's announced work ('WARNING:root:Computing "
+    "all-atom LDDT ... chain k/8', no rank prefix) goes on past rank 1's timeout in the whole "
+    "console, which reads it as rank 0 busy through the wait (slow-rank-timeout on 0); split, "
+    "those lines sit in the launcher's file with no order against rank 1's timeout: "
+    "nccl-timeout (TMO102)",
 }
 """Consoles whose split verdict differs today, each a strict xfail saying why (a fix turns it
 into a failure)."""
