@@ -176,7 +176,11 @@ GPU_HARDWARE = Rule(
         Signature(r"uncorrectable ECC error encountered"),
         # not Xid 13 and 31: a kernel's out-of-range access and a GPU page fault, mostly the
         # application's own (CUDA109)
-        Signature(r"NVRM: Xid \(PCI:(?P<pci>[\w:.]+)\): (?P<xid>(?!(?:13|31)\b)\d+)", "NVRM: Xid"),
+        # (a MIG instance adds its id: 'Xid (PCI:0000:01:00 GPU-I:05): 94')
+        Signature(
+            r"NVRM: Xid \(PCI:(?P<pci>[\w:.]+)(?: GPU-I:\w{1,6})?\): (?P<xid>(?!(?:13|31)\b)\d+)",
+            "NVRM: Xid",
+        ),
         Signature(r"GPU has fallen off the bus"),
         # not a corrected error: the link retried and nothing was lost
         Signature(r"PCIe Bus Error: severity=(?P<severity>(?!Correct)\w+)", "PCIe Bus Error"),
@@ -420,6 +424,40 @@ CUDA_LIBRARY_MISMATCH = Rule(
         Signature(
             r"operator (?:torchvision|torchaudio)::\w{1,60} does not exist", " does not exist"
         ),
+        # torch.cuda's capability checks and cuDNN's (census torch-cuda-unsupported-cc,
+        # torch-cuda-no-published-build, torch-old-gpu-too-old, cudnn-sm75-unsupported), a
+        # CPU-only build given a CUDA device_id (c10d-device-id-accelerator-mismatch),
+        # inductor's GPU check (triton-gpu-too-old)
+        Signature(
+            r"Found GPU\d{1,3} .{1,80} which is of compute capability \(CC\) \d",
+            "which is of compute capability (CC)",
+        ),
+        Signature(
+            r"No published PyTorch CUDA builds for release \S{1,40} support this GPU",
+            "No published PyTorch CUDA builds",
+        ),
+        Signature(r"PyTorch no longer supports this GPU because it is too old"),
+        Signature(
+            r"cuDNN version \d{1,8} is not compatible with devices with SM < ",
+            "is not compatible with devices with SM < ",
+        ),
+        Signature(
+            r"does not match the current compilation's accelerator support",
+            "does not match the current compilation's accelerator support",
+        ),
+        Signature(r"GPUTooOldForTriton"),
+        # NCCL: ranks or the application and the library of other NCCL versions, a driver
+        # without the symbols this NCCL needs (census nccl-ras-version-mismatch,
+        # nccl-library-too-old, nccl-retrieve-symbol-failed, nccl-cumem-prior-cuda-11-3)
+        Signature(r"NCCL version mismatch with remote peer", "NCCL version mismatch with remote"),
+        Signature(
+            r"NCCL library is too old\. This application was compiled with",
+            "NCCL library is too old",
+        ),
+        Signature(
+            r"NCCL WARN Retrieve \w{1,60} failed with \d{1,4} status \d{1,4}", "NCCL WARN Retrieve "
+        ),
+        Signature(r"CUMEM not supported prior to CUDA"),
         # torch/__init__.py on Windows: one of torch's own DLLs (CUDA, cuDNN, c10) or a
         # library it needs (the VC++ runtime) could not be loaded
         Signature(
@@ -535,6 +573,21 @@ DEVICE_ASSIGNMENT = Rule(
             "Expected all tensors to be on the same device",
         ),
         Signature(r"Tensors must be CUDA and dense"),
+        # ATen's device check in newer wording (aten/src/ATen/core/adaption.cpp): a tensor on
+        # another GPU than the rest (census aten-common-device-check); not the cpu/cuda pair
+        Signature(
+            r"Expected all tensors to be on the same device, but got \w{1,40} is on "
+            r"cuda:\d{1,4}, different from other tensors on cuda:\d{1,4}",
+            "Expected all tensors to be on the same device, but got ",
+        ),
+        # a device index beyond the GPUs this process sees (LOCAL_RANK past CUDA_VISIBLE_DEVICES,
+        # more processes than GPUs): ATen's getDeviceProperties assert, torch.cuda's own checks,
+        # c10d's device_id without an index (census cuda-context-device-assert,
+        # cuda-lazy-init-deferred-error, cuda-invalid-device-id, c10d-device-id-no-index)
+        Signature(r"device >= 0 && device < num_gpus INTERNAL ASSERT FAILED", "device < num_gpus"),
+        Signature(r"^\**AssertionError: Invalid (?:peer )?device id\s*$", "Invalid "),
+        Signature(r"Expected a cuda device, but got: cpu", "Expected a cuda device, but got"),
+        Signature(r"Please use a device_id with index\.", "Please use a device_id with index"),
         Signature(r"NCCL error.{0,80}invalid usage", "invalid usage"),
         # the detail line torch prints under it (c10d NCCLUtils.hpp) and NCCL 2.30's wording
         # of the duplicate-GPU check (init.cc)
@@ -803,6 +856,14 @@ CHECKPOINT_DEVICE_MISSING = Rule(
             r"Attempting to deserialize object on CUDA device (?P<device>\d+) but "
             r"torch\.cuda\.device_count\(\) is (?P<count>\d+)",
             "Attempting to deserialize object on CUDA device",
+        ),
+        # a storage tagged with a device kind no restore function knows here (saved on an
+        # XLA/TPU or another accelerator): torch.serialization.default_restore_location
+        # (census load-restore-location-unknown)
+        Signature(
+            r"don't know how to restore data location of \S{1,80} \(tagged with "
+            r"(?P<device>[\w:]{1,40})\)",
+            "don't know how to restore data location",
         ),
     ),
     explanation=Explanation(

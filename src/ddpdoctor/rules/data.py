@@ -496,6 +496,16 @@ MISSING_MODULE = Rule(
         # bitsandbytes to use 8-bit Adam. You can do so by running `pip install bitsandbytes`",
         # transformers' "... requires Accelerate: `pip install accelerate`", "apex is not
         # installed"
+        # torch.hub's and inductor's own checks for packages (census hub-missing-dependencies,
+        # inductor-triton-missing, tensorboard-too-old)
+        Signature(
+            r"RuntimeError: Missing dependencies: (?P<module>[\w, .-]{1,200})",
+            "Missing dependencies: ",
+        ),
+        Signature(r"TritonMissing: Cannot find a working triton installation", "TritonMissing"),
+        Signature(
+            r"TensorBoard logging requires TensorBoard version", "TensorBoard logging requires"
+        ),
         Signature(
             r"ImportError: [^\n]{0,300}?(?:[Pp]lease install (?P<module>[\w.\-]{1,60})"
             r"|pip install|(?:is|are|seems to be) not installed)",

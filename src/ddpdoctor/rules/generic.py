@@ -325,6 +325,13 @@ EXIT_TEARDOWN = Rule(
             r"cannot schedule new futures after interpreter shutdown",
             "cannot schedule new futures after",
         ),
+        # CPython: a daemon thread held stderr's lock as the interpreter shut down, and the
+        # process aborted there (census cpython-enter-buffered-busy)
+        Signature(
+            r"Fatal Python error: _enter_buffered_busy: could not acquire lock for .{1,120} at "
+            r"interpreter shutdown",
+            "_enter_buffered_busy",
+        ),
     ),
     explanation=Explanation(
         what="An error that only happens on the way out: a CUDA call after the driver began "

@@ -772,6 +772,14 @@ LAUNCHER_ENV_MISSING = Rule(
             r"Error initializing torch\.distributed using env:// rendezvous",
             "Error initializing torch.distributed",
         ),
+        # tcp:// and file:// init methods without the rank or world size the launcher would
+        # have set (census rdzv-tcp-rank-missing, rdzv-tcp-world-size-missing,
+        # rdzv-file-rank-missing)
+        Signature(
+            r"Error initializing torch\.distributed using (?:tcp|file)://\S{0,40} rendezvous: "
+            r"(?:rank|world size) parameter missing",
+            "parameter missing",
+        ),
     ),
     explanation=Explanation(
         what="The script expected RANK/WORLD_SIZE/MASTER_ADDR/LOCAL_RANK in the environment.",

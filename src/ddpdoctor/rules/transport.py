@@ -267,6 +267,13 @@ P2P_ERROR = Rule(
         Signature(r"(?P<what>peer mapping resources exhausted)", "peer mapping resources"),
         Signature(r"cudaIpcOpenMemHandle"),
         Signature(r"P2P/IPC.{0,60}(?:failed|error)", "P2P/IPC"),
+        # NCCL's topology and NVML checks of P2P between a node's GPUs, and the CUDA runtime's
+        # error for a peer copy without peer access (census nccl-warn-p2p-disabled-nvlink,
+        # nccl-warn-no-transport, nccl-warn-nvml-p2p-status, cuda-err-peer-access-not-enabled)
+        Signature(r"P2P is disabled between NVLINK connected GPUs", "P2P is disabled between"),
+        Signature(r"NCCL WARN No transport found for rank", "No transport found for rank"),
+        Signature(r"nvmlDeviceGetP2PStatus\(.{1,60}\) failed", "nvmlDeviceGetP2PStatus("),
+        Signature(r"CUDA error: peer access has not been enabled", "peer access has not been"),
     ),
     explanation=Explanation(
         what="NCCL could not use direct GPU-to-GPU copies (P2P/NVLink/IPC) inside a node.",
