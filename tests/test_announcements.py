@@ -1,4 +1,4 @@
-"""How many ranks announced a stop (relations._announcements): the same line in two outputs,
+"""How many ranks announced a stop (relations.announcements): the same line in two outputs,
 the console and the log file a program's logger also writes, is one announcement; two ranks'
 lines are two. Lines from tests/fixtures/real/fortythird-lone-patience (nnU-Net's console and
 its training_log file), the other cases composed from them."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from ddpdoctor.analysis.events import Event
-from ddpdoctor.analysis.relations import _announcements
+from ddpdoctor.analysis.relations import announcements
 from ddpdoctor.model.findings import Finding, Hit
 from ddpdoctor.model.records import Origin, Record
 from ddpdoctor.rules.registry import all_rules
@@ -29,12 +29,12 @@ def _stop(*lines: tuple[str, str, datetime | None, int | None]) -> Event:
 
 def test_one_line_in_the_console_and_in_the_log_file_is_one_announcement() -> None:
     stop = _stop(("console.log", STOP + " ", AT, None), ("training_log.txt", STOP, AT, None))
-    assert _announcements(stop) == 1
+    assert announcements(stop) == 1
 
 
 def test_two_ranks_or_two_moments_are_two() -> None:
     later = AT.replace(microsecond=322999)
-    assert _announcements(_stop(("a.log", STOP, AT, None), ("b.log", STOP, later, None))) == 2
-    assert _announcements(_stop(("r0.log", STOP, AT, 0), ("r1.log", STOP, AT, 1))) == 2
+    assert announcements(_stop(("a.log", STOP, AT, None), ("b.log", STOP, later, None))) == 2
+    assert announcements(_stop(("r0.log", STOP, AT, 0), ("r1.log", STOP, AT, 1))) == 2
     # no time to tell a copy from a second rank's line: counted
-    assert _announcements(_stop(("a.log", STOP, None, None), ("b.log", STOP, None, None))) == 2
+    assert announcements(_stop(("a.log", STOP, None, None), ("b.log", STOP, None, None))) == 2

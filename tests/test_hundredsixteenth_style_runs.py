@@ -142,11 +142,6 @@ MISSES: dict[str, str] = {
     "loop first; rank 1 had as many batches (DistributedSampler, 'Building data done with 320 "
     "images loaded.' twice) and had skipped two of distributed_sinkhorn's all_reduces, its "
     "sum_Q all_reduce meeting rank 0's prototype sums: a skipped collective, not fewer batches",
-    "half-exp": "failed, early-stop with no culprit (INF207/EXIT101, 0.7): both ranks' 'Loss is "
-    "nan, stopping training' is read as an agreed intended stop whose only fault is the exit "
-    "code; the 'Loss nan (nan)' records from the first iteration on (the run diverged: the "
-    "float16 exp of the Sinkhorn scores overflowed) are not read as the cause, so a failure of "
-    "the code is called intended-exit: python-exception on ranks 0 and 1",
 }
 
 

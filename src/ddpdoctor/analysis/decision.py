@@ -4,6 +4,7 @@ confidence computed from the evidence for and against. Names no rule code and no
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -15,6 +16,7 @@ from ddpdoctor.analysis.job import JobView
 from ddpdoctor.analysis.relations import (
     RELATIONS,
     Context,
+    announcements,
     attempt_parts,
     attribute_by_elimination,
     failing,
@@ -607,6 +609,11 @@ def _intended_end(graph: CausalGraph, ctx: Context) -> Decision | None:
             or bool(ctx.evidence.failing_exits)
             or (ctx.evidence.job_exit_code not in (None, 0))
         )
+        diverged = ctx.intended.get("diverged")
+        if diverged is not None and stops and all(_non_finite(e) for e in stops):
+            found = _diverged(diverged, stops, ctx)
+            if found is not None:
+                return found
         decision = Decision(
             status=Status.FAILED if failed else Status.OK,
             rule=_stop_rule(stops, node.rule),
@@ -628,6 +635,39 @@ def _intended_end(graph: CausalGraph, ctx: Context) -> Decision | None:
         decision.basis = ["+ every rank announced the stop"]
         return decision
     return None
+
+
+NON_FINITE = re.compile(r"(?i)\b(?:nan|inf|infinity|non-?finite|not finite)\b")
+"""A stop's words naming a value that is no longer finite ('Loss is nan, stopping training')."""
+
+
+def _non_finite(stop: Event) -> bool:
+    return all(NON_FINITE.search(h.record.text) for h in stop.hits)
+
+
+def _diverged(rule: Rule, stops: list[Event], ctx: Context) -> Decision | None:
+    """Every rank stopped on a loss that was no longer finite: the program's answer to a
+    failure of training, not a planned end. Only where the announcements are every present
+    rank's (ranked, or one unranked announcement per rank), each then named: a stop on a NaN
+    of one rank's own, which the others did not share, is that rank leaving alone; so is a
+    stop after which some rank lost or waited for another."""
+    if ctx.evidence.echoes & {"waiting", "lost-peer"}:
+        return None
+    ranks = {e.rank for e in stops if e.rank is not None}
+    present = {r for r, v in ctx.evidence.ranks.items() if v.present}
+    if not (
+        ranks >= present or (not ranks and sum(announcements(e) for e in stops) >= len(present))
+    ):
+        return None
+    decision = Decision(status=Status.FAILED, rule=rule, roots=stops)
+    decision.culprit_ranks = sorted(present or ranks)
+    decision.confidence = 0.7
+    decision.notes.append(
+        "every rank stopped because its loss was no longer finite: the run diverged, and the "
+        "stop was the program's answer to it."
+    )
+    decision.basis = ["+ every rank announced a stop on a loss that was NaN or infinite"]
+    return decision
 
 
 def _stop_rule(stops: list[Event], agreed: Rule) -> Rule:

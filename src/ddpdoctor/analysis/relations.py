@@ -221,7 +221,7 @@ def attribute_by_elimination(events: list[Event], evidence: JobEvidence) -> bool
             event.primary or event.rule.exit_path or event.marker == Marker.STOP
         ):
             continue
-        if event.marker == Marker.STOP and _announcements(event) > 1:
+        if event.marker == Marker.STOP and announcements(event) > 1:
             continue  # several ranks said it (the launcher may have killed one on its way out)
         if event.primary and _same_error_lines(event) > 1 and len(present) > 1:
             continue  # the same error line printed apart several times: several workers
@@ -647,7 +647,7 @@ def agreed_stop(graph: CausalGraph, ctx: Context) -> list[Event]:
     ]
     if announcers and announcers >= ranks:
         return stops
-    if not announcers and sum(_announcements(e) for e in stops) >= max(1, len(ranks)):
+    if not announcers and sum(announcements(e) for e in stops) >= max(1, len(ranks)):
         return stops
     if agreed and max(agreed) >= len(ranks):
         return stops
@@ -688,7 +688,7 @@ def _every_rank_said(events: list[Event], ctx: Context) -> bool:
     ranks = _present(ctx)
     if said:
         return said >= ranks
-    return sum(_announcements(e) for e in events) >= max(2, len(ranks))
+    return sum(announcements(e) for e in events) >= max(2, len(ranks))
 
 
 def _ended_after(stops: list[Event], evidence: JobEvidence) -> bool:
@@ -706,7 +706,7 @@ def _ended_after(stops: list[Event], evidence: JobEvidence) -> bool:
     )
 
 
-def _announcements(stop: Event) -> int:
+def announcements(stop: Event) -> int:
     """Ranks writing one console at the same moment glue their lines together ("...2
     epochsEarly stopping at epoch 5..."): the repeat is counted, not the line. The same line
     in two outputs (the console and the log file a logger also writes, nnU-Net's training

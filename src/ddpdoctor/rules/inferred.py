@@ -1,5 +1,6 @@
 """Intended ends and stalls: the verdicts the engine reaches from markers (every rank stopped
-early on purpose; training announced its end before a crash; stack dumps of a stalled job).
+early on purpose; training announced its end before a crash; stack dumps of a stalled job;
+and every rank stopping on a loss no longer finite, which only looks like an intended end).
 Inferred causes scored from how ranks behaved live in rules/hypotheses/."""
 
 from __future__ import annotations
@@ -20,6 +21,31 @@ EARLY_STOP_ALL = Rule(
         false_positives="None.",
     ),
     fix=("After the loop: dist.destroy_process_group(); sys.exit(0).",),
+)
+
+DIVERGED = Rule(
+    code="INF242",
+    kind="python-exception",
+    title="Every rank stopped on a loss that was no longer finite: training diverged",
+    signatures=(),
+    explanation=Explanation(
+        what="Every rank announced that it stopped because its loss was NaN or infinite "
+        "('Loss is nan, stopping training', the check in DeiT's, MAE's, DINO's and SwAV's "
+        "training loops, then sys.exit(1)).",
+        why="The stop is the program's answer to a failure, not a planned end: the model "
+        "diverged (a learning rate too high, float16 overflow in exp or softmax, a division "
+        "by zero in a normalisation, bad inputs on every rank).",
+        fix="Find the first step whose loss was not finite: lower the learning rate or add "
+        "warm-up, clip gradients, compute the overflowing op in float32 (or use bf16), check "
+        "the inputs of that step.",
+        false_positives="None: the program's own words name the non-finite loss.",
+    ),
+    fix=(
+        "Log the loss every step and find the first non-finite one; run that step with "
+        "torch.autograd.set_detect_anomaly(True) to see which op produced it.",
+        "Lower the learning rate or add warm-up, clip gradients (clip_grad_norm_), and keep "
+        "exp/softmax/normalisations in float32 under autocast.",
+    ),
 )
 
 STOPPED_SHORT = Rule(
@@ -211,4 +237,5 @@ RULES = (
     INTERRUPTED,
     STALLED_THEN_STOPPED,
     STOPPED_SHORT,
+    DIVERGED,
 )

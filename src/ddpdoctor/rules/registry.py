@@ -74,12 +74,14 @@ INTENDED_ENDS: dict[str, Rule] = {
     "interrupted": inferred.INTERRUPTED,
     "stalled-then-stopped": inferred.STALLED_THEN_STOPPED,
     "stopped-short": inferred.STOPPED_SHORT,
+    "diverged": inferred.DIVERGED,
 }
 """The verdicts of ends that are not failures of training, by the engine's name for them:
 every rank stopped on purpose; a crash after the work was done; a stop from outside; a stop
 by hand (SIGINT) of a job that most likely hung; a stop from outside of a job that had made no
 progress for far longer than its pace; an end, with nothing failed, at half the steps its own
-counter planned or fewer."""
+counter planned or fewer; and the one stop that is no intended end: every rank stopped on a
+loss that was no longer finite (diverged)."""
 
 
 @lru_cache(maxsize=1)
