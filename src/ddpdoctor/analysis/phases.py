@@ -18,6 +18,10 @@ BUSY_PHASE = re.compile(
     r"|consolidat|gather(?:ing)? (?:the )?(?:full )?state"
     r"|running (?:on|the) (?:dataset|eval)|rebuilding"
     r"|(?:can|may|might|will) take (?:a while|a (?:few )?minutes?|some time|long)"
+    # Hugging Face datasets' bars over a whole dataset (the work a main process does alone
+    # under main_process_first while the others wait at the barrier)
+    r"|^(?:map|filter)(?: \(num_proc=\d+\))?: +\d+%"
+    r"|^(?:generating \w+ split|grouping texts|casting the dataset|concatenating|packing)\b"
 )
 """Last words that announce a long phase a rank does on its own."""
 BUSY_WORDS = (
@@ -36,6 +40,13 @@ BUSY_WORDS = (
     "gather",
     "running",
     "take",
+    "map",
+    "filter",
+    "generating",
+    "grouping",
+    "casting",
+    "concatenating",
+    "packing",
 )
 """A lower-cased piece of every alternative of BUSY_PHASE: ASCII text holding none of them
 cannot match it (see busy_phase)."""
