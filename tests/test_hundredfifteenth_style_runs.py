@@ -157,25 +157,18 @@ MISSES: dict[str, str] = {
     "the console: OLMo's records name the rank as 'vm:1'), although torchrun says 'failed "
     "(exitcode: -11) local_rank: 1' and '-11 ... (SIGSEGV)': a signal death leaves no output of "
     "its own by nature; the native crash (LCH104) is kept only as context",
-    "norm-solo": "failed, nccl-timeout, no culprit (TMO102, 0.3): both ranks' 'Timed out waiting "
-    "15000ms' are CRITICAL records whose rank is only in the host:local_rank field ('vm:0', "
-    "'vm:1') and whose tracebacks carry no '[rankN]:' prefix, so the tool cannot see that rank 0 "
-    "waited in dist.all_reduce(norm) inside `rank == 0` code while rank 1 waited in the "
+    "norm-solo": "failed, nccl-timeout, no culprit (TMO102, 0.3): since session 35 both ranks' "
+    "'Uncaught RuntimeError: ... Timed out waiting 15000ms' records are read as ranks 0 and 1 "
+    "(OLMo's host:local_rank field), but the tracebacks under them are continuation lines with "
+    "no prefix, so which function each rank waited in is not theirs: the tool cannot see that "
+    "rank 0 waited in dist.all_reduce(norm) inside `rank == 0` code while rank 1 waited in the "
     "optimizer's all_gather: collective-mismatch on rank 0",
-    "piqa-crawl": "failed, nccl-timeout, no culprit (TMO102, 0.3): rank 1's timeout (a 'vm:1' "
-    "CRITICAL record, no '[rankN]:') is not attributed, and rank 0's INFO records \"Running "
-    "evaluation for 'piqa'...\" and '[eval_step=2/8]' before and '[eval_step=3/8]' after the "
-    "timeout (rank 0 busy in the downstream evaluator, then SIGTERMed) are not read as a rank "
-    "busy past the timeout: slow-rank-timeout on rank 0",
-    "repeat-drop": "failed, nccl-timeout, no culprit (TMO102, 0.3): rank 1's timeout in the "
-    "barrier under save_checkpoint, called from fit after the loop (the final unsharded save), "
-    "while rank 0's traceback is in backward under train_batch, is not attributed by rank (the "
-    "rank is only 'vm:1' / 'vm:0' in the records): rank 1 ran out of batches first, "
-    "uneven-inputs on rank 1",
-    "upload-park": "hung, hang on rank 1 expected; says failed, nccl-timeout, no culprit (TMO102, "
-    "0.3): rank 0's timeout in backward is a 'vm:0' CRITICAL record the tool does not tie to "
-    "rank 0, so it cannot see that rank 1 printed nothing at all (non-zero ranks log WARNING+ "
-    "only) and was SIGTERMed alive by torchrun: the silent rank 1",
+    "repeat-drop": "failed, nccl-timeout, no culprit (TMO102, 0.3): since session 35 the "
+    "timeout records are read as ranks 1 and 0 (OLMo's host:local_rank field), but their "
+    "tracebacks are continuation lines with no prefix: rank 1's barrier under save_checkpoint, "
+    "called from fit after the loop (the final unsharded save), against rank 0's backward under "
+    "train_batch, is not tied to the ranks: rank 1 ran out of batches first, uneven-inputs on "
+    "rank 1",
 }
 
 

@@ -1003,3 +1003,19 @@ def test_the_logging_cookbooks_name_then_level_without_a_time() -> None:
     logger's name is read (the padded-level check applies to a level at the message's start
     only)."""
     assert parse_line("torchtitan.train - ERROR - Ran out of data").level == "error"
+
+
+def test_olmos_records_name_the_host_and_local_rank() -> None:
+    """AI2 OLMo's records (tests/fixtures/real/hundredfifteenth-*): time, host:local_rank,
+    logger:line and level, tab-separated; its excepthook's 'Uncaught X: ' before an
+    exception's own line. Without the tabs, the same words are no such record."""
+    root = Path(__file__).parent / "fixtures" / "real"
+    line = next(
+        ln
+        for ln in (root / "hundredfifteenth-folder-kept" / "console.log").read_text().splitlines()
+        if "\tCRITICAL\t" in ln
+    )
+    parsed = parse_line(line)
+    assert (parsed.origin.host, parsed.origin.local_rank, parsed.level) == ("vm", 1, "critical")
+    assert parsed.text.startswith("RuntimeError: ")
+    assert parse_line("2026-12-06 15:52:19.567 vm:0 train:787 INFO CLI").origin.local_rank is None

@@ -301,6 +301,9 @@ def build_evidence(job: JobView, events: list[Event]) -> JobEvidence:
     evidence.logged_errors = _each_writers(
         job, lambda s: (s.last_error_line, s.last_error_text) if s.last_error_text.strip() else None
     )[:MAX_LOGGED_ERRORS]
+    evidence.unranked_raised = _each_writers(
+        job, lambda s: s.first_raised if job.resolve(s.origin) is None else None
+    )
     evidence.stall = _stall(job)
     evidence.stopped_by_run = job.stopped
     evidence.ended |= bool(info.per_rank or info.exit_code is not None or job.completed_at)

@@ -138,6 +138,8 @@ def merge(acc: SourceScan, part: SourceScan) -> SourceScan:
         s.open_traceback_at += shift if s.open_traceback_at else 0
         s.closed_traceback_line += shift if s.closed_traceback_line else 0
         s.last_error_line += shift if s.last_error_line else 0
+        if s.first_raised is not None:
+            s.first_raised = (s.first_raised[0] + shift, s.first_raised[1])
         s.recent = tuple((line + shift, raw) for line, raw in s.recent)
         s.bare = tuple((line + shift, raw) for line, raw in s.bare)
         if s.pending_phase is not None:
@@ -187,6 +189,7 @@ def merge(acc: SourceScan, part: SourceScan) -> SourceScan:
         a.error_lines += s.error_lines
         a.last_error_line = s.last_error_line or a.last_error_line
         a.last_error_text = s.last_error_text or a.last_error_text
+        a.first_raised = a.first_raised or s.first_raised
         a.progress_total = s.progress_total or a.progress_total
         if a.origin.rank is None and s.origin.rank is not None:
             a.origin = s.origin

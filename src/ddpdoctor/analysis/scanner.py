@@ -89,6 +89,12 @@ RAISED = re.compile(r"[A-Za-z_][\w.]{0,200}(?:Error|Exception)(?::\s|:?$)")
 EXCEPTION_HEAD = re.compile(r"^\**[A-Za-z_][\w.]{0,200}(?:Error|Exception):")
 """An exception line with a message (possibly wrapped by rich or a terminal onto the next
 lines)."""
+LAUNCHER_RAISED = re.compile(
+    r"ChildFailedError|SignalException|ProcessRaisedException|ProcessExitedException"
+    r"|CalledProcessError"
+)
+"""The exceptions launchers raise about their workers (torchrun, mp.spawn, accelerate's and
+DeepSpeed's subprocess calls): a report of a worker's failure, not the worker's own."""
 WRAP_LINES = 3
 MAX_WRAPPED_TEXT = 4000
 MAX_WRAPPED_READS = 200
@@ -221,6 +227,10 @@ class StreamSummary:
     """The last of them: a restart after it leaves the writer's new attempt quiet."""
     last_error_text: str = ""
     """The words of that line (an error the program logged that no rule may know)."""
+    first_raised: tuple[int, str] | None = None
+    """(line, words) of the first exception line a writer no rank is known for printed, other
+    than a launcher's own (LAUNCHER_RAISED): a program's excepthook may print that line alone,
+    with no traceback ('OLMoConfigurationError: ... already exists')."""
     progress_total: int | None = None
     """The M of the last "step n/M" counter: ranks with different M have uneven inputs."""
     progress_done: int | None = None
@@ -996,6 +1006,13 @@ class Scanner:
                     summary.error_lines += 1  # an error logged, or an exception it printed
                     summary.last_error_line = line_no
                     summary.last_error_text = message[:ERROR_TEXT_CHARS]
+                    if (
+                        summary.first_raised is None
+                        and summary.origin.rank is None
+                        and EXCEPTION_HEAD.match(message)
+                        and not LAUNCHER_RAISED.search(message)
+                    ):
+                        summary.first_raised = (line_no, message[:ERROR_TEXT_CHARS])
                 # a JSON record's fields are progress when they report a loss ('step: 5  loss:
                 # 3.9'); a step number alone rides on every record ('training finished', step 8)
                 told = f"{message} | {parsed.fields}" if "loss" in parsed.fields else message

@@ -136,6 +136,15 @@ DETERMINED = re.compile(
     r"|\[rank=(?P<alone>\d{1,6})\] \|\| ?"
 )
 HEX_DIGITS = frozenset("0123456789abcdef")
+# AI2 OLMo's records (olmo/util.py setup_logging), after their time, tab-separated:
+# '2024-02-01 12:00:00.123\tnode7:3\tolmo.train:816\tINFO\tmessage': the host and the
+# local rank, the logger and its line, the level. Its excepthook logs an uncaught exception
+# as 'Uncaught RuntimeError: ...' (CRITICAL, the traceback below): the exception's own line
+# starts after that word.
+OLMO_RECORD = re.compile(
+    r"(?P<host>[A-Za-z0-9][\w.-]{0,62}):(?P<local>\d{1,4})\t[\w.]{1,100}:\d{1,6}\t"
+    r"(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL)\t(?:Uncaught (?=[\w.]{1,100}: ))?"
+)
 # `kubectl logs --prefix`: `[pod/train-worker-1/pytorch] `; the pod is the host.
 KUBECTL = re.compile(r"\[pod/(?P<pod>[^/\]\s]+)/[^\]\s]+\] ")
 # Capture platforms: `[stderr]`, `[stdout]`.
@@ -699,6 +708,18 @@ def parse_line(raw: str, year: int = 1970, with_time: bool = True) -> ParsedLine
                 rich_record = True  # padded to the console's width
                 pos = rich.end()
                 continue
+        m = (
+            OLMO_RECORD.match(text, pos)
+            if platform_ok and c.isalnum() and text.find("\t", pos, pos + 66) > 0
+            else None
+        )
+        if m:
+            origin.host = origin.host or m.group("host")
+            origin.local_rank = rank_number(m.group("local"))
+            out.level = m.group("level").lower()
+            prefix_parts.append(f"{m.group('host')}:{m.group('local')}")
+            pos = m.end()
+            continue
         m = (
             DETERMINED.match(text, pos)
             if (

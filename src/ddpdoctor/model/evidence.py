@@ -239,6 +239,9 @@ class JobEvidence:
     logged_errors: list[Evidence] = field(default_factory=list)
     """Each writer's last error-level line (logging's ERROR, glog's E): what the program said
     went wrong, whether or not a rule knows the words."""
+    unranked_raised: list[Evidence] = field(default_factory=list)
+    """The first exception line of each writer no rank is known for (StreamSummary
+    .first_raised): an exception a worker printed, perhaps alone, without its traceback."""
     stopped_short: Evidence | None = None
     """The last training counter of a run that announced its end, where every writer's
     counter stood at half its total or less ('15/200'): the loop ended long before its plan."""

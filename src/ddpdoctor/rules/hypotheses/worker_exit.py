@@ -143,10 +143,15 @@ def _exited_without_a_traceback(job: JobEvidence, failing: dict[int, int]) -> se
     """Failed workers with no error of their own whose stderr is shown: the launcher reported
     their exit in a console where a rank left waiting printed its traceback (the same node's
     workers share it). A Python process that dies of an exception prints its traceback
-    there; one that printed nothing called sys.exit() itself."""
+    there; one that printed nothing called sys.exit() itself. Not where that console holds an
+    exception line of no rank: some worker raised, its traceback perhaps not printed."""
     if not job.waiting:
         return set()
     shown = {s for r in job.waiting for s in job.ranks[r].sources}
+    if any(e.source in shown for e in job.unranked_raised):
+        # an exception line no rank is known for is in that console: the failed worker's
+        # own, printed without a traceback (a program's excepthook), not a silent exit
+        return set()
     # a rank whose output ends inside a traceback of its own did raise: its stderr was cut
     # (Python's 'lost sys.stderr'), not silent
     raised = {c.where.rank for c in job.cut_tracebacks}
