@@ -152,11 +152,6 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "kernel-segv": "failed, python-exception on rank 1 (INF208, 0.5): right rank; read as 'a "
-    "worker exited with an error and its own output is not in the logs' (no '[rankN]:' line in "
-    "the console: OLMo's records name the rank as 'vm:1'), although torchrun says 'failed "
-    "(exitcode: -11) local_rank: 1' and '-11 ... (SIGSEGV)': a signal death leaves no output of "
-    "its own by nature; the native crash (LCH104) is kept only as context",
     "norm-solo": "failed, nccl-timeout, no culprit (TMO102, 0.3): since session 35 both ranks' "
     "'Uncaught RuntimeError: ... Timed out waiting 15000ms' records are read as ranks 0 and 1 "
     "(OLMo's host:local_rank field), but the tracebacks under them are continuation lines with "

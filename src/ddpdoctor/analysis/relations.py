@@ -347,8 +347,9 @@ def _same_report(a: Event, b: Event, block: set[tuple[str, int]]) -> bool:
 
 
 def _subjects(event: Event) -> set[str]:
-    """The ranks the event's lines name as what they are about (their 'rank' capture)."""
-    return {r for h in event.hits if (r := h.captures.get("rank"))}
+    """The ranks the event's lines name as what they are about (their 'rank' capture, or the
+    local rank a launcher's report names: 'failed (exitcode: -11) local_rank: 1')."""
+    return {r for h in event.hits if (r := h.captures.get("rank") or h.captures.get("local_rank"))}
 
 
 def relate_exit_path(graph: CausalGraph, ctx: Context) -> None:
