@@ -71,14 +71,18 @@ def test_the_store_that_cannot_listen_is_the_master_ranks() -> None:
     assert (taken.kind, taken.culprit.ranks) == ("rendezvous-failure", [])
 
 
-def test_a_launchers_report_on_a_child_by_pid_is_not_its_writers(tmp_path: Path) -> None:
-    """Lightning's launcher runs in a rank's process and reports a child it started by PID
-    (the census's example, under the writer's '[rank: 0]' prefix): the child that was killed
-    is not rank 0, and no line maps its pid, so nobody is named."""
+def test_a_launchers_report_on_a_child_names_the_childs_rank(tmp_path: Path) -> None:
+    """Lightning's launcher runs in rank 0's process and reports a child it started by PID,
+    prefixed with the child's own rank (rank_prefixed_message(..., rank=i + 1)); where no line
+    maps the pid, that prefix names the child (set 118 bin-hoard, the census's example). A
+    report naming a pid alone names nobody."""
     census = [json.loads(line) for line in (REPO / "census" / "messages.jsonl").open()]
     (example,) = [m["example"] for m in census if m["id"] == "pl-child-process-killed"]
     log = tmp_path / "console.log"
     log.write_text(example + "\n")
+    verdict = diagnose_paths([str(log)]).verdict
+    assert (verdict.kind, verdict.culprit.ranks) == ("host-oom", [1])
+    log.write_text(example.replace("[rank: 1] ", "") + "\n")
     verdict = diagnose_paths([str(log)]).verdict
     assert (verdict.kind, verdict.culprit.ranks) == ("host-oom", [])
 

@@ -140,17 +140,6 @@ MISSES: dict[str, str] = {
     "AssertionError: the magic_prime assert after node 1's 'Data has 75000 tokens.' (node 0: "
     "100719) is not read as node 1's copy of the data cut short, nor is node 1 mapped to "
     "global rank 1",
-    "bin-hoard": "failed/host-oom right (LCH101, 0.6, from the observer's '[rank: 1] Child "
-    "process with PID N terminated with code -9') but culprit []: Lightning's '[rank: 1]' "
-    "prefix of that line (the child's local rank) is not read as the dead rank",
-    "wkv-segv": "failed/native-crash right (LCH104, 0.9, from '[rank: 1] Child process ... "
-    "terminated with code -11') but culprit []: the '[rank: 1]' prefix of the observer's "
-    "line is not read as the crashed rank",
-    "s3-sync": "failed/nccl-timeout, culprit [0] (INF204, 0.3: ranks timed out and the rank "
-    "they waited for left no logs): rank 0's 'Completed 8.0 MiB/64.0 MiB ... upload: "
-    "out/rwkv-0.pth to s3://...' lines every 5 s after 'Saving out/rwkv-0.pth', while rank 1 "
-    "timed out, are not read as rank 0 busy uploading (the culprit is right, the kind is "
-    "not)",
     "shard-wait": "failed/nccl-timeout, culprit [1] (INF204, 0.3): rank 0's recv timeout "
     "with rank 1 silent and never seen exiting (the orphaned child was ended by `timeout`, "
     "no exit line) is read as a timeout of a rank that left no logs, not as a hang of rank "

@@ -22,6 +22,10 @@ BUSY_PHASE = re.compile(
     # under main_process_first while the others wait at the barrier)
     r"|^(?:map|filter)(?: \(num_proc=\d+\))?: +\d+%"
     r"|^(?:generating \w+ split|grouping texts|casting the dataset|concatenating|packing)\b"
+    # a copy to remote storage (a checkpoint uploaded at save time): the AWS CLI's progress
+    # ('Completed 8.0 MiB/64.0 MiB (1.6 MiB/s) with 1 file(s) remaining'), an upload announced
+    r"|^completed [\d.]{1,10} [kmgt]?i?b/[\d.]{1,10} [kmgt]?i?b\b"
+    r"|\bupload(?:ing)?\b[^\n]{0,120}\b(?:to|into) \S"
 )
 """Last words that announce a long phase a rank does on its own."""
 BUSY_WORDS = (
@@ -47,6 +51,8 @@ BUSY_WORDS = (
     "casting",
     "concatenating",
     "packing",
+    "completed",
+    "upload",
 )
 """A lower-cased piece of every alternative of BUSY_PHASE: ASCII text holding none of them
 cannot match it (see busy_phase)."""

@@ -258,9 +258,11 @@ class StreamSummary:
     """For a writer no rank is known for (the main process's bar), its training counter with
     the largest total, where it stood last: the steps it planned and reached."""
     pending_phase: tuple[int, str] | None = None
-    """For a writer no rank is known for, its last line since its last progress line that
-    announced a long phase of work (phases.phase_of_work: 'building the index ...'): what
-    it set out to do and never reported done by a step. A rank's own words say it already
+    """For a writer no rank is known for, its first line since its last progress line that
+    announced a long phase of work (phases.phase_of_work: 'building the index ...', or one
+    that counts its parts: phases.counted_phase): what it set out to do and never reported
+    done by a step (its later lines of the phase, printed while or after the others waited,
+    do not move it). A rank's own words say it already
     (behaviour reads a ranked writer's last lines); one set out on far above its last lines
     (the phase's parameters printed after it) is still under way."""
     year: int = 1970
@@ -1028,7 +1030,11 @@ class Scanner:
                             if mine is None:
                                 mine = kept[key] = deque(maxlen=RECENT_LINES)
                             mine.append((line_no, raw))
-                        if phase_of_work(message) or counted_phase(message):
+                        if summary.pending_phase is None and (
+                            phase_of_work(message) or counted_phase(message)
+                        ):
+                            # the first since its last step: the phase it set out on (its
+                            # later lines, after the others' wait, do not move it)
                             summary.pending_phase = (line_no, message[:PHASE_CHARS])
                     elif timed:
                         mine = recent.get(key)
@@ -1037,10 +1043,12 @@ class Scanner:
                         mine.append((line_no, raw[:RANKED_RECENT_CHARS]))
                 if on_progress:
                     summary.after_progress, summary.since_progress = (), 0
-                    summary.pending_phase = None
                     if summary.origin.rank is None and counted_phase(message):
                         # progress, but of a phase of work it counts the parts of
-                        summary.pending_phase = (line_no, message[:PHASE_CHARS])
+                        if summary.pending_phase is None:
+                            summary.pending_phase = (line_no, message[:PHASE_CHARS])
+                    else:
+                        summary.pending_phase = None
                     if summary.origin.rank is not None:
                         recent.pop(key, None)  # a ranked writer's work since its last step
                 elif summary.since_progress < AFTER_PROGRESS_LINES:

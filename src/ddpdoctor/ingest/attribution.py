@@ -54,6 +54,10 @@ def _in_a_worker(hit: Hit) -> bool:
     return bool(frames) and not any(AGENT_FRAME.search(f) for f in frames)
 
 
+CHILD_RANK = re.compile(r"\[rank: (?P<rank>\d{1,7})\] Child process with PID \d")
+"""Lightning's child-process observer names the child it reports by rank in its prefix."""
+
+
 def rank_of(hit: Hit, resolve: Resolver, single_node: bool, sole_host: str | None) -> int | None:
     """The global rank a hit is about, or None when nothing says it."""
     child = _number(hit.captures.get("child_pid"))
@@ -62,7 +66,12 @@ def rank_of(hit: Hit, resolve: Resolver, single_node: bool, sole_host: str | Non
         # pid (Lightning's observer: 'Child process with PID 13117 terminated with code -9'):
         # the line is about that process, not its writer; unknown where no line maps the pid
         host = hit.record.origin.host or (sole_host if single_node else None)
-        return resolve(Origin(host=host, pid=child))
+        found = resolve(Origin(host=host, pid=child))
+        if found is None and (named := CHILD_RANK.match(hit.record.text)):
+            # Lightning prefixes the observer's message with the child's own rank
+            # (rank_prefixed_message(..., rank=i + 1) for its i-th child)
+            found = _number(named.group("rank"))
+        return found
     rank = resolve(hit.record.origin)
     if rank is not None:
         return rank
