@@ -262,9 +262,9 @@ class StreamSummary:
     announced a long phase of work (phases.phase_of_work: 'building the index ...', or one
     that counts its parts: phases.counted_phase): what it set out to do and never reported
     done by a step (its later lines of the phase, printed while or after the others waited,
-    do not move it). A rank's own words say it already
-    (behaviour reads a ranked writer's last lines); one set out on far above its last lines
-    (the phase's parameters printed after it) is still under way."""
+    do not move it). A rank's own words say it already (behaviour reads a ranked writer's
+    last lines); one set out on far above its last lines (the phase's parameters printed
+    after it) is still under way."""
     year: int = 1970
     """The year its source's times without one are read in (the file's)."""
     last_epoch: tuple[int, int | None, bool] | None = None
