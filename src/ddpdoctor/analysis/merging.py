@@ -169,8 +169,10 @@ def merge(acc: SourceScan, part: SourceScan) -> SourceScan:
         )
         if s.planned is not None and (a.planned is None or s.planned.total >= a.planned.total):
             a.planned = s.planned
-        if s.pending_phase is not None or s.progress_lines:
-            a.pending_phase = s.pending_phase  # (a later step ended an earlier range's phase)
+        if s.phase_cleared:  # a later step ended an earlier range's phase
+            a.pending_phase, a.phase_cleared = s.pending_phase, True
+        elif a.pending_phase is None:  # the first phase set out on stands
+            a.pending_phase = s.pending_phase
         a.progress_lines += s.progress_lines
         a.last_init_line = s.last_init_line or a.last_init_line
         # (the later range's lines of this writer only: enough to tell 'right after' from not)

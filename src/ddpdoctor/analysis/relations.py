@@ -21,6 +21,7 @@ job, documented by what it means for every rank; none names a rule or a kind. Wh
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
@@ -348,8 +349,15 @@ def _same_report(a: Event, b: Event, block: set[tuple[str, int]]) -> bool:
 
 def _subjects(event: Event) -> set[str]:
     """The ranks the event's lines name as what they are about (their 'rank' capture, or the
-    local rank a launcher's report names: 'failed (exitcode: -11) local_rank: 1')."""
-    return {r for h in event.hits if (r := h.captures.get("rank") or h.captures.get("local_rank"))}
+    local rank a launcher's report names: 'failed (exitcode: -11) local_rank: 1'; kept apart,
+    since a node's local rank 1 need not be global rank 1)."""
+    subjects: set[str] = set()
+    for h in event.hits:
+        if rank := h.captures.get("rank"):
+            subjects.add(rank)
+        elif local := h.captures.get("local_rank"):
+            subjects.add(f"local {local}")
+    return subjects
 
 
 def relate_exit_path(graph: CausalGraph, ctx: Context) -> None:
@@ -722,11 +730,26 @@ def announcements(stop: Event) -> int:
             copies.add((record.text.strip(), record.time))
         text = hit.record.text
         said = next(
-            (m.group(0).casefold() for s in stop.rule.signatures if (m := s.compiled.search(text))),
+            (
+                _announced(m, s.required_literal)
+                for s in stop.rule.signatures
+                if (m := s.compiled.search(text))
+            ),
             "",
         )
         total += max(1, text.casefold().count(said)) if said else 1
     return total
+
+
+def _announced(match: re.Match[str], literal: str) -> str:
+    """The words a stop's signature matched (casefolded), to count in its line. A signature
+    that reads from the line's start ('Loss is inf, stopping training') matches the whole of
+    two glued announcements at once: of its match, only the words from its literal on."""
+    folded = match.group(0).casefold()
+    if match.start() > 0:
+        return folded
+    at = folded.rfind(literal.casefold())
+    return folded[at:] if at >= 0 else folded
 
 
 def relate_agreed_stop(graph: CausalGraph, ctx: Context) -> None:

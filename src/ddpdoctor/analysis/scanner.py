@@ -265,6 +265,10 @@ class StreamSummary:
     do not move it). A rank's own words say it already (behaviour reads a ranked writer's
     last lines); one set out on far above its last lines (the phase's parameters printed
     after it) is still under way."""
+    phase_cleared: bool = False
+    """A training step of this writer ended a phase (or found none) in what was scanned: a
+    later range's pending phase then replaces an earlier range's; without one, the earlier
+    range's phase is still the one set out on (merging)."""
     year: int = 1970
     """The year its source's times without one are read in (the file's)."""
     last_epoch: tuple[int, int | None, bool] | None = None
@@ -1049,6 +1053,7 @@ class Scanner:
                             summary.pending_phase = (line_no, message[:PHASE_CHARS])
                     else:
                         summary.pending_phase = None
+                        summary.phase_cleared = True
                     if summary.origin.rank is not None:
                         recent.pop(key, None)  # a ranked writer's work since its last step
                 elif summary.since_progress < AFTER_PROGRESS_LINES:

@@ -791,12 +791,16 @@ MISSING_PHRASES = (
 NONE_FOUND = r"no (?:data|images?|files?|samples?|examples?)\b[^\n]{0,40}\bfound"
 """'No data found', 'No images found in ...': the input looked for and not there."""
 
+
+def _absent(phrases: str) -> str:
+    """A data noun somewhere in the line (ahead or behind), then one of `phrases`."""
+    return r"(?=[^\n]{0,300}" + DATA_NOUN + r")[^\n]{0,300}?\b(?:" + phrases + ")"
+
+
 MISSING_INPUT_WORDS = re.compile(
-    r"(?i)(?:(?=[^\n]{0,300}"
-    + DATA_NOUN
-    + r")[^\n]{0,300}?\b(?:"
-    + "|".join(re.escape(p) for p in MISSING_PHRASES)
-    + r")|\b"
+    r"(?i)(?:"
+    + _absent("|".join(re.escape(p) for p in MISSING_PHRASES))
+    + r"|\b"
     + NONE_FOUND
     + ")"
 )
@@ -815,15 +819,7 @@ def _missing_input_signatures() -> tuple[Signature, ...]:
     and one for 'no images found'."""
     return (
         *(
-            Signature(
-                r"(?i)"
-                + OWN_EXCEPTION
-                + r"(?=[^\n]{0,300}"
-                + DATA_NOUN
-                + r")[^\n]{0,300}?\b"
-                + re.escape(phrase),
-                phrase,
-            )
+            Signature(r"(?i)" + OWN_EXCEPTION + _absent(re.escape(phrase)), phrase)
             for phrase in MISSING_PHRASES
         ),
         Signature(r"(?i)" + OWN_EXCEPTION + r"[^\n]{0,300}?\b" + NONE_FOUND, " found"),
@@ -843,8 +839,9 @@ MISSING_INPUT = Rule(
     context_none=(r"PyTorchFileWriter", r", in _?(?:save|write|dump)\w*\s*$"),
     explanation=Explanation(
         what="An exception of the program's own (an assertion, a ValueError or RuntimeError it "
-        "raised) whose message says that data it was given is not there: a dataset, a folder "
-        "of images, a file of samples that does not exist, was not found or is empty.",
+        "raised), or an error it logged before its output stopped (INF240's reading of such "
+        "words), that says data it was given is not there: a dataset, a folder of images, a "
+        "file of samples that does not exist, was not found or is empty.",
         why="The path points where the data is not: a relative path run from another working "
         "directory, a mount or a download missing on this node, a preprocessing step that did "
         "not run or wrote elsewhere, a folder layout the loader does not expect.",

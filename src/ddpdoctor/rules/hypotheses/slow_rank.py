@@ -47,6 +47,7 @@ def assess(job: JobEvidence) -> Assessment | None:
     if not (waiting or job.timed_out):
         return None
     found: list[Assessment] = []
+    unranked = _from_unranked_phase(job)
     # (where no rank is known at all, the busy writer is none of the waiting ones either)
     if job.busy_progress is not None and (quiet or missing or not job.ranks):
         elapsed, line = job.busy_progress
@@ -127,8 +128,11 @@ def assess(job: JobEvidence) -> Assessment | None:
         # collective whose own evidence then weighs more)
         score = 0.7 if busy & named else 0.6 if culprit - running else 0.55 if behind else 0.4
         # a line of no rank that counts the parts of its work speaks for the silent rank
-        counted = _from_unranked_phase(job) if job.unranked_phase_counted else None
-        told = counted is not None and bool(set(counted.culprits) & culprit)
+        told = (
+            unranked is not None
+            and job.unranked_phase_counted
+            and bool(set(unranked.culprits) & culprit)
+        )
         if not (busy & named) and not phased and not told and not_main_and_silent(job, culprit):
             found.append(
                 from_silent_rank(
@@ -235,7 +239,6 @@ def assess(job: JobEvidence) -> Assessment | None:
                 ],
             )
         )
-    unranked = _from_unranked_phase(job)
     if unranked is not None:
         found.append(unranked)
     if missing and job.startup_seq is not None:
