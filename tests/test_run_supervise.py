@@ -243,3 +243,40 @@ def test_startup_grace_option_is_honoured(tmp_path: Path, grace: str, flagged: b
     assert out.returncode == 0, out.stderr[-2000:]
     hangs = [e for e in events(tmp_path / "r") if e["event"] == "hang_detected"]
     assert bool(hangs) is flagged
+
+
+def _stray_child(holds_output: bool) -> list[str]:
+    """A job whose main process starts a child that outlives it (sleeping 60 s) and exits 0."""
+    redirect = "" if holds_output else ", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL"
+    program = (
+        "import subprocess, sys\n"
+        "p = subprocess.Popen([sys.executable, '-c', "
+        "'import time; time.sleep(60); print(\"late line\")']" + redirect + ")\n"
+        "print('stray pid', p.pid, flush=True)\n"
+    )
+    return [sys.executable, "-c", program]
+
+
+@pytest.mark.parametrize("holds_output", [True, False])
+def test_process_left_running_is_named_and_ended(tmp_path: Path, holds_output: bool) -> None:
+    """A process the job started that outlives it is ended with the run, and the report says
+    which it was, and (where it still held the job's output) that its later output is lost."""
+    out = ddpdoctor_run(tmp_path / "r", cmd=_stray_child(holds_output), timeout=60)
+    assert out.returncode == 0
+    stray = int(re.search(r"stray pid (\d+)", out.stdout)[1])  # type: ignore[index]
+    assert _gone([stray], 15)
+    exit_event = events(tmp_path / "r")[-1]
+    assert [p["pid"] for p in exit_event["left_running"]] == [stray]  # type: ignore[index]
+    said = re.search(
+        r"ddpdoctor run: 1 process of the job still ran after it ended \((.*)", out.stderr
+    )
+    assert said is not None and f"(pid {stray})" in said[1]
+    assert ("not captured" in said[1]) is holds_output
+    report = json.loads((tmp_path / "r" / "report.json").read_text())
+    assert [x.endswith(f"(pid {stray})") for x in report["supervisor"]["left_running"]] == [True]
+
+
+def test_nothing_left_running_says_nothing(tmp_path: Path) -> None:
+    out = ddpdoctor_run(tmp_path / "r", cmd=plain("exit", "0"))
+    assert "still ran after it ended" not in out.stderr
+    assert events(tmp_path / "r")[-1]["left_running"] == []

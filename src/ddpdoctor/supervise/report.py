@@ -85,6 +85,8 @@ def finish_report(
     killed_for_hang: bool,
     output: dict[str, Any],
     progress: dict[str, Any],
+    left_running: list[str] | None = None,
+    grace_s: float = 5.0,
 ) -> tuple[dict[str, Any], str]:
     report, text, error = _diagnose(rundir)
     if report is None:
@@ -117,6 +119,7 @@ def finish_report(
             for h in hangs
         ],
         "killed_for_hang": killed_for_hang,
+        "left_running": left_running or [],
         "output": output,
         "progress": progress,
         "diagnosis_error": error,
@@ -132,6 +135,8 @@ def finish_report(
         lines.append(h.text)
     if killed_for_hang:
         lines.append("the job was ended by ddpdoctor (--on-hang kill)")
+    if left_running:
+        lines.append(_left_running_text(left_running, grace_s, output.get("drained", True)))
     for term in (output.get("terminal") or {}).values():
         if term.get("error"):
             lines.append(f"{term['error']}: {term['unsent']} bytes are in console.log only")
@@ -147,3 +152,25 @@ def finish_report(
     except OSError:
         pass
     return report, full
+
+
+def _left_running_text(left: list[str], grace_s: float, drained: bool) -> str:
+    """Processes the job started that outlived it are ended with the run (no stray process
+    keeps a GPU or a port): say which, and that their later output is lost where they still
+    held the job's output open."""
+    shown = ", ".join(left[:5]) + (f" and {len(left) - 5} more" if len(left) > 5 else "")
+    one = len(left) == 1
+    return (
+        f"ddpdoctor run: {len(left)} process{'' if one else 'es'} of the job still ran after it "
+        f"ended ({shown}); {'it is' if one else 'they are'} ended with the run (SIGTERM, "
+        f"SIGKILL after {grace_s:g} s)"
+        + (
+            "; "
+            + ("it" if one else "they")
+            + " still held the job's output open, so what "
+            + ("it" if one else "they")
+            + " would print later is not captured"
+            if not drained
+            else ""
+        )
+    )

@@ -154,6 +154,9 @@ def run_job(opts: RunOptions) -> RunResult | SupervisorError:
     watchdog.stop()
     time.sleep(0.06)  # one more exit-watch pass for ranks that died with the agent
     per_rank = child.per_rank_exit()
+    # processes of the job that outlived it (a daemon it started, a rank's stray child): the
+    # guardian ends them when the run closes, and the user is told which they were
+    left_running = [p for p in child.remaining() if p.pid != child.pid]
     rundir.event(
         "exit",
         code=code,
@@ -164,6 +167,9 @@ def run_job(opts: RunOptions) -> RunResult | SupervisorError:
         output=capture.stats(),
         cpu=cpu,
         signals_received=received,
+        left_running=[
+            {"pid": p.pid, "role": p.role, "rank": p.rank, "name": p.name} for p in left_running
+        ],
     )
     child.close()
     shutil.rmtree(inject_root, ignore_errors=True)
@@ -178,6 +184,8 @@ def run_job(opts: RunOptions) -> RunResult | SupervisorError:
         watchdog.killed_for_hang,
         capture.stats(),
         progress.snapshot(),
+        [_process_text(p) for p in left_running],
+        opts.grace_s,
     )
     return RunResult(
         shell_code(code),
@@ -250,3 +258,12 @@ def _drop_empty(folder: Path) -> None:
                 path.unlink()
         except OSError:
             continue
+
+
+def _process_text(info: ProcInfo) -> str:
+    """A leftover process as the user can find it: its rank where it has one, its pid and name."""
+    if info.role == "rank":
+        return f"rank {info.rank} (pid {info.pid})"
+    if info.role == "worker":
+        return info.label
+    return f"{info.name or 'process'} (pid {info.pid})"
