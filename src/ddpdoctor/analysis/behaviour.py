@@ -342,6 +342,7 @@ def build_evidence(job: JobView, events: list[Event]) -> JobEvidence:
     if job.launcher_summaries and not job.function_workers and not evidence.completed_at:
         _peer_of_a_lone_rank(evidence)  # (a function's summary lists one failure only)
     evidence.unlisted_exits = _unlisted_exits(job, evidence)
+    evidence.unlisted_speakers = _unlisted_speakers(job, evidence)
     evidence.exited_cleanly = job.interpreter_exit_seen and not errors_logged
     counted = [
         last_epoch_done(s.last_epoch, job.max_epochs, s.first_epoch)
@@ -1109,6 +1110,28 @@ def _unlisted_exits(job: JobView, evidence: JobEvidence) -> set[int]:
     gone = {r for r in evidence.missing if r not in listed and r < evidence.world_size}
     unlisted_stops = job.stopped_pids - {e.pid for e in job.info.per_rank.values()}
     return gone if len(gone) > len(unlisted_stops) else set()
+
+
+def _unlisted_speakers(job: JobView, evidence: JobEvidence) -> set[int]:
+    """Ranks with lines of their own that torchrun's failure summary leaves out while listing
+    others, and whose lines show no end of theirs (no error, no wait, no lost peer, no stop
+    from outside): they exited 0, on their own; they were not killed."""
+    if not (job.launcher_summaries and evidence.single_node and evidence.world_size):
+        return set()
+    listed = set(job.info.per_rank)
+    if not listed or job.function_workers:
+        return set()
+    return {
+        r
+        for r, view in evidence.ranks.items()
+        if r not in listed
+        and r < evidence.world_size
+        and view.present
+        and not view.failed
+        and not view.waiting
+        and not view.terminated
+        and not view.echoes & {"lost-peer", "waiting", "stopped"}
+    }
 
 
 def _ended_after_full_bar(job: JobView) -> bool:

@@ -283,6 +283,9 @@ class JobEvidence:
     """Ranks of a one-node world that left no lines and that the launcher's failure summary
     does not list, while it lists others: torchrun lists every worker that did not exit 0,
     so these had exited 0 before the failure."""
+    unlisted_speakers: set[int] = field(default_factory=set)
+    """Ranks with lines of their own, no end of theirs in them, that the launcher's failure
+    summary leaves out while listing others: they exited 0."""
     exited_cleanly: bool = False
     """torch's atexit handlers logged at interpreter exit (dynamo's traced frames, the fake
     tensor cache's statistics) and no writer logged an error: a process shut down normally

@@ -75,11 +75,13 @@ def assess(job: JobEvidence) -> Assessment | None:
 
 def stopped_on_a_step(job: JobEvidence, rank: int) -> bool:
     """The rank's output ends on a step and nothing says it ended otherwise: no exit code,
-    no stop, no end of training, no long phase of its own announced."""
+    no stop, no end of training, no long phase of its own announced. (Not a rank that the
+    launcher's failure summary leaves out: it exited 0, it was not killed.)"""
     view = job.ranks[rank]
     return (
         view.ended_on_step
         and view.exit_code is None
+        and rank not in job.unlisted_exits | job.unlisted_speakers
         and not view.terminated
         and not view.completed
         and not view.announced_stop

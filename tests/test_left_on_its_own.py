@@ -1,0 +1,69 @@
+"""A rank that leaves its training loop on its own and exits 0 while the others go on (a
+return or sys.exit taken on one rank) is an uncoordinated exit, not a rank killed from
+outside: torchrun's failure summary lists every worker that did not exit 0, so a rank with
+lines of its own that it leaves out had exited 0 (INF202), even when its last line is a
+training step and it said nothing on leaving (INF231 would read that as an OOM kill). Real
+torchrun jobs on gloo, diagnosed as they printed."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ddpdoctor.analysis.diagnose import diagnose_paths
+
+LEAVING = """
+import datetime, os, sys
+import torch, torch.distributed as dist
+mode = os.environ["LEAVE_MODE"]
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=15))
+rank = dist.get_rank()
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 2))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for epoch in range(10):
+    for step in range(5):
+        loss = model(torch.randn(4, 8)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    print(f"[rank{rank}] epoch {epoch} loss {loss.item():.4f}", flush=True)
+    if mode == "quiet-return" and rank == 1 and epoch == 3:
+        sys.exit(0)  # leaves without a word
+    if mode == "target-exit" and rank == 0 and epoch == 3:
+        print("Target accuracy reached, exiting")
+        sys.exit(0)
+print(f"[rank{rank}] done", flush=True)
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.real
+@pytest.mark.parametrize(("mode", "leaver"), [("quiet-return", 1), ("target-exit", 0)])
+def test_a_rank_that_exits_0_mid_run_left_on_its_own(
+    tmp_path: Path, mode: str, leaver: int
+) -> None:
+    pytest.importorskip("torch")
+    script = tmp_path / "train.py"
+    script.write_text(LEAVING)
+    torchrun = Path(sys.executable).parent / "torchrun"
+    proc = subprocess.run(
+        [str(torchrun), "--standalone", "--nproc-per-node=2", str(script)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env={**os.environ, "LEAVE_MODE": mode},
+    )
+    assert proc.returncode != 0
+    # the other rank lost it in its next gradient all-reduce; the summary lists that one only
+    assert "Connection closed by peer" in proc.stdout or "Connection reset" in proc.stdout
+    assert f"rank      : {1 - leaver} (local_rank: {1 - leaver})" in proc.stdout
+    log = tmp_path / "console.log"
+    log.write_text(proc.stdout)
+    v = diagnose_paths([str(log)]).verdict
+    assert (v.status, v.kind, v.culprit.ranks) == ("failed", "uncoordinated-exit", [leaver])
