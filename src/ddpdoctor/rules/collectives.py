@@ -148,9 +148,20 @@ NCCL_WATCHDOG_TIMEOUT = Rule(
         ),
         # TORCH_NCCL_BLOCKING_WAIT=1 raises the timeout in the calling thread
         # (ProcessGroupNCCL.cpp WorkNCCL::synchronize)
+        # (torch 2.x's other wording of it: "[Rank 1] Work WorkNCCL(SeqNum=2521, OpType=ALLREDUCE,
+        # ...) timed out in blocking wait.")
         Signature(
-            r"timed out in blocking wait \(TORCH_NCCL_BLOCKING_WAIT=1\)",
+            r"timed out in blocking wait(?: \(TORCH_NCCL_BLOCKING_WAIT=1\)|\.)",
             "timed out in blocking wait",
+        ),
+        # ... and torch 1.9-1.12's, raised by wait() in the calling thread: "RuntimeError:
+        # [Rank 1] Caught collective operation timeout: WorkNCCL(SeqNum=1, OpType=BROADCAST,
+        # TensorShape=[], Timeout(ms)=10800000) ran for 10800027 milliseconds before timing out."
+        Signature(
+            r"\bCaught collective operation timeout: WorkNCCL\((?:SeqNum=(?P<seq>\d+), )?"
+            r"OpType=(?P<op>\w+)(?:, NumelIn=(?P<numel>\d+))?(?:[^)]*?Timeout\(ms\)="
+            r"(?P<timeout_ms>\d+))?",
+            "Caught collective operation timeout",
         ),
         # ncclTimeout (NCCL init.cc ncclGetErrorString) through c10d's "NCCL error in: ..."
         # and C10D_CHECK_TIMEOUT (NCCLUtils.hpp) of a non-blocking communicator
@@ -180,6 +191,11 @@ NCCL_WATCHDOG_TIMEOUT = Rule(
     ),
     positive=(
         "WorkNCCL(SeqNum=1, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000)",
+        "RuntimeError: [Rank 1] Caught collective operation timeout: WorkNCCL(SeqNum=1, "
+        "OpType=BROADCAST, TensorShape=[], Timeout(ms)=10800000) ran for 10800027 milliseconds "
+        "before timing out.",
+        "[Rank 1] Work WorkNCCL(SeqNum=2521, OpType=ALLREDUCE, NumelIn=160672064, "
+        "NumelOut=160672064, Timeout(ms)=600000) timed out in blocking wait.",
         "[E ProcessGroupNCCL.cpp:475] [Rank 2] Watchdog caught collective operation timeout: "
         "WorkNCCL(SeqNum=2, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=1800000) ran "
         "for 1800328 milliseconds before timing out.",
