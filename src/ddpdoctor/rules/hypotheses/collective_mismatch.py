@@ -69,6 +69,21 @@ def assess(job: JobEvidence) -> Assessment | None:
     return max(found, key=lambda a: a.score) if found else None
 
 
+SAME_SIZE_OPS = frozenset(
+    {
+        "allreduce",
+        "allgather",
+        "_allgather_base",
+        "broadcast",
+        "reduce",
+        "reduce_scatter",
+        "_reduce_scatter_base",
+    }
+)
+"""NCCL's OpType names (lower case) of collectives whose input has as many elements on every
+rank (not all-to-all, gather or scatter with per-rank sizes, nor a coalesced group)."""
+
+
 def _groups(where: dict[int, tuple[object, ...]]) -> list[set[int]]:
     """Ranks grouped by where they were, largest group first, then by lowest rank."""
     groups: dict[tuple[object, ...], set[int]] = {}
@@ -150,10 +165,15 @@ def _from_wait_sites(job: JobEvidence) -> Assessment | None:
         if not sites:
             continue
         last = sites[-1]
-        where[rank] = (last.op.lower() if last.op else None, last.site)
+        op = last.op.lower() if last.op else None
+        # the element count of a collective every rank must call with the same size: ranks
+        # in one of a different size were in a different call (NCCL checks no sizes)
+        numel = last.numel if op in SAME_SIZE_OPS else None
+        where[rank] = (op, last.site, numel)
         at = f" at {last.site}" if last.site else ""
         seq = f" #{last.seq}" if last.seq is not None else ""
-        text[rank] = f"waited in {last.op or 'a collective'}{seq}{at}"
+        size = f" of {numel} elements" if numel is not None else ""
+        text[rank] = f"waited in {last.op or 'a collective'}{seq}{size}{at}"
     if len(where) < 2:
         return None
     groups = _groups(where)
