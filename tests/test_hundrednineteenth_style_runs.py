@@ -25,7 +25,13 @@ launcher). Captured by tests/fixtures/real/capture_hundrednineteenth.sh (ports 3
 Neither the program nor the launch were used to build the rules: the diagnosis must generalise.
 
 EXPECTED was written from each mode's mechanism and the taxonomy before any diagnosis was seen;
-a mode ddpdoctor gets wrong today is a strict xfail whose reason says what it says instead."""
+a mode ddpdoctor gets wrong today is a strict xfail whose reason says what it says instead.
+First diagnosis: 15 of 16 right (all but patience-halt). yolov5's agreed EarlyStopping stop
+('Stopping training early as no improvement observed in last 2 epochs ...', broadcast to every
+rank, exit 0) reads as a plain finished run (ok, no kind): the stop signature leaves ultralytics'
+words out on purpose, after set 14 expected ok/None for the same stop, while the other sets'
+agreed stops expect ok/early-stop. The unshared stop of an older checkout (patience-solo) is
+read right from rank 1 training on after rank 0 left."""
 
 from __future__ import annotations
 
@@ -134,7 +140,16 @@ EXPECTED: dict[str, Expected] = {
 }
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
-MISSES: dict[str, str] = {}
+MISSES: dict[str, str] = {
+    "patience-halt": "ok, no kind (no rule, 0.5, 'No error, timeout or crash was found'): "
+    "EarlyStopping's 'Stopping training early as no improvement observed in last 2 epochs. Best "
+    "results observed at epoch 3, best model saved as best.pt.' is left out on purpose by the "
+    "stop signature of rules/generic.py ('nor ultralytics' \"Stopping training early as no "
+    "improvement observed\", which ends with its completion line like any finished run', set "
+    "14's plateau-quit expects ok/None for it), so the agreed stop broadcast to rank 1, then '6 "
+    "epochs completed' and exit 0 everywhere, reads as a run that simply finished; the other "
+    "sets' agreed stops with exit 0 (85 modes) expect ok/early-stop",
+}
 
 
 RUNS = RunSet("hundrednineteenth-", EXPECTED, MISSES, label_nowhere=True)
