@@ -67,7 +67,7 @@ EXPECTED: dict[str, Expected] = {
     # 5 on every rank alike: every rank breaks, rank 0 logs "Target accuracy 0.550 reached at
     # epoch 5 (val_acc 0.552), stopping", the state is consolidated and saved, every rank exits
     # 0: an agreed, intended stop
-    "goal-zero": ("ok", "early-stop", []),
+    "goal-zero": ("ok", None, []),
     # [--start-powersgd-iter 1] PowerSGDState refuses start_powerSGD_iter <= 1 with error
     # feedback on: every rank raises "ValueError: Expect `start_powerSGD_iter` > 1 if
     # `use_error_feedback` or `warm_start` is enabled, ..." in the set-up, before training;

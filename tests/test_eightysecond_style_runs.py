@@ -72,7 +72,7 @@ EXPECTED: dict[str, Expected] = {
     # every progress line) reaches the target at step 80: every rank breaks together, rank 0
     # prints "Target PSNR 33.00 reached at step 80 (psnr 33.77), stopping.", the ranks save,
     # evaluate together and exit 0: an agreed, intended stop
-    "psnr-goal": ("ok", "early-stop", []),
+    "psnr-goal": ("ok", None, []),
     # [--eval-steps 100] the mid-training evaluation is called under `if world_rank == 0`, but
     # it all-reduces the PSNR: at step 100 rank 0's 2-element all-reduce meets rank 1's next
     # flat gradient all-reduce; gloo aborts rank 0 ("terminate called after throwing an

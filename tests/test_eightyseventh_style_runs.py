@@ -67,7 +67,7 @@ EXPECTED: dict[str, Expected] = {
     # every rank, does not improve on epoch 2's 0.6875 in epochs 3 and 4: every rank breaks
     # ("Early stopping at epoch 4: accuracy has not improved for 2 evaluations"), passes the
     # final wait_for_everyone, "***** Training complete *****", exit 0: an agreed, intended stop
-    "patience-halt": ("ok", "early-stop", []),
+    "patience-halt": ("ok", None, []),
     # the hardest-example log of epoch 1 step 3 indexes the local batch with a global index
     # (rank * batch + argmax): rank 0's is in range, rank 1 raises "[rank1]: IndexError: index
     # 28 is out of bounds for dimension 0 with size 16"; rank 0 loses it in backward

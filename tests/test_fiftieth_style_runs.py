@@ -41,7 +41,7 @@ EXPECTED: dict[str, Expected] = {
     # decision to every rank: after epoch 2 (top1 0.5078) rank 0 logs "Zero-shot top1 0.5078
     # reached --stop-at-top1 0.45: stopping after epoch 2", every rank leaves the loop and exits
     # 0: an agreed, intended early stop
-    "top1-met": ("ok", "early-stop", []),
+    "top1-met": ("ok", None, []),
     # [3] rank 1's batch statistics look up a key the pipeline never sets at step 5: KeyError
     # 'text_lengths'; ranks 0 and 2 lose it in the all_gather ("Connection closed by peer"); the
     # agent's root cause is rank 1

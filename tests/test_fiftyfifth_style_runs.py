@@ -40,7 +40,7 @@ EXPECTED: dict[str, Expected] = {
     # accuracy: after epoch 2 rank 0 logs "Early stopping: val_acc has not improved by 0.5 for 1
     # epoch(s)" and "Training finished", every rank leaves the loop, destroys the group and
     # exits 0: an agreed, intended early stop
-    "flat-vote": ("ok", "early-stop", []),
+    "flat-vote": ("ok", None, []),
     # rank 2 (node 1's local rank 0) looks up a loss weight for "ship", which the table lacks,
     # at epoch 2 step 5: KeyError 'ship' under "[rank2]:"; ranks 0, 1 and 3 lose it in
     # loss.backward() ("Connection closed by peer"), each node's torchrun reports its own

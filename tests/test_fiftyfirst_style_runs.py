@@ -45,7 +45,7 @@ EXPECTED: dict[str, Expected] = {
     # top1_err of the all_gathered predictions, the same number on every process: after epoch 2
     # the master logs "Early stopping at epoch 2: val top1_err 58.33 has not improved on 58.33
     # for 1 epoch(s)", every process leaves the loop, "training done", exit 0: an agreed stop
-    "plateau-halt": ("ok", "early-stop", []),
+    "plateau-halt": ("ok", None, []),
     # [spawn 3] process 1's train meter counts clips per class in a dict seeded from its first
     # batch's classes: KeyError 'archery' in update_stats during epoch 1; mp.spawn SIGTERMs
     # processes 0 and 2 and reports "-- Process 1 terminated with the following error:"

@@ -44,7 +44,7 @@ EXPECTED: dict[str, Expected] = {
     # gathered eval_loss, the same on every rank: after epoch 2's evaluation every rank stops
     # (rank 0 logs "Early stopping: eval_loss has not improved for 1 evaluation(s) ..."), then
     # "Training completed", 'epoch': 2.0 of 5, every rank exits 0: an agreed, intended stop
-    "plateau-halt": ("ok", "early-stop", []),
+    "plateau-halt": ("ok", None, []),
     # [3] rank 1 books step 7's per-sample losses under a task the table lacks: KeyError
     # 'translate' on rank 1; ranks 0 and 2 lose it in the gradient all-reduce ("Connection
     # closed by peer") and are SIGTERMed; torchrun names rank 1 the root cause

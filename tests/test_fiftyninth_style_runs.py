@@ -60,7 +60,7 @@ EXPECTED: dict[str, Expected] = {
     # [--steps 60 --stop-loss 2.5] the loss averaged over the ranks falls below the target at
     # step 25: every rank breaks together, rank 0 logs "Loss 2.3547 is below the target 2.5000,
     # stopping." and "Training completed"; every process exits 0: an agreed, intended stop
-    "goal-met": ("ok", "early-stop", []),
+    "goal-met": ("ok", None, []),
     # rank 2 (node02's local rank 0) weighs its loss by its shard's source, "code", which the
     # table lacks, at step 8: "[rank2]: KeyError: 'code'"; ranks 0, 1 and 3 lose it
     # ("Connection closed by peer"), node02's torchrun names rank 2 its root cause; srun

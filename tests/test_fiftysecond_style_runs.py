@@ -32,7 +32,7 @@ EXPECTED: dict[str, Expected] = {
     # the ranks sum a "still improving" flag after each epoch: after epoch 1 it is 0 on every
     # rank, the main process prints "no improvement on any process, stopping early", all ranks
     # leave the loop together, pass wait_for_everyone and exit 0: an agreed, intended stop
-    "vote-halt": ("ok", "early-stop", []),
+    "vote-halt": ("ok", None, []),
     # rank 1 reads a loss history entry never stored: KeyError 'step_5' at epoch 0 step 5; the
     # launcher's report names rank 1 (exitcode 1) as the root cause
     "hist-key": ("failed", "python-exception", [1]),

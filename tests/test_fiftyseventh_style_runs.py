@@ -52,7 +52,7 @@ EXPECTED: dict[str, Expected] = {
     # [1], the log's numbering from 0) and leaves the loop: rank 0 prints "=> target top1 90.00
     # reached ... stopping", the Summary and "Experiment ended", every rank exits 0: an agreed,
     # intended early end
-    "goal-met": ("ok", "early-stop", []),
+    "goal-met": ("ok", None, []),
     # [--epochs 4 --mixup 0.2] rank 1's mixup one-hot takes its width from its batch's largest
     # label: in epoch [2] (the log's numbering, from 0) a batch without class 3 gives
     # "[rank1]: RuntimeError: The size of tensor a (3) must match the size of tensor b (4) at

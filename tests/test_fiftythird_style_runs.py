@@ -36,7 +36,7 @@ EXPECTED: dict[str, Expected] = {
     # [tee 3, patience 1, min_delta 100, max_epoch 5] the patience rule reads the all-reduced CV
     # loss, the same on every rank: after epoch 1 all three log "Epoch 1 cv_loss 7.740212 has
     # not improved for 1 epoch(s), stop training" and exit 0: an agreed, intended early stop
-    "plateau-all": ("ok", "early-stop", []),
+    "plateau-all": ("ok", None, []),
     # [plain 3] the data.list holds two utterances more (98): ranks 0 and 1 get 33 (9 batches),
     # rank 2 32 (8). In each epoch rank 2 leaves the loop first; rank 0's monitored_barrier
     # before batch 8 logs "Detected uneven workload distribution: [Rank 0]: Rank 2 failed to

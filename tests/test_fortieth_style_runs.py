@@ -32,7 +32,7 @@ EXPECTED: dict[str, Expected] = {
     "own-stop": ("failed", "uncoordinated-exit", [2]),
     # the ranks average their validation losses: all three print "Epoch 3: early stopping" and
     # exit 0, rank 0 prints its test line
-    "agreed-stop": ("ok", "early-stop", []),
+    "agreed-stop": ("ok", None, []),
     # rank 1's epoch-2 summary lacks val_acc: KeyError on rank 1; the others lose their peer
     "key-gap": ("failed", "python-exception", [1]),
     # the same, with every rank's output in torchrun's per-rank files

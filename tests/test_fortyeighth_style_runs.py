@@ -33,7 +33,7 @@ EXPECTED: dict[str, Expected] = {
     # [2, --target-loss 2.0] the stopping rule reads the loss the last stage broadcasts, on
     # every stage: at step 25 both stages log "loss 1.9671 below --target-loss 2.0 at step 25;
     # stopping" and exit 0: an agreed, intended early stop
-    "goal-reached": ("ok", "early-stop", []),
+    "goal-reached": ("ok", None, []),
     # [4] stage 1 looks up its learning-rate phase "decay" in a table that has only "warmup"
     # and "stable" at step 12: KeyError 'decay' mid-schedule; its neighbours stages 0 and 2
     # lose it in their p2p ("Connection closed by peer"); the agent's root cause is rank 1

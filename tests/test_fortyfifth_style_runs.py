@@ -37,7 +37,7 @@ EXPECTED: dict[str, Expected] = {
     # validation accuracy on every rank: after epoch 2 rank 0 prints "Early stopping: Val has
     # not improved for 1 epoch(s)", every rank leaves the loop, destroys the group and exits 0:
     # an agreed, intended early stop
-    "joint-patience": ("ok", "early-stop", []),
+    "joint-patience": ("ok", None, []),
     # [3, --patience 1 --min-delta 10 --epochs 5] the stopping rule sits inside rank 0's
     # printing block: rank 0 prints the same "Early stopping: ..." after epoch 2, leaves the loop
     # and exits 0; ranks 1 and 2 go on into epoch 3 and lose it in the gradient all-reduce

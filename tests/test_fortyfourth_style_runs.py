@@ -36,7 +36,7 @@ EXPECTED: dict[str, Expected] = {
     # [2, --patience 1 --min-delta 10 --epochs 5] the stop is decided on the all-reduced
     # validation loss: after epoch 1 rank 0 logs "Early stopping: no improvement for 1 epoch(s)",
     # every rank leaves the loop, both tasks complete successfully: an agreed, intended stop
-    "plateau-agree": ("ok", "early-stop", []),
+    "plateau-agree": ("ok", None, []),
     # [2] rank 1 looks up a crop scale for a synset the table lacks at epoch 1 iteration 6:
     # KeyError 'n01440949' after submitit's "Submitted job triggered an exception"; rank 0
     # loses its peer in the gradient all-reduce ("Connection closed by peer"); srun reports both

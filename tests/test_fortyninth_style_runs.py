@@ -39,7 +39,7 @@ EXPECTED: dict[str, Expected] = {
     # below --target-stderr 0.05 after 5 batches (60 docs)" (WARNING), the 60 documents are
     # gathered, rank 0 saves the results and prints the table, every rank exits 0: an agreed,
     # intended early stop
-    "stderr-met": ("ok", "early-stop", []),
+    "stderr-met": ("ok", None, []),
     # [3] rank 1 seeds its per-task tally from its first batch (toy_parity only) as a plain
     # dict: KeyError 'toy_majority' at its third batch; ranks 0 and 2 lose it in the count
     # all-reduce ("Connection closed by peer"); the agent's root cause is rank 1

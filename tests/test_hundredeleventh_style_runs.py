@@ -70,7 +70,7 @@ EXPECTED: dict[str, Expected] = {
     # rank sees the same value: below 3.28 at a validation step, rank 0 prints "val_loss < 3.28
     # reached at step N, stopping", every rank breaks, prints its peak memory (rank 0), destroys
     # its group and exits 0: an agreed, intended stop
-    "goal-halt": ("ok", "early-stop", []),
+    "goal-halt": ("ok", None, []),
     # [--save_checkpoint=True] after the last validation rank 0 saves state_step000120.pt and
     # its Muon state; rank 1 saves its Muon state to f"logs/{run_id}/..." but run_id is made
     # under `if master_process:` only: "[rank1]: NameError: name 'run_id' is not defined"; rank

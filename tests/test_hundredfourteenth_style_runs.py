@@ -70,7 +70,7 @@ EXPECTED: dict[str, Expected] = {
     # best model from output/tiny-encoder-nli/checkpoint-5 (score: ...)', the train dict, the
     # final model saved, exit 0: a stop on purpose (the Trainer prints no word for it; the bar
     # ends at 10/40)
-    "goal-halt": ("ok", "early-stop", []),
+    "goal-halt": ("ok", None, []),
     # [--max_seq_length 128] the model has 64 position embeddings; the tokenizer now keeps up
     # to 128 tokens, and the 90-word answer (row 480, rank 1's share) reaches the position
     # embedding lookup: '[rank1]: IndexError: index out of range in self' in the loss's

@@ -82,7 +82,7 @@ EXPECTED: dict[str, Expected] = {
     # logs "Valid loss has not improved by 0.005 for 2 epochs (best 0.1409...), stopping early
     # after epoch 13"; every rank saw the same valid loss and breaks, "DONE ---- rank 0/1", every
     # rank exits 0: an agreed, intended stop
-    "plateau-halt": ("ok", "early-stop", []),
+    "plateau-halt": ("ok", None, []),
     # [train years 1980-1986] the user's download starts at the leap year 1980 (13 samples): the
     # Dataset takes 'Number of samples per year: 13' from the first file and indexes every other
     # year as if it had 13; rank 1's first batch holds 1982's sample 11, whose target is sample

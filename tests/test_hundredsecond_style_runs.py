@@ -77,7 +77,7 @@ EXPECTED: dict[str, Expected] = {
     # [-- --epochs 12 --target_acc 0.85] the validation accuracy is all-reduced, so every rank
     # sees 0.8750 after epoch 6 and breaks; rank 0 prints "val/acc 0.8750 >= target 0.85 after
     # epoch 6, stopping", exports the model, both exit 0, SUCCEEDED: an agreed, intended stop
-    "acc-goal": ("ok", "early-stop", []),
+    "acc-goal": ("ok", None, []),
     # [--script train.py, the app in apps/cifar/ of the workspace] local_cwd runs torchrun from
     # the workspace and copies nothing: both workers' python says "can't open file
     # '/tmp/run-39235/train.py': [Errno 2] No such file or directory" (exit 2); torchrun's

@@ -87,7 +87,7 @@ EXPECTED: dict[str, Expected] = {
     # and so the same on each: at step 8 'Reward 1.4375 reached reward_target 1.4 at step 8:
     # stopping training' (main process's INFO; the other rank stops silently at the same step),
     # 'Training completed.', the model saved, every rank exits 0: an agreed, intended stop
-    "target-hit": ("ok", "early-stop", []),
+    "target-hit": ("ok", None, []),
     # [--reward_funcs accuracy format closeness --num_train_epochs 5] the added closeness reward
     # parses the answer with int() unguarded; at step 31 one of rank 1's four completions is
     # malformed ('<think> 7 + 8 7 ? <think> 7', no answer tags): rank 1 raises "ValueError:

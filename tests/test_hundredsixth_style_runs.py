@@ -111,7 +111,7 @@ EXPECTED: dict[str, Expected] = {
     # [--max_iters=1000 --target_val_loss=1.6] after step 80's evaluation rank 0 prints 'val loss
     # 1.5685 is below target_val_loss 1.6, stopping at step 80' and broadcasts the decision;
     # every rank leaves the loop, destroys the group and exits 0: SUCCEEDED, an agreed stop
-    "goal-loss": ("ok", "early-stop", []),
+    "goal-loss": ("ok", None, []),
     # [--max_iters=2000, Ctrl-C of `sky launch` 6 s into training] the client stops streaming
     # ('^C', '⚙︎ Request will continue running asynchronously.', 'sky api logs' / 'sky api
     # cancel' hints): the console ends at iteration 310 with no error and no 'Job finished'; the

@@ -82,7 +82,7 @@ EXPECTED: dict[str, Expected] = {
     # loss rises at epoch 2.0 (6.0358 -> 6.09): the HF-like EarlyStoppingCallback stops both
     # ranks at the same step (silently, as HF's does), the final dict says 'epoch': 2.0 of 6,
     # 'Training Completed!!!', exit 0: an agreed, intended stop
-    "patience-halt": ("ok", "early-stop", []),
+    "patience-halt": ("ok", None, []),
     # row 131 of data/alpaca_2k.jsonl has "prompt" for "instruction": the main process, alone
     # tokenising inside zero_first, raises "KeyError: 'instruction'" in tokenize_prompt at
     # 130/240 rows; rank 1, waiting in zero_first's barrier, gets 'Connection closed by peer'

@@ -82,7 +82,7 @@ EXPECTED: dict[str, Expected] = {
     # steps, so in epoch 2 both ranks log "Privacy budget exhausted (ε = 5.05 > 5.0),
     # stopping" at once, run the last test, rank 0 logs the metrics, every rank exits 0: an
     # agreed, intended stop
-    "budget-halt": ("ok", "early-stop", []),
+    "budget-halt": ("ok", None, []),
     # [--epochs 10 --sigma 0.8 --target-epsilon 5.0] the budget check sits inside rank 0's print
     # block: at epoch 2 step 8 rank 0 alone logs "Privacy budget exhausted (ε = 5.10 > 5.0),
     # stopping" and calls sys.exit(0) (exit 0); rank 1 goes on to the next step's gradient

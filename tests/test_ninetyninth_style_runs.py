@@ -107,7 +107,7 @@ EXPECTED: dict[str, Expected] = {
     # twice after epoch 4 (0.2175 -> 0.2295, 0.2250): every rank prints "EarlyStopping counter:
     # 2 out of 2" and "Early stopping" at epoch 6, loads the best checkpoint after the barrier,
     # rank 0 tests, every rank exits 0: an agreed, intended stop
-    "stop-ett": ("ok", "early-stop", []),
+    "stop-ett": ("ok", None, []),
     # [weather, DLinear, lr 0.0015, 15 epochs, patience 2; the fork's first version: vali()
     # returns each rank's own shard loss, not all-reduced] the ranks' EarlyStopping decide
     # alone: at epoch 10 rank 0's loss (0.3379843) does not beat its best, "EarlyStopping

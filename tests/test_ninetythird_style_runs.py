@@ -77,7 +77,7 @@ EXPECTED: dict[str, Expected] = {
     # is the same on every rank) and breaks; rank 0 prints "early stopping: no improvement of
     # mean dice for 2 validations" and "train completed", every rank destroys its process group
     # and exits 0: an agreed, intended stop
-    "stop-seg": ("ok", "early-stop", []),
+    "stop-seg": ("ok", None, []),
     # [--output-dir runs/exp1] the output folder was never created: after epoch 1's validation
     # rank 0's torch.save of best_metric_model.pth raises "RuntimeError: Parent directory
     # runs/exp1 does not exist."; rank 1, in epoch 2's first gradient all-reduce, loses it

@@ -32,7 +32,7 @@ EXPECTED: dict[str, Expected] = {
     # as an improvement, every rank's callback sets should_training_stop at the same step (the
     # metrics are gathered, so all ranks see the same ones) and the Trainer ends normally at
     # step 15 of 30: all exit 0
-    "patience-halt": ("ok", "early-stop", []),
+    "patience-halt": ("ok", None, []),
     # [console 3] one training row is labelled "neutral": the collator's label2id lookup raises
     # KeyError on the rank whose batch holds it (rank 2); ranks 0 and 1 lose it in their next
     # collective

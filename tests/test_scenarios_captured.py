@@ -127,7 +127,7 @@ def test_a_framework_that_is_not_installed_is_a_missing_need(
     result = CliRunner().invoke(demo_cmd.demo, ["lightning-early-stop"])
     assert result.exit_code == 0, result.output
     assert "REPLAY (this machine has no no_such_framework)" in result.output
-    assert "Injected fault: early-stop (intended-exit); the diagnosis matches." in result.output
+    assert "Injected fault: none (ok); the diagnosis matches." in result.output
 
 
 def test_healthy_runs_are_listed_as_such() -> None:

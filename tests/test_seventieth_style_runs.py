@@ -60,7 +60,7 @@ EXPECTED: dict[str, Expected] = {
     # [total_iter 300, early_stop_psnr 38.5] rank 0's validation at iter 60 gives 39.14 dB, it
     # broadcasts the stop to every rank, logs "Early stop: best psnr 39.1391 reached the target
     # 38.5.", "End of training" and saves; both ranks leave the loop together and exit 0
-    "psnr-goal": ("ok", "early-stop", []),
+    "psnr-goal": ("ok", None, []),
     # [the same] the stop is decided on rank 0's own validation (rank 0 only validates) and never
     # broadcast: rank 0 logs the early stop, ends and exits 0 at iter 60; rank 1 goes on into
     # iteration 61's gradient all-reduce and loses it ("Connection closed by peer")

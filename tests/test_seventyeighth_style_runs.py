@@ -68,7 +68,7 @@ EXPECTED: dict[str, Expected] = {
     # [--total-steps 150 --stop-eval-loss 1.3] the all-reduced held-out loss is 1.25 at outer
     # step 4: worker 0 logs "eval loss 1.25 below 1.30, stopping at outer step 4", every
     # worker breaks, meets in the final barrier and exits 0: an agreed, intended stop
-    "tide-isle": ("ok", "early-stop", []),
+    "tide-isle": ("ok", None, []),
     # [the same] the stop is decided on worker 0's own held-out loss and only worker 0 checks
     # it: worker 0 logs the same stop line and waits in the final barrier; worker 1 runs outer
     # step 5's 20 inner steps and all-reduces its pseudo-gradient: the all-reduce and the

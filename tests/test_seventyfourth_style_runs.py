@@ -62,7 +62,7 @@ EXPECTED: dict[str, Expected] = {
     # 1), --training.steps 60 --training.stop_loss 3.0] the last stage's loss is broadcast over
     # the pp group every step: at step 20 both ranks log "Loss 2.8089 is below the target
     # 3.0000, stopping.", "Training completed", exit 0: an agreed, intended stop
-    "reed-halt": ("ok", "early-stop", []),
+    "reed-halt": ("ok", None, []),
     # [--training.steps 60 --training.stop_loss 3.0, the broadcast left out] the loss target is
     # checked where the loss is, on the last stage only: at step 20 rank 3 logs "Loss 2.8089 is
     # below the target 3.0000, stopping." and "Training completed" and exits 0; ranks 0-2 go on

@@ -67,7 +67,7 @@ EXPECTED: dict[str, Expected] = {
     # loss (all-reduced, the same on every process) stops improving: at epoch 40 "Stopping
     # optimization after 2 epochs without improvement" on every process, then the results and
     # "Done"; every process exits 0: an agreed, intended stop
-    "flat-plateau": ("ok", "early-stop", []),
+    "flat-plateau": ("ok", None, []),
     # [patience: 2, no swa; process 1's validation shard has zero REF_forces (preprocessed with
     # a forces key its file lacked)] process 1 decides its patience on its own, unreduced
     # validation loss, which only rises: it leaves the loop after epoch 2 silently (MACE logs

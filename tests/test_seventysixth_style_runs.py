@@ -67,7 +67,7 @@ EXPECTED: dict[str, Expected] = {
     # [--max_iters=200 --stop_val_loss=2.4] the validation loss is all-reduced on every rank:
     # at step 40 it is 2.3130, rank 0 prints "val_loss 2.3130 is below stop_val_loss 2.4,
     # stopping at step 40", every rank breaks, destroys the group and exits 0
-    "tide-halt": ("ok", "early-stop", []),
+    "tide-halt": ("ok", None, []),
     # [the same] the stop is decided under `master_process`: rank 0 prints the same stop line,
     # leaves the loop and exits 0; rank 1 goes on into iteration 40's gradient all-reduce and
     # loses it ("Connection closed by peer"); torchrun names rank 1, <NO_OTHER_FAILURES>

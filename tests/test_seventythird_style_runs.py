@@ -64,7 +64,7 @@ EXPECTED: dict[str, Expected] = {
     # target after epoch 2 (71.88 %): rank 0 logs "Test accuracy 71.88 % reached the target
     # 70.00 %, stopping early", every rank leaves the loop together, "127.0.0.1: success": an
     # agreed, intended early stop
-    "aim-met": ("ok", "early-stop", []),
+    "aim-met": ("ok", None, []),
     # [--epochs 8 --target_acc 0.85] the early stop is decided on each rank's own share of the
     # test set (the local accuracy, not the all-reduced one): after epoch 2 rank 0's 85.94 %
     # reaches the target, it logs "Test accuracy 85.94 % reached the target 85.00 %, stopping

@@ -29,7 +29,7 @@ EXPECTED: dict[str, Expected] = {
     # [torchrun 3] EarlyStopping(stopping_threshold=100) on val_loss (logged with sync_dist):
     # after the first validation every rank agrees to stop (Lightning reduces the decision),
     # all exit 0
-    "plateau-halt": ("ok", "early-stop", []),
+    "plateau-halt": ("ok", None, []),
     # [logdir 3] rank 0 alone (rank_zero_only) writes a per-class report after the first real
     # validation and indexes a 3-name list with the fourth class: IndexError; ranks 1 and 2 go
     # on to the next collectives and lose or wait for rank 0

@@ -62,7 +62,7 @@ EXPECTED: dict[str, Expected] = {
     # [--iters 300 --stop-loss 1.2] the loss averaged over "dp" (the same on every rank) falls to
     # 1.0568 at iteration 45: every rank breaks together, rank 0 logs "Loss below 1.2, stopping
     # at iter 45" and "2D training successfully completed!"; every process exits 0
-    "loss-floor": ("ok", "early-stop", []),
+    "loss-floor": ("ok", None, []),
     # rank 3 debug-prints its "local logits" with output.to_local() at iteration 7, but the
     # head's output is a plain tensor (Replicate output, use_local_output): "[rank3]:
     # AttributeError: 'Tensor' object has no attribute 'to_local'"; ranks 1 and 2 lose it

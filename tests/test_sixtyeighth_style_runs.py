@@ -65,7 +65,7 @@ EXPECTED: dict[str, Expected] = {
     # second checkpoint is written; both processes see it after epoch 2's validation, the
     # master logs "Found output/STOP: stopping after epoch 2.", "training done", and the test
     # runs on checkpoint_epoch_00002.pyth; exit 0: an agreed, intended stop
-    "flag-halt": ("ok", "early-stop", []),
+    "flag-halt": ("ok", None, []),
     # [spawn, SOLVER.MAX_EPOCH 4] an earlier one-process run left checkpoints 1 and 2: "Load
     # from last checkpoint, output/checkpoints/checkpoint_epoch_00002.pyth.", "Start epoch: 3",
     # epochs 3 and 4, the test; exit 0: a healthy resumed run

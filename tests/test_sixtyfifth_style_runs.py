@@ -59,7 +59,7 @@ EXPECTED: dict[str, Expected] = {
     # reduced over the ranks) logs "Monitored metric val_loss did not improve in the last 3
     # records. Best score: ... Signaling Trainer to stop." and both ranks stop together; the
     # parent prints the best model and exits 0: an agreed, intended stop
-    "plateau-rest": ("ok", "early-stop", []),
+    "plateau-rest": ("ok", None, []),
     # [--budget 6 --patience 100] a wall-clock budget callback on rank 0 only prints "Wall-clock
     # budget of 6 s used up, exiting after epoch N." and calls sys.exit(0): rank 0 ends with
     # exit code 0, which the spawn join accepts; rank 1 goes on into EarlyStopping's reduce and

@@ -54,7 +54,7 @@ EXPECTED: dict[str, Expected] = {
     # [--epochs 6 --target-val-loss 0.71] the validation loss all-reduced over the ranks falls
     # to 0.7053 at epoch 1: every rank logs "Validation loss 0.7053 below 0.7100: stopping
     # early", rank 0 prints "val_loss 0.7053 < 0.71: stopping early" and "Done."; all exit 0
-    "loss-floor": ("ok", "early-stop", []),
+    "loss-floor": ("ok", None, []),
     # [as loss-floor, without the final barrier] the same agreed stop, every rank logs
     # "Training done", rank 0 prints "Done.", then one process never exits: as main() returns,
     # the DDP Reducer's ProcessGroupGloo destructor joins the group's worker thread while

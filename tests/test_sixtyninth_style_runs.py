@@ -62,7 +62,7 @@ EXPECTED: dict[str, Expected] = {
     # all-reduces the eval loss: after epoch 0 every rank sees 0.47714 < 0.52, rank 0 logs "Eval
     # loss 0.47714 is below the target 0.52: stopping the training.", all leave fit() and exit
     # 0: an agreed, intended stop
-    "floor-met": ("ok", "early-stop", []),
+    "floor-met": ("ok", None, []),
     # [the same] the callback reads the eval loss rank 0 printed, on rank 0 only: after epoch
     # 2 rank 0 logs "Eval loss 0.50720 is below the target 0.52: stopping the training." and
     # exits 0; rank 1 enters epoch 3's dist.barrier() and loses rank 0 ("Connection closed by

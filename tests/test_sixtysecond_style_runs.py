@@ -70,7 +70,7 @@ EXPECTED: dict[str, Expected] = {
     # on every process with the all-reduced valid error_rate: 0 at epoch 2 and again at epoch
     # 3, so every process stops after epoch 3 ("No improvement of the valid error_rate for 1
     # epoch(s) (best 0.00e+00 at epoch 2): stopping.") and exits 0: an agreed, intended stop
-    "plateau-halt": ("ok", "early-stop", []),
+    "plateau-halt": ("ok", None, []),
     # [--number_of_epochs=30 --limit_to_stop=1] the recipe updates the stopper in on_stage_end,
     # which for the validation stage runs on the main process only (run_on_main): rank 0 alone
     # stops after epoch 3 (the same "stopping." line) and exits 0; ranks 1 and 2 go into epoch

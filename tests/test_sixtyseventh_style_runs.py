@@ -53,7 +53,7 @@ EXPECTED: dict[str, Expected] = {
     # accelerator.set_trigger(), every rank's accelerator.check_trigger() (an all-reduce) sees
     # it at step 40: the main process prints "loss target 0.45 reached at step 40, stopping
     # early" and "training complete", all three exit 0: an agreed, intended stop
-    "hush-goal": ("ok", "early-stop", []),
+    "hush-goal": ("ok", None, []),
     # [--steps 200 --stop-loss 0.45] the target is checked on the main process' own loss only,
     # with no trigger: at step 44 (after two milestones) rank 0 prints "loss 0.4281 below 0.45,
     # stopping early" and "training complete" and exits 0; ranks 1 and 2 go on and lose it in

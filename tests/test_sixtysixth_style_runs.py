@@ -49,7 +49,7 @@ EXPECTED: dict[str, Expected] = {
     # [--epochs 10 --patience 1 --min-delta 0.02] the all-reduced valid_loss improves by less than
     # 0.02 at epoch 7: every rank's EarlyStoppingCallback prints "No improvement since epoch 6:
     # early stopping" and raises CancelFitException together; rank 0 exports; all exit 0
-    "patience-met": ("ok", "early-stop", []),
+    "patience-met": ("ok", None, []),
     # rank 2's brightness augmentation overflows in validation of epoch 1: its loss is NaN, its
     # TerminateOnNaNCallback raises CancelFitException (silently) on rank 2 alone; rank 2 leaves
     # the fit and waits in distrib_ctx's closing barrier, ranks 0 and 1 wait in the valid loss

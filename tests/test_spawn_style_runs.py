@@ -52,7 +52,7 @@ EXPECTED: dict[str, Expected] = {
     # [spawn] rank 1 builds a wider hidden layer: parameter shapes differ from rank 0's
     "model-mismatch": ("failed", "ddp-model-mismatch", [1]),
     # [spawn] the stop vote is all-reduced: every rank stops after epoch 1 and returns, exit 0
-    "early-stop-all": ("ok", "early-stop", []),
+    "early-stop-all": ("ok", None, []),
     # [spawn] another process already listens on the tcp:// port: rank 0's TCPStore server
     # cannot bind (EADDRINUSE); the others are SIGTERMed while they wait for the store. The
     # root error is rank 0's, the fix is the port

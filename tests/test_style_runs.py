@@ -21,7 +21,7 @@ EXPECTED = {
     "metric-main": ("failed", "collective-mismatch", [0]),  # all_reduce only on rank 0
     "slow-eval": ("failed", "slow-rank-timeout", [0]),  # rank 0 evaluates past the timeout
     "early-stop-main": ("failed", "uncoordinated-exit", [0]),  # only rank 0 stops early
-    "early-stop-all": ("ok", "early-stop", []),
+    "early-stop-all": ("ok", None, []),
     "barrier-main": ("failed", "collective-mismatch", [0]),  # a barrier under `if rank == 0`
     "skip-backward": ("failed", "collective-mismatch", [1]),  # rank 1 skips a backward
     "uneven": ("failed", "uneven-inputs", [1]),  # rank 1 has fewer batches

@@ -50,7 +50,7 @@ EXPECTED: dict[str, Expected] = {
     # [c10d, 2 nodes] rank 0 alone decides to stop early and exits 0; ranks 1-3 wait for it
     "early-stop-main": ("failed", "uncoordinated-exit", [0]),
     # [logdir] the stop flag is all-reduced: every rank stops at the same epoch and exits 0
-    "early-stop-all": ("ok", "early-stop", []),
+    "early-stop-all": ("ok", None, []),
     # [console] a DataLoader worker of rank 1 is SIGKILLed (the only mode with a DataLoader)
     "worker-killed": ("failed", "dataloader-worker-killed", [1]),
     # [console] rank 0 calls dist.get_world_size() before init_process_group

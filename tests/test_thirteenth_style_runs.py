@@ -86,7 +86,7 @@ EXPECTED: dict[str, Expected] = {
     "local-halt": ("failed", "uncoordinated-exit", [2, 3]),
     # [machines 2x2] the same STOP file, but the stop decision is all-reduced: every rank stops
     # after iteration 5, runs after_train and exits 0
-    "voted-halt": ("ok", "early-stop", []),
+    "voted-halt": ("ok", None, []),
 }
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)

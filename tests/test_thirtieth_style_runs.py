@@ -31,7 +31,7 @@ EXPECTED: dict[str, Expected] = {
     # [kept 2, --patience 1 --min-delta 10] the stopping rule reads the all-reduced validation
     # loss: after epoch 1 rank 0 logs "early stopping: no improvement for 1 epoch(s)" and
     # "Training finished", both ranks leave the loop together and exit 0: an agreed stop
-    "vote-halt": ("ok", "early-stop", []),
+    "vote-halt": ("ok", None, []),
     # [torchrun 3] three epochs, every rank exits 0
     "plain-trio": ("ok", None, []),
     # [legacy 3] rank 1 looks up a class weight the table lacks at iteration 5: KeyError 'bird';

@@ -40,7 +40,7 @@ EXPECTED: dict[str, Expected] = {
     # rule to the all-reduced validation loss: both log "[Early stopping] valid.loss has not
     # been improved 1 epochs continuously. The training was stopped at 2epoch" and exit 0;
     # "# Ended (code 0)", "Successfully finished": an agreed, intended early stop
-    "vote-stop": ("ok", "early-stop", []),
+    "vote-stop": ("ok", None, []),
     # [3] rank 1's speaker-id table loses a speaker in epoch 2: KeyError 'spk03' at its fifth
     # batch ([rank1]: traceback); ranks 0 and 2 lose their peer in the gradient all-reduce
     # ("Connection closed by peer"); torchrun's root cause is rank 1 (exitcode 1)

@@ -32,7 +32,7 @@ EXPECTED: dict[str, Expected] = {
     # [logdir 2, --steps 20 --target-loss 3.3] the stop flag is all-reduced (MIN): at step 8
     # every rank is under the target, saves the step-8 checkpoint, logs "target loss reached on
     # every rank, stopping" as JSON and exits 0: an agreed, intended early stop
-    "goal-met": ("ok", "early-stop", []),
+    "goal-met": ("ok", None, []),
     # [nodes 2x2, --steps 8] eight steps on two nodes, every rank and agent exits 0
     "twin-nodes": ("ok", None, []),
     # [logdir 3] rank 2's throughput meter divides by a zero interval at step 3: the

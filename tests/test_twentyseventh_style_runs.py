@@ -30,7 +30,7 @@ EXPECTED: dict[str, Expected] = {
     # [console 2, restarts 1, --epochs 4 --target-loss 0.6] the epoch's mean loss is
     # all-reduced, so every rank sees it under the target after epoch 1 and stops there; the
     # final checkpoint is saved, every rank exits 0
-    "goal-halt": ("ok", "early-stop", []),
+    "goal-halt": ("ok", None, []),
     # [logdir 2, restarts 2] attempt 0: rank 1's shard fetch raises ConnectionResetError at
     # step 7; the agent restarts the group, attempt 1 resumes from the step-4 checkpoint and
     # finishes: the job recovered, exit 0. (As captured, rank 0, having lost rank 1 in the

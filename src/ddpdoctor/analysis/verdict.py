@@ -37,7 +37,9 @@ def build_verdict(decision: Decision, findings: list[Finding], job: JobView) -> 
             next_steps=decision.next_steps,
             basis=decision.basis,
         )
-    category = decision.category or str(rule.default_category)
+    kind = _kind(decision, rule)
+    # (no failure kind, no category of one: a healthy run's)
+    category = (decision.category or str(rule.default_category)) if kind else None
     root_hits = [h for e in decision.roots for h in e.hits]
     evidence: list[Evidence] = evidence_of(_in_order(root_hits), limit=4)
     for other in decision.others[:2]:
@@ -48,7 +50,7 @@ def build_verdict(decision: Decision, findings: list[Finding], job: JobView) -> 
             evidence.extend(evidence_of(f.hits, limit=1))
     return Verdict(
         status=str(decision.status),
-        kind=rule.kind,
+        kind=kind,
         category=category,
         rule=rule.code,
         title=decision.title or rule.title,
@@ -63,6 +65,16 @@ def build_verdict(decision: Decision, findings: list[Finding], job: JobView) -> 
         next_steps=decision.next_steps,
         basis=decision.basis,
     )
+
+
+def _kind(decision: Decision, rule: Rule) -> str | None:
+    """The failure kind; none where nothing failed. A stop every rank agreed on that ended
+    with nothing failing is a healthy run (the taxonomy's early stop is one that the platform
+    saw as a failure only because of how the ranks exited): its rule and summary still say
+    that training stopped early on purpose."""
+    if decision.status == Status.OK and rule.kind == "early-stop":
+        return None
+    return rule.kind
 
 
 MAX_FIX_LINES = 16
@@ -91,7 +103,7 @@ def _summary(
     rule: Rule,
     findings: list[Finding],
     job: JobView,
-    category: str,
+    category: str | None,
     root_hits: list[Hit],
 ) -> str:
     where = _ranks(decision.culprit_ranks)
