@@ -140,8 +140,7 @@ EXPECTED: dict[str, Expected] = {
 }
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
-MISSES: dict[str, str] = {
-}
+MISSES: dict[str, str] = {}
 
 
 RUNS = RunSet("hundrednineteenth-", EXPECTED, MISSES, label_nowhere=True)
