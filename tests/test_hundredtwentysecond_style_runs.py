@@ -154,17 +154,6 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "calm-cuts": "unknown, hang, no culprit (INF212, 0.3): 'the log ends after its training "
-    "progress without an end': icefall's end of training, '(0/2) Done!' and '(1/2) Done!' from "
-    "both ranks after rank 0's 'Saving checkpoint to pruned_transducer_stateless7/exp/"
-    "epoch-2.pt' (the barrier and destroy_process_group silent, mp.spawn printing nothing when "
-    "every process returns), is no end the tool knows: ok",
-    "loud-cuts": "unknown, hang, no culprit (INF212, 0.3): as calm-cuts, both ranks' 'Done!' "
-    "after epoch-2.pt is not read as the end; the Exclude-cut and DataLoader worker-count "
-    "warnings are rightly not taken for a cause: ok",
-    "resume-cuts": "unknown, hang, no culprit (INF212, 0.3): as calm-cuts, the resumed run "
-    "('Loading checkpoint from .../epoch-1.pt', epoch 2 trained) ends in both ranks' 'Done!', "
-    "not read as an end: ok",
     "wall-term": "unknown, hang, no culprit (INF212, 0.3): the SIGTERMed mp.spawn launcher dies "
     "without a word and its processes leave on PR_SET_PDEATHSIG's SIGINT, swallowed by spawn's "
     "_wrap, so console and log files stop after rank 0's 'Saving checkpoint to .../epoch-4.pt' "

@@ -236,3 +236,29 @@ def test_doras_executor_reports_every_worker_done() -> None:
     """tests/fixtures/real/hundredth-calm-codec: `dora run -d`'s last line."""
     assert _completed("Executor: All workers completed successfully")
     assert not _completed("Executor: Worker 1 died, killing all workers")
+
+
+@pytest.mark.parametrize(
+    ("text", "bare"),
+    [
+        ("Done!", True),
+        ("[rank 1/3] finished.", True),
+        ("All done", True),
+        # icefall's records keep their head in the message: level, caller, (rank/world)
+        ("INFO [train.py:914] (1/2) Done!", True),
+        ("INFO [train.py:696] (0/2) Epoch 2 done", False),
+        ("loading done", False),
+        ("INFO [train.py:522] (0/2) Saving checkpoint to exp/epoch-2.pt", False),
+    ],
+)
+def test_a_bare_end_is_a_whole_message_after_its_tags(text: str, bare: bool) -> None:
+    from ddpdoctor.analysis.job import BARE_END
+
+    assert bool(BARE_END.match(text)) is bare
+
+
+def test_every_icefall_rank_saying_done_ends_a_healthy_run() -> None:
+    """Set 122 calm-cuts: icefall's ranks each log 'Done!' after their last epoch, then
+    leave through a silent barrier and mp.spawn's silent return."""
+    v = diagnose_paths([str(REPO / "tests/fixtures/real/hundredtwentysecond-calm-cuts")]).verdict
+    assert (v.status, v.kind) == ("ok", None)

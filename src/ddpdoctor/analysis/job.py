@@ -135,12 +135,14 @@ ATTEMPT_GAP = timedelta(seconds=1)
 
 
 BARE_END = re.compile(
-    r"(?i)(?:\[[^\[\]\n]{1,40}\]:?\s{1,3})?(?:all )?(?:done|finished|complete|completed)"
+    r"(?i)(?:(?:debug|info|warning|error|critical)\b:?\s{1,3})?"
+    r"(?:[\[(][^\[\]()\n]{1,40}[\])]:?\s{1,3}){0,2}(?:all )?(?:done|finished|complete|completed)"
     r"[.!]{0,3}\s*$"
 )
 """A writer's whole message saying it is done ("Done!", "[rank 1/3] finished.", "All done"),
-after its own tag at most, with no object: a step's or a phase's end names what ended ("epoch 3
-done", "loading done")."""
+after its own tags at most (a logging level, the caller's place, a rank: icefall's "INFO
+[train.py:914] (1/2) Done!"), with no object: a step's or a phase's end names what ended
+("epoch 3 done", "loading done")."""
 
 
 PHASE_OPENED = re.compile(r"^\W{0,10}[A-Z]?[a-z]{2,20}ing\b|\.\.\.\s*$")
