@@ -158,13 +158,11 @@ MISSES: dict[str, str] = {
     "without a word and its processes leave on PR_SET_PDEATHSIG's SIGINT, swallowed by spawn's "
     "_wrap, so console and log files stop after rank 0's 'Saving checkpoint to .../epoch-4.pt' "
     "with --num-epochs 30; nothing in the logs names the signal (as set 90's term-voc): preempted",
-    "epoch-gone": "failed, python-exception on rank 1 (PY101, 0.6): 'AssertionError: "
-    "pruned_transducer_stateless7/exp/epoch-2.pt does not exist!' (icefall's `assert "
-    "filename.is_file()` in load_checkpoint_if_available) is read as a generic exception of the "
-    "script, and only the process mp.spawn reports is named; the assertion's words name a "
-    "missing file the run was given (--start-epoch 3 on an empty exp dir), and both ranks' logs "
-    "stop at the same point after 'Number of model parameters' (every rank runs the same "
-    "check): data-error on ranks 0, 1",
+    "epoch-gone": "failed, data-error on rank 1 (DATA108, 0.9; PY101 at first sight): the kind "
+    "is right since session 36 (the assertion's relative path to a file is read as input data), "
+    "but only the process mp.spawn reports is named; both ranks' logs stop at the same point "
+    "after 'Number of model parameters' (every rank runs the same check of the missing "
+    "--start-epoch checkpoint): ranks 0, 1",
     "fbank-raw": "failed, python-exception on rank 0 (PY101, 0.6): the kind is right, but only "
     "process 0, the one mp.spawn reports, is named; 'Grad scale is small: 7.62939453125e-06' is "
     "logged by both ranks (the scale is one value: the gradients are all-reduced) right before "

@@ -768,11 +768,14 @@ RECORD_WITHOUT_FIELD = Rule(
 DATA_NOUN = (
     r"(?:(?<![A-Za-z])(?:data(?:sets?)?|images?|files?|shards?|manifests?|corpus|samples?"
     r"|examples?|annotations?|audios?|videos?|recordings?)(?![A-Za-z])|\.(?:jsonl?|csv|tsv"
-    r"|parquet|arrow|npy|npz|h5|hdf5|pkl|tfrecords?|lmdb|idx|tar|zip|jpe?g|png|wav|flac|mp[34])"
-    r"\b|(?<![\w.])(?:\.{0,2}|~)/[\w.-]+/[\w./-]+)"
+    r"|parquet|arrow|npy|npz|h5|hdf5|pkl|tfrecords?|lmdb|idx|tar|zip|jpe?g|png|wav|flac|mp[34]"
+    r"|pth?|ckpt|safetensors)"
+    r"\b|(?<![\w.])(?:\.{0,2}|~)/[\w.-]+/[\w./-]+"
+    r"|(?<![\w./-])[\w.-]{1,80}(?:/[\w.-]{1,80})+\.[A-Za-z][A-Za-z0-9]{0,9}\b)"
 )
 """Words for a job's input data: its nouns (also inside names: 'data_dir', 'train_images'),
-the extensions of data files, or a path of two parts or more ('/data/coco/train2017')."""
+the extensions of data and checkpoint files, a path of two parts or more
+('/data/coco/train2017'), or a relative path to a file ('exp/epoch-2.pt')."""
 
 MISSING_PHRASES = (
     "does not exist",
@@ -859,9 +862,13 @@ MISSING_INPUT = Rule(
         "AssertionError: /data/coco/train2017 does not exist",
         "ValueError: Dataset file data/train.jsonl not found",
         "RuntimeError: No images found in /data/faces (expected .jpg or .png files)",
+        # a relative path to a file: icefall's resume check (set 122 epoch-gone)
+        "AssertionError: pruned_transducer_stateless7/exp/epoch-2.pt does not exist!",
     ),
     negative=(
         "RuntimeError: operator torchvision::nms does not exist",
+        # a hub model's name is no path to a file
+        "OSError: meta-llama/Llama-3.1-8B-Instruct does not exist on the Hub",
         "AssertionError: key 'lr' not found in config",
         "ValueError: Tried to find epoch_1 but folder does not exist, skip",
         # torch.save into a folder that is not there: an output, not an input
