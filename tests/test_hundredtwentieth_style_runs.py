@@ -167,16 +167,6 @@ MISSES: dict[str, str] = {
     "loud-draw": "unknown, hang (INF212, 0.3): as calm-draw, the closing 'Note:' record and the "
     "metrics dict are not read as the end of training; the warnings (torchrun's OMP banner, "
     "'Secure RNG turned off', 'Optimal order is the largest alpha') do not decide it",
-    "budget-halt": "unknown, hang (INF212, 0.3): neither 'Privacy budget exhausted (ε = 5.05 > "
-    "5.0), stopping', logged by both ranks at the same step, nor the final 'Test set' line, the "
-    "'Note:' record and the metrics dict that follow it are read as an end: the agreed stop "
-    "reads as a log cut off mid-training, not early-stop",
-    "budget-solo": "failed, uneven-inputs on rank 0 (INF209, 0.57): right rank; rank 0's "
-    "'Privacy budget exhausted (ε = 5.10 > 5.0), stopping' right before its sys.exit(0) is a "
-    "'ddp' logger record with no rank in it, so the tool says 'Rank 0 printed nothing' and 'No "
-    "rank announced a stop: it most likely had fewer batches'; by mechanism rank 0 stopped on "
-    "purpose alone (the budget check inside its print block) and rank 1 lost it at the next "
-    "gradient all-reduce: uncoordinated-exit",
     "odd-shard": "failed, collective-mismatch on rank 1 (COL101, 0.9): right rank; gloo's "
     "'op.preamble.length <= op.nbytes. 216 vs 4 ... Is there a distributed collective mismatch' "
     "abort of rank 1 is read as a collective in a rank-dependent branch; by mechanism rank 1's "

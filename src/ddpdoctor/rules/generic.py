@@ -113,13 +113,15 @@ EARLY_STOP = Rule(
         # a limit or target of the program's own, then the bare word as the message's end:
         # "sample budget of 24 reached, stopping", "max_steps reached; stopping", "validation
         # loss 1.18 below target, stopping", "mean loss 0.49 under 0.60 after epoch 1:
-        # stopping" (not "... reached, stopping training at step N!", nor a signal's "got
-        # SIGTERM, stopping": no limit or target is named); a loss that is no longer finite is
+        # stopping", a budget used up: "Privacy budget exhausted (ε = 5.05 > 5.0), stopping"
+        # (not "... reached, stopping training at step N!", nor a signal's "got SIGTERM,
+        # stopping": no limit or target is named); a loss that is no longer finite is
         # such a limit: "policy_loss is nan at episode 1 step 2, stopping" (a rank that then
         # leaves with sys.exit(1), as DeiT's "Loss is nan, stopping training")
         Signature(
             r"(?i:\b(?:reached|under|below|above|exceed(?:s|ed)?|target|threshold|patience"
-            r"|converged|enough|no improvement|nan|inf)\b[^\n]{0,80}?[,;:]? stopping)"
+            r"|converged|enough|no improvement|exhausted|used up|nan|inf)\b[^\n]{0,80}?[,;:]? "
+            r"stopping)"
             r"(?: the (?:training|sweep|search|run))?(?:[.!]?$| early\b)",
             " stopping",
         ),
@@ -177,6 +179,8 @@ EARLY_STOP = Rule(
         "[worker 0/2] eval loss 1.25 below 1.30, stopping at outer step 4",
         "Found /tmp/runs/STOP: stopping after iteration 4.",
         "sample budget of 24 reached, stopping",
+        # tests/fixtures/real/hundredtwentieth-budget-halt (an Opacus example's privacy budget)
+        "12/06/2026 18:26:17:INFO:Privacy budget exhausted (ε = 5.05 > 5.0), stopping",
         # tests/fixtures/real/fiftysecond-lone-halt: a target met in the program's own words
         "accuracy good enough, stopping",
         # tests/fixtures/real/eightythird-goal-grid (a sweep driver's target)
