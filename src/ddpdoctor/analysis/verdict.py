@@ -72,7 +72,7 @@ def _kind(decision: Decision, rule: Rule) -> str | None:
     with nothing failing is a healthy run (the taxonomy's early stop is one that the platform
     saw as a failure only because of how the ranks exited): its rule and summary still say
     that training stopped early on purpose."""
-    if decision.status == Status.OK and rule.kind == "early-stop":
+    if decision.status == Status.OK and rule.healthy_when_ok:
         return None
     return rule.kind
 

@@ -198,6 +198,9 @@ class Rule:
     finding of an infrastructure kind without it is never blamed on infrastructure.
     status: the verdict's status when this rule is the root (default: `slow` for performance
     rules, `failed` otherwise).
+    healthy_when_ok: a stop on purpose: as the root of a run in which nothing failed (status
+    ok) it names no failure kind, the run was healthy (the taxonomy's early stop is one the
+    platform saw as a failure only because of how the ranks exited).
     applies: a condition on the job for the rule to count at all (ZeRO-3 is slow only across
     nodes without InfiniBand); None means always.
     specificity: the prior: higher wins when several rules claim the same traceback, and
@@ -231,6 +234,7 @@ class Rule:
     alike_on_every_rank: bool = False
     proves_infrastructure: bool = False
     status: Status | None = None
+    healthy_when_ok: bool = False
     applies: Callable[[JobEvidence], bool] | None = None
     specificity: int = 50
     context_all: tuple[str, ...] = ()

@@ -58,6 +58,7 @@ PYTHON_EXCEPTION = Rule(
 EARLY_STOP = Rule(
     code="EXIT101",
     kind="early-stop",
+    healthy_when_ok=True,
     title="Training announced an early stop",
     sources="Lightning EarlyStopping, HF EarlyStoppingCallback, user code",
     severity="info",

@@ -11,6 +11,7 @@ from ddpdoctor.rules.base import Explanation, Marker, Rule, Signature
 EARLY_STOP_ALL = Rule(
     code="INF207",
     kind="early-stop",
+    healthy_when_ok=True,
     title="All ranks stopped on purpose",
     signatures=(),
     explanation=Explanation(
@@ -51,6 +52,7 @@ DIVERGED = Rule(
 STOPPED_SHORT = Rule(
     code="INF241",
     kind="early-stop",
+    healthy_when_ok=True,
     title="The run ended on its own well before its planned steps: a silent early stop",
     signatures=(),
     severity="info",
