@@ -131,18 +131,17 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "kernel-segv": "failed, native-crash on rank 0 (LCH104, 0.9): right kind, wrong rank; the "
-    "timeline itself shows 'rank 1 exit -11 (SIGSEGV)' from the launcher's '[...] "
-    "--local_rank=1 ...] exits with return code = -11', but the root finding is placed on rank "
-    "0, the rank the unprefixed console's lines fall back to, not on the local rank the line "
-    "names",
-    "norm-solo": "failed, uneven-inputs on rank 1 (INF209, 0.55): gloo's unprefixed abort "
-    "('op.preamble.length <= op.nbytes. 141056 vs 4') is given to rank 1, the rank of the "
-    "launcher's last command (DeepSpeed logs '--local_rank=1' whichever rank died), and a "
-    "4-byte collective aborted on a rank that printed nowhere else is read as that rank "
-    "having left the loop first; the 4-byte all-reduce was rank 0's own (its grad-norm "
-    "all-reduce under `if rank == 0`, ' grad norm: 1.6450' printed just before), so rank 0 "
-    "aborted (return code -6) in a collective it alone issued",
+    "kernel-segv": "failed, native-crash with no culprit (LCH104, 0.9; rank 0 at first sight): "
+    "right kind; the launcher's '[... --local_rank=1 ...] exits with return code = -11' names "
+    "the command DeepSpeed spawned last, whichever worker failed (launch.py's sigkill_handler "
+    "prints its loop's `cmd`), so since session 36 it names no rank, and nothing else says "
+    "that rank 1 died",
+    "norm-solo": "failed, collective-mismatch with no culprit (COL101, 0.9; uneven-inputs on "
+    "rank 1 at first sight): right kind since session 36 (DeepSpeed's last command no longer "
+    "gives gloo's unprefixed abort to rank 1), but no rank is named: the 4-byte all-reduce "
+    "was rank 0's own (its grad-norm all-reduce under `if rank == 0`, ' grad norm: 1.6450' "
+    "printed just before), so rank 0 aborted (return code -6) in a collective it alone "
+    "issued",
     "valid-odd": "failed, collective-mismatch on rank 0 (INF203, 0.4): the tool sees rank 0 "
     "waiting in all_reduce at train.py:711 (in evaluate_full) and rank 1 in barrier at "
     "train.py:635 (save_checkpoint, which follows the full validation pass) and, the ranks "

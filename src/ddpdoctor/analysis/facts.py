@@ -219,11 +219,13 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
         "terminated with the following error",
         distinct=VALUE,
     ),
-    # DeepSpeed's launcher (launcher/launch.py sigkill_handler): the worker's command line,
-    # which carries its --local_rank, "exits with return code = -11"
+    # DeepSpeed's launcher (launcher/launch.py sigkill_handler): "[... '--local_rank=1', ...]
+    # exits with return code = -11". The command is the one it spawned last (the loop's `cmd`),
+    # whichever worker failed: its --local_rank names the failed worker only where it is 0,
+    # the node's only process (job.py)
     FactPattern(
         "launcher_exit",
-        r"'--local_rank=(?P<local_rank>\d{1,5})'[^\]]{0,4000}\] exits with return code = "
+        r"'--local_rank=(?P<last_local_rank>\d{1,5})'[^\]]{0,4000}\] exits with return code = "
         r"(?P<code>-?\d+)",
         "exits with return code = ",
     ),

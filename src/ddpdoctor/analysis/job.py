@@ -361,6 +361,8 @@ def build_job(
                     fact.captures.get("local_rank") or fact.captures.get("rank") or ""
                 )
                 local = rank_number(fact.captures.get("local_rank"))
+                if rank_number(fact.captures.get("last_local_rank")) == 0:
+                    local = 0  # DeepSpeed's last spawned worker was its node's only one
                 code = (
                     exit_code_number(fact.captures.get("code"))
                     or signal_code(fact.captures.get("signal"))
