@@ -153,10 +153,6 @@ MISSES: dict[str, str] = {
     "of its own (its lines before the stall are unprefixed prints, and print_rank_0 keeps most "
     "of them on rank 0), so its silence is read as logs not given; in this single console rank "
     "1 was alive and silent until the launcher's 'Killing subprocess N' ended it: a hang",
-    "vocab-gone": "failed, data-error on rank 1 (DATA101, 0.9): right kind; the two "
-    "identical unprefixed tracebacks ('FileNotFoundError: ... data/gpt2-vocab.json', raised "
-    "before the process group exists, so torch adds no '[rankN]:') are read as one failure, "
-    "placed on rank 1, the local rank of the launcher's last command, instead of every rank",
 }
 
 

@@ -445,6 +445,16 @@ def _each_failed_worker(roots: list[Event], evidence: JobEvidence) -> set[int]:
     }
     if len(failed) >= 2 and len(lines) == len(failed):
         return failed
+    # ... or once by each rank of a one-node world that the launcher did not list one by one
+    # (DeepSpeed's names one command), where no rank waited for or lost another
+    if (
+        len(lines) >= 2
+        and evidence.single_node
+        and evidence.world_size == len(lines)
+        and not any(v.present for v in evidence.ranks.values())
+        and not evidence.echoes & {"waiting", "lost-peer"}
+    ):
+        return set(range(len(lines)))
     return _each_worker_of_the_host(lines, evidence)
 
 
