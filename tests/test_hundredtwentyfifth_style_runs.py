@@ -167,17 +167,6 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "calm-act": "unknown, hang (INF212, 0.3): 'the log ends in the middle of training, without an "
-    "end', its evidence the very line that ends it, 'INFO 2026-12-06 19:05:56 s/train.py:1042 End "
-    "of training': lerobot's record head (level, date and time, the last 15 characters of "
-    "path:line) before 'End of training' is not taken as a record's head, so the main process's "
-    "end of training is not read as one (the timeline also says 'the logs carry no timestamps'), "
-    "and accelerate's launcher prints nothing when every worker exits 0",
-    "loud-act": "unknown, hang (INF212, 0.3): as calm-act, 'INFO ... s/train.py:1042 End of "
-    "training' is not read as the end; the v2.0 dataset warnings, the DataLoader worker-count and "
-    "nested-tensor UserWarnings play no part",
-    "trio-act": "unknown, hang (INF212, 0.3): as calm-act, the three-rank run's 'INFO ... "
-    "s/train.py:1042 End of training' is not read as the end",
     "info-old": "failed, python-exception on ranks 0 and 1 (PY101, 0.6): right ranks, wrong "
     "kind: lerobot's 'BackwardCompatibilityError: The dataset you requested "
     "(lerobot/aloha_sim_insertion_human) is in v1.6 format. We introduced a new format since v2.0 "

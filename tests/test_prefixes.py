@@ -1019,3 +1019,23 @@ def test_olmos_records_name_the_host_and_local_rank() -> None:
     assert (parsed.origin.host, parsed.origin.local_rank, parsed.level) == ("vm", 1, "critical")
     assert parsed.text.startswith("RuntimeError: ")
     assert parse_line("2026-12-06 15:52:19.567 vm:0 train:787 INFO CLI").origin.local_rank is None
+
+
+@pytest.mark.parametrize(
+    ("line", "text", "level"),
+    [
+        # LeRobot's init_logging (set 125): level, date and time, the caller right-aligned
+        ("INFO 2026-12-06 19:05:56 s/train.py:1042 End of training", "End of training", "info"),
+        ("WARNING 2026-12-06 19:05:50    utils.py:55 fps mismatch", "fps mismatch", "warning"),
+    ],
+)
+def test_a_level_then_the_time_then_the_caller_is_a_record_head(
+    line: str, text: str, level: str
+) -> None:
+    parsed = parse_line(line)
+    assert (parsed.text, parsed.level) == (text, level)
+    assert parsed.time is not None
+
+
+def test_a_level_word_before_a_number_is_no_record_head() -> None:
+    assert parse_line("ERROR 404 not found").text == "ERROR 404 not found"

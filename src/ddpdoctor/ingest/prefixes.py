@@ -502,6 +502,14 @@ QUOTE = re.compile(r">+ ?")
 # quoting of whoever pasted or re-printed it.
 QUOTED_TAG = re.compile(r"[ \t]{1,40}(?:\|[ \t]{0,4})?(?=\[[A-Za-z_][A-Za-z_-]{0,20}\d{1,5}\]:)")
 
+# A logging level, then the date and time, then the caller's file:line, right-aligned in a
+# fixed width (LeRobot's init_logging: f"{level} {dt} {fnameline[-15:]:>15} {message}"):
+# "INFO 2026-12-06 19:05:56 s/train.py:1042 End of training".
+LEVEL_TIME_CALLER = re.compile(
+    r"(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) (?P<ts>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d"
+    r"(?:[,.]\d{1,6})?) {1,16}(?:[\w./-]{1,60}:\d{1,6} )?"
+)
+
 # k2/icefall/lhotse-style logging ('%(levelname)s [%(filename)s:%(lineno)d] (%(rank)s/%(world)s)
 # %(message)s'): "INFO [trainer.py:650] (5/8) Reaches end of dataloader."
 CALLER_RANK = re.compile(
@@ -621,6 +629,12 @@ def parse_line(raw: str, year: int = 1970, with_time: bool = True) -> ParsedLine
         bracket, digit = c == "[", c.isdigit()
         nxt = text[pos + 1] if pos + 1 < end else ""
         m = None
+        if c in "DIWEC" and (lt := LEVEL_TIME_CALLER.match(text, pos)):
+            if with_time:
+                out.time = out.time or _parse_iso(lt.group("ts"))
+            out.level = lt.group("level").lower()
+            pos = lt.end()
+            continue
         if digit:
             m = RFC3339.match(text, pos) or ISO_TIME.match(text, pos)
             if m is None and (mm := MM_HEAD.match(text, pos)):
