@@ -149,16 +149,6 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "calm-llama": "unknown, hang (INF212, 0.3): 'The log ends in the middle of training, without "
-    "an end'; nanotron prints no closing line: the run ends on the last checkpoint's 'Saving "
-    "checkpoint at checkpoints/20', the 'Saving weights' bar and 'Saving config at "
-    "checkpoints/20/config.yaml' after 'iteration: 20 / 20', and torchrun prints nothing when "
-    "every rank exits 0, so no line is read as the end of training (the iteration line's 20 / 20 "
-    "is not read as the last step either)",
-    "loud-llama": "unknown, hang (INF212, 0.3): as calm-llama, the finished run ends on the last "
-    "checkpoint's records; the OMP banner and the DataLoader worker warnings do not decide it",
-    "resume-llama": "unknown, hang (INF212, 0.3): as calm-llama; the resumed run ('Resuming from "
-    "iteration 10', iterations 11 to 20) ends on 'Saving config at checkpoints/20/config.yaml'",
     "torn-shard": "failed, python-exception on rank 1 (PY101, 0.6): right rank; rank 1's "
     '"ValueError: `labels` are incorrectly preprocessed. `labels` length is 0, but should be '
     "64.\" raised in DataCollatorForCLM.__call__ under the DataLoader's fetch is read as a bug "

@@ -262,3 +262,17 @@ def test_every_icefall_rank_saying_done_ends_a_healthy_run() -> None:
     leave through a silent barrier and mp.spawn's silent return."""
     v = diagnose_paths([str(REPO / "tests/fixtures/real/hundredtwentysecond-calm-cuts")]).verdict
     assert (v.status, v.kind) == ("ok", None)
+
+
+@pytest.mark.parametrize(
+    ("fixture", "ok"),
+    [
+        # nanotron: 'iteration: 20 / 20', then 'Saving weights: 100%' and its config: the end
+        ("hundredtwentythird-calm-llama", True),
+        # the same save bar mid-run (a save on rank 0 past the timeout): no end
+        ("hundredtwentythird-save-crawl", False),
+    ],
+)
+def test_a_save_bar_after_the_last_step_ends_the_run(fixture: str, ok: bool) -> None:
+    path = REPO / "tests" / "fixtures" / "real" / fixture
+    assert (diagnose_paths([str(path)]).verdict.status == "ok") is ok

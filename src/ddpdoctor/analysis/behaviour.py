@@ -1144,6 +1144,18 @@ def _ended_after_full_bar(job: JobView) -> bool:
         return False
     latest = max(progressed, key=lambda s: s.last_progress_line)
     label = latest.last_progress_text.split("%|", 1)[0]
+    if STORING_BAR.search(label):
+        # a save's bar at its total after the writer's own step counter had reached its
+        # total (nanotron's 'Saving weights: 100%' after 'iteration: 20 / 20'): the loop
+        # ran to its end, then the run stored its work
+        planned = latest.planned
+        return (
+            _full_bar(latest.last_progress_text)
+            and planned is not None
+            and planned.total >= 2
+            and planned.done == planned.total
+            and _last_step(job) is None
+        )
     return (
         (_full_bar(latest.last_progress_text) or _step_counter_at_total(latest, job))
         and not LOADING_BAR.search(label)
@@ -1191,6 +1203,8 @@ def _step_at_counted_total(stream: StreamSummary, text: str) -> bool:
 
 LOADING_BAR = re.compile(r"(?i)load|download|map|writ|sav|shard|fetch")
 """A bar label of a step that prepares or stores, not the run's own work."""
+STORING_BAR = re.compile(r"(?i)\b(?:sav|writ)")
+"""... of one that stores it (a checkpoint's save)."""
 
 
 FULL_BAR = re.compile(r"(?<!\d)100%\|")
