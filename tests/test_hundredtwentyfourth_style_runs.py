@@ -146,13 +146,6 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "calm-faces": "unknown, hang (INF212, 0.3): 'The log ends in the middle of training, without "
-    "an end': arcface_torch's healthy end is silent (model.pt saved, destroy_process_group, exit "
-    "0 of every rank, torchrun prints nothing); the last 'Speed ... Global Step: 48 ... "
-    "Required: -0 hours' at total_step (48 = num_image // total_batch_size * num_epoch, both "
-    "in the config dump) is not read as the last step, and no exit code is missing",
-    "loud-faces": "unknown, hang (INF212, 0.3): the same silent healthy end as calm-faces "
-    "(3 ranks, 'Global Step: 32' of total_step 32); its warnings are not what misleads it",
     "resume-whole": "unknown, hang (INF212, 0.3): the same silent healthy end as calm-faces, "
     "after the resumed epoch ('Global Step: 48', total_step 48)",
     "rec-rot": "failed, data-error on rank 0 (DATA101, 0.6): right kind, wrong rank: the "

@@ -276,3 +276,36 @@ def test_every_icefall_rank_saying_done_ends_a_healthy_run() -> None:
 def test_a_save_bar_after_the_last_step_ends_the_run(fixture: str, ok: bool) -> None:
     path = REPO / "tests" / "fixtures" / "real" / fixture
     assert (diagnose_paths([str(path)]).verdict.status == "ok") is ok
+
+
+@pytest.mark.parametrize(
+    ("fixture", "ok"),
+    [
+        # arcface_torch: config dump ': total_step  48', last line '... Global Step: 48 ...'
+        ("hundredtwentyfourth-calm-faces", True),
+        # the same program with a rank stuck in its data queue mid-run: no end
+        ("hundredtwentyfourth-queue-park", False),
+    ],
+)
+def test_the_last_step_at_the_configured_number_of_steps_ends_the_run(
+    fixture: str, ok: bool
+) -> None:
+    path = REPO / "tests" / "fixtures" / "real" / fixture
+    assert (diagnose_paths([str(path)]).verdict.status == "ok") is ok
+
+
+@pytest.mark.parametrize(
+    ("line", "n"),
+    [
+        ("Training: 2026-12-06 19:16:56,675-: total_step               48", "48"),
+        ("[Start training] ... | train_steps: 40 | start_iteration_step: 0", "40"),
+        ("  train_iters ..................... 320000", "320000"),
+    ],
+)
+def test_a_configured_number_of_steps_is_read(line: str, n: str) -> None:
+    import re
+
+    found = [
+        m["n"] for f in FACT_PATTERNS if f.name == "train_steps" and (m := re.search(f.regex, line))
+    ]
+    assert found == [n]

@@ -339,6 +339,7 @@ def build_evidence(job: JobView, events: list[Event]) -> JobEvidence:
     evidence.ended_after_full_bar = (
         not evidence.ended_on_full_bar and not errors_logged and _ended_after_full_bar(job)
     )
+    evidence.ended_on_planned_step = not errors_logged and _ended_on_planned_step(job)
     if job.launcher_summaries and not job.function_workers and not evidence.completed_at:
         _peer_of_a_lone_rank(evidence)  # (a function's summary lists one failure only)
     evidence.unlisted_exits = _unlisted_exits(job, evidence)
@@ -1161,6 +1162,33 @@ def _ended_after_full_bar(job: JobView) -> bool:
         and not LOADING_BAR.search(label)
         and _last_step(job) is None
     )
+
+
+PLANNED_STEP = re.compile(
+    r"(?i)\b(?:global[ _]?step|step|iter(?:ation)?|update)s?\b\s{0,3}[:=#]?\s{0,3}"
+    r"(?P<n>\d{1,9})\b(?!\s{0,2}/)"
+)
+"""A step line's own number, not a counter's 'n/total' ('Global Step: 48', 'step 48 |')."""
+
+
+def _ended_on_planned_step(job: JobView) -> bool:
+    """The run's configuration gave one number of steps (arcface_torch's 'total_step 48'),
+    and every writer that printed progress ended on a step line at that number ('... Epoch:
+    1   Global Step: 48'): the loop ran to its last step (the caller checks that no writer
+    logged an error; a job that hung after that line would read the same)."""
+    if len(job.train_steps) != 1:
+        return False
+    planned = next(iter(job.train_steps))
+    progressed = [s for s in job.streams if s.last_progress_line > 0]
+    if not progressed:
+        return False
+    for stream in progressed:
+        if stream.last_line != stream.last_progress_line:
+            return False
+        m = PLANNED_STEP.search(stream.last_text)
+        if m is None or int(m["n"]) != planned:
+            return False
+    return True
 
 
 def _step_counter_at_total(stream: StreamSummary, job: JobView) -> bool:

@@ -1134,6 +1134,14 @@ END_READINGS: tuple[tuple[Callable[[JobEvidence], bool], float, str, str], ...] 
         "+ the last progress line at its total, no error after it",
     ),
     (
+        lambda e: e.ended_on_planned_step,
+        0.45,
+        "every writer's last line is a training step at the number of steps the run's "
+        "configuration gave, and no error was logged; the program printed no end line of its "
+        "own, and a job that hung after its last step would read the same.",
+        "+ the last step at the configured number of steps, no error",
+    ),
+    (
         lambda e: e.ended_on_last_epoch,
         0.5,
         "every epoch counter reached its last epoch, with that epoch's steps done, and nothing "

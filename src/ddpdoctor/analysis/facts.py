@@ -307,6 +307,22 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
     FactPattern(
         "train_steps", r"\bmax_steps\s?[=:]\s?(?P<n>\d{1,9})\b", "max_steps", distinct=VALUE
     ),
+    # ... and a config dump's total in other names: arcface_torch's ": total_step      48",
+    # nanotron's "train_steps: 40", Megatron's "train_iters ..... 320000"
+    *(
+        FactPattern(
+            "train_steps",
+            rf"\b{name}\b[ .]{{0,40}}[=:]?\s{{0,4}}(?P<n>\d{{1,9}})\b",
+            literal,
+            distinct=VALUE,
+        )
+        for name, literal in (
+            ("total_steps?", "total_step"),
+            ("(?:num_)?train_steps", "train_steps"),
+            ("train_iters", "train_iters"),
+            ("total_iters", "total_iters"),
+        )
+    ),
     # MosaicML Composer's and llm-foundry's configs, a duration in its Time notation: "3ep"
     FactPattern(
         "max_epochs",

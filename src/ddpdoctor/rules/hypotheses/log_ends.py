@@ -50,6 +50,8 @@ def assess(job: JobEvidence) -> Assessment | None:
         return None  # the processes shut down normally, with no error: not a log cut short
     if job.ended_on_last_epoch:
         return None  # every writer's epoch counter reached its last epoch's end
+    if job.ended_on_planned_step:
+        return None  # every writer ended on the step its configuration planned last
     where = (
         f"at step {job.last_step[0]} of {job.last_step[1]}"
         if job.last_step

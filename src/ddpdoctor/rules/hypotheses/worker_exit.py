@@ -111,7 +111,10 @@ def _died_without_a_word(job: JobEvidence) -> Assessment:
     traceback there, so the worker was killed (the OOM killer's SIGKILL, a memory limit) or
     crashed natively; after a loop that ran to its end, that was in teardown."""
     after_the_loop = bool(
-        job.ended_on_full_bar or job.ended_after_full_bar or job.ended_on_last_epoch
+        job.ended_on_full_bar
+        or job.ended_after_full_bar
+        or job.ended_on_last_epoch
+        or job.ended_on_planned_step
     )
     if after_the_loop:
         return Assessment(
