@@ -146,8 +146,6 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "resume-whole": "unknown, hang (INF212, 0.3): the same silent healthy end as calm-faces, "
-    "after the resumed epoch ('Global Step: 48', total_step 48)",
     "rec-rot": "failed, data-error on rank 0 (DATA101, 0.6): right kind, wrong rank: the "
     "'Exception in thread Thread-1:' traceback ending in 'zlib.error: Error -3 while "
     "decompressing data: incorrect data check' is printed by threading's excepthook without a "

@@ -1172,13 +1172,15 @@ PLANNED_STEP = re.compile(
 
 
 def _ended_on_planned_step(job: JobView) -> bool:
-    """The run's configuration gave one number of steps (arcface_torch's 'total_step 48'),
+    """The run's configuration gave its number of steps (arcface_torch's 'total_step 48'),
     and every writer that printed progress ended on a step line at that number ('... Epoch:
     1   Global Step: 48'): the loop ran to its last step (the caller checks that no writer
-    logged an error; a job that hung after that line would read the same)."""
-    if len(job.train_steps) != 1:
+    logged an error; a job that hung after that line would read the same). Where the logs
+    hold several (a resumed run's log appended to its first attempt's), the largest: a last
+    step short of any planned total is no end."""
+    if not job.train_steps:
         return False
-    planned = next(iter(job.train_steps))
+    planned = max(job.train_steps)
     progressed = [s for s in job.streams if s.last_progress_line > 0]
     if not progressed:
         return False

@@ -280,8 +280,8 @@ class JobEvidence:
     stopped short of its total, and no writer logged an error: an evaluation's bar, then the
     results it printed. Weaker: a hang after that bar (a save, teardown) reads the same."""
     ended_on_planned_step: bool = False
-    """Every writer with progress ended on a step line at the one number of steps the run's
-    configuration gave, and no writer logged an error."""
+    """Every writer with progress ended on a step line at the (largest) number of steps the
+    run's configuration gave, and no writer logged an error."""
     unlisted_exits: set[int] = field(default_factory=set)
     """Ranks of a one-node world that left no lines and that the launcher's failure summary
     does not list, while it lists others: torchrun lists every worker that did not exit 0,
