@@ -115,9 +115,10 @@ MISSES: dict[str, str] = {
     "schedule's helper, line 183), 'split evenly', so the main process is named; the extra "
     "micro-batches are stage 2's, whose schedule line says '6 micro-batches of 4' against the "
     "others' 4",
-    "warmup-skip": "failed, nccl-timeout with no culprit (TMO102, 0.3): only timeouts (send "
-    "and recv, all in the p2p helper at line 183) and a closed connection are seen; the "
-    "deadlock is stage 1's, whose schedule line says 'warmup 0' where 1F1B gives "
+    "warmup-skip": "failed, collective-mismatch on rank 0 (INF203; nccl-timeout with no culprit "
+    "before session 36): the kind is right since the p2p helper at line 183 is seen called from "
+    "different schedule lines on different ranks, but the even split names the main process; "
+    "the deadlock is stage 1's, whose schedule line says 'warmup 0' where 1F1B gives "
     "world - rank - 1 = 2 (stages 0, 2, 3 say 3, 1, 0): it posted a gradient recv before its "
     "neighbour could produce it, a p2p order mismatch on rank 1",
 }

@@ -165,12 +165,6 @@ MISSES: dict[str, str] = {
     "430, 'The expanded size of the tensor (14) must match the existing size (15) at "
     "non-singleton dimension 2'): a shape bug of the transform, with no file, decode or cache in "
     "it; the loader only carried it",
-    "solo-reduce": "failed, nccl-timeout with no culprit (TMO102, 0.3): both ranks' 'Timed out "
-    "waiting 15000ms for send operation to complete' end in the same function "
-    "(reduce_across_processes, train.py:324), and the tool does not compare what called it: rank "
-    "0's from evaluate directly (line 689, inside the rank-0 branch), rank 1's from "
-    "MetricLogger.synchronize_between_processes (line 713 via SmoothedValue's, line 103); the "
-    "different call paths to one collective helper are the mismatch it fails to read",
 }
 
 

@@ -78,6 +78,7 @@ def wait_site(hit: Hit) -> WaitSite:
     # the traceback says which operation it was
     transport_half = op in ("recv", "send")
     site: str | None = None
+    caller: str | None = None
     cut = handler_start(hit)
     if cut is not None:  # a signal handler's own collective: not where the rank was waiting
         op, transport_half = None, False
@@ -91,8 +92,12 @@ def wait_site(hit: Hit) -> WaitSite:
             and m["func"] in COLLECTIVE_FUNCTIONS
         ):
             op, transport_half = m["func"], False
-        if site is None and not LIBRARY_PATH.search(m["path"]):
-            site = f"{m['path'].rsplit('/', 1)[-1]}:{m['line']}"
+        if not LIBRARY_PATH.search(m["path"]):
+            here = f"{m['path'].rsplit('/', 1)[-1]}:{m['line']}"
+            if site is None:
+                site = here
+            elif caller is None:
+                caller = here
     return WaitSite(
         op=None if transport_half else op,
         site=site,
@@ -100,6 +105,7 @@ def wait_site(hit: Hit) -> WaitSite:
         numel=_digits(hit.captures.get("numel")),
         phase=phase(hit) if cut is None else None,
         group=_digits(hit.captures.get("group")),
+        caller=caller,
     )
 
 

@@ -85,6 +85,9 @@ class WaitSite:
     """EVALUATION or TRAINING: the loop its traceback was in, when a frame names one."""
     group: int | None = None
     """The index of the process group the rank was creating (new_group) when it waited."""
+    caller: str | None = None
+    """The user's line that called `site`'s function (the frame above it): the same helper
+    reached from two places is two different calls."""
 
     @property
     def key(self) -> tuple[str | None, str | None, int | None]:

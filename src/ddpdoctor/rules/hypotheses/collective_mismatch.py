@@ -169,8 +169,12 @@ def _from_wait_sites(job: JobEvidence) -> Assessment | None:
         # the element count of a collective every rank must call with the same size: ranks
         # in one of a different size were in a different call (NCCL checks no sizes)
         numel = last.numel if op in SAME_SIZE_OPS else None
-        where[rank] = (op, last.site, numel)
-        at = f" at {last.site}" if last.site else ""
+        where[rank] = (op, last.site, numel, last.caller)
+        at = (
+            f" at {last.site}" + (f" from {last.caller}" if last.caller else "")
+            if last.site
+            else ""
+        )
         seq = f" #{last.seq}" if last.seq is not None else ""
         size = f" of {numel} elements" if numel is not None else ""
         text[rank] = f"waited in {last.op or 'a collective'}{seq}{size}{at}"
