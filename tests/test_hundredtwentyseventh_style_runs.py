@@ -128,9 +128,6 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "calm-det": "unknown/hang (INF212, 0.3) instead of OK: mmcv's runner prints nothing after the last evaluation and the launcher nothing on success; TextLoggerHook logs every 5 iterations and ignores the last, so the last step line is 'Epoch [3][15/17]' ('ends at step 15 of 17'), and the 'Epoch(val) [3][...]' record of the last epoch after 'workflow: [('train', 1)], max: 3 epochs' (and the config's max_epochs=3) is not read as the end of the run",
-    "loud-det": "unknown/hang (INF212, 0.3) instead of OK: mmcv's runner prints nothing after the last evaluation and the launcher nothing on success; TextLoggerHook logs every 5 iterations and ignores the last, so the last step line is 'Epoch [3][10/12]' ('ends at step 10 of 12'), and the 'Epoch(val) [3][...]' record of the last epoch after 'workflow: [('train', 1)], max: 3 epochs' (and the config's max_epochs=3), with 3 ranks is not read as the end of the run",
-    "resume-det": "unknown/hang (INF212, 0.3) instead of OK: mmcv's runner prints nothing after the last evaluation and the launcher nothing on success; TextLoggerHook logs every 5 iterations and ignores the last, so the last step line is 'Epoch [3][15/17]' ('ends at step 15 of 17'), and the 'Epoch(val) [3][...]' record of the last epoch after 'workflow: [('train', 1)], max: 3 epochs' (and the config's max_epochs=3), after 'resumed epoch 2, iter 34' is not read as the end of the run",
     "flat-box": (
         "python-exception on rank 0 (PY101, 0.6), right rank, wrong kind: the empty gt of "
         "image 23 (every box zero-width, dropped by CocoDataset) surfaces only as "

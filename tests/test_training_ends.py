@@ -309,3 +309,17 @@ def test_a_configured_number_of_steps_is_read(line: str, n: str) -> None:
         m["n"] for f in FACT_PATTERNS if f.name == "train_steps" and (m := re.search(f.regex, line))
     ]
     assert found == [n]
+
+
+@pytest.mark.parametrize(
+    ("fixture", "ok"),
+    [
+        # mmcv 1.x: 'workflow: [('train', 1)], max: 3 epochs', last 'Epoch(val) [3][11] ...'
+        ("hundredtwentyseventh-calm-det", True),
+        # the same runner with rank 0's evaluation past the timeout: no end
+        ("hundredtwentyseventh-eval-crawl", False),
+    ],
+)
+def test_the_last_epochs_validation_ends_the_run(fixture: str, ok: bool) -> None:
+    path = REPO / "tests" / "fixtures" / "real" / fixture
+    assert (diagnose_paths([str(path)]).verdict.status == "ok") is ok

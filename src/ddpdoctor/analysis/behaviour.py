@@ -1180,16 +1180,21 @@ PLANNED_STEP = re.compile(
 def _ended_on_planned_step(job: JobView) -> bool:
     """The run's configuration gave its number of steps (arcface_torch's 'total_step 48'),
     and every writer that printed progress ended on a step line at that number ('... Epoch:
-    1   Global Step: 48'): the loop ran to its last step (the caller checks that no writer
-    logged an error; a job that hung after that line would read the same). Where the logs
-    hold several (a resumed run's log appended to its first attempt's), the largest: a last
-    step short of any planned total is no end."""
-    if not job.train_steps:
-        return False
-    planned = max(job.train_steps)
+    1   Global Step: 48'), or on the validation of the last configured epoch (mmcv's
+    'Epoch(val) [3][11]' of 'max: 3 epochs'): the loop ran to its last step (the caller
+    checks that no writer logged an error; a job that hung after that line would read the
+    same). Where the logs hold several totals (a resumed run's log appended to its first
+    attempt's), the largest: a last step short of any planned total is no end."""
     progressed = [s for s in job.streams if s.last_progress_line > 0]
     if not progressed:
         return False
+    if job.max_epochs and all(
+        _validated_epoch(s.last_text) == max(job.max_epochs) for s in progressed
+    ):
+        return True  # every writer's last line validates the last configured epoch
+    if not job.train_steps:
+        return False
+    planned = max(job.train_steps)
     for stream in progressed:
         if stream.last_line != stream.last_progress_line:
             return False
@@ -1197,6 +1202,15 @@ def _ended_on_planned_step(job: JobView) -> bool:
         if m is None or int(m["n"]) != planned:
             return False
     return True
+
+
+VALIDATED_EPOCH = re.compile(r"\bEpoch\(val\) \[(?P<n>\d{1,6})\]")
+"""mmcv's and MMEngine's record of an epoch's validation: 'Epoch(val) [3][11]	bbox_mAP: ...'."""
+
+
+def _validated_epoch(text: str) -> int | None:
+    m = VALIDATED_EPOCH.search(text)
+    return int(m["n"]) if m else None
 
 
 def _step_counter_at_total(stream: StreamSummary, job: JobView) -> bool:

@@ -295,6 +295,8 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
     ),
     FactPattern("max_epochs", r"[(,]\s?epochs=(?P<n>\d{1,6})[,)]", "epochs=", distinct=VALUE),
     FactPattern("max_epochs", r"\bNum Epochs = (?P<n>\d{1,6})\b", "Num Epochs = ", distinct=VALUE),
+    # mmcv 1.x's runner at start: "workflow: [('train', 1)], max: 12 epochs"
+    FactPattern("max_epochs", r"\], max: (?P<n>\d{1,6}) epochs\b", "], max: ", distinct=VALUE),
     # how many optimisation steps the run is set to take: transformers' Trainer banner ("Total
     # optimization steps = 54"), configs' and argparse dumps' "max_steps=1000": a bar that counts
     # to it is the training loop's own, whatever its label (the Trainer's bar has none)
