@@ -1136,10 +1136,10 @@ END_READINGS: tuple[tuple[Callable[[JobEvidence], bool], float, str, str], ...] 
     (
         lambda e: e.ended_on_planned_step,
         0.45,
-        "every writer's last line is a training step at the number of steps the run's "
-        "configuration gave, and no error was logged; the program printed no end line of its "
-        "own, and a job that hung after its last step would read the same.",
-        "+ the last step at the configured number of steps, no error",
+        "every writer's last line is the last step the run's configuration planned (or the "
+        "validation of its last configured epoch), and no error was logged; the program "
+        "printed no end line of its own, and a job that hung after it would read the same.",
+        "+ the last configured step or epoch reached, no error",
     ),
     (
         lambda e: e.ended_on_last_epoch,
