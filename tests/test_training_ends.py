@@ -323,3 +323,21 @@ def test_a_configured_number_of_steps_is_read(line: str, n: str) -> None:
 def test_the_last_epochs_validation_ends_the_run(fixture: str, ok: bool) -> None:
     path = REPO / "tests" / "fixtures" / "real" / fixture
     assert (diagnose_paths([str(path)]).verdict.status == "ok") is ok
+
+
+@pytest.mark.parametrize(
+    ("fixture", "ok"),
+    [
+        # icefall: every rank's 'INFO [train.py:914] (R/2) Done!' behind its record head
+        ("hundredtwentysecond-calm-cuts", True),
+        # the same recipe stopped from outside mid-run: its logs stop after a save, no 'Done!'
+        ("hundredtwentysecond-wall-term", False),
+        # LeRobot: 'INFO 2026-12-06 19:05:56 s/train.py:1042 End of training'
+        ("hundredtwentyfifth-calm-act", True),
+        # the same trainer stopped from outside mid-run
+        ("hundredtwentyfifth-wall-term", False),
+    ],
+)
+def test_an_end_behind_a_record_head_and_its_mid_run_stop(fixture: str, ok: bool) -> None:
+    path = REPO / "tests" / "fixtures" / "real" / fixture
+    assert (diagnose_paths([str(path)]).verdict.status == "ok") is ok

@@ -1101,20 +1101,29 @@ def _peer_of_a_lone_rank(evidence: JobEvidence) -> None:
     evidence.ranks[1] = RankView(rank=1, present=False)
 
 
+def _listed_by_summary(job: JobView, evidence: JobEvidence) -> set[int] | None:
+    """The ranks torchrun's failure summary lists in a one-node world of known size, where it
+    lists any (every worker that did not exit 0: a rank left out exited 0); None where the
+    summary says nothing of the others (none, several nodes, a function's summary that lists
+    the first failure only)."""
+    if not (job.launcher_summaries and evidence.single_node and evidence.world_size):
+        return None
+    if job.function_workers:
+        return None
+    return set(job.info.per_rank) or None
+
+
 def _unlisted_exits(job: JobView, evidence: JobEvidence) -> set[int]:
     """Ranks of a one-node world with no line of their own that torchrun's failure summary
     leaves out while listing others: every worker that did not exit 0 is listed there (the
     ones it stopped too, with SIGTERM), so these had already exited 0. Not where the launcher
     said it stopped as many workers as are left out (mp.spawn's 'Terminating process' inside
     the agent, whose summary lists only the first failure): those were alive."""
-    if not (job.launcher_summaries and evidence.single_node and evidence.world_size):
+    listed = _listed_by_summary(job, evidence)
+    if listed is None:
         return set()
-    if job.function_workers:
-        return set()  # its summary lists the first failure only
-    listed = set(job.info.per_rank)
-    if not listed:
-        return set()
-    gone = {r for r in evidence.missing if r not in listed and r < evidence.world_size}
+    world = evidence.world_size or 0
+    gone = {r for r in evidence.missing if r not in listed and r < world}
     unlisted_stops = job.stopped_pids - {e.pid for e in job.info.per_rank.values()}
     return gone if len(gone) > len(unlisted_stops) else set()
 
@@ -1123,16 +1132,15 @@ def _unlisted_speakers(job: JobView, evidence: JobEvidence) -> set[int]:
     """Ranks with lines of their own that torchrun's failure summary leaves out while listing
     others, and whose lines show no end of theirs (no error, no wait, no lost peer, no stop
     from outside): they exited 0, on their own; they were not killed."""
-    if not (job.launcher_summaries and evidence.single_node and evidence.world_size):
+    listed = _listed_by_summary(job, evidence)
+    if listed is None:
         return set()
-    listed = set(job.info.per_rank)
-    if not listed or job.function_workers:
-        return set()
+    world = evidence.world_size or 0
     return {
         r
         for r, view in evidence.ranks.items()
         if r not in listed
-        and r < evidence.world_size
+        and r < world
         and view.present
         and not view.failed
         and not view.waiting

@@ -284,7 +284,8 @@ class JobEvidence:
     results it printed. Weaker: a hang after that bar (a save, teardown) reads the same."""
     ended_on_planned_step: bool = False
     """Every writer with progress ended on a step line at the (largest) number of steps the
-    run's configuration gave, and no writer logged an error."""
+    run's configuration gave, or on the validation of its last configured epoch, and no writer
+    logged an error."""
     unlisted_exits: set[int] = field(default_factory=set)
     """Ranks of a one-node world that left no lines and that the launcher's failure summary
     does not list, while it lists others: torchrun lists every worker that did not exit 0,

@@ -84,6 +84,25 @@ SAME_SIZE_OPS = frozenset(
 rank (not all-to-all, gather or scatter with per-rank sizes, nor a coalesced group)."""
 
 
+COMPARED_WHERE_KNOWN = 2
+"""Where a rank waited: (op, site, size, caller); from this field on, a field is compared only
+where every rank's lines show it."""
+
+
+def _known_on_every_rank(where: dict[int, tuple[object, ...]]) -> dict[int, tuple[object, ...]]:
+    """Where the ranks waited, without the size or caller that some rank's output lacks (a
+    traceback cut by the paste, a timeout line without NumelIn): a field one rank does not
+    show says nothing of a difference. The op and the site stay as they are (a rank waiting
+    in a receive no collective names is a side of its own)."""
+    width = len(next(iter(where.values())))
+    kept = list(range(COMPARED_WHERE_KNOWN)) + [
+        i
+        for i in range(COMPARED_WHERE_KNOWN, width)
+        if all(key[i] is not None for key in where.values())
+    ]
+    return {rank: tuple(key[i] for i in kept) for rank, key in where.items()}
+
+
 def _groups(where: dict[int, tuple[object, ...]]) -> list[set[int]]:
     """Ranks grouped by where they were, largest group first, then by lowest rank."""
     groups: dict[tuple[object, ...], set[int]] = {}
@@ -180,6 +199,7 @@ def _from_wait_sites(job: JobEvidence) -> Assessment | None:
         text[rank] = f"waited in {last.op or 'a collective'}{seq}{size}{at}"
     if len(where) < 2:
         return None
+    where = _known_on_every_rank(where)
     groups = _groups(where)
     if len(groups) < 2:
         return None
