@@ -3,7 +3,10 @@ return or sys.exit taken on one rank) is an uncoordinated exit, not a rank kille
 outside: torchrun's failure summary lists every worker that did not exit 0, so a rank with
 lines of its own that it leaves out had exited 0 (INF202), even when its last line is a
 training step and it said nothing on leaving (INF231 would read that as an OOM kill). Real
-torchrun jobs on gloo, diagnosed as they printed."""
+torchrun jobs on gloo, diagnosed as they printed. The leaving rank destroys its process group
+first: without it, its exit sometimes aborts in gloo's teardown ('terminate called without an
+active exception', SIGABRT, listed by torchrun and read as that rank's native crash), a
+different run that is not tested here."""
 
 from __future__ import annotations
 
@@ -32,9 +35,11 @@ for epoch in range(10):
         opt.step()
     print(f"[rank{rank}] epoch {epoch} loss {loss.item():.4f}", flush=True)
     if mode == "quiet-return" and rank == 1 and epoch == 3:
+        dist.destroy_process_group()
         sys.exit(0)  # leaves without a word
     if mode == "target-exit" and rank == 0 and epoch == 3:
         print("Target accuracy reached, exiting")
+        dist.destroy_process_group()
         sys.exit(0)
 print(f"[rank{rank}] done", flush=True)
 dist.destroy_process_group()
