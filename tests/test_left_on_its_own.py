@@ -72,3 +72,15 @@ def test_a_rank_that_exits_0_mid_run_left_on_its_own(
     log.write_text(proc.stdout)
     v = diagnose_paths([str(log)]).verdict
     assert (v.status, v.kind, v.culprit.ranks) == ("failed", "uncoordinated-exit", [leaver])
+
+
+FIXTURE = Path(__file__).parent / "fixtures" / "real" / "left-alone-exit-abort"
+
+
+def test_a_rank_whose_exit_aborted_in_teardown_still_left_on_its_own() -> None:
+    """Without destroy_process_group, the leaving rank's exit sometimes aborts in gloo's
+    teardown: its only words are that abort and torchrun's SIGABRT, while the other rank lost
+    it mid-run. A captured run of the program above (see the fixture's README)."""
+    v = diagnose_paths([str(FIXTURE / "console.log")]).verdict
+    assert (v.status, v.kind, v.culprit.ranks) == ("failed", "uncoordinated-exit", [0])
+    assert "terminate called without an active exception" in " ".join(e.text for e in v.evidence)

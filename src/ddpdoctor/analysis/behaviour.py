@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime, timedelta
 
-from ddpdoctor.analysis.events import Event
+from ddpdoctor.analysis.events import Event, aborted_at_exit
 from ddpdoctor.analysis.facts import elapsed_seconds
 from ddpdoctor.analysis.frames import (
     FRAME,
@@ -825,6 +825,8 @@ def _add_event(evidence: JobEvidence, event: Event) -> None:
         view.waited_on_live_peers |= event.echo is Echo.WAITING and event.rule.peers_alive
         if event.echo is Echo.WAITING:
             view.wait_kinds.add(event.rule.kind)
+    elif event.primary and aborted_at_exit(event):
+        view.aborted_at_exit = True
     elif event.primary:
         view.failed = True
         if (sizes := _size_abort(event)) is not None:

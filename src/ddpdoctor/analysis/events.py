@@ -68,6 +68,20 @@ class Node:
     time: datetime | None = None
 
 
+EXIT_REPORT_CAPTURES = frozenset({"signum", "sig", "local_rank", "rank"})
+"""What a launcher's report of a worker's signal captures (the number, its name, the rank)."""
+
+
+def aborted_at_exit(event: Event) -> bool:
+    """Its rank's own words are only the abort C++ prints while a process destroys its
+    threads at exit ('terminate called without an active exception'), beside the launcher's
+    report of that signal: the process had already left its Python code."""
+    return any("at_exit" in h.captures for h in event.hits) and all(
+        "at_exit" in h.captures or (h.captures and set(h.captures) <= EXIT_REPORT_CAPTURES)
+        for h in event.hits
+    )
+
+
 def split(findings: list[Finding], rules: dict[str, Rule]) -> list[Event]:
     """One event per finding, rank and echo, hits in scan order."""
     events: list[Event] = []

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
 from ddpdoctor.analysis.causal_graph import CausalGraph
-from ddpdoctor.analysis.events import Event, Node
+from ddpdoctor.analysis.events import Event, Node, aborted_at_exit
 from ddpdoctor.model.evidence import JobEvidence, Restart
 from ddpdoctor.model.records import Record
 from ddpdoctor.rules.base import Echo, Marker, Rule
@@ -585,6 +585,43 @@ def relate_completion(graph: CausalGraph, ctx: Context) -> None:
         )
 
 
+def relate_left_at_exit(graph: CausalGraph, ctx: Context) -> None:
+    """A rank whose only failure is the abort of its own exit had left its Python code with
+    no error while another rank still waited for it or lost it: how it left (a sys.exit or a
+    return on that rank alone, INF202 names it), not a crash in its work. After the end of
+    training it is teardown (relate_completion)."""
+    evidence = ctx.evidence
+    waiting = evidence.waiting
+
+    def left_alone(event: Event) -> bool:
+        view = evidence.ranks.get(event.rank) if event.rank is not None else None
+        return (
+            view is not None
+            and view.aborted_at_exit
+            and not view.failed
+            and not view.waiting  # it left after its own timeout or lost peer
+            and not view.completed
+            and bool(waiting - {view.rank})
+        )
+
+    aborts = [
+        e
+        for e in graph.events
+        if e.primary and aborted_at_exit(e) and not graph.explained(e) and left_alone(e)
+    ]
+    if not aborts:
+        return
+    node = graph.add_node(Node("left at exit", None))
+    for abort in aborts:
+        graph.add(
+            node,
+            abort,
+            "left",
+            "the abort of its exit, with no error before it: it had left its Python code "
+            "while the others still needed it.",
+        )
+
+
 def relate_survived(graph: CausalGraph, ctx: Context) -> None:
     """A lost peer or a timeout that training went on from (its end announced later in the
     same output) explains nothing and accuses nobody: the job outlived it."""
@@ -878,6 +915,7 @@ RELATIONS = (
     relate_consequences,
     relate_refinements,
     relate_completion,
+    relate_left_at_exit,
     relate_survived,
     relate_teardown_marker,
     relate_agreed_stop,

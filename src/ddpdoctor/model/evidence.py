@@ -104,6 +104,9 @@ class RankView:
     host: str | None = None
     failed: bool = False
     """A primary error (not an echo of another rank's failure) was seen on this rank."""
+    aborted_at_exit: bool = False
+    """Its only failure was the abort of its own exit (analysis.events.aborted_at_exit): it
+    had left its Python code without an error (not `failed` for that alone)."""
     echoes: set[str] = field(default_factory=set)
     """Echo kinds seen on this rank (rules.base.Echo values)."""
     warned: bool = False

@@ -50,6 +50,9 @@ def assess(job: JobEvidence) -> Assessment | None:
     unlisted = _from_summary(job)
     if unlisted is not None:
         return unlisted
+    at_exit = _aborted_at_exit(job)
+    if at_exit is not None:
+        return at_exit
     present = {r for r, v in job.ranks.items() if v.present}
     stoppers = {r for r, v in job.ranks.items() if v.announced_stop}
     if stoppers and stoppers < present:
@@ -132,6 +135,37 @@ def assess(job: JobEvidence) -> Assessment | None:
             ],
         )
     return None
+
+
+def _aborted_at_exit(job: JobEvidence) -> Assessment | None:
+    """A rank whose only words are the abort of its own exit ('terminate called without an
+    active exception': its threads destroyed as the interpreter ended) had left its Python
+    code with no error, while the others still waited for it or lost it."""
+    left = {
+        r
+        for r, v in job.ranks.items()
+        if v.aborted_at_exit and not (v.failed or v.waiting or v.completed)
+    }
+    others = job.waiting - left
+    if not left or not others:
+        return None
+    one = len(left) == 1
+    return Assessment(
+        RULE,
+        0.75,
+        sorted(left),
+        [
+            f"{ranks_text(left)} printed no error, only the abort C++ prints while a process "
+            "destroys its threads at exit ('terminate called without an active exception'): "
+            + ("it had" if one else "they had")
+            + f" left the Python code on {'its' if one else 'their'} own (a sys.exit, a return "
+            f"or the end of a loop on {'that rank' if one else 'those ranks'} alone) while "
+            f"{ranks_text(others)} still waited for {'it' if one else 'them'} or lost "
+            + ("it" if one else "them")
+            + ". The abort is how it exited, not a crash in its work."
+        ],
+        evidence=[e for r in sorted(left) for e in job.ranks[r].evidence[:1]],
+    )
 
 
 def _stopped_into_a_barrier(job: JobEvidence, stoppers: set[int]) -> Assessment | None:
