@@ -114,18 +114,35 @@ def test_the_indentation_every_line_shares_is_removed(text: bytes, want: bytes) 
             b"10 step loss 0.5\n20 step loss 0.4\n30 step loss 0.3\n",
         ),
         (b"1 a\n2 b\n", b"1 a\n2 b\n"),
+        # a web viewer's or an editor's gutter: a bar after the number
+        (b"   98 | W1130 step\n   99 | \n  100 | INFO x\n", b"W1130 step\n\nINFO x\n"),
+        (b"  1 \xe2\x94\x82 a\n  2 \xe2\x94\x82 b\n  3 \xe2\x94\x82 c\n", b"a\nb\nc\n"),
+        # a colon after the number (grep -n ''): only over ten lines, as srun labels four
+        # tasks the same way, one line each
+        (
+            b"".join(b"%d: line %d\n" % (n, n) for n in range(1, 12)),
+            b"".join(b"line %d\n" % n for n in range(1, 12)),
+        ),
+        (b"0: a\n1: b\n2: c\n3: d\n", b"0: a\n1: b\n2: c\n3: d\n"),
+        # separators that differ from line to line: not one viewer's gutter
+        (b"1 | a\n2: b\n3 c\n", b"1 | a\n2: b\n3 c\n"),
     ],
 )
 def test_a_viewers_line_numbers_are_removed(text: bytes, want: bytes) -> None:
     assert unnumber(text) == want
 
 
-def test_a_capture_shown_with_line_numbers_keeps_its_verdict(tmp_path: Path) -> None:
-    """A real capture as `cat -n` shows it: the verdict of the capture itself."""
-    source = REPO / "tests" / "fixtures" / "real" / "fifth-abba" / "console.log"
+@pytest.mark.parametrize("gutter", [b"%6d\t", b"%5d | ", b"%d: "])
+@pytest.mark.parametrize("capture", ["fifth-abba", "left-alone-exit-abort"])
+def test_a_capture_shown_with_line_numbers_keeps_its_verdict(
+    tmp_path: Path, gutter: bytes, capture: str
+) -> None:
+    """A real capture as `cat -n`, a web viewer's gutter or `grep -n ''` shows it: the verdict
+    of the capture itself."""
+    source = REPO / "tests" / "fixtures" / "real" / capture / "console.log"
     lines = source.read_bytes().split(b"\n")
     numbered = tmp_path / "console.log"
-    numbered.write_bytes(b"\n".join(b"%6d\t%s" % (n, line) for n, line in enumerate(lines, 1)))
+    numbered.write_bytes(b"\n".join(gutter % n + line for n, line in enumerate(lines, 1)))
     want = diagnose_paths([str(source)]).verdict
     got = diagnose_paths([str(numbered)]).verdict
     assert (got.status, got.kind, got.culprit.ranks) == (want.status, want.kind, want.culprit.ranks)

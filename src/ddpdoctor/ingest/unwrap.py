@@ -209,29 +209,38 @@ def compose(joins: tuple[int, ...], blanks: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(sorted(taken))
 
 
-NUMBERED = re.compile(rb"^ *(\d{1,9})[\t ]")
-"""A viewer's line number before each line: `cat -n` ('     12\t'), `nl`, `less -N` ('     12 ')."""
+NUMBERED = re.compile(rb"^ *(\d{1,9})(?: ?([:|]|\xe2\x94\x82) ?|[\t ])")
+"""A viewer's line number before each line: `cat -n` ('     12\t'), `nl`, `less -N` ('     12 '),
+a gutter with a bar ('  12 | ', '  12 │ ': web log viewers, editors) or a colon ('12: ',
+`grep -n ''`)."""
 MIN_NUMBERED = 3
+MIN_COLON_NUMBERED = 10
+"""A colon after a number is also how srun labels its tasks ('0: ', '1: ', '2: '): only a
+longer run of lines that count up one by one is a viewer's numbering."""
 
 
 def unnumber(data: bytes) -> bytes:
     """The text without the line numbers a viewer put before every line (`cat -n`, `nl`,
     `less -N`, an editor's or a web log viewer's gutter copied with the text): then no line
     started where a log line starts. Only when every line that holds text starts with a
-    number and the numbers count its lines (one more each line, or each line holding text).
-    Lines keep their numbers."""
+    number, the same separator after each, and the numbers count its lines (one more each
+    line, or each line holding text). Lines keep their numbers."""
     if not data[:1].isdigit() and data[:1] != b" ":
         return data  # the first line starts with neither: nearly every log, one look
     lines = data.split(b"\n")
     numbered: list[tuple[int, int, int]] = []  # (line index, its number, where the text starts)
+    separators: set[bytes] = set()
     for index, line in enumerate(lines):
         if not line.strip():
             continue
         m = NUMBERED.match(line)
         if m is None:
             return data
+        separators.add(m.group(2) or b"")
         numbered.append((index, int(m.group(1)), m.end()))
-    if len(numbered) < MIN_NUMBERED:
+    if len(separators) > 1 or len(numbered) < (
+        MIN_COLON_NUMBERED if b":" in separators else MIN_NUMBERED
+    ):
         return data
     for (i, n, _), (j, k, _) in pairwise(numbered):
         if k != n + 1 and k != n + (j - i):
