@@ -40,7 +40,19 @@ OMP_NUM_THREADS unset, a port held by a stale process, a SIGTERM to torchrun fro
 Neither the program nor the launch were used to build the rules: the diagnosis must generalise.
 
 EXPECTED was written from each mode's mechanism and the taxonomy before any diagnosis was seen;
-a mode ddpdoctor gets wrong today is a strict xfail whose reason says what it says instead."""
+a mode ddpdoctor gets wrong today is a strict xfail whose reason says what it says instead.
+First diagnosis: 4 of 16 right (zero-odd, heap-kill, rope-segv, port-squat). Every rank's
+data-loader line ('rank=0 Find 800 samples, ...', 'rank=1 Find 650 samples, ...') is read as
+ranks announcing different amounts of data, so rank 1 'ran out of data first' (INF209) in every
+run where both lines appear, whatever else happened: the healthy runs (calm-sft, inf-skip,
+resume-sft: a fixed total_steps, a silent end after the last step line and the end save) read as
+hung with uneven inputs, and so do the preempted run (wall-term), the slow rank (index-crawl), the
+stuck loader (loader-park: right rank and status) and the rank-0-only all_reduce that gloo aborted
+(log-reduce); the uneven fine-tuning run (steps-split) gets the right kind and rank from the same
+lines but reads as hung. InternEvo's train.py logs a swallowed exception as 'Raise exception from
+<host> with rank id: N' and the traceback with no [rankN] prefix, and the rank exits 0: the rank id
+in that header is not read, so meta-stale and zo-gone (data-error), flat-view (python-exception)
+and flash-absent (missing-module) have the right kind and no culprit."""
 
 from __future__ import annotations
 
@@ -134,7 +146,20 @@ EXPECTED: dict[str, Expected] = {
 }
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
-MISSES: dict[str, str] = {}
+MISSES: dict[str, str] = {
+    "calm-sft": "hung, uneven-inputs on rank 1 (INF209, 0.4): the data-loader lines 'rank=0 Find 800 samples, 22205 tokens, 86 packs in ...part-00000.bin' and 'rank=1 Find 650 samples, 18072 tokens, 70 packs in ...part-00001.bin' are read as the ranks announcing different amounts of data, so rank 1 'ran out of data first'; but data.total_steps = 20 is one fixed count for both ranks (the loader restarts when a file ends), both ran steps 0-19 ('step=19' then 'Saving checkpoint to local at step 20'); the healthy end is silent (both exit 0, torchrun prints nothing) and the last metrics line and end save are not read as the end",
+    "inf-skip": "hung, uneven-inputs on rank 1 (INF209, 0.4): as calm-sft, the data-loader lines 'rank=0 Find 800 samples, 22205 tokens, 86 packs in ...part-00000.bin' and 'rank=1 Find 650 samples, 18072 tokens, 70 packs in ...part-00001.bin' are read as the ranks announcing different amounts of data, so rank 1 'ran out of data first'; the skipped overflow step ('rank=1 loss is inf at step 7', 'Overflow occurs, please check it.', inf_nan_skip_batches=1) is not what misleads it, the silent end after step=19 and the end save is not read as the end",
+    "resume-sft": "hung, uneven-inputs on rank 1 (INF209, 0.4): as calm-sft, the data-loader lines 'rank=0 Find 800 samples, 22205 tokens, 86 packs in ...part-00000.bin' and 'rank=1 Find 650 samples, 18072 tokens, 70 packs in ...part-00001.bin' are read as the ranks announcing different amounts of data, so rank 1 'ran out of data first'; the resumed steps 10-19 and 'Saving checkpoint to local at step 20' are not read as the end",
+    "meta-stale": "failed, data-error with no culprit (DATA101, 0.9): right kind, no rank: InternEvo's train.py logs the swallowed exception as 'ERROR train.py:660 in <module> -- Raise exception from vm with rank id: 1' and then the traceback ('Caught JSONDecodeError in DataLoader worker process 0'), without a [rank1] prefix; the rank id in that header is not read, and every rank exits 0, so torchrun names no failed rank either",
+    "zo-gone": "failed, data-error with no culprit (DATA101, 0.9): right kind, no rank: the FileNotFoundError for 'llm_ckpts/10/optimizer_tp0_pp0_zo1.pt' is logged under 'Raise exception from vm with rank id: 1' without a [rank1] prefix; that header's rank id is not read and torchrun reports nothing (every rank exits 0)",
+    "flat-view": "failed, python-exception with no culprit (PY101, 0.6): right kind, no rank: rank 1's 'RuntimeError: The size of tensor a (261436) must match the size of tensor b (261435)' is logged under 'Raise exception from vm with rank id: 1' (no [rank1] prefix, the rank exits 0); the rank id in the header is not read",
+    "flash-absent": "failed, missing-module with no culprit (ENV101, 0.9): right kind, no ranks: both ModuleNotFoundError tracebacks follow 'Raise exception from vm with rank id: 0' and '... rank id: 1' headers, not [rankN] prefixes, and both ranks exit 0",
+    "log-reduce": "failed, uneven-inputs on rank 1 (INF209, 0.62): the data-loader lines 'rank=0 Find 800 samples, 22205 tokens, 86 packs in ...part-00000.bin' and 'rank=1 Find 650 samples, 18072 tokens, 70 packs in ...part-00001.bin' are read as the ranks announcing different amounts of data, so rank 1 'ran out of data first'; gloo's 'op.preamble.length <= op.nbytes. 522872 vs 4 ... Is there a distributed collective mismatch in your code?' that aborted rank 0 (COL101 on rank 0) is demoted to a cascade, and torchrun's root cause, rank 0 (exitcode -6), is called a victim",
+    "steps-split": "hung, uneven-inputs on rank 1 (INF209, 0.4): right kind and rank, wrong status, and from the announced sample counts (the data-loader lines 'rank=0 Find 800 samples, 22205 tokens, 86 packs in ...part-00000.bin' and 'rank=1 Find 650 samples, 18072 tokens, 70 packs in ...part-00001.bin'), not from the steps each rank counted (rank 0 'total_steps=21', the last step line step=16); rank 1's timeout in the end checkpoint's barrier and rank 0's 'Connection closed by peer' are logged under 'Raise exception from vm with rank id: N' with no [rankN] prefix and both ranks exit 0, so the errors are rankless cascades and no failure of the job is read",
+    "index-crawl": "hung, uneven-inputs on rank 1 (INF209, 0.4): right rank, wrong kind and status: the data-loader lines 'rank=0 Find 800 samples, 22205 tokens, 86 packs in ...part-00000.bin' and 'rank=1 Find 650 samples, 18072 tokens, 70 packs in ...part-00001.bin' are read as the ranks announcing different amounts of data, so rank 1 'ran out of data first'; rank 1's 'rank=1 Building packed index of ...part-00001.bin: k/8 chunks, no index cache found' going on after rank 0's 'Timed out waiting 15000ms for recv operation' (logged under 'Raise exception from vm with rank id: 0', no [rank0] prefix) is not read as a busy rank",
+    "loader-park": "hung, uneven-inputs on rank 1 (INF209, 0.4): right status and rank, wrong kind: the data-loader lines 'rank=0 Find 800 samples, 22205 tokens, 86 packs in ...part-00000.bin' and 'rank=1 Find 650 samples, 18072 tokens, 70 packs in ...part-00001.bin' are read as the ranks announcing different amounts of data, so rank 1 'ran out of data first'; rank 1 silent after both monitors' 'Watchdog: no step in 8s (last step 5)' while rank 0 timed out in the gradient all_reduce (under 'Raise exception from vm with rank id: 0') is not read as rank 1 stuck outside any collective",
+    "wall-term": "hung, uneven-inputs on rank 1 (INF209, 0.4): the data-loader lines 'rank=0 Find 800 samples, 22205 tokens, 86 packs in ...part-00000.bin' and 'rank=1 Find 650 samples, 18072 tokens, 70 packs in ...part-00001.bin' are read as the ranks announcing different amounts of data, so rank 1 'ran out of data first'; torchrun's 'Received 15 death signal, shutting down workers' and SignalException 'got signal: 15' (LCH109, preempted) are read as a cascade of that root",
+}
 
 
 RUNS = RunSet("hundredtwentyninth-", EXPECTED, MISSES, label_nowhere=True)
