@@ -416,6 +416,18 @@ class JobEvidence:
     leave early, or of no known rank): what is after it happened after training."""
 
     @property
+    def ended_without_a_line(self) -> bool:
+        """The run printed no end of its own, but its progress, its configuration or its exit
+        shows that the training loop ran to its end (analysis.decision.END_READINGS)."""
+        return (
+            self.ended_on_full_bar
+            or self.exited_cleanly
+            or self.ended_after_full_bar
+            or self.ended_on_planned_step
+            or self.ended_on_last_epoch
+        )
+
+    @property
     def waiting(self) -> set[int]:
         return {r for r, v in self.ranks.items() if v.waiting}
 

@@ -221,7 +221,7 @@ def _from_data_end_alone(job: JobEvidence) -> Assessment | None:
     out (and went on, to a validation or the next epoch) while the others never did. Those
     left the loop first; with DistributedSampler every rank's data ends at the same step, so
     ranks whose data ends alone had fewer batches, and wait for the others for ever."""
-    if job.ended or any(v.completed for v in job.ranks.values()):
+    if job.ended or job.ended_without_a_line or any(v.completed for v in job.ranks.values()):
         return None
     world = set(range(job.world_size)) if job.world_size else set(job.ranks)
     ended = {r for r, v in job.ranks.items() if v.data_ended and not v.failed}
@@ -250,8 +250,8 @@ def _from_sizes_alone(job: JobEvidence) -> Assessment | None:
     few of them said another amount. Nothing failed, so the ranks wait for each other: the
     ones with fewer batches left the loop, the others wait in a collective of a batch they
     alone have."""
-    if job.ended or any(v.completed for v in job.ranks.values()):
-        return None
+    if job.ended or job.ended_without_a_line or any(v.completed for v in job.ranks.values()):
+        return None  # the loop ran to its end: every rank had what its steps needed
     found = _from_sizes(job, 0.45)
     if found is None:
         return None
