@@ -95,3 +95,22 @@ def test_an_unprefixed_terminate_belongs_to_the_one_rank_sigabrt_ended() -> None
     report = diagnose_paths([str(REAL / "seventyfifth-short-part")])
     mismatch = [f for f in report.findings if f.rule == "COL101"]
     assert mismatch and mismatch[0].ranks == [2]
+
+
+def test_an_error_header_naming_a_rank_attributes_the_traceback_under_it() -> None:
+    """A program that catches an exception and logs it under a header naming its rank
+    (InternEvo's train.py) leaves the traceback unprefixed; the header says whose it is. A
+    progress line that merely ends with a rank number is no such header."""
+    from ddpdoctor.ingest.attribution import RANKED_HEAD
+
+    for header, rank in [
+        ("ERROR train.py:660 in <module> -- Raise exception from vm with rank id: 1", "1"),
+        ("Exception on rank 3:", "3"),
+        ("worker failed on rank_id=12", "12"),
+    ]:
+        m = RANKED_HEAD.search(header)
+        assert m is not None and m.group("rank") == rank, header
+    for other in ["INFO step 5 done on rank 0", "Error rate 0.5 at step 3", "rank 1: raise x"]:
+        assert RANKED_HEAD.search(other) is None, other
+    v = diagnose_paths([str(REPO / "tests/fixtures/real/hundredtwentyninth-meta-stale")]).verdict
+    assert (v.kind, v.culprit.ranks) == ("data-error", [1])

@@ -54,6 +54,15 @@ def _in_a_worker(hit: Hit) -> bool:
     return bool(frames) and not any(AGENT_FRAME.search(f) for f in frames)
 
 
+RANKED_HEAD = re.compile(
+    r"(?i)\b(?:exception|error|fail\w*|raise[sd]?|crash\w*)\b[^\n]{0,160}?"
+    r"\brank(?:[ _]?id)?\s?[:=#]?\s?(?P<rank>\d{1,7})\s*[:.]?\s*$"
+)
+"""The error line a program logs above a traceback it caught, naming the rank it ran on
+(InternEvo's 'Raise exception from <host> with rank id: 1', 'Exception on rank 3:'): the
+traceback under it is that rank's, whatever wrote the console."""
+
+
 CHILD_RANK = re.compile(r"\[rank: (?P<rank>\d{1,7})\] Child process with PID \d")
 """Lightning's child-process observer names the child it reports by rank in its prefix."""
 
@@ -84,6 +93,9 @@ def rank_of(hit: Hit, resolve: Resolver, single_node: bool, sole_host: str | Non
             found = resolve(Origin(host=ray.group("ip"), pid=_number(ray.group("pid"))))
             if found is not None:
                 return found
+        ranked = RANKED_HEAD.search(record.text)
+        if ranked:
+            return _number(ranked.group("rank"))
         caught = LOGURU_CAUGHT.search(record.text)
         if caught:
             found = _caught_rank(caught, hit, resolve, single_node, sole_host)
