@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+# fmt: off
 """A hundredthirtieth training-program style for the generalisation fixtures
 (tests/fixtures/real/hundredthirtieth-*): dialogue model training in the way of
 facebookresearch/ParlAI, `parlai multiprocessing_train -t convai2 -m transformer/generator
@@ -901,3 +901,4 @@ def superscript_main():
 
 if __name__ == "__main__":
     superscript_main()
+# ruff: noqa: B904, SIM108, UP032, RUF005, B905, RUF046 (ParlAI's own code, as it is written; this line and line 1 are outside what bin/parlai runs at the captured line numbers)
