@@ -96,6 +96,12 @@ def rank_of(hit: Hit, resolve: Resolver, single_node: bool, sole_host: str | Non
         ranked = RANKED_HEAD.search(record.text)
         if ranked:
             return _number(ranked.group("rank"))
+        if record.text.startswith(TRACEBACK_HEAD):
+            # a logging record's first line carries the writer's prefix, its other lines
+            # (the traceback it logged) none (ParlAI's 'rank:  1 | 12:00:01 CRIT | Traceback')
+            found = resolve(record.origin)
+            if found is not None:
+                return found
         caught = LOGURU_CAUGHT.search(record.text)
         if caught:
             found = _caught_rank(caught, hit, resolve, single_node, sole_host)

@@ -79,6 +79,9 @@ RICH_LOG_BODY = re.compile(
 )
 RICH_CALLER = re.compile(r"[\w.-]{1,80}\.py:\d{1,6}")
 # torchrun: `[rank3]:`, `[default0]:`, custom role `[trainer1]:`; TORCHELASTIC prefixes.
+PARLAI_RANK = re.compile(r"rank: {1,3}(?P<rank>\d{1,5}) \| ")
+"""ParlAI's distributed workers put their rank before everything they print and log
+(distributed_utils.override_print / logging prefix 'rank: %2d |'): 'rank:  1 | 12:00:01 CRIT |'."""
 TORCHRUN = re.compile(
     r"\[(?:(?P<role>[A-Za-z_][A-Za-z_-]*?)(?P<num>\d+)\]:\s?|(?P<bare>\d+)\]:\s?(?=.))"
 )
@@ -484,7 +487,17 @@ def _level_of(m: re.Match[str]) -> str | None:
     level = m.group("level")
     if level is None:
         return None
-    return {"WARN": "warning", "SUCCESS": "info", "TRACE": "debug"}.get(level, level.lower())
+    return SHORT_LEVELS.get(level, level.lower())
+
+
+SHORT_LEVELS = {
+    "WARN": "warning",
+    "SUCCESS": "info",
+    "TRACE": "debug",
+    "CRIT": "critical",
+    "ERRO": "error",
+}
+"""Level names as loggers shorten them (ParlAI's '%(levelname).4s': 'CRIT', 'ERRO', 'WARN')."""
 
 
 # Python logging with only the time of day (datefmt "%H:%M:%S"), then the level: "12:00:01 INFO
@@ -492,7 +505,14 @@ def _level_of(m: re.Match[str]) -> str | None:
 # the line, so only the level is kept (a time without its date would misorder lines around
 # midnight and beside dated sources); a level must follow, so a message's own clock is left.
 TIME_OF_DAY_LEVEL = re.compile(
-    r"\[?" + HMS + r"\]? {1,3}(?:[-|:] {1,3})?" + LEVELS + r"\b\]?:? {0,8}(?:[-|:] {1,3})?"
+    r"\[?"
+    + HMS
+    + r"\]? {1,3}(?:[-|:] {1,3})?(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|CRIT|ERRO)"
+    + r"\b\]?:? {0,8}(?:[-|:] {1,3})?"
+    # ... or the time alone before a bar, as ParlAI logs its info lines ('%(asctime)s |')
+    + r"|"
+    + HMS
+    + r" \| "
 )
 
 # A log pasted into a Markdown quote: "> [rank0]: Traceback ...", "> > nested".
@@ -778,6 +798,12 @@ def parse_line(raw: str, year: int = 1970, with_time: bool = True) -> ParsedLine
         m = KUBECTL.match(text, pos) if bracket and nxt == "p" else None
         if m:
             origin.host = origin.host or m.group("pod")
+            prefix_parts.append(m.group(0).strip())
+            pos = m.end()
+            continue
+        m = PARLAI_RANK.match(text, pos) if c == "r" and nxt == "a" else None
+        if m:
+            origin.rank = rank_number(m.group("rank"))
             prefix_parts.append(m.group(0).strip())
             pos = m.end()
             continue

@@ -127,6 +127,17 @@ def walk_back(
         parsed = parse_line(raw, with_time=False)
         end = start - 1
         if parsed.prefix != key or not parsed.text.strip():
+            if (
+                not key
+                and found
+                and walked - found[-1][0] == 1
+                and parsed.text.startswith(TRACEBACK_HEAD)
+            ):
+                # a logging record's first line carries its writer's prefix, the traceback it
+                # logged under it none (ParlAI's 'rank:  1 | 12:00:01 CRIT | Traceback ...'):
+                # the head right above the unprefixed frames is theirs
+                found.append((walked, parse(raw)))
+                break
             continue
         if after_head and not CHAINED.match(parsed.text):
             dated = parse(raw)
