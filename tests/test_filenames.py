@@ -29,6 +29,9 @@ from ddpdoctor.ingest.filenames import origin_from_path
         ("worker-3.log", None, None, "worker-3"),
         # Azure ML: one file of prints per MPI process
         ("user_logs/std_log_process_01.txt", 1, None, None),
+        # NVIDIA's multiproc.py (tacotron2, waveglow): logs/<group>_GPU_<i>.log per worker
+        ("logs/2026_12_06-220129_GPU_1.log", None, 1, None),
+        ("logs/group_2026_12_06-220129_GPU_3.log", None, 3, None),
     ],
 )
 def test_the_path_names_the_writer(
@@ -46,6 +49,8 @@ def test_the_path_names_the_writer(
         "debug-rank0-runs/train.log",
         "logs/3.log",
         "std_log_processor_1.txt",
+        "GPU_1.log",  # a name that is the device alone says no process's
+        "nvidia_GPU_1_temps.csv",
     ],
 )
 def test_names_that_only_look_like_a_rank(path: str) -> None:

@@ -34,7 +34,10 @@ SIGTERM of every process (wall-term); multiproc prints no exit code, so a SIGKIL
 leaves no trace and reads as a rank that left (heap-kill, null-read); the logs/<timestamp>_GPU_1
 .log file is not read as rank 1's, so a rank that stopped or finished early or went silent there
 is not named (nan-stop, shard-slice, park-idle); a lone timeout does not look back at the busy
-rank's 'Saving model and optimizer state ...' (save-crawl); the squatted port names rank 0."""
+rank's 'Saving model and optimizer state ...' (save-crawl); the squatted port names rank 0.
+Since session 37 a worker's file logs/<group>_GPU_<i>.log is read as local rank i's
+(ingest/filenames DEVICE_SUFFIX): heap-kill, nan-stop and park-idle right (8 of 16);
+shard-slice now names rank 1, as killed mid-step (host-oom), not as the rank that ran out."""
 
 from __future__ import annotations
 
@@ -145,11 +148,6 @@ MISSES: dict[str, str] = {
     "calm-mel": "unknown, hang (INF212, 0.3): 'The log ends in the middle of training, without an end': tacotron2's train.py prints nothing after its last iteration and multiproc nothing on success (it reads no exit code), so the console's last line 'Train loss 23 ...' and the logs/ files' last 'Epoch: 3' read as a cut-off log; the configured end (hparams epochs=4 of 6 iterations) is printed nowhere",
     "loud-mel": "unknown, hang (INF212, 0.3): 'The log ends in the middle of training, without an end': tacotron2's train.py prints nothing after its last iteration and multiproc nothing on success (it reads no exit code), so the console's last line 'Train loss 15 ...' and the logs/ files' last 'Epoch: 3' read as a cut-off log; the configured end (hparams epochs=4 of 4 iterations) is printed nowhere",
     "warm-mel": "unknown, hang (INF212, 0.3): 'The log ends in the middle of training, without an end': tacotron2's train.py prints nothing after its last iteration and multiproc nothing on success (it reads no exit code), so the console's last line 'Train loss 23 ...' and the logs/ files' last 'Epoch: 3' read as a cut-off log; the configured end (hparams epochs=4 of 6 iterations) is printed nowhere",
-    "heap-kill": "uncoordinated-exit with no culprit (INF202, 0.3) instead of host-oom on rank 1: "
-    "the SIGKILL leaves no text anywhere (multiproc reads no exit code, the killed rank prints "
-    "nothing), so rank 0's 'Connection closed by peer' with no other error reads as a rank that "
-    "left on its own; the rank that went silent is not named either: the file "
-    "logs/<timestamp>_GPU_1.log, whose last line is 'Epoch: 2', is not read as rank 1's",
     "null-read": "uncoordinated-exit on rank 0 (INF202, 0.3) instead of native-crash, right rank, "
     "wrong kind: the SIGSEGV leaves no text (no faulthandler, multiproc prints no exit code); "
     "rank 1's '[rank1]: ... Read error ... Connection reset by peer' after rank 0's last 'Train "
@@ -159,19 +157,13 @@ MISSES: dict[str, str] = {
     "'Connection closed by peer' are read as secondary errors only; rank 0's last line before "
     "the timeout, 'Saving model and optimizer state at iteration 0 to outdir/checkpoint_0' (the "
     "40 s write), is not read as the busy rank's announcement",
-    "park-idle": "nccl-timeout with no culprit (TMO102, 0.3) instead of hang on rank 1: rank 0's "
-    "lone 'Timed out waiting 15000ms for recv operation' is read without its absent peer; rank "
-    "1, which printed no error and whose log (logs/..._GPU_1.log) ends on 'Epoch: 1' while rank "
-    "0 went on into epoch 1's all_reduce, is not read as the silent stuck rank",
-    "shard-slice": "uncoordinated-exit with no culprit (INF202, 0.3) instead of uneven-inputs on "
+    "shard-slice": "since session 37 host-oom on rank 1 (INF231, 0.5: its file ends on a step "
+    "line, read as a kill mid-step); at first sight "
+    "uncoordinated-exit with no culprit (INF202, 0.3) instead of uneven-inputs on "
     "rank 1: rank 1's log, 'Epoch: 0' to 'Epoch: 3' and no error (it finished its 4 epochs of "
     "5 batches), and rank 0 losing it at 'Train loss 20' in its fourth epoch of 6 batches read "
     "as a rank that left on its own; the batch counts of the fork's per-rank filelist slice "
     "show nowhere, and the GPU_1 file is not read as rank 1's, so no rank is named",
-    "nan-stop": "uncoordinated-exit with no culprit (INF202, 0.3), right kind, culprit missing: "
-    "rank 1's 'Loss is NaN at iteration 4, stopping training' lies only in "
-    "logs/<timestamp>_GPU_1.log (its stdout), and the file name's GPU_1 is not read as rank 1, "
-    "so the rank that stopped on its own is not named",
     "port-squat": "rendezvous-failure on rank 0 (LCH108, 0.9), right kind, culprit [0] instead of "
     "none: rank 0's TCPStore server failing with EADDRINUSE is named as the culprit, though the "
     "port is held by a stale process outside the job (rank 1's client only waits on it)",

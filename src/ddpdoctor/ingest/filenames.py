@@ -15,6 +15,10 @@ RANK_NAME = re.compile(
     r"(?:^|[^a-z])(?:(?:global_?)?rank[-_.]?|std_log_process_)(\d{1,5})(?!\d)", re.IGNORECASE
 )
 LOCAL_RANK_NAME = re.compile(r"local_?rank[-_.]?(\d{1,5})(?!\d)", re.IGNORECASE)
+DEVICE_SUFFIX = re.compile(r".[-_]GPU[-_]?(\d{1,3})$", re.IGNORECASE)
+"""A per-process log named for its device at the end of its stem, as NVIDIA's multiproc.py
+(tacotron2, waveglow) names each worker's: logs/<group>_GPU_<i>.log, the worker it started on
+GPU i: its local rank."""
 LOCAL_BEFORE = re.compile(r"local_?rank[-_.]?$", re.IGNORECASE)
 HOST_NAME = re.compile(
     r"^((?:node|worker|host|gpu|compute|pod|trainer|machine)[-_]?\d+[\w-]*)", re.IGNORECASE
@@ -71,6 +75,9 @@ def origin_from_path(path: str) -> Origin:
     name = parts[-1]  # the rank may follow a dot too: train.rank2.log
     stem = name.split(".", 1)[0]
     m = LOCAL_RANK_NAME.search(name)
+    if m and origin.local_rank is None:
+        origin.local_rank = int(m.group(1))
+    m = DEVICE_SUFFIX.search(stem)
     if m and origin.local_rank is None:
         origin.local_rank = int(m.group(1))
     origin.rank = _global_rank(name)
