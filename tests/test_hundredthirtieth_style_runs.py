@@ -50,7 +50,9 @@ read in 'HH:MM:SS |', so no busy or silent rank is placed (save-crawl, chunk-par
 Since session 37 the prefix is read (ingest/prefixes PARLAI_RANK), the traceback a prefixed
 record logged under its first line is that writer's (ingest/tracebacks.walk_back), and the
 time-of-day heads 'HH:MM:SS |' and 'HH:MM:SS CRIT |' are stripped: uniq-zero, gen-pickle and
-vocab-skew are right (5 of 16); tab-torn and solo-gather now name rank 1, with the wrong kind."""
+vocab-skew are right; tab-torn and solo-gather now name rank 1, with the wrong kind; bash's
+'Terminated' (its child killed by SIGTERM from outside) is read as a stop: wall-term right
+(6 of 16)."""
 
 from __future__ import annotations
 
@@ -191,9 +193,6 @@ MISSES: dict[str, str] = {
     "chunk-park": "failed, nccl-timeout, no culprit (TMO102, 0.3): rank 0's 'Timed out waiting "
     "15000ms' is read, but the muted rank 1 says nothing in any case, so its silence is no "
     "evidence the tool can place: hang on rank 1",
-    "wall-term": "unknown, hang, no culprit (INF233, 0.25): the console ends after a 'saving "
-    "best valid model' with the shell's 'Terminated' (the launching process, rank 0, killed by "
-    "SIGTERM); that word is not read as a signal from outside: preempted",
 }
 
 

@@ -1248,6 +1248,13 @@ SLURM_TERMINATED = Rule(
             "container failed with non-zero exit code",
             echo=Echo.STOPPED,
         ),
+        # bash's job control when the job it started died of SIGTERM (strsignal: "Terminated"):
+        # alone on its line at a prompt, or a script's "run.sh: line 12:  4242 Terminated
+        # python train.py"; the shell reports its own child only, so the signal came from
+        # outside the job (a time limit's `timeout`, a scheduler, a kill), not from a launcher
+        # stopping its workers
+        Signature(r"^Terminated\s*$", "Terminated", echo=Echo.STOPPED),
+        Signature(r": line \d{1,6}: +\d{1,9} Terminated(?: |$)", " Terminated", echo=Echo.STOPPED),
         # Kubernetes scheduler (DisruptionTarget condition of a preempted pod)
         Signature(r": preempting to accommodate a higher priority", "preempting to accommodate"),
         # Ray GCS (gcs_actor_manager.cc): an actor lost with its node, drained for preemption
@@ -1289,6 +1296,9 @@ SLURM_TERMINATED = Rule(
         "741] Received Signals.SIGTERM death signal, shutting down workers",
         "torch.distributed.elastic.multiprocessing.api.SignalException: Process 3155 got "
         "signal: Signals.SIGTERM",
+        # set 130 (ParlAI under `timeout`), and a script's report of the same
+        "Terminated",
+        "./train.sh: line 12:  4242 Terminated              python train.py --epochs 3",
     ),
     negative=(
         "slurmstepd: error: Detected 1 oom_kill event in StepId=1234.0",
@@ -1303,6 +1313,8 @@ SLURM_TERMINATED = Rule(
         "terminated soon (reason: idle).",
         "slurmstepd: error: *** JOB 1234 STEPD TERMINATED ON node01 AT 2024-01-01T00:00:00 DUE "
         "TO JOB NOT ENDING WITH SIGNALS ***",
+        "RuntimeError: DataLoader worker (pid 29417) is killed by signal: Terminated. ",
+        "Process terminated",
     ),
 )
 
