@@ -24,6 +24,9 @@ from tests.program_runs import REAL
         "tokenizing the shard 3 of 8",
         # tests/fixtures/real/eleventh-slow-tokenize (a Ray Train worker)
         "worker 1: token cache is stale, rebuilding it (this can take a minute)",
+        # which checkpoint it is, before the noun: ParlAI's, a final save
+        "saving best valid model: /tmp/run/model",
+        "Saving final checkpoint to out/final.pt",
     ],
 )
 def test_a_phase_announced(line: str) -> None:

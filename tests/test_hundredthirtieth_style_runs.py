@@ -52,7 +52,8 @@ record logged under its first line is that writer's (ingest/tracebacks.walk_back
 time-of-day heads 'HH:MM:SS |' and 'HH:MM:SS CRIT |' are stripped: uniq-zero, gen-pickle and
 vocab-skew are right; tab-torn and solo-gather now name rank 1, with the wrong kind; bash's
 'Terminated' (its child killed by SIGTERM from outside) is read as a stop: wall-term right
-(6 of 16)."""
+(6 of 16); rank 0's unprefixed 'saving best valid model' is the phase the rank that only lost
+its peer, after rank 1 timed out, was busy in: save-crawl right (7 of 16)."""
 
 from __future__ import annotations
 
@@ -185,11 +186,6 @@ MISSES: dict[str, str] = {
     "'op.preamble.length <= op.nbytes. 26944 vs 8192' abort is read as a mismatch, not the "
     "short shard of -dt train:ordered (993 vs 992 examples), and the abort text has no rank "
     "(the aborted process is the muted rank 1): uneven-inputs on rank 1",
-    "save-crawl": "failed, nccl-timeout, no culprit (TMO102, 0.3; rank 1's timeout is read as "
-    "its own since session 37): rank 1's 'Timed out waiting "
-    "15000ms for recv' in its CRIT record (prefix unread) while rank 0's last record is 'saving "
-    "best valid model: ...' and its next one, 'Saving dictionary to ...', comes 40 s later; the "
-    "tool reads no timestamps in 'HH:MM:SS |' and so no busy rank: slow-rank-timeout on rank 0",
     "chunk-park": "failed, nccl-timeout, no culprit (TMO102, 0.3): rank 0's 'Timed out waiting "
     "15000ms' is read, but the muted rank 1 says nothing in any case, so its silence is no "
     "evidence the tool can place: hang on rank 1",

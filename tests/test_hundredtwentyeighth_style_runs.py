@@ -37,7 +37,10 @@ is not named (nan-stop, shard-slice, park-idle); a lone timeout does not look ba
 rank's 'Saving model and optimizer state ...' (save-crawl); the squatted port names rank 0.
 Since session 37 a worker's file logs/<group>_GPU_<i>.log is read as local rank i's
 (ingest/filenames DEVICE_SUFFIX): heap-kill, nan-stop and park-idle right (8 of 16);
-shard-slice now names rank 1, as killed mid-step (host-oom), not as the rank that ran out."""
+shard-slice now names rank 1, as killed mid-step (host-oom), not as the rank that ran out.
+save-crawl right since then too: rank 0's unprefixed 'Saving model and optimizer state at
+iteration 0 ...' (a progress line and a phase of work) is the phase the rank that only lost its
+peer, after rank 1 timed out, was busy in (9 of 16)."""
 
 from __future__ import annotations
 
@@ -152,11 +155,6 @@ MISSES: dict[str, str] = {
     "wrong kind: the SIGSEGV leaves no text (no faulthandler, multiproc prints no exit code); "
     "rank 1's '[rank1]: ... Read error ... Connection reset by peer' after rank 0's last 'Train "
     "loss 7' reads as rank 0 leaving on its own, not as a crash mid-iteration",
-    "save-crawl": "nccl-timeout with no culprit (TMO102, 0.3) instead of slow-rank-timeout on "
-    "rank 0: rank 1's 'Timed out waiting 15000ms for send operation' and rank 0's later "
-    "'Connection closed by peer' are read as secondary errors only; rank 0's last line before "
-    "the timeout, 'Saving model and optimizer state at iteration 0 to outdir/checkpoint_0' (the "
-    "40 s write), is not read as the busy rank's announcement",
     "shard-slice": "since session 37 host-oom on rank 1 (INF231, 0.5: its file ends on a step "
     "line, read as a kill mid-step); at first sight "
     "uncoordinated-exit with no culprit (INF202, 0.3) instead of uneven-inputs on "

@@ -32,7 +32,9 @@ PrefetchDataLoader's thread prints its tracebacks without a rank, so exit-path n
 dying daemon thread is read as a worker killed (noisy-lift, void-step, where the skipped
 iteration itself left no line) and a bad image both ranks' threads fail on is given to one rank
 (gray-read, crop-over); rank 0's lone validation shows only as tqdm's bar, without rank or
-time, so its timeout is one without a cause (val-crawl)."""
+time, so its timeout is one without a cause (val-crawl). Since session 37 val-crawl is right: a
+phase of work on a progress line of no rank is the phase the rank that only lost its peer, after
+the other timed out, was busy in."""
 
 from __future__ import annotations
 
@@ -143,11 +145,6 @@ MISSES: dict[str, str] = {
     "crop-over": "failed, data-error on rank 1 alone (DATA101, 0.6): as gray-read, the two "
     "prefetch threads' 'ValueError: LQ (12, 12) is smaller than patch size (16, 16)' tracebacks "
     "carry no rank and both ranks failed on img_0009.ppm; one rank is named",
-    "val-crawl": "failed, nccl-timeout with no culprit (TMO102, 0.3): rank 1's 'Timed out "
-    "waiting 15000ms' is read as a timeout whose cause is not in the logs; rank 0's 15 s of "
-    "validation shows only as tqdm's carriage-return bar ('Test img_0027:  97%|...'), no rank "
-    "and no time on it, and rank 0's own 'Validation Set5' record comes at the timeout's time, "
-    "so nothing says rank 0 was busy on its own while rank 1 waited",
     "void-step": "failed, dataloader-worker-killed on rank 0 (DL101, 0.9): the skipped "
     "iteration leaves no line (rank 1's 'skip this iteration' warning is below its logger's "
     "ERROR level), and the rank-less 'RuntimeError: DataLoader worker (pid(s) N) exited "

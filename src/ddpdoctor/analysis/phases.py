@@ -7,7 +7,9 @@ from __future__ import annotations
 import re
 
 BUSY_PHASE = re.compile(
-    r"(?i)sav(?:e|ing) (?:(?:the|a|its) )?(?:model|checkpoint|state)|saving (?:to|into) \S"
+    r"(?i)sav(?:e|ing) (?:(?:the|a|its) )?(?:(?:best|final|last|latest|new) (?:[\w-]+ )?)?"
+    r"(?:model|checkpoint|state)"
+    r"|saving (?:to|into) \S"
     r"|writing (?:the )?(?:checkpoint|model)|evaluating|validating"
     r"|(?:running|start(?:ing)?|begin(?:ning)?) (?:the )?(?:evaluation|validation|eval\b)"
     r"|(?:evaluation|validation|eval) (?:start|begin|loop|dataloader|epoch|step|batch|on )"

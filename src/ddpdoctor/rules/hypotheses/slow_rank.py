@@ -301,6 +301,16 @@ def _from_unranked_phase(job: JobEvidence) -> Assessment | None:
     if phase is None or not job.waiting:
         return None
     absent = {r for r in job.quiet | job.missing if not job.ranks[r].failed} - set(job.waiting)
+    timed_out = {r for r, v in job.ranks.items() if "waiting" in v.echoes}
+    if not absent and timed_out:
+        # every rank spoke, but some only lost their peers, after the others timed out: they
+        # reached the collective after those had given up (_arrived_late, for a phase no
+        # rank's own line names)
+        absent = {
+            r
+            for r, v in job.ranks.items()
+            if "lost-peer" in v.echoes and "waiting" not in v.echoes and not v.failed
+        }
     guessed = len(absent) > 1
     culprit = absent if not guessed else {MAIN_PROCESS} & absent
     if not culprit:
