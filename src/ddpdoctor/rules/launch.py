@@ -1655,6 +1655,41 @@ STORE_ERROR = Rule(
     negative=("torch.distributed.DistNetworkError: The server socket has failed to listen",),
 )
 
+FILE_STORE_WAIT = Rule(
+    code="LCH125",
+    kind="rendezvous-failure",
+    title="A rank waited at init for peers that never registered in the file store",
+    sources="torch/csrc/distributed/c10d/FileStore.cpp (wait), raised through "
+    "ProcessGroupGloo's constructor in init_process_group",
+    specificity=30,  # above the RuntimeError it is raised as
+    context_all=(r"init_process_group|ProcessGroupGloo|_new_process_group_helper|FileStore",),
+    signatures=(Signature(r"^RuntimeError: Wait timeout\s*$", "Wait timeout"),),
+    explanation=Explanation(
+        what="init_process_group with a file:// init method (a FileStore) waited for the other "
+        "ranks to write their keys into the shared file, and they never did within the "
+        "timeout: the process group was never formed.",
+        why="The other ranks never started, started later than the timeout, or use another "
+        "file: the path is not on a file system every node shares (a local /tmp, a network "
+        "share that does not support locks or is cached per node), or an old file from an "
+        "earlier run was left behind.",
+        fix="Start every rank with the same init_method path on a file system all nodes share "
+        "(with working file locks), delete the file before each run, or use env:// or tcp://.",
+        false_positives="A rank that waits here while another one failed earlier: read that "
+        "rank's own output first.",
+    ),
+    fix=(
+        "Delete the store file before each run and point every rank at the same path on a "
+        "shared file system with working locks (not a local /tmp, not an SMB share without "
+        "locking).",
+        "Or rendezvous over TCP instead: init_method='env://' with MASTER_ADDR/MASTER_PORT.",
+    ),
+    positive=("RuntimeError: Wait timeout",),
+    negative=(
+        "torch.distributed.DistStoreError: wait timeout after 15000ms, keys: /default_pg/0//cpu",
+        "RuntimeError: Timed out waiting 15000ms for recv operation to complete",
+    ),
+)
+
 STORE_WITHOUT_LIBUV = Rule(
     code="LCH124",
     kind="rendezvous-failure",
@@ -1795,6 +1830,7 @@ RULES = (
     AGENT_LOST_STORE,
     SLURM_STEP_REFUSED,
     STORE_ERROR,
+    FILE_STORE_WAIT,
     STORE_WITHOUT_LIBUV,
     RENDEZVOUS_RETRY,
     HOST_OOM_KILL,
