@@ -1015,7 +1015,9 @@ def _quiet(evidence: JobEvidence, job: JobView, ctx: Context) -> Decision:
         v.exit_code is not None for v in evidence.ranks.values()
     )
     exits_seen = exits_seen or evidence.reached_exit  # its process got to its way out
-    if evidence.completed_at and not (evidence.started_training or exits_seen):
+    if evidence.completed_at and not (
+        evidence.started_training or exits_seen or evidence.world_size
+    ):
         # a log that holds the end of training and nothing of the run before it is a fragment
         # (pasted because of what came after it): it cannot vouch for the run
         # what brings such a fragment to a diagnosis is a job that did not go away: the one
