@@ -5,7 +5,7 @@ barrier at start-up that some ranks never joined."""
 
 from __future__ import annotations
 
-from ddpdoctor.model.evidence import JobEvidence
+from ddpdoctor.model.evidence import JobEvidence, WaitSite
 from ddpdoctor.rules.base import Explanation, Rule
 from ddpdoctor.rules.hypotheses.base import MAIN_PROCESS, Assessment, ranks_text
 from ddpdoctor.rules.hypotheses.stalled_rank import (
@@ -288,6 +288,14 @@ def _arrived_late(job: JobEvidence) -> Assessment | None:
     )
 
 
+def _in_another_collective(sites: list[WaitSite], waited_at: set[str]) -> bool:
+    """The rank lost its peer in a collective whose op none of the waiting ranks waited in
+    (known on both sides)."""
+    ops = {(w.op or "").lower() for w in sites} - {""}
+    known = waited_at - {""}
+    return bool(ops and known and not ops & known)
+
+
 def _from_unranked_phase(job: JobEvidence) -> Assessment | None:
     """A writer no rank can be given announced a long phase of work ('building the token
     index ...') and the others then waited: the rank that was not among them set out on it
@@ -306,10 +314,16 @@ def _from_unranked_phase(job: JobEvidence) -> Assessment | None:
         # every rank spoke, but some only lost their peers, after the others timed out: they
         # reached the collective after those had given up (_arrived_late, for a phase no
         # rank's own line names)
+        waited_at = {(w.op or "").lower() for r in timed_out for w in job.ranks[r].wait_sites}
         absent = {
             r
             for r, v in job.ranks.items()
-            if "lost-peer" in v.echoes and "waiting" not in v.echoes and not v.failed
+            if "lost-peer" in v.echoes
+            and "waiting" not in v.echoes
+            and not v.failed
+            # in the collective the others waited in: late to it; in another one, it called a
+            # collective they never did (collective_mismatch), it was not late
+            and not _in_another_collective(v.wait_sites, waited_at)
         }
     guessed = len(absent) > 1
     culprit = absent if not guessed else {MAIN_PROCESS} & absent
