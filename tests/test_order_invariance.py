@@ -55,8 +55,9 @@ def _copy_as(files: list[Path], out: Path, names: list[str]) -> list[str]:
     folder names the host, as a user's layout does), only the file name changes. A file named
     for its node or pod (node1.log, trainer-0.log) goes into a folder of that name: the host it
     names is kept. A file named for its rank (rank2.log, a launcher's per-rank file whose lines
-    carry no rank) keeps the rank in its new name: there the name is the only place the rank
-    is written. A worker's file of a torchrun --log-dir attempt folder keeps its attempt and
+    carry no rank) keeps the rank in its new name, and one named for its local rank or device
+    (multiproc.py's <group>_GPU_1.log) its local rank: there the name is the only place it is
+    written. A worker's file of a torchrun --log-dir attempt folder keeps its attempt and
     local-rank folders and its stream's name (attempt_1/0/stderr.log): the layout is where the
     attempt is written; the folder of its run gets the new name."""
     copied = []
@@ -76,6 +77,8 @@ def _copy_as(files: list[Path], out: Path, names: list[str]) -> list[str]:
         parent.mkdir(parents=True, exist_ok=True)
         if said.rank is not None:
             name += f"-rank{said.rank}"
+        elif said.local_rank is not None:  # a worker's file named for its device (GPU_1)
+            name += f"-local_rank{said.local_rank}"
         target = parent / (name + "".join(src.suffixes))
         shutil.copyfile(src, target)
         copied.append(str(target))

@@ -588,8 +588,8 @@ def relate_completion(graph: CausalGraph, ctx: Context) -> None:
 def relate_left_at_exit(graph: CausalGraph, ctx: Context) -> None:
     """A rank whose only failure is the abort of its own exit had left its Python code with
     no error while another rank still waited for it or lost it: how it left (a sys.exit or a
-    return on that rank alone, INF202 names it), not a crash in its work. After the end of
-    training it is teardown (relate_completion)."""
+    return on that rank alone: the uncoordinated exit names it), not a crash in its work.
+    After the end of training it is teardown (relate_completion)."""
     evidence = ctx.evidence
     waiting = evidence.waiting
 

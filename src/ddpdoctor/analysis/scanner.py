@@ -1302,7 +1302,9 @@ def _follow_traceback(summary: StreamSummary, message: str, line_no: int) -> Non
             inside = message[: indent + 1].isspace()
         else:
             inside = TRACEBACK_BODY.match(message) is not None
-        if not inside:
+        if not inside or (summary.open_trace_native and OUTERMOST_FRAME.search(message)):
+            # ... or the bottom of the native stack, the process's entry point ('frame #47:
+            # _start + 0x21'): the backtrace is whole, whatever follows
             summary.closed_traceback_line = line_no
             summary.open_traceback_line = summary.open_traceback_at = 0
             summary.open_traceback_text = ""
@@ -1318,6 +1320,8 @@ def _follow_traceback(summary: StreamSummary, message: str, line_no: int) -> Non
             summary.open_traceback_at, summary.open_traceback_text = line_no, message.strip()[:300]
 
 
+OUTERMOST_FRAME = re.compile(r"^frame #\d{1,4}: _start \+ 0x[0-9a-f]+ \(")
+"""The last frame c10's backtrace prints: the executable's entry point, below main."""
 TRACE_OPENERS = frozenset((TRACEBACK_HEADER[0], NATIVE_HEADER[0], "f"))
 """First characters of the lines that open a trace, but for WHOLE_FRAME's blank: the
 headers, and NATIVE_FRAME's 'frame #'."""
