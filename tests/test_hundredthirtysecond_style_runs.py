@@ -34,7 +34,9 @@ port-squat, wall-term). Misses: the backward rank 1 skipped after its own 'loss 
 skip this batch' warning reads as rank 1 out of batches (nan-skip: uneven-inputs, right rank);
 rank 0 silent in a prefetch queue after 'Start iterating over samples' reads as a rank busy
 outside collectives, its unprefixed fairseq records not taken as its own (queue-park:
-slow-rank-timeout, right rank)."""
+slow-rank-timeout, right rank).
+Since session 37 nan-skip is right: 'skip this batch' (the imperative) is read as a rank that
+skipped a step, as 'skipping' was, so gloo's abort of that rank is a collective it skipped."""
 
 from __future__ import annotations
 
@@ -138,12 +140,6 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "nan-skip": "failed, uneven-inputs on rank 1 (INF209, 0.55): gloo's abort of rank 1 in a "
-    "16-byte collective while rank 0 sent 18960, with no traceback from rank 0, is read as rank 1 "
-    "having left the training loop first; the line just before it, rank 1's 'WARNING | "
-    "unimol.tasks.unimol | loss is nan at update 7, skip this batch' (a fairseq record with no "
-    "rank marker), is not read as the step whose backward, and so whose gradient all-reduce, "
-    "rank 1 alone skipped (the tool names that alternative itself, and rank 1 had batches left)",
     "queue-park": "failed, slow-rank-timeout on rank 0 (INF201, 0.6): 'Rank 0 printed no error and "
     "was still running (the launcher had to terminate it)' is taken as a busy rank; rank 0's "
     "silence is not read: its last records ('begin training epoch 2', 'Start iterating over "

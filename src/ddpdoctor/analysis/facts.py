@@ -347,10 +347,11 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
         for unit in ("step", "iteration", "iter", "epoch")
     ),
     # a rank saying it skips a step or a batch ("skipping degenerate batch 5", "step 5: batch
-    # has no labelled tokens, skipping"): if only it did, it issued fewer collectives
+    # has no labelled tokens, skipping", "loss is nan at update 7, skip this batch"): if only
+    # it did, it issued fewer collectives
     FactPattern(
         "skipped_step",
-        r"(?i:\bskip(?:ping|ped)\b[^\n]{0,60}\b(?:batch|step|iteration)\b"
+        r"(?i:\bskip(?:ping|ped)?\b[^\n]{0,60}\b(?:batch|step|iteration)\b"
         r"|\b(?:batch|step|iteration)\b[^\n]{0,60}\bskipping\b)",
         "kip",
         distinct=WRITER,
