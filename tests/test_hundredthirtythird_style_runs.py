@@ -63,6 +63,12 @@ re-captured with the programs unchanged since.
 
 EXPECTED was written from each mode's mechanism and the taxonomy before any diagnosis was seen;
 a mode ddpdoctor gets wrong today is a strict xfail whose reason says what it says instead.
+First diagnosis: 14 of 16 right (calm-ppo, loud-ppo, test-stop, nan-sample, torn-prompt,
+ref-kill, kernel-segv, empty-answer, cache-crawl, port-held, wall-term, pad-offset, zero-mix,
+board-gone). Missed: long-prompt, rank 1's 'skipping generation batch' as its last line read as
+a rank killed from outside mid-step (host-oom, right rank), not as a rank that ran out of
+batches; reward-park, rank 0's timeout read but the silent rank 1 of a two-rank world not named
+(nccl-timeout, no culprit).
 """
 
 from __future__ import annotations
@@ -154,7 +160,23 @@ EXPECTED: dict[str, Expected] = {
 }
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
-MISSES: dict[str, str] = {}
+MISSES: dict[str, str] = {
+    "long-prompt": (
+        "host-oom on rank 1 (INF231, 0.5) instead of uneven-inputs: rank 1's last line, 'rank=1 "
+        "step=6: prompt length 85 > max_prompt_seq_len 64, skipping generation batch', is read as "
+        "a rank that stopped mid-step without a word (killed from outside); that rank 1 skipped a "
+        "batch, so had 19 of the 'Total Generation Batches 20' and left the loop first (exit 0, "
+        "which the launcher never logged) while rank 0 lost it in its last batch's all-reduce, "
+        "is not read"
+    ),
+    "reward-park": (
+        "nccl-timeout with no culprit (TMO102, 0.3) instead of hang on rank 1: rank 0's 'Timed "
+        "out waiting 15000ms' in the gradient all-reduce is read, but the peer that never came "
+        "is not named: in a world of 2 ('dist_world_size=2', two 'spawned with command' records "
+        "with --local_rank=0 and 1) the silent rank can only be rank 1, which printed nothing "
+        "and no error before the launcher killed it"
+    ),
+}
 
 
 RUNS = RunSet("hundredthirtythird-", EXPECTED, MISSES, label_nowhere=True)
