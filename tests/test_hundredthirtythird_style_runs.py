@@ -170,6 +170,9 @@ MISSES: dict[str, str] = {
         "is not read"
     ),
     "reward-park": (
+        "since session 37 nccl-timeout on rank 1 (INF204, 0.3: 'dist_world_size=2' is read, "
+        "so rank 1 is the one that never came, but silent from the start it is not told stuck "
+        "from busy); at first sight "
         "nccl-timeout with no culprit (TMO102, 0.3) instead of hang on rank 1: rank 0's 'Timed "
         "out waiting 15000ms' in the gradient all-reduce is read, but the peer that never came "
         "is not named: in a world of 2 ('dist_world_size=2', two 'spawned with command' records "

@@ -92,10 +92,13 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
     ),
     FactPattern("world_size", r"\bWORLD_SIZE[=:]\s*(?P<n>\d+)", "WORLD_SIZE", distinct=VALUE),
     # not a comparison that quotes it ("world_size 32 != 4 * 4 * 4": 32 is another count), nor
-    # a decimal; a sentence's full stop may follow ("Starting rank=0, seed=0, world_size=2.")
+    # a decimal; a sentence's full stop may follow ("Starting rank=0, seed=0, world_size=2.");
+    # DeepSpeed's launcher names it dist_world_size (launch.py: "dist_world_size=2"), not a
+    # node's local_world_size
     FactPattern(
         "world_size",
-        r"\bworld[_ ]size\W{1,4}(?P<n>\d+)(?!\d|\.\d)(?!\s{0,3}(?:[!=<>]=|[<>*/+-]))",
+        r"(?:\b|(?<=\bdist_))world[_ ]size\W{1,4}(?P<n>\d+)(?!\d|\.\d)"
+        r"(?!\s{0,3}(?:[!=<>]=|[<>*/+-]))",
         "world",
         distinct=VALUE,
     ),
