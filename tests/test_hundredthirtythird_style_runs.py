@@ -69,6 +69,10 @@ board-gone). Missed: long-prompt, rank 1's 'skipping generation batch' as its la
 a rank killed from outside mid-step (host-oom, right rank), not as a rank that ran out of
 batches; reward-park, rank 0's timeout read but the silent rank 1 of a two-rank world not named
 (nccl-timeout, no culprit).
+Since session 37 long-prompt is right: a step line in which a rank says it skips (a decision of
+its own) is no step cut short, and a rank that skipped a batch and then fell silent while the
+others lost it had fewer batches (INF209); reward-park names rank 1 (world of two read from
+'dist_world_size=2'), still as a timeout, not a hang.
 """
 
 from __future__ import annotations
@@ -161,14 +165,6 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "long-prompt": (
-        "host-oom on rank 1 (INF231, 0.5) instead of uneven-inputs: rank 1's last line, 'rank=1 "
-        "step=6: prompt length 85 > max_prompt_seq_len 64, skipping generation batch', is read as "
-        "a rank that stopped mid-step without a word (killed from outside); that rank 1 skipped a "
-        "batch, so had 19 of the 'Total Generation Batches 20' and left the loop first (exit 0, "
-        "which the launcher never logged) while rank 0 lost it in its last batch's all-reduce, "
-        "is not read"
-    ),
     "reward-park": (
         "since session 37 nccl-timeout on rank 1 (INF204, 0.3: 'dist_world_size=2' is read, "
         "so rank 1 is the one that never came, but silent from the start it is not told stuck "

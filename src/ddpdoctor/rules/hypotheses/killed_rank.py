@@ -45,10 +45,11 @@ RULE = Rule(
 
 LEAVING = re.compile(
     r"(?i)\b(?:stop|stopping|stopped|exit|exiting|leav(?:e|ing)|done|finish(?:ed|ing)?|break"
-    r"|quit(?:ting)?|abort(?:ing)?|end(?:ing)?|halt(?:ing)?)\b"
+    r"|quit(?:ting)?|abort(?:ing)?|end(?:ing)?|halt(?:ing)?|skip(?:s|ping|ped)?)\b"
 )
-"""Words of a rank announcing its own way out ("loss is nan at iter 8, stopping"): a step line
-that says them is a decision to leave, not a step cut short."""
+"""Words of a rank announcing its own way out ("loss is nan at iter 8, stopping") or its own
+change of course ("step 6: prompt too long, skipping generation batch"): a step line that says
+them is a decision the rank took, not a step cut short."""
 
 
 def assess(job: JobEvidence) -> Assessment | None:

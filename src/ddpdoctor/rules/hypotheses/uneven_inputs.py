@@ -69,6 +69,7 @@ def assess(job: JobEvidence) -> Assessment | None:
         or _from_data_end(job)
         or _from_join_barrier(job)
         or _from_clean_exit(job)
+        or _from_skipped_batches(job)
     )
 
 
@@ -104,6 +105,43 @@ def _from_exhausted_iterator(job: JobEvidence) -> Assessment | None:
         ],
         against=["an iterator of another kind (not the data's) that ran dry raises the same"],
         evidence=[e for r in sorted(dry) for e in job.ranks[r].evidence[:2]],
+    )
+
+
+def _from_skipped_batches(job: JobEvidence) -> Assessment | None:
+    """Ranks that said they skipped a batch or a step ('prompt too long, skipping generation
+    batch') and then fell silent with no error of their own, while the others, which skipped
+    nothing, went on and then lost them or timed out waiting: a whole iteration skipped on one
+    rank leaves it one batch short, in step with the others until its loop ends first. Just
+    above a rank that only left (INF202 at 0.6), which its own words contradict: it said why
+    its loop was shorter. (A rank that skipped only part of a step falls out of step at once:
+    gloo aborts it in the next collective, which _from_scalar_abort leaves to the mismatch.)"""
+    skipped = {
+        r
+        for r in job.skipped_ranks
+        if r in job.ranks
+        and not job.ranks[r].failed
+        and not job.ranks[r].echoes - {"launcher", "stopped"}  # no wait or lost peer of its own
+    }
+    others = set(job.waiting) - skipped
+    if not skipped or not others or job.completed_at or job.unranked_stop:
+        return None
+    if any(job.ranks[r].announced_stop or job.ranks[r].completed for r in skipped):
+        return None
+    return Assessment(
+        RULE,
+        0.65,  # less its point against: level with a rank that only left, ahead by precedence
+        sorted(skipped),
+        [
+            f"{ranks_text(skipped)} said "
+            + ("it" if len(skipped) == 1 else "they")
+            + " skipped a batch and "
+            f"then fell silent with no error, while {ranks_text(others)} went on and then lost "
+            + ("it" if len(skipped) == 1 else "them")
+            + " or timed out waiting: a skipped batch leaves a rank with fewer batches than "
+            "the others, so its loop ended first."
+        ],
+        against=["a rank killed later without a word leaves the same trace"],
     )
 
 
