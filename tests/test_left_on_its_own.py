@@ -84,3 +84,17 @@ def test_a_rank_whose_exit_aborted_in_teardown_still_left_on_its_own() -> None:
     v = diagnose_paths([str(FIXTURE / "console.log")]).verdict
     assert (v.status, v.kind, v.culprit.ranks) == ("failed", "uncoordinated-exit", [0])
     assert "terminate called without an active exception" in " ".join(e.text for e in v.evidence)
+
+
+SPAWN_LEFT = Path(__file__).parent / "fixtures" / "real" / "spawn-left-alone"
+SPAWN_KILLED = Path(__file__).parent / "fixtures" / "real" / "spawn-killed-rank"
+
+
+def test_a_rank_mp_spawn_passed_over_had_exited_0() -> None:
+    """mp.spawn raises for the first process that ended with an error: when it reports a rank
+    that only lost its peer, the silent rank that went first was not killed (spawn would have
+    reported that) but exited 0. Real runs of one program (see the fixtures' READMEs)."""
+    left = diagnose_paths([str(SPAWN_LEFT / "console.log")]).verdict
+    assert (left.status, left.kind, left.culprit.ranks) == ("failed", "uncoordinated-exit", [1])
+    killed = diagnose_paths([str(SPAWN_KILLED / "console.log")]).verdict
+    assert (killed.status, killed.kind, killed.culprit.ranks) == ("failed", "host-oom", [1])

@@ -1115,6 +1115,21 @@ def _listed_by_summary(job: JobView, evidence: JobEvidence) -> set[int] | None:
     return set(job.info.per_rank) or None
 
 
+def _spawn_reported_a_victim(job: JobView, evidence: JobEvidence) -> set[int] | None:
+    """The one process mp.spawn reported, where its error only says it lost its peers or timed
+    out waiting for them: spawn raises for the first process that ended with an error and
+    passes over those that exited 0, so a rank that vanished before it (the one it lost) and
+    was not reported had exited 0; a kill or a crash of it would have been reported first.
+    None where spawn reported no process, several, or one that failed on its own."""
+    if len(job.spawn_reported) != 1 or job.launcher_summaries:
+        return None
+    (reported,) = job.spawn_reported
+    view = evidence.ranks.get(reported)
+    if view is None or view.failed or not view.waiting:
+        return None
+    return {reported}
+
+
 def _unlisted_exits(job: JobView, evidence: JobEvidence) -> set[int]:
     """Ranks of a one-node world with no line of their own that torchrun's failure summary
     leaves out while listing others: every worker that did not exit 0 is listed there (the
@@ -1132,12 +1147,16 @@ def _unlisted_exits(job: JobView, evidence: JobEvidence) -> set[int]:
 
 def _unlisted_speakers(job: JobView, evidence: JobEvidence) -> set[int]:
     """Ranks with lines of their own that torchrun's failure summary leaves out while listing
-    others, and whose lines show no end of theirs (no error, no wait, no lost peer, no stop
-    from outside): they exited 0, on their own; they were not killed."""
+    others, or that mp.spawn passed over for a rank that only lost them (_spawn_passed_over),
+    and whose lines show no end of theirs (no error, no wait, no lost peer, no stop from
+    outside): they exited 0, on their own; they were not killed."""
     listed = _listed_by_summary(job, evidence)
+    world = evidence.world_size or 0
+    if listed is None:
+        listed = _spawn_reported_a_victim(job, evidence)
+        world = max(evidence.ranks, default=-1) + 1  # only ranks that spoke are asked about
     if listed is None:
         return set()
-    world = evidence.world_size or 0
     return {
         r
         for r, view in evidence.ranks.items()

@@ -617,6 +617,15 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
         )
         for word in ("finished", "done")
     ),
+    # torch.multiprocessing.spawn's join, on the first process that ended with an error (it
+    # waits on all of them and raises for the first non-zero exit it sees, passing over those
+    # that exited 0): "-- Process 1 terminated with the following error:"
+    FactPattern(
+        "spawn_reported",
+        r"-- Process (?P<rank>\d{1,7}) terminated with the following error:",
+        "-- Process ",
+        distinct=VALUE,
+    ),
     # timm's train.py after its epoch loop (and after a Ctrl-C it swallowed):
     # "*** Best metric: 76.3 (epoch 299)"
     FactPattern(

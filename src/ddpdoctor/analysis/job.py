@@ -102,6 +102,9 @@ class JobView:
     """Where a launcher's summary reported each rank's exit: its node's console."""
     normal_seen: bool = False
     """A message of normal operation was read (facts.py "normal"): something healthy to read."""
+    spawn_reported: set[int] = field(default_factory=set)
+    """The processes torch.multiprocessing.spawn reported ('-- Process N terminated with the
+    following error:'): it reports the first process that ended with an error."""
     launcher_summaries: int = 0
     """torchrun failure summaries read (ChildFailedError's 'Root Cause' block): each lists
     every worker of its node that did not exit 0."""
@@ -314,6 +317,7 @@ def build_job(
     deduplicated = False
     failed_exits: list[FactHit] = []
     finished: list[tuple[int | None, Record]] = []
+    spawn_reported: set[int] = set()
     summaries = 0
     # per launcher (a file, and the node in it where one file holds several: srun's tasks), the
     # pids it stopped after a failure and the workers it reported failed
@@ -457,6 +461,10 @@ def build_job(
                 completions.append((done, fact.record))
                 src = fact.record.source
                 completed_at[src] = min(completed_at.get(src, fact.record.line), fact.record.line)
+            elif fact.name == "spawn_reported":
+                reported = rank_number(fact.captures.get("rank"))
+                if reported is not None:
+                    spawn_reported.add(reported)
             elif fact.name == "rank_finished":
                 finished.append((rank_number(fact.captures.get("rank")), fact.record))
             elif fact.name in ("socket_transport", "ib_transport", "p2p_transport"):
@@ -616,6 +624,7 @@ def build_job(
         train_steps=train_steps,
         cut_tracebacks=cut_tracebacks,
         normal_seen=normal_seen,
+        spawn_reported=spawn_reported,
         interpreter_exit_seen=interpreter_exit_seen,
         launcher_summaries=summaries,
         recovered_at=recovered_at,
