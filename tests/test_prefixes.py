@@ -216,6 +216,24 @@ from ddpdoctor.rules.registry import all_rules
         ("[rank=1] || Training in distributed mode", "Training in distributed mode", 1, None, None),
         # bars without a time before them are a program's own
         ("deadbeef || x", "deadbeef || x", None, None, None),
+        # ParlAI: a spawned worker's prefix, then the time of day and a level cut to four
+        # letters; the main process's info lines, the time before a bar
+        (
+            "rank:  1 | 21:48:14 CRIT | Traceback (most recent call last):",
+            "Traceback (most recent call last):",
+            1,
+            None,
+            None,
+        ),
+        (
+            "21:48:16 | loading dictionary from /tmp/model.dict",
+            "loading dictionary from /tmp/model.dict",
+            None,
+            None,
+            None,
+        ),
+        # a message's own clock with no bar or level after it stays
+        ("12:00:01 the run started", "12:00:01 the run started", None, None, None),
     ],
 )
 def test_prefix_stripping(
