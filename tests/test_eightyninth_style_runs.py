@@ -46,7 +46,10 @@ and node 1's ranks saw the reset connections before their own agent's death sign
 Now 15 of 16: FourCastNet's 'DONE ---- rank N' after trainer.train() is the end of training
 (calm-sky, loud-sky). sky-term stays a miss: reading node 0's stop as the cause of node 1's
 lost peers, which its log shows before its own stop line, made the lost peers the root (a
-network fault: worse), and was dropped."""
+network fault: worse), and was dropped.
+Since session 37 sky-term is right: node 1's ranks lost their peers before their own agent's
+stop, but after node 0's agent got it (by the agents' clocks), and node 1's agent had reported
+no failed worker before its own stop: those lost peers are the first stop's echo."""
 
 from __future__ import annotations
 
@@ -147,16 +150,7 @@ EXPECTED: dict[str, Expected] = {
 }
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
-MISSES: dict[str, str] = {
-    "sky-term": (
-        "failed uncoordinated-exit [0] (INF202, 0.60; the preemption LCH109 only a cascade): "
-        "both torchruns log 'Received 15 death signal, shutting down workers' and raise "
-        "SignalException 'got signal: 15', but node 0's agent got the signal 0.17 s before node "
-        "1's and SIGTERMed ranks 0 and 1 first, so ranks 2 and 3 raise 'Connection reset by peer'; "
-        "the tool reads rank 0's silent stop beside the others' reset connections as rank 0 "
-        "leaving on its own, not as the agent's death signal reaching that node first"
-    ),
-}
+MISSES: dict[str, str] = {}
 
 
 RUNS = RunSet("eightyninth-", EXPECTED, MISSES, label_nowhere=True)

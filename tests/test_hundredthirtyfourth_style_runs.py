@@ -28,7 +28,9 @@ rank that exits silently) reads as a log cut off (calm-ldm, loud-ldm, step-cap);
 sampler bar is not read as busy work (ddim-crawl: collective-mismatch); melk()'s second
 traceback on rank 0 hides rank 0's own first error (monitor-typo); a failure before the
 re-execution carries no rank (vq-gone, resume-bare); the shell's 'Terminated' is not read
-(wall-term)."""
+(wall-term).
+Since session 37 wall-term is right: the shell's 'Terminated' (a stop from outside, no rank's
+line) reached the launching rank, which said nothing of leaving: stopped, not left (9 of 16)."""
 
 from __future__ import annotations
 
@@ -147,10 +149,6 @@ MISSES: dict[str, str] = {
     "'initializing ddp'): that the process the user started is global rank 0 is not inferred",
     "resume-bare": "failed, python-exception with no culprit (PY101, 0.6): right kind; as "
     "vq-gone, the only process fails before any rank exists in the log and gets no rank",
-    "wall-term": "failed, uncoordinated-exit on rank 0 (INF202, 0.6): the shell's 'Terminated' "
-    "line after rank 0 vanished (Lightning 1.x installs no SIGTERM handler) is not read as a "
-    "SIGTERM from outside; rank 0's silent end with rank 1's 'Connection reset by peer' reads "
-    "as a rank that left on its own",
 }
 
 

@@ -868,11 +868,44 @@ def relate_outside_stop(graph: CausalGraph, ctx: Context) -> None:
         if h.record.source not in first
     }
 
+    # per source, when its own stop came, and whether its agent reported a failed worker
+    # before it (it had then seen a failure of its own before any stop)
+    stop_time: dict[str, datetime] = {}
+    for stop in stops:
+        for h in stop.hits:
+            if h.record.time is not None and h.record.source in first:
+                src = h.record.source
+                stop_time[src] = min(stop_time.get(src, h.record.time), h.record.time)
+    reacted_first = {
+        h.record.source
+        for e in graph.events
+        if e.echo == Echo.LAUNCHER
+        for h in e.hits
+        if h.record.source in first
+        and h.record.line < first[h.record.source]
+        # (its reaction to the stop itself, by the clock after the first stop, is none)
+        and not (h.record.time and stopped_at and h.record.time >= stopped_at)
+    }
+
+    def stopped_elsewhere_first(src: str) -> bool:
+        """Another agent got the stop before this source's did (by their clocks), and this
+        source's agent had reported no failed worker before its own: a lost peer printed
+        there before its own stop came from the ranks the first stop ended."""
+        own = stop_time.get(src)
+        return (
+            by_agent
+            and own is not None
+            and src not in reacted_first
+            and any(t < own for other, t in stop_time.items() if other != src)
+        )
+
     def after_the_stop(event: Event) -> bool:
         for h in event.hits:
             src, when = h.record.source, h.record.time
             if src in first:
-                if h.record.line <= first[src]:
+                if h.record.line <= first[src] and not (
+                    event.echo == Echo.LOST_PEER and stopped_elsewhere_first(src)
+                ):
                     return False
             elif when is not None and stopped_at is not None:
                 if when < stopped_at:

@@ -84,6 +84,9 @@ def assess(job: JobEvidence) -> Assessment | None:
         and r not in job.failing_exits  # its exit code says it failed: it did not just leave
         and not job.ranks[r].completed
         and not (whole_job_stopped and "stopped" in job.ranks[r].echoes)
+        # a stop from outside no rank's line names (the shell's 'Terminated' of the process it
+        # started) reached a rank that said nothing of leaving: stopped, not left
+        and not (whole_job_stopped and not job.timed_out and not job.ranks[r].announced_stop)
         # its own words say a stop from outside reached it (its SIGTERM handler): it did not
         # leave on its own
         and not ("stopped" in job.ranks[r].echoes and not job.ranks[r].terminated)
