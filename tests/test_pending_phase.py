@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from ddpdoctor.analysis.diagnose import diagnose_paths
-from ddpdoctor.analysis.phases import counted_phase
+from ddpdoctor.analysis.phases import counted_phase, phase_of_work
 from ddpdoctor.analysis.scanner import Scanner, SourceScan
 from ddpdoctor.ingest.sources import Input
 from ddpdoctor.rules.registry import all_rules
@@ -45,7 +45,8 @@ CONSOLES = sorted(p for p in REAL.glob("*/console.log") if p.stat().st_size < 20
 def test_a_pending_phase_comes_after_the_writers_last_step(path: Path) -> None:
     """A step after the phase's line ends it: no writer keeps a phase announced before its
     last progress line, unless that line counts the parts of a phase (the same work under
-    way: 'Evaluating ...', then 'eval 3/8'), or is the phase's own counted line."""
+    way: 'Evaluating ...', then 'eval 3/8'), or is the phase's own counted line, or is itself
+    the last step line, one that announces a phase of work ('Saving model ... at iteration 0')."""
     for stream in _scan(path).streams.values():
         if stream.pending_phase is not None:
             line, text = stream.pending_phase
@@ -55,6 +56,8 @@ def test_a_pending_phase_comes_after_the_writers_last_step(path: Path) -> None:
                 line > stream.last_progress_line
                 or counted_phase(text)
                 or (counted_phase(stream.last_progress_text))
+                # a step line that is itself a phase of work ('Saving model ... at iteration 0')
+                or (line == stream.last_progress_line and phase_of_work(text))
             ), stream.key
 
 

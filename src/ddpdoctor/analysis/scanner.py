@@ -1047,13 +1047,14 @@ class Scanner:
                         mine.append((line_no, raw[:RANKED_RECENT_CHARS]))
                 if on_progress:
                     summary.after_progress, summary.since_progress = (), 0
-                    if summary.origin.rank is None and (
-                        counted_phase(message) or phase_of_work(message)
-                    ):
-                        # progress, but of a phase of work: one it counts the parts of, or a
-                        # step's save or evaluation ('Saving model ... at iteration 100')
+                    if summary.origin.rank is None and counted_phase(message):
+                        # progress, but of a phase of work it counts the parts of
                         if summary.pending_phase is None:
                             summary.pending_phase = (line_no, message[:PHASE_CHARS])
+                    elif summary.origin.rank is None and phase_of_work(message):
+                        # a step's own save or evaluation ('Saving model ... at iteration 100'):
+                        # the phase it set out on after that step, the latest such line
+                        summary.pending_phase = (line_no, message[:PHASE_CHARS])
                     else:
                         summary.pending_phase = None
                         summary.phase_cleared = True
