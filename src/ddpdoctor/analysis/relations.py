@@ -851,12 +851,14 @@ def relate_outside_stop(graph: CausalGraph, ctx: Context) -> None:
     # signal and SignalException, DeepSpeed's "Main process received"; slurmstepd names none)
     by_agent = any("signum" in h.captures or "sig" in h.captures for e in stops for h in e.hits)
     first: dict[str, int] = {}
-    times = [h.record.time for e in stops for h in e.hits if h.record.time is not None]
-    stopped_at = min(times) if times else None
+    stop_time: dict[str, datetime] = {}  # per source, when its own stop came (by its clock)
     for stop in stops:
         for h in stop.hits:
             src = h.record.source
             first[src] = min(first.get(src, h.record.line), h.record.line)
+            if h.record.time is not None:
+                stop_time[src] = min(stop_time.get(src, h.record.time), h.record.time)
+    stopped_at = min(stop_time.values()) if stop_time else None
     # another node's agent that reacted to a failure of its own (reported a failed worker,
     # terminated the others) had seen one before any stop reached the job: its workers' errors
     # are not the stop's
@@ -868,14 +870,8 @@ def relate_outside_stop(graph: CausalGraph, ctx: Context) -> None:
         if h.record.source not in first
     }
 
-    # per source, when its own stop came, and whether its agent reported a failed worker
-    # before it (it had then seen a failure of its own before any stop)
-    stop_time: dict[str, datetime] = {}
-    for stop in stops:
-        for h in stop.hits:
-            if h.record.time is not None and h.record.source in first:
-                src = h.record.source
-                stop_time[src] = min(stop_time.get(src, h.record.time), h.record.time)
+    # the sources whose agent reported a failed worker before its own stop: it had seen a
+    # failure of its own before any stop
     reacted_first = {
         h.record.source
         for e in graph.events
