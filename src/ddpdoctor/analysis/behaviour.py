@@ -1147,21 +1147,21 @@ def _unlisted_exits(job: JobView, evidence: JobEvidence) -> set[int]:
 
 def _unlisted_speakers(job: JobView, evidence: JobEvidence) -> set[int]:
     """Ranks with lines of their own that torchrun's failure summary leaves out while listing
-    others, or that mp.spawn passed over for a rank that only lost them (_spawn_passed_over),
-    and whose lines show no end of theirs (no error, no wait, no lost peer, no stop from
-    outside): they exited 0, on their own; they were not killed."""
+    others (within the world it summarises), or that mp.spawn passed over for a rank that only
+    lost them (_spawn_reported_a_victim), and whose lines show no end of theirs (no error, no
+    wait, no lost peer, no stop from outside): they exited 0, on their own; they were not
+    killed."""
     listed = _listed_by_summary(job, evidence)
-    world = evidence.world_size or 0
+    world = evidence.world_size
     if listed is None:
-        listed = _spawn_reported_a_victim(job, evidence)
-        world = max(evidence.ranks, default=-1) + 1  # only ranks that spoke are asked about
+        listed, world = _spawn_reported_a_victim(job, evidence), None
     if listed is None:
         return set()
     return {
         r
         for r, view in evidence.ranks.items()
         if r not in listed
-        and r < world
+        and (world is None or r < world)
         and view.present
         and not view.failed
         and not view.waiting

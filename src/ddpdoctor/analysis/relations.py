@@ -595,14 +595,7 @@ def relate_left_at_exit(graph: CausalGraph, ctx: Context) -> None:
 
     def left_alone(event: Event) -> bool:
         view = evidence.ranks.get(event.rank) if event.rank is not None else None
-        return (
-            view is not None
-            and view.aborted_at_exit
-            and not view.failed
-            and not view.waiting  # it left after its own timeout or lost peer
-            and not view.completed
-            and bool(waiting - {view.rank})
-        )
+        return view is not None and view.left_at_exit and bool(waiting - {view.rank})
 
     aborts = [
         e
@@ -861,27 +854,19 @@ def relate_outside_stop(graph: CausalGraph, ctx: Context) -> None:
     stopped_at = min(stop_time.values()) if stop_time else None
     # another node's agent that reacted to a failure of its own (reported a failed worker,
     # terminated the others) had seen one before any stop reached the job: its workers' errors
-    # are not the stop's
-    reacted = {
-        h.record.source
-        for e in graph.events
-        if e.echo == Echo.LAUNCHER
-        for h in e.hits
-        if h.record.source not in first
-    }
-
-    # the sources whose agent reported a failed worker before its own stop: it had seen a
-    # failure of its own before any stop
-    reacted_first = {
-        h.record.source
-        for e in graph.events
-        if e.echo == Echo.LAUNCHER
-        for h in e.hits
-        if h.record.source in first
-        and h.record.line < first[h.record.source]
-        # (its reaction to the stop itself, by the clock after the first stop, is none)
-        and not (h.record.time and stopped_at and h.record.time >= stopped_at)
-    }
+    # are not the stop's (`reacted`: a source with no stop; `reacted_first`: one whose agent
+    # reacted before its own stop, not to the stop itself, by the clock after the first stop)
+    reacted: set[str] = set()
+    reacted_first: set[str] = set()
+    for e in graph.events:
+        if e.echo != Echo.LAUNCHER:
+            continue
+        for h in e.hits:
+            src, when = h.record.source, h.record.time
+            if src not in first:
+                reacted.add(src)
+            elif h.record.line < first[src] and not (when and stopped_at and when >= stopped_at):
+                reacted_first.add(src)
 
     def stopped_elsewhere_first(src: str) -> bool:
         """Another agent got the stop before this source's did (by their clocks), and this

@@ -15,7 +15,7 @@ RANK_NAME = re.compile(
     r"(?:^|[^a-z])(?:(?:global_?)?rank[-_.]?|std_log_process_)(\d{1,5})(?!\d)", re.IGNORECASE
 )
 LOCAL_RANK_NAME = re.compile(r"local_?rank[-_.]?(\d{1,5})(?!\d)", re.IGNORECASE)
-DEVICE_SUFFIX = re.compile(r".[-_]GPU[-_]?(\d{1,3})$", re.IGNORECASE)
+DEVICE_SUFFIX = re.compile(r"(?<=.)[-_]GPU[-_]?(\d{1,3})$", re.IGNORECASE)
 """A per-process log named for its device at the end of its stem, as NVIDIA's multiproc.py
 (tacotron2, waveglow) names each worker's: logs/<group>_GPU_<i>.log, the worker it started on
 GPU i: its local rank."""

@@ -170,6 +170,18 @@ class RankView:
         return self.exit_signal == "SIGTERM" or self.interrupted
 
     @property
+    def left_at_exit(self) -> bool:
+        """Its only failure is the abort of its own exit, with no error, wait or lost peer of
+        its own and no end of training announced: it left its Python code on its own."""
+        return self.aborted_at_exit and not (self.failed or self.waiting or self.completed)
+
+    @property
+    def lost_peer_only(self) -> bool:
+        """It lost a peer without timing out or failing itself: it reached the collective
+        after the peer had gone (or given up waiting)."""
+        return "lost-peer" in self.echoes and "waiting" not in self.echoes and not self.failed
+
+    @property
     def quiet(self) -> bool:
         """It printed no error, no warning and no echo: it simply stopped talking."""
         own = self.echoes - {"stopped", "launcher"}  # what others did to it, not its words

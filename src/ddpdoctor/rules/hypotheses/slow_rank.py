@@ -265,11 +265,7 @@ def _arrived_late(job: JobEvidence) -> Assessment | None:
     the others timed out waiting: they reached the collective after the others had given up
     (a timeout ends its rank, and its peers then find the connection closed)."""
     timed_out = {r for r, v in job.ranks.items() if "waiting" in v.echoes}
-    late = {
-        r
-        for r, v in job.ranks.items()
-        if v.busy_phase and "lost-peer" in v.echoes and "waiting" not in v.echoes and not v.failed
-    }
+    late = {r for r, v in job.ranks.items() if v.busy_phase and v.lost_peer_only}
     if not late or not timed_out:
         return None
     first = job.ranks[min(late)]
@@ -318,9 +314,7 @@ def _from_unranked_phase(job: JobEvidence) -> Assessment | None:
         absent = {
             r
             for r, v in job.ranks.items()
-            if "lost-peer" in v.echoes
-            and "waiting" not in v.echoes
-            and not v.failed
+            if v.lost_peer_only
             # in the collective the others waited in: late to it; in another one, it called a
             # collective they never did (collective_mismatch), it was not late
             and not _in_another_collective(v.wait_sites, waited_at)

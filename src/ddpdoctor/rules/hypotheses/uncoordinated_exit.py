@@ -144,11 +144,7 @@ def _aborted_at_exit(job: JobEvidence) -> Assessment | None:
     """A rank whose only words are the abort of its own exit ('terminate called without an
     active exception': its threads destroyed as the interpreter ended) had left its Python
     code with no error, while the others still waited for it or lost it."""
-    left = {
-        r
-        for r, v in job.ranks.items()
-        if v.aborted_at_exit and not (v.failed or v.waiting or v.completed)
-    }
+    left = {r for r, v in job.ranks.items() if v.left_at_exit}
     others = job.waiting - left
     if not left or not others:
         return None
