@@ -408,3 +408,29 @@ def test_every_check_code_is_documented_once() -> None:
     assert len(all_codes) == len(set(all_codes))
     for code in all_codes:
         assert f"| {code} |" in doc, code
+
+
+def test_a_transport_error_in_brackets_is_shown_as_it_was_printed() -> None:
+    """gloo's errors start with the source file in brackets ('[/__w/.../pair.cc:553]', as
+    tests/fixtures/real prints them): rich read that as a closing markup tag and the text report
+    of `ddpdoctor check` raised MarkupError instead of showing the bisection."""
+    from rich.console import Console
+
+    from ddpdoctor.preflight.render import render
+
+    error = (
+        "RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] "
+        "Connection closed by peer [127.0.0.1]:30948"
+    )
+
+    def launch(cfg: LaunchConfig, env: dict[str, str]) -> Attempt:
+        if env.get("GLOO_SOCKET_IFNAME") == "eth0":
+            return Attempt(env, "ok", 2.0, exit_code=0)
+        return Attempt(env, "hung", cfg.attempt_timeout_s, error=error, failed_stage="init")
+
+    cfg = CheckConfig(nproc_per_node=2, attempt_timeout_s=10, total_timeout_s=100)
+    result = run_check(cfg, launch=launch, local_facts=_facts())
+    console = Console(width=200, record=True)
+    render(result, console)
+    shown = console.export_text()
+    assert "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553]" in shown

@@ -85,3 +85,12 @@ def test_compact_timeline_names_root_and_cascade() -> None:
     assert "<" in rank1 and "ROOT error DATA101" in rank1 and "exit -15 (SIGTERM)" in rank1
     assert "+3.03 s timeout TMO102 (cascade)" in rank0
     assert "ROOT" not in rank0
+
+
+def test_fix_steps_keep_their_brackets() -> None:
+    """A fix quotes code ('flag = torch.tensor([int(stop)])'): the text report printed it as
+    rich markup, which dropped '[int(stop)]' as an unknown tag. A real mp.spawn run whose rank
+    1 left alone (fixture spawn-left-alone)."""
+    log = REPO / "tests" / "fixtures" / "real" / "spawn-left-alone" / "console.log"
+    proc = run_cli("diagnose", str(log), "--width", "200")
+    assert "flag = torch.tensor([int(stop)]); dist.broadcast(flag, 0)" in proc.stdout

@@ -110,7 +110,7 @@ def _facts_table(f: dict[str, Any]) -> Table:
     table.add_column("fact", style="bold", width=14, no_wrap=True)
     table.add_column("value", overflow="fold")
     for k, v in _fact_rows(f):
-        table.add_row(k, v)
+        table.add_row(k, Text(v))  # a value is the machine's words, not markup
     return table
 
 
@@ -121,11 +121,16 @@ def _ranks_table(ranks: list[dict[str, Any]]) -> Table:
     for i, f in enumerate(ranks):
         dev = f.get("device") or {}
         table.add_row(
-            _na(dig(f, "rank.rank") if dig(f, "rank.rank") is not None else i),
-            _na(f.get("host")),
-            _na(dig(f, "torch.version")),
-            _na(dig(f, "torch.nccl")),
-            _na(dev.get("uuid") or dev.get("local_index")) if dev else "cpu",
+            *map(
+                Text,
+                (
+                    _na(dig(f, "rank.rank") if dig(f, "rank.rank") is not None else i),
+                    _na(f.get("host")),
+                    _na(dig(f, "torch.version")),
+                    _na(dig(f, "torch.nccl")),
+                    _na(dev.get("uuid") or dev.get("local_index")) if dev else "cpu",
+                ),
+            )
         )
     return table
 
@@ -199,10 +204,11 @@ def _bisection(b: dict[str, Any]) -> RenderableType:
         for a in b["attempts"]:
             env = " ".join(f"{k}={v}" for k, v in a["env"].items())
             table.add_row(
-                env,
+                Text(env),
                 Text(a["status"], style="green" if a["status"] == "ok" else "red"),
                 f"{a['duration_s']:.1f} s",
-                _na(a.get("error"))[:200] if a["status"] != "ok" else "",
+                # the error is gloo's or NCCL's words ('[/__w/.../pair.cc:553] ...'), not markup
+                Text(_na(a.get("error"))[:200] if a["status"] != "ok" else ""),
             )
         parts.append(table)
     for s in b.get("skipped") or []:

@@ -99,7 +99,9 @@ def renderables(report: Report, width: int = 100) -> list[RenderableType]:
         steps.add_column(justify="right", no_wrap=True)
         steps.add_column(ratio=1)
         for i, step in enumerate([*v.fix, *v.next_steps], 1):
-            steps.add_row(f"{i}.", step)  # a long step wraps under its own text
+            # a long step wraps under its own text; Text, not markup: a fix quotes code and
+            # errors ('torch.tensor([int(stop)])', '[/__w/.../pair.cc:553]')
+            steps.add_row(f"{i}.", Text(step))
         out.append(Panel(steps, title="What to do", expand=True))
 
     if report.findings:
@@ -148,7 +150,7 @@ def _findings(report: Report, width: int) -> RenderableType:
         "first evidence", no_wrap=True, min_width=max(len(loc) for loc in locs) or None
     )
     for f, loc in zip(report.findings, locs, strict=True):
-        table.add_row(f.role, f.rule, f.kind, rank_ranges(f.ranks) or "-", str(f.count), loc)
+        table.add_row(f.role, f.rule, f.kind, rank_ranges(f.ranks) or "-", str(f.count), Text(loc))
     return table
 
 
@@ -219,7 +221,7 @@ def _flight(report: Report) -> list[RenderableType]:
         else:
             table.add_column(name, no_wrap=i < 2, overflow="fold")
     for diverges, cells in rows:
-        table.add_row(*cells, style="bold red" if diverges else None)
+        table.add_row(*map(Text, cells), style="bold red" if diverges else None)
     out: list[RenderableType] = []
     lines = Text()
     for d in a.divergences[:3]:
