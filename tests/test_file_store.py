@@ -37,3 +37,15 @@ def test_the_same_words_outside_init_are_not_read_as_a_rendezvous(tmp_path: Path
     log.write_text(text)
     v = diagnose_paths([str(log)]).verdict
     assert v.rule != "LCH125"
+
+
+def test_explain_names_the_rule_only_with_the_traceback_that_says_it() -> None:
+    """`ddpdoctor explain` with the fixture's traceback names LCH125; with the exception line
+    alone it names no rule (it named DATA104, a torch.load failure whose context condition
+    the line does not meet, before)."""
+    from tests.conftest import run_cli
+
+    traceback = (FIXTURE / "console.log").read_text()
+    assert "LCH125" in run_cli("explain", traceback).stdout
+    alone = run_cli("explain", "RuntimeError: Wait timeout")
+    assert "DATA104" not in alone.stdout and "LCH125" not in alone.stdout

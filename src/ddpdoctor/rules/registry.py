@@ -124,5 +124,8 @@ def find_rules(query: str) -> list[Rule]:
                 for s in r.signatures
             )
         ]
-    matched.sort(key=lambda r: (not r.context_ok(q), -r.specificity))
+    # a rule that needs a traceback around its line ('RuntimeError: ...' is a torch.load failure
+    # only under torch.load's frames) is not named by a text that lacks it
+    matched = [r for r in matched if r.context_ok(q)]
+    matched.sort(key=lambda r: -r.specificity)
     return matched
