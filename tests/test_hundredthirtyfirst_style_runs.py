@@ -54,8 +54,8 @@ line: read as a possible hang in teardown (past-horizon: unknown exit-teardown-c
 that ran out of batches waits in the end-of-epoch meter sync (barrier under
 synchronize_between_processes) while the others are in the step's all_gather: read as a
 collective in a rank-dependent branch, right rank (short-shard: collective-mismatch).
-Since session 37 past-horizon is OK: a log whose start shows the ranks forming their world
-('| distributed init (rank 1, world 2): env://') is the whole run, not a fragment of its end."""
+Since session 37 past-horizon is OK: a log that states the world it ran in (the run config
+dump's '"world_size": 2') holds the run's start-up, not only a fragment of its end."""
 
 from __future__ import annotations
 

@@ -315,6 +315,7 @@ def build_evidence(job: JobView, events: list[Event]) -> JobEvidence:
     evidence.ended |= bool(info.per_rank or info.exit_code is not None or job.completed_at)
     evidence.started_training = any(s.progress_lines for s in job.streams)
     evidence.normal_seen = job.normal_seen
+    evidence.world_stated = job.world_stated
     reactions = [h.record for e in events if e.echo is Echo.LAUNCHER for h in e.hits]
     reacted = [r.time for r in reactions if r.time is not None]
     evidence.launcher_reacted_at = min(reacted) if reacted else None

@@ -1016,10 +1016,12 @@ def _quiet(evidence: JobEvidence, job: JobView, ctx: Context) -> Decision:
     )
     exits_seen = exits_seen or evidence.reached_exit  # its process got to its way out
     if evidence.completed_at and not (
-        evidence.started_training or exits_seen or evidence.world_size
+        evidence.started_training or exits_seen or evidence.world_stated
     ):
         # a log that holds the end of training and nothing of the run before it is a fragment
-        # (pasted because of what came after it): it cannot vouch for the run
+        # (pasted because of what came after it): it cannot vouch for the run. One that states
+        # the world it ran in (a config dump's world_size, the launcher's count) holds the
+        # run's start-up, not only its end (the ranks a fragment shows say no such thing)
         # what brings such a fragment to a diagnosis is a job that did not go away: the one
         # failure it leaves room for is in teardown, named as a guess (the status stays unknown)
         return Decision(

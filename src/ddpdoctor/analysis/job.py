@@ -102,6 +102,9 @@ class JobView:
     """Where a launcher's summary reported each rank's exit: its node's console."""
     normal_seen: bool = False
     """A message of normal operation was read (facts.py "normal"): something healthy to read."""
+    world_stated: bool = False
+    """A line stated the world's size ('world_size=2', a launcher's count of processes), not
+    only the highest rank seen."""
     spawn_reported: set[int] = field(default_factory=set)
     """The processes torch.multiprocessing.spawn reported ('-- Process N terminated with the
     following error:'): it reports the first process that ended with an error."""
@@ -624,6 +627,7 @@ def build_job(
         train_steps=train_steps,
         cut_tracebacks=cut_tracebacks,
         normal_seen=normal_seen,
+        world_stated=bool(world_hints),
         spawn_reported=spawn_reported,
         interpreter_exit_seen=interpreter_exit_seen,
         launcher_summaries=summaries,

@@ -323,6 +323,8 @@ class JobEvidence:
     in each output the training loop was seen at its end."""
     normal_seen: bool = False
     """Messages of normal operation were read (start-up, DDP notes): healthy as far as they go."""
+    world_stated: bool = False
+    """A line stated the world's size (JobView.world_stated), not only the ranks seen."""
     lost_peers_on_loopback: bool = False
     """Every lost connection to a peer names a loopback address (127.0.0.1, localhost, ::1):
     the peer was a process on the same host, and a connection on the loopback does not fail
