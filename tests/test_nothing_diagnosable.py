@@ -137,6 +137,19 @@ def test_a_lone_end_of_training_line_cannot_vouch_for_the_run() -> None:
     verdict = json.loads(proc.stdout)["verdict"]
     assert verdict["status"] == "unknown", verdict
     assert verdict["title"] == "Only the end of training was read"
+
+
+def test_ranked_end_lines_alone_cannot_vouch_for_the_run_either(tmp_path: Path) -> None:
+    """The last four lines of a real torchtitan run ('[rank3]:... Training completed', 'Process
+    group destroyed.' of ranks 3 and 0): the ranks the lines name are not the run's start, so
+    the paste is still a fragment of the end (a stated world size, a config dump's, would be)."""
+    run = REPO / "tests" / "fixtures" / "real" / "seventyfourth-tarn-glide" / "console.log"
+    tail = tmp_path / "console.log"
+    tail.write_text("".join(run.read_text().splitlines(keepends=True)[-4:]))
+    proc = run_cli("diagnose", "--format", "json", str(tail))
+    verdict = json.loads(proc.stdout)["verdict"]
+    assert verdict["status"] == "unknown", verdict
+    assert verdict["title"] == "Only the end of training was read"
     assert any("hung in teardown" in step for step in verdict["next_steps"])
     # what it leaves room for is a teardown hang, named as a guess with the line it rests on
     assert verdict["kind"] == "exit-teardown-crash" and verdict["confidence"] == 0.3
