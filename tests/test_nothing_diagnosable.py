@@ -137,6 +137,10 @@ def test_a_lone_end_of_training_line_cannot_vouch_for_the_run() -> None:
     verdict = json.loads(proc.stdout)["verdict"]
     assert verdict["status"] == "unknown", verdict
     assert verdict["title"] == "Only the end of training was read"
+    assert any("hung in teardown" in step for step in verdict["next_steps"])
+    # what it leaves room for is a teardown hang, named as a guess with the line it rests on
+    assert verdict["kind"] == "exit-teardown-crash" and verdict["confidence"] == 0.3
+    assert ["done training in" in e["text"] for e in verdict["evidence"]] == [True]
 
 
 def test_ranked_end_lines_alone_cannot_vouch_for_the_run_either(tmp_path: Path) -> None:
@@ -150,10 +154,6 @@ def test_ranked_end_lines_alone_cannot_vouch_for_the_run_either(tmp_path: Path) 
     verdict = json.loads(proc.stdout)["verdict"]
     assert verdict["status"] == "unknown", verdict
     assert verdict["title"] == "Only the end of training was read"
-    assert any("hung in teardown" in step for step in verdict["next_steps"])
-    # what it leaves room for is a teardown hang, named as a guess with the line it rests on
-    assert verdict["kind"] == "exit-teardown-crash" and verdict["confidence"] == 0.3
-    assert ["done training in" in e["text"] for e in verdict["evidence"]] == [True]
 
 
 SWEEP = REPO / "tests" / "fixtures" / "real" / "fortyninth-sweep-duo" / "console.log"
