@@ -88,8 +88,9 @@ MISSES: dict[str, str] = {
     "mem-hog": "INF202 failed/uncoordinated-exit, no culprit: only rank 0's 'Connection closed by "
     "peer [127.0.0.1]' is seen, read as a peer on the same host that went away first (not the "
     "network), but not as one killed: the SIGKILLed rank 2 leaves no line: host-oom on rank 2",
-    "null-peek": "no rule, unknown, no culprit: rank 1's faulthandler dump (string_at, no "
-    "'Fatal Python error' header kept) is not read as a native crash of rank 1",
+    "null-peek": "LCH104 failed/native-crash on rank 0: right kind, wrong rank: rank 1's "
+    "'Fatal Python error: Segmentation fault' (glued to the progress bar, no rank prefix) is "
+    "taken as rank 0's, whose only error is the lost peer ('Connection closed by peer')",
     "half-shard": "TMO102 failed/nccl-timeout, no culprit: rank 2, whose epoch is 3 of 6 steps "
     "shorter, went to the evaluation gather while the others all-reduce gradients: uneven inputs",
     "nan-one": "INF207 failed/early-stop, no culprit: rank 1 alone printed 'Loss is nan, stopping "

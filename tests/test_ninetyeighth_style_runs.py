@@ -57,7 +57,9 @@ unknown hang INF212); node 1's agent's 'Error waiting on exit barrier', after it
 out of batches and exited 0 in silence, is read as a teardown failure rather than uneven inputs
 on rank 1 (rsync-short: exit-teardown-crash EXIT103). Since then: a bare 'Done!' as the last
 words of a writer of no rank after its own training steps ends training (calm-dit, loud-dit
-right): 15 of 16."""
+right): 15 of 16. Session 38: the exit barrier's error became a teardown event on the way
+out (EXIT103 exit_path), explained by the rank's own earlier failure, so rank 1's silent early
+exit is read (rsync-short right): 16 of 16."""
 
 from __future__ import annotations
 
@@ -171,21 +173,7 @@ EXPECTED: dict[str, Expected] = {
 }
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
-MISSES: dict[str, str] = {
-    "rsync-short": (
-        "failed, exit-teardown-crash, rank 1 on host node1 (EXIT103, 0.9): node 1's agent's "
-        "'Error waiting on exit barrier' (node1.log, read as rank 1's from its first line "
-        "'Starting rank=1, ...'; its store gone: 'Failed to recv, got 0 bytes') is taken as the "
-        "root, a job failing while shutting down, and rank 0's "
-        "'Connection closed by peer' in step 21's backward as its consequence. By mechanism "
-        "the barrier error is the last consequence: rank 1's 80 images gave it 10 steps an "
-        "epoch to rank 0's 12, so it finished its 2 epochs at step 20, left its loop and "
-        "exited 0 without a word (NullHandler; node 1's agent reports no failed worker and "
-        "goes to its exit barrier), while rank 0 (its last record step 20, in epoch 1 of 2, "
-        "4 steps short of its end) still had batches and lost its peer; the agent's successful worker on node 1 "
-        "and rank 0's remaining steps are not read as a rank that ran out of data first"
-    ),
-}
+MISSES: dict[str, str] = {}
 
 
 RUNS = RunSet("ninetyeighth-", EXPECTED, MISSES, label_nowhere=True)

@@ -49,6 +49,9 @@ class CausalGraph:
             and self.apart(cause) != self.apart(effect)
         ):
             return
+        if any(e.cause is effect for e in self._by_effect.get(id(cause), ())):
+            return  # the effect already explains the cause (an earlier, stronger relation):
+            # two events that explain each other would leave neither a root
         edge = Edge(cause, effect, relation, why, proof)
         self.edges.append(edge)
         self._by_cause.setdefault(id(cause), []).append(edge)

@@ -167,14 +167,13 @@ def _choose(
         return slow
     if inferred is not None:  # a log that stops at start-up or mid-training, and nothing else
         return _from_hypothesis(graph, inferred)
-    quiet = _quiet(evidence, job, ctx)
-    if quiet.status == Status.OK:
-        # failures that only explain each other (a cycle of two relations) are still
-        # failures: never "OK" for them
-        cycle = graph.ungrounded([e for e in graph.events if _accuses(graph, e)])
-        if cycle:
-            return _from_lines(graph, cycle, evidence, job)
-    return quiet
+    # failures that only explain each other (a cycle of two relations: a watchdog's abort
+    # read as the echo of its own timeout, the timeout as the echo of that abort) are still
+    # failures: never "OK" or "nothing recognised" for them
+    cycle = graph.ungrounded([e for e in graph.events if _accuses(graph, e)])
+    if cycle:
+        return _from_lines(graph, cycle, evidence, job)
+    return _quiet(evidence, job, ctx)
 
 
 def _accuses(graph: CausalGraph, event: Event) -> bool:

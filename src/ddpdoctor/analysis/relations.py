@@ -347,6 +347,17 @@ def _same_report(a: Event, b: Event, block: set[tuple[str, int]]) -> bool:
     )
 
 
+def _right_under(a: Event, b: Event) -> bool:
+    """b's line follows one of a's closely in the same writer's stream."""
+    return any(
+        ha.record.source == hb.record.source
+        and ha.record.stream_key == hb.record.stream_key
+        and 0 < hb.record.line - ha.record.line <= SAME_REPORT_LINES
+        for ha in a.hits
+        for hb in b.hits
+    )
+
+
 def _subjects(event: Event) -> set[str]:
     """The ranks the event's lines name as what they are about (their 'rank' capture, or the
     local rank a launcher's report names: 'failed (exitcode: -11) local_rank: 1'; kept apart,
@@ -375,6 +386,11 @@ def relate_exit_path(graph: CausalGraph, ctx: Context) -> None:
                 continue  # a failure the program caught and went on from ended nothing
             for b in events:
                 if a is b or precedes(a, b) is not True:
+                    continue
+                if a.rule.exit_path and not b.rule.exit_path and _right_under(a, b):
+                    # 'terminate called after throwing ...' and, under it, its 'what():' (a
+                    # watchdog's timeout): the abort's reason, not what the rank said after it
+                    graph.add(b, a, "same report", "the reason the abort printed under it")
                     continue
                 if (
                     b.rule.exit_path

@@ -476,8 +476,9 @@ MISSING_MODULE = Rule(
     sources="CPython import system",
     specificity=60,
     signatures=(
+        # the closing quote optional: a pasted line cut at its end still names the module
         Signature(
-            r"ModuleNotFoundError: No module named '(?P<module>[^']+)'", "ModuleNotFoundError"
+            r"ModuleNotFoundError: No module named '(?P<module>[^'\s]+)'?", "ModuleNotFoundError"
         ),
         Signature(
             r"ImportError: cannot import name '(?P<name>[^']+)'", "ImportError: cannot import name"
@@ -530,6 +531,8 @@ MISSING_MODULE = Rule(
     ),
     positive=(
         "ModuleNotFoundError: No module named 'tensorboard'",
+        # a paste cut before the closing quote (corpus 1736)
+        "ModuleNotFoundError: No module named 'torch.distributed.pipelining",
         "ImportError: Please install bitsandbytes to use 8-bit Adam. You can do so by running "
         "`pip install bitsandbytes`",
         "Error locating target 'toy_models.TinyTransformer', set env var HYDRA_FULL_ERROR=1 to "

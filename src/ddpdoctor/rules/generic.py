@@ -317,9 +317,15 @@ EXIT_TEARDOWN = Rule(
     sources="CUDA runtime (cudaErrorCudartUnloading), torch/distributed/elastic/agent/server/"
     "api.py _exit_barrier",
     specificity=80,
+    # on the way out: after the same rank's own error (an exception that ends the process,
+    # whose teardown then meets the unloading runtime) it is that error's consequence
+    exit_path=True,
     signatures=(
-        # a CUDA call made while the interpreter tears down the CUDA runtime
+        # a CUDA call made while the interpreter tears down the CUDA runtime: the runtime's
+        # own string for cudaErrorCudartUnloading, in torch's words or any library's check
+        # that prints it (gloo's enforce: "... 29 vs 0. Error at: ...: driver shutting down")
         Signature(r"CUDA error: driver shutting down"),
+        Signature(r"\bdriver shutting down\b", "driver shutting down"),
         # torchelastic: this node's workers finished; the other agents never reached the
         # barrier every agent passes before it exits
         Signature(r"Error waiting on exit barrier\. Elapsed: ", "Error waiting on exit barrier"),
@@ -357,6 +363,10 @@ EXIT_TEARDOWN = Rule(
     ),
     positive=(
         "  what():  CUDA error: driver shutting down",
+        "  what():  [enforce fail at /opt/conda/conda-bld/pytorch_1524586445097/work/third_party/"
+        "gloo/gloo/cuda_private.h:40] error == cudaSuccess. 29 vs 0. Error at: /opt/conda/conda-"
+        "bld/pytorch_1524586445097/work/third_party/gloo/gloo/cuda_private.h:40: driver shutting "
+        "down",
         "E1130 13:00:00.100000 4242 torch/distributed/elastic/agent/server/api.py:1008] Error "
         "waiting on exit barrier. Elapsed: 300.0042 seconds",
         "RuntimeError: cannot schedule new futures after interpreter shutdown",
