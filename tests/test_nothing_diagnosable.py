@@ -234,6 +234,16 @@ def test_a_loading_bar_at_its_total_is_not_the_runs_end(tmp_path: Path) -> None:
     assert _verdict_of(text, tmp_path)["status"] == "unknown"
 
 
+def test_a_log_whose_last_line_is_a_loading_bar_at_its_total_is_not_ok() -> None:
+    """A real report (corpus 2081, alpaca-lora on 8 GPUs that hung after loading): the paste is
+    one line, 'Loading checkpoint shards: 100%|...', where the job stopped. A bar that ends
+    start-up is not the run's loop at its total: unknown, read as a log that stops."""
+    (case,) = (REPO / "corpus" / "cases").glob("2081-*")
+    proc = run_cli("diagnose", str(case / "logs"), "--format", "json")
+    verdict = json.loads(proc.stdout)["verdict"]
+    assert (verdict["status"], verdict["kind"]) == ("unknown", "hang")
+
+
 FIFTIETH = REPO / "tests" / "fixtures" / "real"
 
 

@@ -1291,9 +1291,22 @@ FULL_BAR = re.compile(r"(?<!\d)100%\|")
 EPOCH_WORD = re.compile(r"(?i)\bepoch")
 
 
+STARTUP_BAR = re.compile(
+    r"(?i)load|download|\bmap\b|tokeni[sz]|shards?\b|preprocess|extract|cach|prepar|convert|filter"
+)
+"""A bar's label that names work before the training loop: 'Loading checkpoint shards',
+'Downloading', 'Map (num_proc=8)', 'Running tokenizer on dataset'. At its total it ends
+start-up, not the run."""
+
+
 def _full_bar(text: str) -> bool:
-    """A progress bar at its total that counts no epoch: the run's own loop finished."""
-    return bool(FULL_BAR.search(text)) and not EPOCH_WORD.search(text)
+    """A progress bar at its total that counts no epoch and names no start-up work: the run's
+    own loop finished."""
+    full = list(FULL_BAR.finditer(text))
+    if not full or EPOCH_WORD.search(text):
+        return False
+    label = text[max(0, full[-1].start() - 60) : full[-1].start()].rsplit("\r", 1)[-1]
+    return not STARTUP_BAR.search(label)
 
 
 TQDM_COUNTER = re.compile(r"\d{1,3}%\|[^|\r\n]{0,200}\|\s*(?P<n>\d+)/(?P<total>\d+) \[")
