@@ -150,13 +150,6 @@ MISSES: dict[str, str] = {
         "consoles' argument tables (dist.port 39830 against 39835) are not read as a job that "
         "never formed, every rank alike"
     ),
-    "pixel-rot": (
-        "python-exception on rank 1 (PY101, 0.6) instead of data-error: the right rank, but "
-        "\"RuntimeError: shape '[0, 40, 3]' is invalid for input of size 4800\" raised in the "
-        ".beton loader (Loader.__iter__ -> _batch -> _decode, 'page.reshape(h, w, 3)' on a page "
-        "read from data/train_40_0.50_90.beton) is read as a generic exception, not as a sample "
-        "of the input file that does not decode"
-    ),
     "port-squat": (
         "rendezvous-failure on rank 0 (LCH108, 0.9) instead of on none: the kind and its fix "
         "(the port is taken) are right, but spawn's 'Process 0 terminated' with the "

@@ -136,10 +136,10 @@ MISSES: dict[str, str] = {
         "is not read as the rank still busy writing its shard"
     ),
     "feed-lock": (
-        "host-oom on rank 1 (LCH101, 0.45) instead of hung on rank 1: the rank is right, but the "
-        "'exitcode  : -9 (pid: N)  (SIGKILL)' of node 0's summary is read as the OOM killer, where "
-        "the agent sent SIGTERM first ('Sending process N closing signal SIGTERM', node0.log:86), "
-        "which fairseq2's signal handler only notes, and SIGKILLed rank 1 30 s later; rank 1's "
+        "python-exception on rank 1 (PY101, 0.6) instead of hung on rank 1 (at first sight "
+        "host-oom, LCH101 0.45: the -9 of a worker the agent had sent SIGTERM is now read as the "
+        "agent's escalation, session 38); rank 0's rich-wrapped 'RuntimeError:' line is the root "
+        "as in slow-shard; rank 1's "
         "log file ending at 'Running training on 4 device(s).' with no error while ranks 0, 2 and "
         "3 time out in the batch synchronisation is not read as a silent rank stuck outside the "
         "collective"

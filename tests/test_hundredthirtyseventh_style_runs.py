@@ -147,13 +147,6 @@ MISSES: dict[str, str] = {
         "metrics.json) is not read as an end, and no rank is seen (ranks_seen []: neither the "
         "'0 | ' prefix nor out_worker<N>.log names a rank)"
     ),
-    "label-unseen": (
-        "python-exception on rank 1 (PY101, 0.6) instead of data-error: the KeyError \"'mixed' "
-        "not found in vocab namespace 'labels', and namespace does not contain the default OOV "
-        'token" raised in get_token_index while worker 1 indexed its validation shard is read '
-        "as a bug in the code, not as a label in that rank's input data; the 'Namespace: "
-        "labels' / 'Token: mixed' errors of out_worker1.log are not read"
-    ),
     "shard-uneven": (
         "slow-rank-timeout on rank 1 (INF201, 0.7) instead of uneven-inputs: worker 0's own "
         "unprefixed bar, closed when its thirteenth batch's all-reduce timed out ('12/13 "

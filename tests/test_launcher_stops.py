@@ -181,3 +181,24 @@ def test_a_peer_lost_on_the_loopback_is_no_network_fault() -> None:
 def test_loopback_losses_after_a_stop_or_beside_timeouts_are_read_as_before(fixture: str) -> None:
     verdict = diagnose_paths([str(REAL / fixture)]).verdict
     assert verdict.rule != "INF202"
+
+
+def test_a_sigkill_after_the_launchers_own_sigterm_is_its_escalation_not_the_oom_killer() -> None:
+    """Real capture (set 139 feed-lock): torchrun's agent sends rank 1 'closing signal
+    SIGTERM' once rank 0 failed, rank 1's handler only notes it, and 30 s later the agent says
+    'Unable to shutdown process N via 15, forcefully exiting via 9': the summary's 'exitcode  :
+    -9 (pid: N)  (SIGKILL)' is the agent's kill, a reaction to the failure, not a host out of
+    memory."""
+    report = diagnose_paths([str(REAL / "hundredthirtyninth-feed-lock")])
+    assert report.verdict.kind != "host-oom"
+    roles = {f.rule: f.role for f in report.findings}
+    assert roles["LCH101"] == "cascade"
+
+
+def test_a_sigkill_the_launcher_did_not_start_with_a_sigterm_stays_the_oom_killers() -> None:
+    """Real capture (set 139 rss-grow): rank 3 dies of SIGKILL and the agent then sends the
+    other workers 'closing signal SIGTERM', not rank 3: the host-oom reading stands."""
+    console = (REAL / "hundredthirtyninth-rss-grow" / "node1.log").read_text(errors="replace")
+    assert "closing signal SIGTERM" in console
+    verdict = diagnose_paths([str(REAL / "hundredthirtyninth-rss-grow")]).verdict
+    assert (verdict.kind, verdict.culprit.ranks) == ("host-oom", [3])

@@ -315,6 +315,11 @@ def build_evidence(job: JobView, events: list[Event]) -> JobEvidence:
     evidence.ended |= bool(info.per_rank or info.exit_code is not None or job.completed_at)
     evidence.started_training = any(s.progress_lines for s in job.streams)
     evidence.normal_seen = job.normal_seen
+    evidence.killed_after_stop = frozenset(
+        rank
+        for rank, exit_ in info.per_rank.items()
+        if (exit_.code == -9 or exit_.signal == "SIGKILL") and exit_.pid in job.stopped_pids
+    )
     evidence.world_stated = job.world_stated
     reactions = [h.record for e in events if e.echo is Echo.LAUNCHER for h in e.hits]
     reacted = [r.time for r in reactions if r.time is not None]

@@ -461,6 +461,29 @@ def relate_launcher(graph: CausalGraph, ctx: Context) -> None:
                 graph.add(cause, notice, "launcher", "the launcher's reaction to a failure")
 
 
+def relate_launcher_escalation(graph: CausalGraph, ctx: Context) -> None:
+    """A worker the launcher had sent a closing signal and that then died of SIGKILL was
+    killed by the launcher once its grace period ran out (it ignored or outlived the SIGTERM):
+    an exit code that reads as the OOM killer's is the launcher's reaction to whatever failed
+    first."""
+    killed = ctx.evidence.killed_after_stop
+    if not killed:
+        return
+    for event in graph.events:
+        if event.rank not in killed or event.rule.kind != "host-oom":
+            continue
+        if not all(h.suggests for h in event.hits):
+            continue  # the process said it ran out of memory ('MemoryError'): its own failure
+        for cause in graph.events:
+            if cause is not event and failing(cause) and cause.rank != event.rank:
+                graph.add(
+                    cause,
+                    event,
+                    "launcher",
+                    "the launcher's SIGKILL after the closing signal it sent that process",
+                )
+
+
 def relate_launcher_shutdown(graph: CausalGraph, ctx: Context) -> None:
     """Once the launcher has reported a failed worker, errors printed after that notice by
     no worker (the agent's store or rendezvous failing while it shuts down: the agent that
@@ -938,6 +961,7 @@ def relate_stopped_rank(graph: CausalGraph, ctx: Context) -> None:
 RELATIONS = (
     relate_same_report,
     relate_exit_path,
+    relate_launcher_escalation,
     relate_echoes,
     relate_launcher,
     relate_launcher_shutdown,

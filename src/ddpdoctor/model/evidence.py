@@ -289,6 +289,10 @@ class JobEvidence:
     source_counters: dict[str, tuple[int, int]] = field(default_factory=dict)
     """Per source, the (done, total) of the training bar its unranked writer showed last
     (a node's console where one process draws the bar): which node ran out first."""
+    killed_after_stop: frozenset[int] = frozenset()
+    """Ranks whose process died of SIGKILL after the launcher had sent it a closing signal
+    ("Sending process 4211 closing signal SIGTERM", then "exitcode  : -9 (pid: 4211)"): the
+    launcher's own escalation once its grace period ran out, not the OOM killer."""
     ended_on_full_bar: bool = False
     """A writer's output ends on a progress bar at its total that counts no epoch (tqdm's
     "Steps: 100%|##| 10/10", the whole run's bar that diffusers and the transformers Trainer

@@ -612,9 +612,17 @@ DATALOADER_FD_LIMIT = Rule(
 SAMPLE_FETCH_FRAMES = (
     r"torch[/\\]utils[/\\]data[/\\]_utils[/\\]fetch\.py\", line \d{1,6}, in \w{1,40}"
     r"(?:\n[^\n]{0,2000}){0,20}?\", line \d{1,6}, in __(?:getitems?|iter|next)__\b"
+    # a loader of the program's own (ffcv's, webdataset's, a streaming reader's): the loop's
+    # `for ... in loader:` line, and right under it the loader's __iter__ / __next__ (not
+    # torch's DataLoader or a framework's wrapper of it: their path is the fetch's above,
+    # and past it the collate function, whose errors are the batching code's)
+    r"|\n\s{2,16}for [^\n]{1,200} in [^\n]{1,200}:[ \t]*\r?\n[^\n]{0,200}File \""
+    r"(?![^\"\n]{0,400}[/\\](?:torch[/\\]utils[/\\]data|accelerate|(?:pytorch_)?lightning)[/\\])"
+    r"[^\"\n]{1,400}\", line \d{1,6}, in __(?:iter|next)__\b"
 )
 """A traceback that passes through the DataLoader's fetch into the dataset's __getitem__ (or an
-iterable one's __iter__ / __next__): the dataset's own code raised, reading a sample."""
+iterable one's __iter__ / __next__), or from the loop's `for` over a loader of its own into
+that loader's __iter__ / __next__: the data code raised, reading a sample."""
 
 DATALOADER_CHANNEL_BROKEN = Rule(
     code="DL103",
