@@ -163,6 +163,23 @@ class Signature:
         return lit
 
 
+_NAMED_GROUP = re.compile(r"\(\?P<(\w+)>")
+
+
+def _group_names(regex: str) -> set[str]:
+    """The names of a regex's groups, read from its text: every `(?P<name>` not escaped (an
+    even count of backslashes before it). A superset of `re.compile(regex).groupindex` (one
+    inside a character class counts too), without compiling the ~650 signatures at import
+    (0.1 s of CPU a start; the scan compiles the few it confirms with, see `compiled`)."""
+    names: set[str] = set()
+    for m in _NAMED_GROUP.finditer(regex):
+        start = m.start()
+        escapes = start - len(regex[:start].rstrip("\\"))
+        if escapes % 2 == 0:
+            names.add(m.group(1))
+    return names
+
+
 @dataclass(frozen=True)
 class Explanation:
     what: str
@@ -266,7 +283,7 @@ class Rule:
             if name not in CAPTURES:
                 raise RuleDefinitionError(f"{self.code}: fix for undeclared capture {name!r}")
         for sig in self.signatures:
-            unknown = set(sig.compiled.groupindex) - set(CAPTURES)
+            unknown = _group_names(sig.regex) - set(CAPTURES)
             if unknown:
                 raise RuleDefinitionError(f"{self.code}: undeclared captures {sorted(unknown)}")
 

@@ -84,12 +84,15 @@ def _from_exhausted_iterator(job: JobEvidence) -> Assessment | None:
     then lost them or timed out: those ranks had fewer batches. Where every rank raises it,
     the data has no batch at all for anyone (a data error, not uneven data). Above the plain
     exception (PY101 at 0.6): the exception says what ran out."""
-    if not job.started_training or not job.waiting:
+    if not job.started_training:
+        return None
+    waiting = job.waiting  # a property that walks every rank: once, not once per failed rank
+    if not waiting:
         return None
     dry = {
         r
         for r, v in job.ranks.items()
-        if v.failed and r not in job.waiting and any(EXHAUSTED.match(e.text) for e in v.evidence)
+        if v.failed and r not in waiting and any(EXHAUSTED.match(e.text) for e in v.evidence)
     }
     if not dry or dry >= set(job.ranks) or len(dry) >= (job.world_size or len(job.ranks)):
         return None
