@@ -42,7 +42,8 @@ out_worker<N>.log files seem not to name a rank, so a worker's own log adds litt
 a log that stops; label-unseen's vocabulary KeyError is a plain exception, not the rank's data;
 shard-uneven's silent short rank and slow-val's crawling loader bar are read the wrong way round
 (busy and stuck); port-squat and metric-extra get the kind but blame rank 0; head-unused's gloo
-abort is read as uneven inputs."""
+abort is read as uneven inputs. Session 38: label-unseen's KeyError raised under the loop's
+`for` over the program's own loader reads as the data (DATA105): 9 of 15."""
 
 from __future__ import annotations
 

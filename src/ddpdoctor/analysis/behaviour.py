@@ -1016,8 +1016,11 @@ def _busy_progress(job: JobView, timeout_ms: float | None) -> tuple[float, Evide
     if timeout_ms is None:
         busy = elapsed >= BUSY_PROGRESS_MIN_S
     else:
-        # a bar that ran much longer than the timeout is training, not one rank
-        busy = BUSY_WINDOW[0] * timeout_ms / 1000 <= elapsed <= BUSY_WINDOW[1] * timeout_ms / 1000
+        # a bar that ran much longer than the timeout is training, not one rank; one of the
+        # rank's own work that was still moving at its last redraw may have started before
+        # the others began to wait (each rank's evaluation, the slow one's still going)
+        upper = BUSY_WINDOW[1] if not _kept_moving(fact, job.train_steps) else MOVING_WINDOW
+        busy = BUSY_WINDOW[0] * timeout_ms / 1000 <= elapsed <= upper * timeout_ms / 1000
         # a short timeout's bar: a training loop's bar that stopped when its rank began to wait
         # shows about the timeout too ('train: 13%| 4/30 [00:15<01:43'); only work of the
         # rank's own that moved ('class weights: 62%| 31/50 [00:15<00:09') proves it busy
@@ -1025,6 +1028,33 @@ def _busy_progress(job: JobView, timeout_ms: float | None) -> tuple[float, Evide
     if busy and _stood_still(fact, timeout_ms):
         return None
     return (elapsed, Evidence.of(fact.record, fact.record.text[-160:])) if busy else None
+
+
+STEADY_FACTOR = 2.0
+"""A last count that took at most this many times the bar's average count before it kept the
+bar's pace: the rank was working, not waiting."""
+MOVING_WINDOW = 3.0
+"""How long, in collective timeouts, a bar of a rank's own work that was still moving at its
+last redraw may have run: it began with that rank's phase, before the others' wait."""
+
+
+def _kept_moving(fact: FactHit, train_steps: set[int]) -> bool:
+    """The bar counted on between its last two redraws, at no more than a few seconds a count
+    (work under way, not a bar redrawn once more as its process closed it), and counts work of
+    the rank's own."""
+    captures = fact.captures
+    n, before_n = count_number(captures.get("n")), count_number(captures.get("before_n"))
+    elapsed = elapsed_seconds(captures.get("elapsed", ""))
+    before = elapsed_seconds(captures.get("before_elapsed", ""))
+    if n is None or before_n is None or elapsed is None or before is None or n <= before_n:
+        return False
+    return (elapsed - before) / (n - before_n) <= MAX_SECONDS_A_COUNT and _own_work_bar(
+        fact, train_steps
+    )
+
+
+MAX_SECONDS_A_COUNT = 10.0
+"""A bar that counts slower than this between its last redraws was closed, not working."""
 
 
 def _stood_still(fact: FactHit, timeout_ms: float | None) -> bool:
@@ -1039,7 +1069,11 @@ def _stood_still(fact: FactHit, timeout_ms: float | None) -> bool:
     if n is None or before_n is None or elapsed is None or before is None:
         return False
     gap = BUSY_WINDOW[0] * timeout_ms / 1000 if timeout_ms else BUSY_PROGRESS_MIN_S
-    return n - before_n <= 1 and elapsed - before >= gap
+    last_count = elapsed - before
+    # ... unless every count before took about as long: a slow rank's steady pace (an
+    # evaluation at 8 s a batch), not a fast bar that stopped for the wait
+    steady = before_n > 0 and last_count <= STEADY_FACTOR * before / before_n
+    return n - before_n <= 1 and last_count >= gap and not steady
 
 
 TRAINING_BAR = re.compile(r"(?i)train|epoch|\bep ?\d|\biter|\bstep")
