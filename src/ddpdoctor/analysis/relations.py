@@ -609,6 +609,7 @@ def relate_completion(graph: CausalGraph, ctx: Context) -> None:
         e
         for e in graph.events
         if (e.crash_like or e.echo == Echo.STOPPED)
+        and not all(h.handled for h in e.hits)  # Python printed it and went on
         and _after(e, ctx.completed_at)
         and its_work_was_done(e)
     ]
@@ -701,7 +702,8 @@ def relate_teardown_marker(graph: CausalGraph, ctx: Context) -> None:
     if not markers:
         return
     for crash in graph.events:
-        if crash.rule.exit_path:
+        # (not an exception Python printed under 'Exception ignored in ...' and went on from)
+        if crash.rule.exit_path and not all(h.handled for h in crash.hits):
             graph.add(markers[0], crash, "teardown", "the process was being torn down")
 
 
