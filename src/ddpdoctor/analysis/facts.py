@@ -890,6 +890,24 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
                 r"`torch\.nn\.utils\.weight_norm` is deprecated in favor of",
                 "weight_norm` is deprecated",
             ),
+            # ... torch.compile's TF32 hint, tensor copies and scalars, scheduler.step(epoch)
+            (
+                r"TensorFloat32 tensor cores for float32 matrix multiplication available but "
+                r"not enabled",
+                "TensorFloat32 tensor cores for float32",
+            ),
+            (
+                r"To copy construct from a tensor, it is recommended to use sourceTensor\.",
+                "To copy construct from a tensor",
+            ),
+            (
+                r"Converting a tensor with requires_grad=True to a scalar may lead to unexpected",
+                "requires_grad=True to a scalar",
+            ),
+            (
+                r"The epoch parameter in `scheduler\.step\(\)` was not necessary",
+                "The epoch parameter in `scheduler.step()`",
+            ),
             # Open MPI's vader BTL (btl_vader_get.c) when CMA is not permitted (a container without
             # SYS_PTRACE): ob1 falls back to copying through shared memory
             (r"Read -\d{1,3}, expected \d{1,12}, errno = \d{1,3}", "Read -1, expected "),
