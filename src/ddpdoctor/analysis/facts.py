@@ -793,6 +793,246 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
                 r"\b(?:NCCL|MPI|Gloo) backend in DeepSpeed not yet implemented",
                 "backend in DeepSpeed not yet implemented",
             ),
+            # torch/distributed/algorithms/join.py: Join shadows the collectives of the ranks that
+            # ran out of inputs
+            (r"Detected uneven input skew of greater than \d", "Detected uneven input skew"),
+            # DDP's constructor and _set_static_graph (torch/nn/parallel/distributed.py)
+            (
+                r"The `check_reduction` argument in `DistributedDataParallel`",
+                "`check_reduction` argument",
+            ),
+            (
+                r"`broadcast_buffers` is deprecated\. Use `forward_sync_buffers`",
+                "`broadcast_buffers` is deprecated",
+            ),
+            (
+                r"You've set static_graph to be True, no need to set it again",
+                "no need to set it again",
+            ),
+            # c10d's deprecations and notes (torch/distributed/distributed_c10d.py)
+            (
+                r"_(?:all_gather|reduce_scatter)_base`? is a private function "
+                r"and will be deprecated",
+                "is a private function and will be deprecated",
+            ),
+            (
+                r"Please specify timeout arg as a timedelta",
+                "Please specify timeout arg as a timedelta",
+            ),
+            (
+                r"For MPI backend, world_size \(\d{1,9}\) and rank \(\d{1,9}\) are ignored",
+                "For MPI backend, world_size",
+            ),
+            (
+                r"as a ProcessGroup\. This usage is deprecated since PyTorch",
+                "This usage is deprecated since PyTorch",
+            ),
+            (
+                r"Device capability of [\w.-]{1,60} unknown, assuming `cpu` and `cuda`",
+                "unknown, assuming `cpu` and `cuda`",
+            ),
+            # FSDP1's notes (torch/distributed/fsdp)
+            (r"FSDP is switching to use `NO_SHARD` instead of", "FSDP is switching to use"),
+            (
+                r"The `NO_SHARD` sharding strategy is deprecated",
+                "The `NO_SHARD` sharding strategy is deprecated",
+            ),
+            (
+                r"FSDP\.state_dict_type\(\) and FSDP\.set_state_dict_type\(\) are being",
+                "FSDP.set_state_dict_type() are being",
+            ),
+            (
+                r"The passed-in `module` is on CPU and will thus have FSDP's sharding",
+                "is on CPU and will thus have FSDP",
+            ),
+            (
+                r"When using ``NO_SHARD`` for ``ShardingStrategy``, full_state_dict will",
+                "full_state_dict will",
+            ),
+            # the DataLoader, DataParallel and torch.cuda.nccl
+            (
+                r"pin_memory_device is deprecated, the current accelerator will be used",
+                "pin_memory_device is deprecated",
+            ),
+            (r"There is an imbalance between your GPUs", "There is an imbalance between your GPUs"),
+            (
+                r"PyTorch is not compiled with NCCL support",
+                "PyTorch is not compiled with NCCL support",
+            ),
+            # torch's deprecations printed once by healthy runs: torch.cuda.amp's old spellings,
+            # activation checkpointing without use_reentrant, TypedStorage, lr_scheduler order,
+            # meshgrid's indexing, read-only numpy arrays, non-full backward hooks, weight_norm
+            (
+                r"`torch\.cuda\.amp\.(?:GradScaler|autocast|custom_fwd|custom_bwd)"
+                r"\(args\.\.\.\)` is deprecated",
+                "args...)` is deprecated",
+            ),
+            (
+                r"the use_reentrant parameter should be passed explicitly",
+                "use_reentrant parameter should be passed",
+            ),
+            (
+                r"TypedStorage is deprecated\. It will be removed in the future",
+                "TypedStorage is deprecated",
+            ),
+            (
+                r"Detected call of `lr_scheduler\.step\(\)` before `optimizer\.step\(\)`",
+                "Detected call of `lr_scheduler.step()`",
+            ),
+            (
+                r"torch\.meshgrid: in an upcoming release, it will be required to pass the "
+                r"indexing argument",
+                "torch.meshgrid: in an upcoming release",
+            ),
+            (r"The given NumPy array is not writable", "The given NumPy array is not writable"),
+            (r"Using a non-full backward hook when ", "Using a non-full backward hook"),
+            (
+                r"`torch\.nn\.utils\.weight_norm` is deprecated in favor of",
+                "weight_norm` is deprecated",
+            ),
+            # ... torch.compile's TF32 hint, tensor copies and scalars, scheduler.step(epoch)
+            (
+                r"TensorFloat32 tensor cores for float32 matrix multiplication available but "
+                r"not enabled",
+                "TensorFloat32 tensor cores for float32",
+            ),
+            (
+                r"To copy construct from a tensor, it is recommended to use sourceTensor\.",
+                "To copy construct from a tensor",
+            ),
+            (
+                r"Converting a tensor with requires_grad=True to a scalar may lead to unexpected",
+                "requires_grad=True to a scalar",
+            ),
+            (
+                r"The epoch parameter in `scheduler\.step\(\)` was not necessary",
+                "The epoch parameter in `scheduler.step()`",
+            ),
+            # Open MPI's vader BTL (btl_vader_get.c) when CMA is not permitted (a container without
+            # SYS_PTRACE): ob1 falls back to copying through shared memory
+            (r"Read -\d{1,3}, expected \d{1,12}, errno = \d{1,3}", "Read -1, expected "),
+            # Lightning's advice (rank_zero_warn / rank_zero_info)
+            (
+                r"Consider setting `persistent_workers=True` in '",
+                "Consider setting `persistent_workers=True`",
+            ),
+            (
+                r"is smaller than the logging interval Trainer\(log_every_n_steps=",
+                "smaller than the logging interval",
+            ),
+            (
+                r"Using `DistributedSampler` with the dataloaders\. During `trainer\.",
+                "Using `DistributedSampler` with the dataloaders",
+            ),
+            (r"`max_epochs` was not set\. Setting it to 1000 epochs", "`max_epochs` was not set"),
+            (
+                r"You defined a `validation_step` but have no `val_dataloader`",
+                "but have no `val_dataloader`",
+            ),
+            (
+                r"Found \d{1,6} module\(s\) in eval mode at the start of training",
+                "module(s) in eval mode at the start of training",
+            ),
+            (
+                r"_dataloader`'s sampler has shuffling enabled, it is strongly recommended",
+                "sampler has shuffling enabled",
+            ),
+            (
+                r"that has Tensor Cores\. To properly utilize them, you should set "
+                r"`torch\.set_float32_matmul_precision",
+                "that has Tensor Cores",
+            ),
+            (
+                r"Checkpoint directory [^\n]{1,500} exists and is not empty",
+                "exists and is not empty",
+            ),
+            (r"Tip: For seamless cloud (?:uploads|logging)", "Tip: For seamless cloud"),
+            (
+                r"Since DeepSpeed handles gradient clipping internally",
+                "Since DeepSpeed handles gradient clipping",
+            ),
+            (
+                r"You have specified an optimizer and/or scheduler within the DeepSpeed config",
+                "optimizer and/or scheduler within the DeepSpeed config",
+            ),
+            (
+                r"Trying to infer the `batch_size` from an ambiguous collection",
+                "from an ambiguous collection",
+            ),
+            (r"is not supported by the model summary", "is not supported by the model summary"),
+            # transformers' notes (logger.warning / warning_once)
+            (
+                r"(?:`use_cache=True`|Caching) is incompatible with gradient checkpointing",
+                "is incompatible with gradient checkpointing",
+            ),
+            (r"`torch_dtype` is deprecated! Use `dtype` instead!", "`torch_dtype` is deprecated!"),
+            (
+                r"The tokenizer has new PAD/BOS/EOS tokens that differ from the model config",
+                "has new PAD/BOS/EOS tokens",
+            ),
+            (
+                r"`gradient_checkpointing` is deprecated and will be removed in v\d",
+                "`gradient_checkpointing` is deprecated",
+            ),
+            (
+                r"Could not estimate the number of tokens of the input, floating-point operations",
+                "Could not estimate the number of tokens",
+            ),
+            (
+                r"`loss_type=\w{1,40}` was set in the config but it is unrecognised",
+                "was set in the config but it is unrecognised",
+            ),
+            (
+                r"Trainer\.tokenizer is now deprecated\. You should use Trainer\.processing_class",
+                "Trainer.tokenizer is now deprecated",
+            ),
+            # ... a new head for fine-tuning (not the variant 'because the shapes did not match')
+            (
+                r"Some weights of \w{1,100} were not initialized from the model checkpoint at "
+                r"[^\n]{1,500}? and are newly initialized: \[",
+                "were not initialized from the model checkpoint at",
+            ),
+            # accelerate's notes (accelerate/accelerator.py)
+            (
+                r"`log_with=[^\n`]{1,200}` was passed but no supported trackers are currently "
+                r"installed",
+                "no supported trackers are currently installed",
+            ),
+            (
+                r"Deleting \d{1,6} checkpoints to make room for new checkpoint",
+                "checkpoints to make room for new checkpoint",
+            ),
+            (
+                r"Upcasted low precision parameters in [^\n]{1,300}? because mixed precision "
+                r"turned on in FSDP",
+                "because mixed precision turned on in FSDP",
+            ),
+            (
+                r"FSDP upcast of low precision parameters may affect",
+                "FSDP upcast of low precision parameters",
+            ),
+            (
+                r"Gradient accumulation steps mismatch: GradientAccumulationPlugin has \d",
+                "Gradient accumulation steps mismatch",
+            ),
+            # DeepSpeed's op-builder, config and engine notes
+            (
+                r"async_io: please install the [\w.-]{1,60} package with \w{1,20}",
+                "async_io: please install the",
+            ),
+            (
+                r"If libaio is already installed \(perhaps from source\)",
+                "If libaio is already installed",
+            ),
+            (r"Config parameter \w{1,80} is deprecated", "Config parameter "),
+            (
+                r"You are using ZeRO with an untested optimizer, proceed with caution",
+                "ZeRO with an untested optimizer",
+            ),
+            (
+                r"BF16 gradient accumulation is not safe numerically",
+                "BF16 gradient accumulation is not safe numerically",
+            ),
         )
     ),
     # tqdm: " 9%|███▊   | 280000/2969526 [29:55<4:48:08, 155.57 examples/s]"
