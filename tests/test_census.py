@@ -247,6 +247,21 @@ def test_each_message_of_normal_operation_is_a_benign_census_message(fact: FactP
             "infrastructure",
             None,
         ),
+        # a verbs call that could not pin memory (ENOMEM): the locked-memory limit, the
+        # environment's, not the fabric (census nccl-warn-ibv-create-cq)
+        (
+            "gpu-n3:2291:2384 [3] misc/ibvwrap.cc:42 NCCL WARN Call to ibv_create_cq failed with "
+            "error Cannot allocate memory",
+            "environment",
+            "ulimit -l",
+        ),
+        # an ibv_reg_mr failure of another errno says nothing about the limit: as before
+        (
+            "gpu-n3:2291:2384 [3] misc/ibvwrap.cc:278 NCCL WARN Call to ibv_reg_mr_iova2 failed "
+            "with error Bad address",
+            "infrastructure",
+            None,
+        ),
     ],
 )
 def test_an_ib_line_of_configuration_is_not_blamed_on_the_fabric(

@@ -131,6 +131,12 @@ IB_ERROR = Rule(
         Signature(
             r"NET/IB" + _NOT_RETRY_EXCEEDED + r".{0,40}(?:ibv_\w+ failed|Unable to|error)", "NET/IB"
         ),
+        # a verbs call that could not pin memory (ENOMEM): the locked-memory limit (ulimit
+        # -l, a container's memlock), as the rule's own false positives say, not the fabric
+        Signature(
+            r"(?:ibv_reg_mr|ibv_create_cq)\w{0,10} failed with error (?P<what>Cannot allocate memory)",
+            "failed with error Cannot allocate memory",
+        ),
         Signature(r"ibv_reg_mr.{0,80}failed|ibv_create_qp.{0,80}failed", "ibv_"),
         # NCCL misc/ibvwrap.cc: a QP could not be moved to RTR/RTS (RoCE GID index, cabling)
         Signature(r"Call to ibv_modify_qp failed"),
@@ -153,6 +159,14 @@ IB_ERROR = Rule(
         ),
         (
             "what",
+            "Cannot allocate memory",
+            "The verbs call could not pin memory: raise the locked-memory limit to unlimited "
+            "(`ulimit -l unlimited` in the job's shell, /etc/security/limits.conf memlock, "
+            "docker run --ulimit memlock=-1, Slurm PropagateResourceLimits) and check it inside "
+            "the job with `ulimit -l`.",
+        ),
+        (
+            "what",
             "collective mismatch error",
             "A peer sent more bytes than this rank's receive expected: check that every rank "
             "issues the same collectives with the same sizes (TORCH_DISTRIBUTED_DEBUG=DETAIL), "
@@ -166,6 +180,7 @@ IB_ERROR = Rule(
             Category.CONFIGURATION,
         ),
         ("what", "collective mismatch error", Category.UNKNOWN),
+        ("what", "Cannot allocate memory", Category.ENVIRONMENT),
     ),
     positive=(
         "gpu-n3:2291:2384 [3] NCCL INFO NET/IB : mlx5_0:1 Got non-fatal async event: port "
