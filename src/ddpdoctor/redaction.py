@@ -31,6 +31,8 @@ CONTROL = re.compile(
 # start with "-" so that `--hub_token --push_to_hub` does not eat the next flag.
 VALUE = r"""(?:"(?P<s>[^"\r\n]{1,1024}+)"|'(?P<s2>[^'\r\n]{1,1024}+)'|(?P<s3>[^\s"'-][^\s"']{0,1023}+))"""
 SEP = r"""(?P<sep>["']?[ \t]{0,8}+[=:][ \t]{0,8}+)"""
+LONG_VALUE = r"""(?:"(?P<s>[^"\r\n]{16,1024}+)"|'(?P<s2>[^'\r\n]{16,1024}+)'|(?P<s3>[^\s"'-][^\s"']{15,1023}+))"""
+"""A value of at least 16 characters: what tokens, keys and their encodings are."""
 # Lower-case names of settings that hold secrets (config dumps, argparse Namespaces, headers,
 # JSON). A bare `token` is left to its own entry: `pad_token=` and `eos_token=` are not secrets.
 SECRET_WORDS = (
@@ -157,7 +159,9 @@ SECRET_FORMATS: tuple[SecretFormat, ...] = (
     ),
     SecretFormat(
         "token-assignment",
-        r"\b(?<![\w.-])(?P<k>token)(?![\w-])" + SEP + VALUE,
+        # a bare `token` names a word as often as a secret (a vocabulary's error 'Token:
+        # mixed', a tokenizer's 'token: [PAD]'): only a value as long as secrets are is one
+        r"\b(?<![\w.-])(?P<k>token)(?![\w-])" + SEP + LONG_VALUE,
         '{"registry": "ghcr.io", "token": "QmFzZTY0RW5jb2RlZFJlZ2lzdHJ5VG9rZW4"}',
         "QmFzZTY0RW5jb2RlZFJlZ2lzdHJ5VG9rZW4",
         re.IGNORECASE,

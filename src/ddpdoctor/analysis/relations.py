@@ -6,7 +6,8 @@ job, documented by what it means for every rank; none names a rule or a kind. Wh
 - echo: a rank that waited, lost its peer or was stopped did so because another rank failed
   first (time precedence; timeout arithmetic proves it).
 - launcher: the launcher's notices follow whatever failed; once it reported a failed worker,
-  its own store or rendezvous errors are its shutdown.
+  its own store or rendezvous errors are its shutdown; the SIGKILL of a worker it had sent a
+  closing signal is its own escalation.
 - consequence: a generic exception on another rank, after a specific failure, is its echo.
 - refinement: a finding that declares it explains a kind (named parameters without gradient
   explain the collective mismatch they cause).
@@ -470,10 +471,11 @@ def relate_launcher_escalation(graph: CausalGraph, ctx: Context) -> None:
     if not killed:
         return
     for event in graph.events:
-        if event.rank not in killed or event.rule.kind != "host-oom":
+        if event.rank not in killed or not failing(event):
             continue
         if not all(h.suggests for h in event.hits):
-            continue  # the process said it ran out of memory ('MemoryError'): its own failure
+            continue  # words of the process itself ('MemoryError'): its own failure, not only
+            # what its exit code suggests
         for cause in graph.events:
             if cause is not event and failing(cause) and cause.rank != event.rank:
                 graph.add(
