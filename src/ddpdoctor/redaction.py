@@ -424,6 +424,10 @@ _BY_HINT: dict[str, list[int]] = {}
 for _i, _fmt in enumerate(SECRET_FORMATS):
     for _hint in _fmt.hints:
         _BY_HINT.setdefault(_hint, []).append(_i)
+_ANY_HINT = re.compile("|".join(re.escape(h) for h in sorted(_BY_HINT, key=len, reverse=True)))
+"""Whether any hint is in a text at all, in one search: most texts (paths, progress lines) hold
+none, and looking for each of the ~70 hints in turn took 12 us a text (0.25 s of the view of
+10,000 rank files, 21,000 distinct texts)."""
 
 _SECRET_NAME = re.compile(rf"(?:{ENV_NAME}|(?i:{LOWER_NAME}|token))")
 # argv elements that announce a secret in the next element: `--hub_token`, `--password`.
@@ -465,9 +469,10 @@ def redact(text: str) -> str:
     # holds, so a hint absent before is absent after each substitution.
     folded = text.casefold()
     wanted = set(_UNHINTED)
-    for hint, formats in _BY_HINT.items():
-        if hint in folded:
-            wanted.update(formats)
+    if _ANY_HINT.search(folded) is not None:
+        for hint, formats in _BY_HINT.items():
+            if hint in folded:
+                wanted.update(formats)
     for i in sorted(wanted):
         text = SECRET_FORMATS[i].pattern.sub(_masker, text)
     return text

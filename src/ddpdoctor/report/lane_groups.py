@@ -4,7 +4,9 @@ lanes stays bounded however many ranks the job had."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import UTC, datetime
+from typing import Protocol, TypeVar
 
 from ddpdoctor.model.timeline import Lane, Mark
 from ddpdoctor.report.ranges import rank_ranges
@@ -16,30 +18,71 @@ _NO_TIME = datetime.max.replace(tzinfo=UTC)
 a naive `datetime.max` could not be compared with them)."""
 
 
-def signature(lane: Lane) -> tuple[object, ...]:
+class MarkLike(Protocol):
+    """A timeline Mark, or a mark not yet made one (report.timeline's raw marks)."""
+
+    @property
+    def what(self) -> str: ...
+    @property
+    def role(self) -> str: ...
+    @property
+    def label(self) -> str: ...
+    @property
+    def rule(self) -> str | None: ...
+    @property
+    def time(self) -> datetime | None: ...
+    @property
+    def source(self) -> str | None: ...
+    @property
+    def line(self) -> int | None: ...
+    @property
+    def text(self) -> str: ...
+    @property
+    def position(self) -> float: ...
+
+
+class LaneLike(Protocol):
+    """A timeline Lane, or a rank's lane not yet made one (its marks raw)."""
+
+    @property
+    def label(self) -> str: ...
+    @property
+    def ranks(self) -> list[int]: ...
+    @property
+    def hosts(self) -> list[str]: ...
+    @property
+    def culprit(self) -> bool: ...
+    @property
+    def marks(self) -> Sequence[MarkLike]: ...
+
+
+L = TypeVar("L", bound=LaneLike)
+
+
+def signature(lane: LaneLike) -> tuple[object, ...]:
     """What a rank did, without when: ranks with equal signatures share a group lane."""
     marks = tuple((m.what, m.role, m.rule, m.label) for m in lane.marks)
     return (lane.culprit, lane.label.endswith("(no lines)"), marks)
 
 
-def alike(lanes: list[Lane]) -> list[list[Lane]]:
+def alike(lanes: list[L]) -> list[list[L]]:
     """Lanes by signature: culprits first, then the largest groups."""
-    buckets: dict[tuple[object, ...], list[Lane]] = {}
+    buckets: dict[tuple[object, ...], list[L]] = {}
     for lane in lanes:
         buckets.setdefault(signature(lane), []).append(lane)
     return sorted(buckets.values(), key=lambda ls: (not ls[0].culprit, -len(ls), ls[0].ranks))
 
 
-def grouped(rank_lanes: list[Lane]) -> list[Lane]:
+def grouped(rank_lanes: Sequence[LaneLike]) -> list[Lane]:
     """Ranks that behaved alike share a lane: the earliest mark of each kind stands for all."""
-    ordered = alike(rank_lanes)
+    ordered = alike(list(rank_lanes))
     if len(ordered) > MAX_LANES:
         rest = [lane for group in ordered[MAX_LANES - 1 :] for lane in group]
         ordered = [*ordered[: MAX_LANES - 1], rest]
     return [merge(group, i) for i, group in enumerate(ordered)]
 
 
-def merge(group: list[Lane], index: int) -> Lane:
+def merge(group: Sequence[LaneLike], index: int) -> Lane:
     ranks = sorted(r for lane in group for r in lane.ranks)
     hosts = sorted({h for lane in group for h in lane.hosts})
     alike = len({signature(lane) for lane in group}) == 1

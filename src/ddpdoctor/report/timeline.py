@@ -62,13 +62,16 @@ def build_timeline(report: Report) -> Timeline:
     raws += _from_job(report, start=len(raws))
     lines_of = {str(getattr(s, "path", "")): int(getattr(s, "lines", 0)) for s in report.sources}
     axis, start, end = _place(raws, lines_of)
-    lanes = _lanes(raws, report, culprits)
-    rank_lanes = [lane for lane in lanes if lane.kind == "rank"]
+    rank_lanes, others = _lanes(raws, report, culprits)
     many = len(rank_lanes) > MAX_RANK_LANES
-    if many:
-        lanes = grouped(rank_lanes) + [lane for lane in lanes if lane.kind != "rank"]
-    else:  # ranks with nothing to show (no lines, no exit) share one lane even among few
-        empty = [lane for lane in rank_lanes if not lane.marks and not lane.culprit]
+    if many:  # grouped straight from each rank's first marks: no Lane or Mark made per rank
+        lanes = grouped(rank_lanes) + others
+    else:
+        lanes = [_lane(rl) for rl in rank_lanes] + others
+        # ranks with nothing to show (no lines, no exit) share one lane even among few
+        empty = [
+            lane for lane in lanes if lane.kind == "rank" and not lane.marks and not lane.culprit
+        ]
         if len(empty) > 1:
             kept = [lane for lane in lanes if lane not in empty]
             lanes = kept + [merge(g, i) for i, g in enumerate(alike(empty), len(kept))]
@@ -271,45 +274,84 @@ def _times(raws: list[_Raw]) -> dict[int, datetime]:
 
 
 # ------------------------------------------------------------------------------ lanes
-def _lanes(raws: list[_Raw], report: Report, culprits: list[int]) -> list[Lane]:
-    """A lane per rank (every rank the job knows, marks or not) and per host's unranked lines."""
+@dataclass(slots=True)
+class _RankLane:
+    """A rank's lane before lanes are laid out: its first mark of each kind, as raws (many
+    ranks are grouped from these without a Lane or a Mark made for each rank)."""
+
+    rank: int
+    label: str
+    hosts: list[str]
+    culprit: bool
+    marks: list[_Raw]
+    shown: set[tuple[object, ...]]
+
+    @property
+    def ranks(self) -> list[int]:
+        return [self.rank]
+
+
+def _lanes(
+    raws: list[_Raw], report: Report, culprits: list[int]
+) -> tuple[list[_RankLane], list[Lane]]:
+    """A lane per rank (every rank the job knows, marks or not), in rank order, and a lane per
+    host's unranked lines."""
     job = report.job
     ranks = set(job.ranks_seen) | set(job.ranks_missing) | set(job.per_rank)
     ranks |= {r.rank for r in raws if r.rank is not None}
     hosts = {rank: ex.host for rank, ex in job.per_rank.items() if ex.host}
-    lanes: dict[str, Lane] = {}
     no_lines = set(job.ranks_missing)  # a list: looked through once per lane, 0.7 s for 10,000
     chosen = set(culprits)
+    by_rank: dict[int, _RankLane] = {}
     for rank in sorted(ranks):
-        missing = rank in no_lines
-        lanes[f"r{rank}"] = Lane(
-            id=f"lane-r{rank}",
-            label=f"rank {rank}" + (" (no lines)" if missing else ""),
-            kind="rank",
-            ranks=[rank],
+        by_rank[rank] = _RankLane(
+            rank=rank,
+            label=f"rank {rank}" + (" (no lines)" if rank in no_lines else ""),
             hosts=[hosts[rank]] if rank in hosts else [],
             culprit=rank in chosen,
+            marks=[],
+            shown=set(),
         )
+    others: dict[str, Lane] = {}
     marked: dict[str, set[tuple[object, ...]]] = {}  # per lane: (what, role, rule, label) shown
     for r in sorted(raws, key=lambda r: (r.position, r.order)):
-        if r.rank is not None:
-            lane = lanes[f"r{r.rank}"]
-            if r.host and r.host not in lane.hosts:
-                lane.hosts.append(r.host)
-        else:
-            key = f"h{r.host or ''}"
-            if key not in lanes:
-                label = "no rank" + (f" ({r.host})" if r.host else "")
-                lanes[key] = Lane(id=f"lane-n{len(lanes)}", label=label, kind="launcher")
-                if r.host:
-                    lanes[key].hosts.append(r.host)
-            lane = lanes[key]
         same = (r.what, r.role, r.rule, r.label)
+        if r.rank is not None:
+            rl = by_rank[r.rank]
+            if r.host and r.host not in rl.hosts:
+                rl.hosts.append(r.host)
+            if same not in rl.shown:  # raws come earliest first: the first one stays
+                rl.shown.add(same)
+                rl.marks.append(r)
+            continue
+        key = f"h{r.host or ''}"
+        if key not in others:
+            label = "no rank" + (f" ({r.host})" if r.host else "")
+            lane = others[key] = Lane(
+                id=f"lane-n{len(by_rank) + len(others)}", label=label, kind="launcher"
+            )
+            if r.host:
+                lane.hosts.append(r.host)
+        lane = others[key]
         seen = marked.setdefault(lane.id, set())
         if same not in seen:  # a set: a lane of thousands of marks compared each with all
             seen.add(same)
-            lane.marks.append(_mark(r, lane))  # raws come earliest first: the first one stays
-    return list(lanes.values())
+            lane.marks.append(_mark(r, lane))
+    return list(by_rank.values()), list(others.values())
+
+
+def _lane(rl: _RankLane) -> Lane:
+    """The lane of one rank, shown on its own."""
+    lane = Lane(
+        id=f"lane-r{rl.rank}",
+        label=rl.label,
+        kind="rank",
+        ranks=[rl.rank],
+        hosts=rl.hosts,
+        culprit=rl.culprit,
+    )
+    lane.marks = [_mark(r, lane) for r in rl.marks]
+    return lane
 
 
 def _mark(r: _Raw, lane: Lane) -> Mark:
