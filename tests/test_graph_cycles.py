@@ -35,7 +35,8 @@ def test_the_opposite_of_an_edge_is_not_added() -> None:
     assert graph.unexplained([crash, report]) == [report]
 
 
-def test_events_that_only_explain_each_other_are_ungrounded() -> None:
+def _cycle_of_three() -> tuple[CausalGraph, list[Event]]:
+    """A crash, a launcher's report and another rank's abort, each explaining the next."""
     crash, report, abort = (
         _event("LCH104", 29, 2),
         _event("LCH109", 31, None),
@@ -45,22 +46,19 @@ def test_events_that_only_explain_each_other_are_ungrounded() -> None:
     graph.add(report, crash, "same report")
     graph.add(crash, abort, "echo")
     graph.add(abort, report, "launcher")
-    assert graph.unexplained([crash, report, abort]) == []
-    assert graph.ungrounded([crash, report, abort]) == [crash, report, abort]
+    return graph, [crash, report, abort]
+
+
+def test_events_that_only_explain_each_other_are_ungrounded() -> None:
+    graph, events = _cycle_of_three()
+    assert graph.unexplained(events) == []
+    assert graph.ungrounded(events) == events
 
 
 def test_an_event_explained_from_outside_a_cycle_is_grounded() -> None:
-    crash, report, abort = (
-        _event("LCH104", 29, 2),
-        _event("LCH109", 31, None),
-        _event("LCH104", 33, 1),
-    )
-    graph = CausalGraph([crash, report, abort])
-    graph.add(report, crash, "same report")
-    graph.add(crash, abort, "echo")
-    graph.add(abort, report, "launcher")
-    graph.add(graph.add_node(Node("went on", None)), crash, "survived")
-    assert graph.ungrounded([crash, report, abort]) == []
+    graph, events = _cycle_of_three()
+    graph.add(graph.add_node(Node("went on", None)), events[0], "survived")
+    assert graph.ungrounded(events) == []
 
 
 def _case(prefix: str) -> str:
