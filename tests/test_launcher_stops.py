@@ -195,6 +195,18 @@ def test_a_sigkill_after_the_launchers_own_sigterm_is_its_escalation_not_the_oom
     assert roles["LCH101"] == "cascade"
 
 
+def test_the_failure_that_made_the_launcher_stop_the_workers_is_the_root() -> None:
+    """Real torchrun run (tests/programs/sigterm_ignored.py): rank 0 raises a ValueError, the
+    agent sends rank 1 SIGTERM, rank 1's handler only notes it, and 30 s later the agent kills
+    it ('exitcode  : -9 (pid: N)  (SIGKILL)'). The session-37 code named a host out of memory
+    on rank 1; the root is rank 0's exception, the SIGKILL its consequence."""
+    report = diagnose_paths([str(REAL / "launcher-escalation" / "console.log")])
+    verdict = report.verdict
+    assert (verdict.kind, verdict.culprit.ranks) == ("python-exception", [0])
+    roles = {f.rule: f.role for f in report.findings}
+    assert roles["LCH101"] == "cascade"
+
+
 def test_a_sigkill_the_launcher_did_not_start_with_a_sigterm_stays_the_oom_killers() -> None:
     """Real capture (set 139 rss-grow): rank 3 dies of SIGKILL and the agent then sends the
     other workers 'closing signal SIGTERM', not rank 3: the host-oom reading stands."""
