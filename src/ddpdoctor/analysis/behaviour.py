@@ -1042,15 +1042,26 @@ def _kept_moving(fact: FactHit, train_steps: set[int]) -> bool:
     """The bar counted on between its last two redraws, at no more than a few seconds a count
     (work under way, not a bar redrawn once more as its process closed it), and counts work of
     the rank's own."""
-    captures = fact.captures
-    n, before_n = count_number(captures.get("n")), count_number(captures.get("before_n"))
-    elapsed = elapsed_seconds(captures.get("elapsed", ""))
-    before = elapsed_seconds(captures.get("before_elapsed", ""))
-    if n is None or before_n is None or elapsed is None or before is None or n <= before_n:
+    redraws = _last_redraws(fact)
+    if redraws is None:
+        return False
+    n, before_n, elapsed, before = redraws
+    if n <= before_n:
         return False
     return (elapsed - before) / (n - before_n) <= MAX_SECONDS_A_COUNT and _own_work_bar(
         fact, train_steps
     )
+
+
+def _last_redraws(fact: FactHit) -> tuple[int, int, float, float] | None:
+    """(count, count before, elapsed s, elapsed s before) of a bar's last two redraws."""
+    captures = fact.captures
+    n, before_n = count_number(captures.get("n")), count_number(captures.get("before_n"))
+    elapsed = elapsed_seconds(captures.get("elapsed", ""))
+    before = elapsed_seconds(captures.get("before_elapsed", ""))
+    if n is None or before_n is None or elapsed is None or before is None:
+        return None
+    return n, before_n, elapsed, before
 
 
 MAX_SECONDS_A_COUNT = 10.0
@@ -1062,12 +1073,10 @@ def _stood_still(fact: FactHit, timeout_ms: float | None) -> bool:
     grew by about the collective timeout (or the floor without one): the bar stood still, and
     tqdm drew it once more as its process closed it after the wait ('16/48 [00:01' then
     '17/48 [00:16'). Its time is the rank's wait, not work."""
-    captures = fact.captures
-    n, before_n = count_number(captures.get("n")), count_number(captures.get("before_n"))
-    elapsed = elapsed_seconds(captures.get("elapsed", ""))
-    before = elapsed_seconds(captures.get("before_elapsed", ""))
-    if n is None or before_n is None or elapsed is None or before is None:
+    redraws = _last_redraws(fact)
+    if redraws is None:
         return False
+    n, before_n, elapsed, before = redraws
     gap = BUSY_WINDOW[0] * timeout_ms / 1000 if timeout_ms else BUSY_PROGRESS_MIN_S
     last_count = elapsed - before
     # ... unless every count before took about as long: a slow rank's steady pace (an
@@ -1335,7 +1344,8 @@ STARTUP_BAR = re.compile(
 )
 """A bar's label that names work before the training loop: 'Loading checkpoint shards',
 'Downloading', 'Map (num_proc=8)', 'Running tokenizer on dataset'. At its total it ends
-start-up, not the run."""
+start-up, not the run. (Not scanner.OTHER_PHASE_BAR: an evaluation's bar at its total, which
+that one names too, may be how an evaluation-only run ends.)"""
 
 
 def _full_bar(text: str) -> bool:
