@@ -51,6 +51,10 @@ ANCHORED = frozenset(
         "prefixes.STREAM_TAG",
         "prefixes.PLATFORM_TAG",
         "prefixes.PY_LEVEL",
+        "prefixes.NAMED_PY_LEVEL",
+        "prefixes.QUOTED_TAG",
+        "prefixes.OLMO_RECORD",
+        "prefixes.DETERMINED",
         "prefixes.RICH_CALLER",
         "prefixes.LEADING_RANK",
         "prefixes.CALLER_RANK",
@@ -87,8 +91,8 @@ def inventory() -> Iterator[tuple[str, re.Pattern[str], str, bool]]:
             yield f"{rule.code}/{n}", sig.compiled, sig.required_literal, False
         for n, ctx in enumerate((*rule.context_all_compiled, *rule.context_none_compiled)):
             yield f"{rule.code}/context{n}", ctx, "", False
-    for fact in FACT_PATTERNS:
-        yield f"fact/{fact.name}", fact.compiled, fact.literal, False
+    for index, fact in enumerate(FACT_PATTERNS):
+        yield f"fact/{fact.name}#{index}", fact.compiled, fact.literal, False
     for module in MODULES:
         short = module.__name__.rsplit(".", 1)[-1]
         for attr, value in sorted(vars(module).items()):

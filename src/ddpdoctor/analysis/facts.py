@@ -228,8 +228,8 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
     # the node's only process (job.py)
     FactPattern(
         "launcher_exit",
-        r"'--local_rank=(?P<last_local_rank>\d{1,5})'[^\]]{0,4000}\] exits with return code = "
-        r"(?P<code>-?\d+)",
+        r"'--local_rank=(?P<last_local_rank>\d{1,5})'(?:[^\]']|'(?!--local_rank=)){0,4000}\] "
+        r"exits with return code = (?P<code>-?\d+)",
         "exits with return code = ",
     ),
     # Slurm's srun when a task (a rank, one task per rank) exits non-zero: "srun: error:

@@ -168,9 +168,13 @@ C10D_RANK = re.compile(r"\[(?:PG \d+ (?:\([^)]{0,200}\) )?)?Rank (?P<rank>\d+)\]
 # Python logging puts its header first: "INFO - trainer - [rank 1] ...", "[INFO] mmcv: rank 2 ...",
 # "INFO [proc 4211] rank 1 | ..." (up to two bracketed fields after the level).
 LOG_HEADER = (
-    r"(?:(?:\[?[\w.]{1,40}\]?\s*[-:|]\s*)? {0,4}\[?(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\]?"
-    r"(?:\s*[-:|]\s*|\s+)(?:\[?[\w.]{1,40}\]?\s*[-:|]\s*)?(?:\[[^\[\]]{1,40}\]\s*){0,2})?"
+    r"(?:(?:\[?[\w.]{1,40}\]?\s{0,16}[-:|]\s{0,16})? {0,4}\[?(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)"
+    r"\]?(?:\s{0,16}[-:|]\s{0,16}|\s{1,16})(?:\[?[\w.]{1,40}\]?\s{0,16}[-:|]\s{0,16})?"
+    r"(?:\[[^\[\]]{1,40}\]\s{0,16}){0,2})?"
 )
+"""Its spaces are bounded (16, twice %(levelname)-8s's padding): unbounded, a level followed by a
+megabyte of blanks took 1.5 s to refuse at the one position a `^` allows, backtracking through
+every later part at each blank."""
 LEADING_RANK = re.compile(
     LOG_HEADER + r"\[?(?:[Rr]ank|RANK)(?:[ =:#]|: )?(?P<rank>\d{1,5})(?:/\d{1,5})?\]?[:,|]?\s"
 )

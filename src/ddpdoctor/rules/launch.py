@@ -95,7 +95,7 @@ HOST_OOM_KILL = Rule(
         # DeepSpeed's launcher (launch.py sigkill_handler): the worker's command line, with its
         # --local_rank, then its end
         Signature(
-            r"(?:'--local_rank=(?P<local_rank>\d{1,5})'[^\]\n]{0,4000}\] )?"
+            r"(?:'--local_rank=(?P<local_rank>\d{1,5})'(?:[^\]\n']|'(?!--local_rank=)){0,4000}\] )?"
             r"exits with return code = -9",
             "exits with return code = -9",
             suggests=True,
