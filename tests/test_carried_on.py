@@ -3,6 +3,8 @@ process ended: the lines are the interpreter's own formats, as in the real captu
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from ddpdoctor.analysis.diagnose import diagnose_paths
 from ddpdoctor.ingest.tracebacks import carried_on
 from tests.conftest import REPO
@@ -40,3 +42,29 @@ def test_the_semaphore_cleanup_at_exit_is_not_the_failure() -> None:
     report = diagnose_paths([str(REPO / "tests/fixtures/real/twentyfirst-ap-only-zero")])
     assert report.verdict.rule != "DATA101"
     assert all(f.role != "root" for f in report.findings if f.rule == "DATA101")
+
+
+def _case(number: str) -> str:
+    return str(next((REPO / "corpus" / "cases").glob(f"{number}-*")) / "logs")
+
+
+def test_a_paste_of_ignored_exceptions_alone_reads_ok_not_a_cut_traceback() -> None:
+    """Corpus 770 (pytorch#5355): only DataLoaderIter.__del__'s ignored exception, cut inside a
+    path; corpus 769 (pytorch#95724): only a multiprocessing finalizer's ignored
+    FileNotFoundError. Python printed them and carried on: no cut traceback (INF215), no error
+    the program logged (INF240), no hang (INF233): OK, at a guess's confidence."""
+    for number in ("770", "769"):
+        verdict = diagnose_paths([_case(number)]).verdict
+        assert (verdict.status, verdict.kind, verdict.rule) == ("ok", None, None), number
+        assert verdict.confidence <= 0.35
+        assert "ignored" in verdict.summary
+
+
+def test_the_same_traceback_without_its_ignored_header_is_cut(tmp_path: Path) -> None:
+    """The negative: corpus 770's frames without the 'Exception ignored in' line above them are
+    an ordinary traceback cut before its exception line."""
+    lines = (next((REPO / "corpus" / "cases").glob("770-*")) / "logs" / "train.log").read_text()
+    assert lines.startswith("Exception ignored in:")
+    (tmp_path / "train.log").write_text(lines.split("\n", 1)[1])
+    verdict = diagnose_paths([str(tmp_path)]).verdict
+    assert (verdict.status, verdict.kind, verdict.rule) == ("failed", "python-exception", "INF215")

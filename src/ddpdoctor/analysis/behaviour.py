@@ -315,6 +315,7 @@ def build_evidence(job: JobView, events: list[Event]) -> JobEvidence:
     evidence.ended |= bool(info.per_rank or info.exit_code is not None or job.completed_at)
     evidence.started_training = any(s.progress_lines for s in job.streams)
     evidence.normal_seen = job.normal_seen
+    evidence.ignored_exceptions = sum(s.ignored_traces for s in job.streams)
     evidence.killed_after_stop = frozenset(
         rank
         for rank, exit_ in info.per_rank.items()

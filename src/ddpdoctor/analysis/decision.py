@@ -1087,6 +1087,19 @@ def _quiet(evidence: JobEvidence, job: JobView, ctx: Context) -> Decision:
             basis=["- messages of normal operation only: no progress, end or exit code"],
             next_steps=[collect],
         )
+    if evidence.ignored_exceptions:
+        return Decision(
+            status=Status.OK,
+            confidence=0.3,
+            notes=[
+                "What these logs hold are exceptions Python printed and ignored ('Exception "
+                "ignored in: ...': raised in a __del__ or a finalizer, where nothing can catch "
+                "them): Python prints them and carries on, so they end no process. Nothing "
+                "says how the job went on after them."
+            ],
+            basis=["- ignored exceptions only: no progress, end or exit code"],
+            next_steps=[collect],
+        )
     if evidence.warnings:
         return Decision(
             status=Status.UNKNOWN,

@@ -570,7 +570,8 @@ def build_job(
         )
         for scan in scans
         for stream in scan.streams.values()
-        if stream.open_traceback_line
+        # (one Python printed under 'Exception ignored in' and went on from ends nothing)
+        if stream.open_traceback_line and not stream.open_trace_carried_on
     ]
     info = JobInfo(
         world_size=world,

@@ -160,6 +160,8 @@ def merge(acc: SourceScan, part: SourceScan) -> SourceScan:
         a.open_traceback_time = s.open_traceback_time
         a.open_traceback_text, a.open_trace_native = s.open_traceback_text, s.open_trace_native
         a.open_trace_indent = s.open_trace_indent
+        a.open_trace_carried_on = s.open_trace_carried_on
+        a.ignored_traces += s.ignored_traces
         a.open_traceback_tail = s.open_traceback_tail
         a.closed_traceback_line = s.closed_traceback_line or a.closed_traceback_line
         a.after_progress = (

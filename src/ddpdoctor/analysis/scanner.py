@@ -37,7 +37,7 @@ from ddpdoctor.ingest.prefixes import MAX_TEXT, ParsedLine, parse_line, rank_bef
 from ddpdoctor.ingest.self_rank import own_rank
 from ddpdoctor.ingest.sources import ChunkStream, Input
 from ddpdoctor.ingest.srun_tasks import HEAD_BYTES, NodeNames, as_node_task, labels_name_nodes
-from ddpdoctor.ingest.tracebacks import carried_on, is_traceback_line, walk_back
+from ddpdoctor.ingest.tracebacks import UNRAISABLE, carried_on, is_traceback_line, walk_back
 from ddpdoctor.ingest.unwrap import original_line
 from ddpdoctor.model.findings import Hit
 from ddpdoctor.model.records import Origin, Record, SourceInfo
@@ -297,6 +297,12 @@ class StreamSummary:
     open_trace_native: bool = False
     """The open trace is a C++ backtrace (c10::Error's frames), not a Python traceback: the
     process died in native code, or printed an error whose message came before it."""
+    open_trace_carried_on: bool = False
+    """The open Python traceback is one Python printed under 'Exception ignored in: ...' (an
+    unraisable exception: a __del__, a finalizer at exit) and went on from: it ends nothing,
+    neither cut nor whole, and its exception line is no error of the program's."""
+    ignored_traces: int = 0
+    """Tracebacks Python printed under 'Exception ignored in: ...' (open_trace_carried_on)."""
     open_trace_indent: int = 0
     """The open Python traceback's header was indented by this many blanks (a log handler
     that aligns a record's further lines under its message column: fairseq2's, rich's
@@ -1008,7 +1014,7 @@ class Scanner:
                 summary.prev_text = summary.last_text
                 summary.last_text = message
                 erred = parsed.level in ERROR_LEVELS or RAISED.match(message) is not None
-                if erred:
+                if erred and not (summary.open_traceback_line and summary.open_trace_carried_on):
                     summary.error_lines += 1  # an error logged, or an exception it printed
                     summary.last_error_line = line_no
                     summary.last_error_text = message[:ERROR_TEXT_CHARS]
@@ -1368,6 +1374,8 @@ see whose code waited in the last of them (a launcher's own frame above subproce
 
 def _open_trace(summary: StreamSummary, line_no: int, message: str, native: bool) -> None:
     summary.open_trace_indent = 0
+    summary.open_trace_carried_on = not native and summary.prev_text.lstrip().startswith(UNRAISABLE)
+    summary.ignored_traces += summary.open_trace_carried_on
     summary.open_traceback_line = summary.open_traceback_at = line_no
     summary.open_traceback_text = message.strip()[:300]
     summary.open_traceback_tail = (message.strip()[:200],)

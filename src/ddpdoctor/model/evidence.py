@@ -327,6 +327,9 @@ class JobEvidence:
     in each output the training loop was seen at its end."""
     normal_seen: bool = False
     """Messages of normal operation were read (start-up, DDP notes): healthy as far as they go."""
+    ignored_exceptions: int = 0
+    """Tracebacks Python printed under 'Exception ignored in: ...' and went on from (a __del__,
+    a finalizer at exit: sys.unraisablehook): they end no process, and say it was running."""
     world_stated: bool = False
     """A line stated the world's size (JobView.world_stated), not only the ranks seen."""
     lost_peers_on_loopback: bool = False

@@ -78,6 +78,8 @@ MAX_ENDINGS = 4
 def assess(job: JobEvidence) -> Assessment | None:
     if job.ended or job.started_training or job.normal_seen or job.stalled_at_startup:
         return None  # other hypotheses and verdicts read those
+    if job.ignored_exceptions:
+        return None  # Python's own word that it went on (decision.py reads it)
     if job.echoes or job.failing_exits or job.job_exit_code is not None or job.stopped_by_run:
         return None
     if not job.last_words or job.warnings:
