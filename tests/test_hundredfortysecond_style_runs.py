@@ -28,7 +28,9 @@ os.devnull redirect is not taken into account (a rank 1 that exits 1 without a t
 as having ended itself; a rank 1 that left silently after validation as having had fewer
 batches, though rank 0's lines show equal epochs), rank 2's crawling 'Loading dataset' bar on
 node 1 is not read as the busy rank, and both workers' argparse errors of a launch without
---use_env are taken as two culprits.
+--use_env are taken as two culprits. Since session 39 self-halt is right (a rank that exits 0
+while the others still had whole epochs of the planned five ahead left the run, not a loop a
+few batches short: uncoordinated-exit, INF202).
 """
 
 from __future__ import annotations
@@ -137,13 +139,6 @@ MISSES: dict[str, str] = {
         "process ending itself (sys.exit), though exit code 1 is an uncaught exception's and its "
         "stderr is os.devnull in this style (the rule itself lowers its confidence for a "
         "silenced traceback)"
-    ),
-    "self-halt": (
-        "uneven-inputs on rank 1 (INF209, 0.57) instead of uncoordinated-exit: rank 1, absent "
-        "from the launcher's summary (it exited 0), is taken to have had fewer batches, though "
-        "rank 0 printed '8/8, train_loss' and 'epoch 2 average loss' (a full epoch, equal "
-        "partitions) and failed in DiceMetric.aggregate's all_reduce after validation, not in a "
-        "training step: rank 1 left at the validation, where a stop decision is taken"
     ),
 }
 

@@ -35,7 +35,9 @@ RuntimeError, read as a Python exception, not a collective mismatch (skew-tally)
 argument assertion on every rank blames all four (odd-bench); the rank with fewer batches shows
 only gloo's size-mismatch abort (thin-feed, collective-mismatch); a process group that never
 formed leaves DistStoreError tracebacks without a rank prefix, read as workers whose output is
-missing (wide-ring). Since session 28 skew-tally (COL101 reads gloo's alltoallv check) and wide-ring (INF238: the
+missing (wide-ring). Since session 39 lone-quill is right again (rank 1 exited 0 while the
+others, at epoch 3 of fairseq's max_epoch=6, had three epochs ahead: it left the run, INF202).
+Since session 28 skew-tally (COL101 reads gloo's alltoallv check) and wide-ring (INF238: the
 waits for rank 4's address, beyond the four processes launched) and thin-feed (gloo's abort of
 rank 1 in a collective of 8 bytes while every other rank waited in the step's all_to_all_single:
 INF209, as with DDP's own collective) too."""
@@ -132,11 +134,6 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "lone-quill": "failed, uneven-inputs on rank 1 (INF209, 0.62): right rank, wrong kind: rank 1's own "
-    "'early stop' record is INFO on a rank other than 0 and not shown, so all the log "
-    "says is that rank 1 exited 0 (torchrun's summary lists ranks 0, 2, 3) while the "
-    "others began epoch 3; with no stop announced, a silent clean exit is read as a loop "
-    "that ended with fewer batches (it was uncoordinated-exit before session 32)",
     "odd-bench": "failed, python-exception on ranks 0,1,2,3 (PY101, 0.6): right kind, but every "
     "rank raises the same 'AssertionError: num_experts (6) must be divisible by the world size "
     "(4)' from the arguments, and all four are blamed where no rank is at fault",

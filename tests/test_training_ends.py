@@ -195,6 +195,9 @@ def test_a_run_whose_epochs_count_from_zero_and_reach_the_last_is_ok() -> None:
         ("1  num_epochs  3", 3),
         ("total_epochs: 90", 90),
         ("Namespace(batch_size=16, epochs=5, lr=0.1)", 5),
+        # fairseq's Namespace dump (its --max-epoch)
+        ("Namespace(task='language_modeling', max_epoch=6, max_update=0)", 6),
+        ("Namespace(max_epoch_size=6)", None),
         # a count of something else, or a float
         ("num_epochs_trained 3", None),
         ("num_epochs: 2.5", None),

@@ -368,6 +368,7 @@ def build_evidence(job: JobView, events: list[Event]) -> JobEvidence:
         evidence.last_epoch_lines = [
             (s.source, s.last_progress_line) for s in job.streams if s.last_epoch is not None
         ]
+    evidence.epochs_left = _epochs_left(job, evidence.unlisted_exits)
     evidence.stalled_at_startup = _stalled_at_startup(job)
     evidence.one_device_per_process = _one_device_per_process(job)
     evidence.cut_tracebacks = list(job.cut_tracebacks)
@@ -1446,6 +1447,22 @@ def _with_clean_loop_ends(job: JobView, events: list[Event]) -> JobView:
         completed_at=completed_at,
         loop_ends=[],
     )
+
+
+def _epochs_left(job: JobView, gone: set[int]) -> int | None:
+    """The fewest whole epochs still planned after the one each writer stood in at its last
+    epoch line (counted from 0 where its first one named epoch 0), of the writers that did not
+    exit unlisted: how far from the run's end the ranks still running were."""
+    left: list[int] = []
+    for s in job.streams:
+        if s.last_epoch is None or job.resolve(s.origin) in gone:
+            continue
+        n, total, _ = s.last_epoch
+        if total is None and len(job.max_epochs) == 1:
+            total = next(iter(job.max_epochs))
+        if total is not None:
+            left.append(total - n - (1 if s.first_epoch == 0 else 0))
+    return min(left) if left else None
 
 
 def _writer_failed(event: Event, rank: int | None, end: Record) -> bool:

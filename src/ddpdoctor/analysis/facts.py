@@ -287,8 +287,9 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
     # MMEngine's config dump "train_cfg = dict(by_epoch=True, max_epochs=12, ...)", Lightning's
     # and argparse dumps' "max_epochs=12", transformers' "Num Epochs = 3"; a config table's or
     # dump's "num_epochs  3", "total_epochs: 3", argparse's Namespace(..., epochs=3, ...)
+    # (fairseq's Namespace dump: "max_epoch=6", its --max-epoch)
     FactPattern(
-        "max_epochs", r"\bmax_epochs\s?[=:]\s?(?P<n>\d{1,6})\b", "max_epochs", distinct=VALUE
+        "max_epochs", r"\bmax_epochs?\s?[=:]\s?(?P<n>\d{1,6})\b", "max_epoch", distinct=VALUE
     ),
     FactPattern(
         "max_epochs",

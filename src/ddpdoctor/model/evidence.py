@@ -322,6 +322,10 @@ class JobEvidence:
     epoch named without its total, 'Epoch(train) [3][12/12]', is the last when it is the one
     number of epochs the start-up announced, 'max_epochs=3'): the training loop ran to its
     end, whatever the program printed after it."""
+    epochs_left: int | None = None
+    """Whole epochs the run's plan still held after the one each writer other than
+    unlisted_exits' last stood in (its last epoch line's total, else the one number of epochs
+    start-up announced), the fewest of them; None where no such writer counted epochs."""
     last_epoch_lines: list[tuple[str, int]] = field(default_factory=list)
     """(source, line) of each writer's last progress line, where ended_on_last_epoch: where
     in each output the training loop was seen at its end."""
