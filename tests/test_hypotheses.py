@@ -119,6 +119,9 @@ POSITIVE = {
         # the same with a time of day and no date ('[06:56:30 - darcy_fno - WARNING] ...
         # refining grid (3/8)', Modulus's PythonLogger), read on the day of the launcher's stop
         (lambda t: real("sixtyfourth-solver-crawl"), [1]),
+        # no rank on any line: Megatron's 'building sapmles index mapping for train ...', then
+        # the store's 'RuntimeError: Socket Timeout' of the processes that waited for it
+        (lambda t: case("1235"), []),
     ],
     # without `run`: Lightning's SIGTERM handler stood on rank 1's `with self.lock:` (a lock
     # it already held) while ranks 0 and 2 timed out: stuck, not busy
@@ -394,6 +397,9 @@ NEAR_MISS = {
     # a 15 s timeout and a training loop's bar that stopped at about 15 s when its rank began
     # to wait ('train: 13%| 4/30 [00:15<01:43'; 'r0 ep1: 0%| 0/12 [00:10'): no busy rank
     "INF201": [
+        # no rank either: 'Building fields with vocab in counts...', then the store's wait for
+        # its clients at the rendezvous ('1/2 clients joined'): no work was waited for
+        lambda t: real("seventyfirst-half-ring"),
         lambda t: scenario("uncoordinated-exit"),
         lambda t: real("healthy-plain"),
         lambda t: real("fifth-abba"),

@@ -806,6 +806,7 @@ def _add_event(evidence: JobEvidence, event: Event) -> None:
         evidence.unranked_stop |= event.marker == Marker.STOP
         if event.echo is Echo.WAITING:  # a coordinator speaking for the job names the absent
             evidence.unranked_wait_kinds.add(event.rule.kind)
+            evidence.unranked_wait_rules.add(event.rule.code)
             _mark_named_absent(evidence, event)
         return
     view = evidence.ranks.setdefault(rank, RankView(rank=rank, present=True))
@@ -813,6 +814,7 @@ def _add_event(evidence: JobEvidence, event: Event) -> None:
         # a coordinator's report (Horovod's rank 0) naming its own writer among the ranks
         # that never came: it speaks for the job, it is not a rank left waiting
         evidence.unranked_wait_kinds.add(event.rule.kind)
+        evidence.unranked_wait_rules.add(event.rule.code)
         _mark_named_absent(evidence, event)
         view.evidence.extend(Evidence.of(h.record) for h in event.hits[:2])
         return

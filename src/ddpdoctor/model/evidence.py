@@ -274,6 +274,9 @@ class JobEvidence:
     """Echo kinds seen on lines no rank could be attributed to."""
     unranked_wait_kinds: set[str] = field(default_factory=set)
     """The kinds of the waits on lines no rank could be attributed to (RankView.wait_kinds)."""
+    unranked_wait_rules: set[str] = field(default_factory=set)
+    """The codes of the rules those waits matched: which wait it was (the store's request for a
+    key, or its wait for its clients at the rendezvous, are both of one kind)."""
     unranked_stop: bool = False
     """A line no rank could be attributed to announced a stop on purpose (an early stop, a
     target reached): some rank decided to leave (RankView.announced_stop)."""

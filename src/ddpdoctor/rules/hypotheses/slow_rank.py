@@ -6,6 +6,7 @@ barrier at start-up that some ranks never joined."""
 from __future__ import annotations
 
 from ddpdoctor.model.evidence import JobEvidence, WaitSite
+from ddpdoctor.model.findings import Evidence
 from ddpdoctor.rules.base import Explanation, Rule
 from ddpdoctor.rules.hypotheses.base import MAIN_PROCESS, Assessment, ranks_text
 from ddpdoctor.rules.hypotheses.stalled_rank import (
@@ -16,6 +17,7 @@ from ddpdoctor.rules.hypotheses.stalled_rank import (
     not_main_and_silent,
     prompted_ranks,
 )
+from ddpdoctor.rules.launch import STORE_ERROR
 
 RULE = Rule(
     code="INF201",
@@ -292,6 +294,28 @@ def _in_another_collective(sites: list[WaitSite], waited_at: set[str]) -> bool:
     return bool(ops and known and not ops & known)
 
 
+def _before_unranked_waits(job: JobEvidence, phase: Evidence) -> Assessment | None:
+    """No rank is known for any writer, a line announced a long phase of work, and then
+    requests to the c10d store timed out ('Socket Timeout': a key no process set in time, a
+    barrier's): whatever the waiting processes were, they waited for that work (Megatron's 'building the indices on rank 0',
+    then the others' store wait). Which rank did it is not known: the line names none.
+    Above a store error alone (LCH111 at 0.3), which says only that a wait ran out."""
+    if job.ranks or not job.unranked_wait_rules or job.unranked_wait_rules - {STORE_ERROR.code}:
+        return None  # (the store's wait for its clients is the rendezvous's: LCH108)
+    return Assessment(
+        RULE,
+        0.45,
+        [],
+        [
+            f'a line of no rank announced a long phase of work ("{phase.text.strip()[:100]}") '
+            "and then waits timed out: the processes that waited were waiting for that work, "
+            "done on one rank while the others went on to meet it."
+        ],
+        against=["no line names a rank: which one did the work is not known"],
+        evidence=[phase],
+    )
+
+
 def _from_unranked_phase(job: JobEvidence) -> Assessment | None:
     """A writer no rank can be given announced a long phase of work ('building the token
     index ...') and the others then waited: the rank that was not among them set out on it
@@ -302,8 +326,10 @@ def _from_unranked_phase(job: JobEvidence) -> Assessment | None:
     against (which lowers the confidence shown); a phase that counts its own parts (0.65)
     shows work under way, stronger than a silent rank read as blocked (INF211 at 0.55)."""
     phase = job.unranked_phase
-    if phase is None or not job.waiting:
+    if phase is None:
         return None
+    if not job.waiting:
+        return _before_unranked_waits(job, phase)
     absent = {r for r in job.quiet | job.missing if not job.ranks[r].failed} - set(job.waiting)
     timed_out = {r for r, v in job.ranks.items() if "waiting" in v.echoes}
     if not absent and timed_out:
