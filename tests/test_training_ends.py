@@ -168,6 +168,10 @@ def test_a_loop_counted_from_zero_ends_one_before_the_number(
         (" > EPOCH: 3/4", 1, False),
         (" > EPOCH: 3/4", None, False),
         (" > EPOCH: 4/4", 1, True),
+        # AllenNLP's GradientDescentTrainer: 'Epoch %d/%d', epoch, num_epochs - 1: of three
+        # epochs 'Epoch 0/2' to 'Epoch 2/2', its total the last one's number
+        ("Epoch 2/2", 0, True),
+        ("Epoch 0/2", 0, False),  # (1/2 is the last of two, counted as coqui counts)
     ],
 )
 def test_a_total_of_its_own_counted_from_zero_ends_one_before_it(

@@ -1215,8 +1215,10 @@ def last_epoch_done(
     if total is None:
         return False
     # a writer that named epoch 0 counts from 0: of 4 epochs the last is '3/4' (coqui's
-    # Trainer prints ' > EPOCH: 0/4' ... ' > EPOCH: 3/4')
-    return done and n == total - (1 if first_epoch == 0 else 0)
+    # Trainer prints ' > EPOCH: 0/4' ... ' > EPOCH: 3/4'); one whose total is its last epoch's
+    # number ('Epoch 2/2' of AllenNLP's three: 'Epoch %d/%d', epoch, num_epochs - 1) stands
+    # at it, which a count of epochs from 0 never reaches
+    return done and (n == total or (first_epoch == 0 and n == total - 1))
 
 
 COUNTER_RANK = re.compile(r"[Rr]ank[ =:]?(?P<rank>\d{1,5})[\]:,|]?\s{0,3}$")
