@@ -30,7 +30,10 @@ traceback on rank 0 hides rank 0's own first error (monitor-typo); a failure bef
 re-execution carries no rank (vq-gone, resume-bare); the shell's 'Terminated' is not read
 (wall-term).
 Since session 37 wall-term is right: the shell's 'Terminated' (a stop from outside, no rank's
-line) reached the launching rank, which said nothing of leaving: stopped, not left (9 of 16)."""
+line) reached the launching rank, which said nothing of leaving: stopped, not left (9 of 16).
+Since session 39 calm-ldm and loud-ldm are right (11 of 16): the config dump's ModelCheckpoint
+filename '{epoch:06}' was read as the writer's first epoch (6), so its 'Epoch 1' of
+'max_epochs: 2' was not taken for the last one of a count from 0."""
 
 from __future__ import annotations
 
@@ -127,12 +130,6 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "calm-ldm": "unknown, hang (INF212, 0.3): 'the log ends in the middle of training': the run's "
-    "end is ModelCheckpoint's 'Epoch 1, global step 11: ... as top 3', the CUDACallback's "
-    "averages, the last bar and main.py's empty profiler summary; Lightning 1.x prints no end of "
-    "fit and a re-executed rank prints nothing on exit, so the clean end is not read as one",
-    "loud-ldm": "unknown, hang (INF212, 0.3): as calm-ldm, the three-rank run's clean end (no "
-    "'Trainer.fit stopped', no launcher summary) is read as a log cut off in training",
     "step-cap": "unknown, hang (INF212, 0.3): max_steps ends fit at global step 10 silently in "
     "Lightning 1.x; the last lines are a checkpoint record and the bar, read as a log cut off",
     "ddim-crawl": "failed, collective-mismatch on rank 0 (INF203, 0.4): right rank, wrong kind: "

@@ -348,3 +348,16 @@ def test_the_last_epochs_validation_ends_the_run(fixture: str, ok: bool) -> None
 def test_an_end_behind_a_record_head_and_its_mid_run_stop(fixture: str, ok: bool) -> None:
     path = REPO / "tests" / "fixtures" / "real" / fixture
     assert (diagnose_paths([str(path)]).verdict.status == "ok") is ok
+
+
+def test_a_format_field_in_a_config_dump_counts_no_epoch() -> None:
+    """hundredthirtyfourth-calm-ldm's config dump: ModelCheckpoint's filename '{epoch:06}' is
+    a format field, not epoch 6 (its bar's 'Epoch 0: 12%|...' is the writer's first epoch)."""
+    assert (
+        _epoch_state("{'filename': '{epoch:06}', 'verbose': True, 'monitor': 'val/loss'}") is None
+    )
+    assert _epoch_state("Epoch 0:  12%|#2        | 1/8 [00:02<00:18,  2.59s/it, loss=1.079]") == (
+        0,
+        None,
+        False,
+    )

@@ -334,11 +334,12 @@ SLURM_STEP_NOTICE = re.compile(r"\*\*\* (?:STEP|JOB) \d[\d.]{0,30} ON ")
 its STEP is a job step's id, not training progress."""
 PROGRESS_BAR = re.compile(_PROGRESS_BAR)
 EPOCH_COUNTER = re.compile(
-    r"(?i)\bepoch\b(?:\((?:train|val|test)\))?[\s:=\[]{0,3}(?P<n>\d{1,6})"
+    r"(?i)(?<!\{)\bepoch\b(?:\((?:train|val|test)\))?[\s:=\[]{0,3}(?P<n>\d{1,6})"
     r"(?:\s{0,2}/\s{0,2}(?P<total>\d{1,6}))?(?![\d.])"
 )
 """An epoch counter: 'Epoch: 4/4', 'Epoch [3/3]', 'epoch 2/10', MMEngine's 'Epoch(train) [3]',
-Composer's console logger '[epoch=3][batch=24/24]:'."""
+Composer's console logger '[epoch=3][batch=24/24]:'. Not a format field of a config dump:
+ModelCheckpoint's filename '{epoch:06}' is no epoch 6."""
 ANY_COUNTER = re.compile(r"(?<![\d./])(?P<n>\d{1,9})\s{0,2}/\s{0,2}(?P<total>\d{1,9})(?![\d./])")
 """Any 'n/total' on a progress line (steps, batches, a bar's count): not a date or a path."""
 PROGRESS_COUNTER = re.compile(
