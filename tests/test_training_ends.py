@@ -199,6 +199,11 @@ def test_a_run_whose_epochs_count_from_zero_and_reach_the_last_is_ok() -> None:
         ("1  num_epochs  3", 3),
         ("total_epochs: 90", 90),
         ("Namespace(batch_size=16, epochs=5, lr=0.1)", 5),
+        # an argument dump one per line, a YAML config
+        ("                                     epochs: 3", 3),
+        ("epochs: 90", 90),
+        ("epoch: 3", None),
+        ("epochs: 3 done", None),
         # fairseq's Namespace dump (its --max-epoch)
         ("Namespace(task='language_modeling', max_epoch=6, max_update=0)", 6),
         ("Namespace(max_epoch_size=6)", None),

@@ -298,6 +298,12 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
         distinct=VALUE,
     ),
     FactPattern("max_epochs", r"[(,]\s?epochs=(?P<n>\d{1,6})[,)]", "epochs=", distinct=VALUE),
+    # a dump of the arguments one per line, as key and value (SwAV's and DINO's
+    # "                epochs: 3", a YAML config's "epochs: 3"): the key alone on its line,
+    # plural (a progress line names the one epoch it is in: "epoch: 3")
+    FactPattern(
+        "max_epochs", r"^\s{0,60}epochs\s?[:=]\s?(?P<n>\d{1,6})\s*$", "epochs", distinct=VALUE
+    ),
     FactPattern("max_epochs", r"\bNum Epochs = (?P<n>\d{1,6})\b", "Num Epochs = ", distinct=VALUE),
     # mmcv 1.x's runner at start: "workflow: [('train', 1)], max: 12 epochs"
     FactPattern("max_epochs", r"\], max: (?P<n>\d{1,6}) epochs\b", "], max: ", distinct=VALUE),
