@@ -520,7 +520,9 @@ SHARED_PATH_RACE = Rule(
         r"|shutil\.(?:rmtree|move))\(|\.(?:mkdir|rename|unlink|rmdir)\("
         # or writes a file into a folder (its parent gone: deleted by another process's
         # rotation, or never made): open(path, "w"), not reading input
-        r"|\bopen\([^\n]{0,300}?,\s*(?:mode\s*=\s*)?[\"'](?:w|wb|wt|a|ab|x|xb|w\+|wb\+)[\"']",
+        # (the window ends at the next 'open(': each one scanned its 300 characters again)
+        r"|\bopen\((?:(?!open\()[^\n]){0,300}?,\s*(?:mode\s*=\s*)?[\"']"
+        r"(?:w|wb|wt|a|ab|x|xb|w\+|wb\+)[\"']",
     ),
     explanation=Explanation(
         what="A rank failed to create, rename or delete a file or folder because it was "
