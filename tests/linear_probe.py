@@ -55,6 +55,7 @@ ANCHORED = frozenset(
         "prefixes.QUOTED_TAG",
         "prefixes.OLMO_RECORD",
         "prefixes.DETERMINED",
+        "prefixes.COLBERT_HEAD",
         "prefixes.RICH_CALLER",
         "prefixes.LEADING_RANK",
         "prefixes.CALLER_RANK",

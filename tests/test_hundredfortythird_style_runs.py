@@ -37,7 +37,9 @@ and with the ranks unknown the cascades alone are read (a rank 0 busy saving a c
 1 stuck in a lock, killed silently, out of batches or leaving with Run().print's '[1] ... stopping
 early' all become a bare closed connection or gloo timeout); a collection cut mid-line is read
 as a generic ValueError, and a SIGTERMed Launcher job, which leaves no line of its own, as
-normal operation.
+normal operation. Since session 39 lone-quit is right (7 of 16): Run().print's head, '[Dec 07,
+05:47:20] [1] ', is read as its time and the writer's rank, so rank 1's own 'stopping early.'
+is one rank leaving on its own (INF202).
 """
 
 from __future__ import annotations
@@ -170,13 +172,6 @@ MISSES: dict[str, str] = {
         "(Process-2) left without a traceback after its 49th batch (it returned and exited 0, "
         "which the Launcher does not report), while rank 0's step lines stop at batch 48 of a "
         "100-step run, is not seen; 'only secondary errors are visible'"
-    ),
-    "lone-quit": (
-        "nccl-network on no rank (NET101, 0.3) instead of uncoordinated-exit on rank 1: "
-        "Run().print's '[Dec 07, ...] [1] \\t\\t #> Loss flat for 10 batches on this process, "
-        "stopping early.' (rank 1's own stop, its rank in brackets) just before Process-1's "
-        "'Connection closed by peer' is not read as one rank leaving on its own; 'only secondary "
-        "errors are visible'"
     ),
     "wall-term": (
         "ok (no rule, 0.35) instead of preempted: the job's SIGTERM leaves no line under ColBERT's "

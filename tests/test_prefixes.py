@@ -1057,3 +1057,21 @@ def test_a_level_then_the_time_then_the_caller_is_a_record_head(
 
 def test_a_level_word_before_a_number_is_no_record_head() -> None:
     assert parse_line("ERROR 404 not found").text == "ERROR 404 not found"
+
+
+def test_colberts_run_print_names_the_time_and_the_rank() -> None:
+    """ColBERT's print_message ('[%b %d, %H:%M:%S] ') and Run().print, which puts the rank in
+    brackets after it (tests/fixtures/real/hundredfortythird-*). A bracketed number without
+    that head is no rank, and the head without a rank names none."""
+    root = Path(__file__).parent / "fixtures" / "real"
+    line = next(
+        ln
+        for ln in (root / "hundredfortythird-lone-quit" / "console.log").read_text().splitlines()
+        if "stopping early" in ln
+    )
+    parsed = parse_line(line, 2026)
+    assert parsed.origin.rank == 1 and parsed.text.startswith("#> Loss flat")
+    assert parsed.time == datetime(2026, 12, 7, 5, 47, 20, tzinfo=UTC)
+    alone = parse_line("[Dec 07, 05:47:19] #> Starting...", 2026)
+    assert alone.origin.rank is None and alone.text == "#> Starting..."
+    assert parse_line("[1] \t\t #> Loss flat").origin.rank is None

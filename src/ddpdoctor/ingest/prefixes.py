@@ -57,6 +57,13 @@ SYSLOG_TIME = re.compile(
     r"(?P<mon>Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) {1,2}(?P<d>\d{1,2}) "
     r"(?P<hms>\d\d:\d\d:\d\d)(?:\.\d{1,6})? "
 )
+# ColBERT's print_message ('[%b %d, %H:%M:%S] ', colbert/utils/utils.py) and its Run().print,
+# which puts the process's rank after it: '[Dec 07, 05:47:20] [1] \t\t #> Saving ...'
+# (colbert/infra/run.py: print_message(f"[{self.rank}]", "\t\t", *args))
+COLBERT_HEAD = re.compile(
+    r"\[(?P<mon>Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) (?P<d>\d\d), "
+    r"(?P<hms>\d\d:\d\d:\d\d)\] (?:\[(?P<rank>\d{1,5})\] \s{0,8})?"
+)
 SYSLOG_SOURCE = re.compile(r"(?P<host>[\w.-]{1,63}) [\w./@:-]{1,80}\[\d{1,9}\]: ")
 MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
 # ... and the logger and level fields that follow it there: "[__main__][INFO] - ".
@@ -678,6 +685,14 @@ def parse_line(raw: str, year: int = 1970, with_time: bool = True) -> ParsedLine
                 out.level = _level_of(tod)
                 pos = tod.end()
                 continue
+        elif bracket and nxt and nxt in "ADFJMNOS" and (colbert := COLBERT_HEAD.match(text, pos)):
+            if with_time:
+                out.time = out.time or _syslog_time(colbert, year)
+            if colbert.group("rank") is not None:
+                origin.rank = rank_number(colbert.group("rank"))
+                prefix_parts.append(f"[{colbert.group('rank')}]")
+            pos = colbert.end()
+            continue
         elif bracket and nxt.isdigit():
             rich = RICH_LOG_HEAD.match(text, pos)
             if rich:
