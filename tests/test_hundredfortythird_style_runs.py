@@ -174,11 +174,12 @@ MISSES: dict[str, str] = {
         "100-step run, is not seen; 'only secondary errors are visible'"
     ),
     "wall-term": (
-        "ok (no rule, 0.35) instead of preempted: the job's SIGTERM leaves no line under ColBERT's "
-        "Launcher (every process dies by the default handler, the parent reports nothing): rank "
-        "0's step lines end at batch 419 of 100000, then only the resource tracker's 'There "
-        "appear to be 3 leaked semaphore objects to clean up at shutdown' of a parent killed; "
-        "read as 'messages of normal operation only: no progress, end or exit code'"
+        "unknown, no kind (0.3; ok at 0.35 at first sight) instead of preempted: the job's "
+        "SIGTERM leaves no line under ColBERT's Launcher (every process dies by the default "
+        "handler, the parent reports nothing): rank 0's step lines end at batch 419 of 100000, "
+        "then only the resource tracker's 'There appear to be 3 leaked semaphore objects to "
+        "clean up at shutdown' of a parent killed, since session 39 read as a run that did not "
+        "end cleanly, not as what stopped it"
     ),
     "lock-twice": (
         "nccl-timeout on no rank (TMO102, 0.3) instead of hang on rank 1: the one error, 'Timed "

@@ -358,6 +358,8 @@ def build_evidence(job: JobView, events: list[Event]) -> JobEvidence:
     evidence.unlisted_exits = _unlisted_exits(job, evidence)
     evidence.unlisted_speakers = _unlisted_speakers(job, evidence)
     evidence.exited_cleanly = job.interpreter_exit_seen and not errors_logged
+    if job.leaked_at_shutdown is not None:
+        evidence.leaked_at_shutdown = Evidence.of(job.leaked_at_shutdown)
     counted = [
         last_epoch_done(s.last_epoch, job.max_epochs, s.first_epoch)
         for s in job.streams

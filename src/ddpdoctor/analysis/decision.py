@@ -86,6 +86,8 @@ def decide(
         relation(graph, ctx)
     _relate_symptoms(graph, evidence, hypotheses)
     decision = _choose(graph, evidence, job, hypotheses, ctx)
+    if decision.status == Status.OK and evidence.leaked_at_shutdown is not None:
+        decision = _not_a_clean_end(decision, evidence.leaked_at_shutdown)
     if decision.status == Status.OK:
         decision.next_steps.extend(_advice_on_warnings(graph))
     _weigh_flight_recorder(decision, evidence)
@@ -98,6 +100,33 @@ def decide(
         )
     _assign_roles(findings, graph, decision)
     return decision
+
+
+def _not_a_clean_end(healthy: Decision, leaked: Evidence) -> Decision:
+    """Nothing failed in what was read, but multiprocessing's resource tracker found objects
+    its processes had not released at shutdown: some process ended without its own exit
+    (killed, stopped from outside, or stuck until it was), so the run is not known to have
+    ended well. Unknown, not OK; what was read stays in the notes."""
+    said = leaked.text[max(0, leaked.text.find("There appear")) :].strip()[:120]
+    return Decision(
+        status=Status.UNKNOWN,
+        confidence=0.3,
+        notes=[
+            "No error was read, but at shutdown Python's multiprocessing resource tracker "
+            f'found what processes had not released ("{said}"): a '
+            "process that held them ended without its own exit (killed, stopped from outside, "
+            "or stuck in its teardown until it was). The run is not known to have ended well.",
+            *healthy.notes,
+        ],
+        basis=["- leaked objects at shutdown: some process did not end cleanly"],
+        evidence=[leaked, *healthy.evidence],
+        next_steps=[
+            "Find out how the job's processes ended (the launcher's or the scheduler's record "
+            "of their exit codes and signals: a time limit, an OOM kill, a Ctrl-C), and "
+            "collect every rank's complete output.",
+            *healthy.next_steps,
+        ],
+    )
 
 
 def _weigh_flight_recorder(decision: Decision, evidence: JobEvidence) -> None:

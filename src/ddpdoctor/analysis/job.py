@@ -114,6 +114,10 @@ class JobView:
     interpreter_exit_seen: bool = False
     """torch's atexit handlers logged at interpreter exit (facts.py "interpreter_exit"): a
     process shut down normally, neither killed nor hung."""
+    leaked_at_shutdown: Record | None = None
+    """The first of multiprocessing's resource tracker's 'There appear to be N leaked ...
+    objects to clean up at shutdown' (facts.py "leaked_at_shutdown"): processes ended without
+    releasing what they held, killed or stopped from outside."""
     cut_tracebacks: list[CutTrace] = field(default_factory=list)
     """Writers whose output ends inside a traceback (its exception line is not there): the
     last frame seen, else the header, with the writer's rank when known."""
@@ -317,6 +321,7 @@ def build_job(
     gpu_rows: dict[tuple[int, int], Record] = {}
     normal_seen = False
     interpreter_exit_seen = False
+    leaked_at_shutdown: Record | None = None
     deduplicated = False
     failed_exits: list[FactHit] = []
     finished: list[tuple[int | None, Record]] = []
@@ -485,6 +490,8 @@ def build_job(
                 normal_seen = True
             elif fact.name == "interpreter_exit":
                 interpreter_exit_seen = True
+            elif fact.name == "leaked_at_shutdown" and leaked_at_shutdown is None:
+                leaked_at_shutdown = fact.record
             elif fact.name == "deduplicated":
                 deduplicated = True
 
@@ -631,6 +638,7 @@ def build_job(
         world_stated=bool(world_hints),
         spawn_reported=spawn_reported,
         interpreter_exit_seen=interpreter_exit_seen,
+        leaked_at_shutdown=leaked_at_shutdown,
         launcher_summaries=summaries,
         recovered_at=recovered_at,
         last_restart=last_restart,

@@ -33,7 +33,9 @@ def build_verdict(decision: Decision, findings: list[Finding], job: JobView) -> 
             if decision.notes
             else _ok_summary(job),
             fix=[],
-            evidence=[],
+            # (a verdict of no kind quotes what it rests on where there is a line: the leak
+            # at shutdown that makes a quiet run not known to be healthy, a stop's words)
+            evidence=decision.evidence[:MAX_VERDICT_EVIDENCE],
             next_steps=decision.next_steps,
             basis=decision.basis,
         )

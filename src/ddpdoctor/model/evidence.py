@@ -315,6 +315,9 @@ class JobEvidence:
     unlisted_speakers: set[int] = field(default_factory=set)
     """Ranks with lines of their own, no end of theirs in them, that the launcher's failure
     summary leaves out while listing others: they exited 0."""
+    leaked_at_shutdown: Evidence | None = None
+    """multiprocessing's resource tracker found objects processes had not released at
+    shutdown (JobView.leaked_at_shutdown): some process did not end cleanly."""
     exited_cleanly: bool = False
     """torch's atexit handlers logged at interpreter exit (dynamo's traced frames, the fake
     tensor cache's statistics) and no writer logged an error: a process shut down normally
