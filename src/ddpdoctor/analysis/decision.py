@@ -247,6 +247,15 @@ def _from_lines(
     others = [e for e in ordered if e.rule.kind != rule.kind]
     decision = Decision(status=rule.verdict_status, rule=rule, roots=roots, others=others)
     culprits = _culprits(roots, evidence, graph)
+    if (
+        culprits
+        and culprits == _by_its_device(roots, evidence)
+        and not any(e.rank is not None for e in roots)
+    ):
+        decision.basis.append(
+            "- the rank is the index of the GPU its error names (a process per GPU, each on "
+            "cuda:local_rank): no line names the rank itself"
+        )
     alike = _stopped_on_the_same_path(roots, culprits, evidence)
     if alike:
         decision.notes.append(
@@ -357,7 +366,26 @@ def _culprits(roots: list[Event], evidence: JobEvidence, graph: CausalGraph) -> 
         return every
     if len(evidence.failing_exits) == 1:
         return set(evidence.failing_exits)
-    return _only_rank_not_waiting(roots, evidence)
+    return _only_rank_not_waiting(roots, evidence) or _by_its_device(roots, evidence)
+
+
+def _by_its_device(roots: list[Event], evidence: JobEvidence) -> set[int]:
+    """The rank of a line no writer names, from the GPU it names ('CUDA out of memory ... (GPU
+    1; ...)'): on one node where each process uses cuda:local_rank (torchrun, mp.spawn,
+    fairseq's own spawn), GPU N is the process of local rank N, so rank N. Not GPU 0 (rank 0's,
+    or that of a process that sees only its own device), not where processes were seen seeing
+    one device each, nor across nodes or on a line that names its node (a local rank is not a
+    global one)."""
+    if not evidence.single_node or evidence.one_device_per_process:
+        return set()
+    hits = [h for e in roots for h in e.hits]
+    if any(h.record.origin.host for h in hits):
+        return set()  # a line that names its node: one of several, maybe
+    devices = {h.captures.get("own_device", "") for h in hits}
+    if len(devices) != 1:
+        return set()
+    (device,) = devices
+    return {int(device)} if device.isdigit() and 0 < int(device) < 64 else set()
 
 
 SIDE_RATIO = 16
@@ -577,7 +605,7 @@ def _confidence_of_lines(decision: Decision, graph: CausalGraph) -> None:
         score -= 0.15
         basis.append("- another failure of a different kind is not explained by it")
     decision.confidence = max(0.05, min(0.99, score))
-    decision.basis = basis
+    decision.basis = basis + decision.basis  # (what choosing the culprit rested on stays)
 
 
 INTENDED_ENDS = ("agreed stop", "completion")

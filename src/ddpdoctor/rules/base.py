@@ -112,6 +112,7 @@ CAPTURES: dict[str, str] = {
     "job": "a scheduler's job id",
     "count": "a count the message states (devices, processes)",
     "device": "a device index or name",
+    "own_device": "the index of the GPU the raising process allocated on, as it numbers them",
     "port": "a network port",
     "timeout_rank": "the rank a watchdog names as the first to time out",
     "code": "an exit code",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from ddpdoctor.rules.base import Explanation, Rule, Signature
 
+OOM_ALLOCATE = r"CUDA out of memory\. Tried to allocate (?P<size>[\d.]+ [KMGT]i?B)"
 CUDA_FAILURE = r"(?:Cuda failure (?:\d{1,4} )?|Test CUDA failure \S{1,200}:\d{1,6} )"
 """How NCCL's CUDACHECK ("Cuda failure 'out of memory'"; since NCCL 2.19 with the error's
 number, "Cuda failure 2 'out of memory'") and nccl-tests ("Test CUDA failure common.cu:941
@@ -24,7 +25,9 @@ CUDA_OOM = Rule(
         # nccl-tests: "Test CUDA failure common.cu:941 'out of memory'")
         Signature(CUDA_FAILURE + r"'out of memory'", " 'out of memory'"),
         Signature(
-            r"CUDA out of memory\. Tried to allocate (?P<size>[\d.]+ [KMGT]i?B)",
+            # and the device, as the process numbers it: "(GPU 1; 10.92 GiB total capacity",
+            # torch 2's ". GPU 1 has a total capacity" (no number where it is unknown)
+            OOM_ALLOCATE + r"(?:\.? \(?GPU (?P<own_device>\d{1,3})(?:;| has))?",
             "CUDA out of memory",
         ),
         Signature(r"CUDA out of memory"),
@@ -86,7 +89,12 @@ CHECKPOINT_LOAD_DEVICE = Rule(
     # above the rules it refines (OOM, a device busy) where its context holds
     specificity=90,
     signatures=(
-        *CUDA_OOM.signatures,
+        # (the allocation's device is where the checkpoint's tensors land, not the rank's own:
+        # the same signatures, that one without it)
+        *(
+            Signature(OOM_ALLOCATE, "CUDA out of memory") if "own_device" in s.regex else s
+            for s in CUDA_OOM.signatures
+        ),
         # the saved device held by another process (every rank restores onto the GPU the
         # checkpoint names; in exclusive-process mode the first rank there holds it)
         Signature(
