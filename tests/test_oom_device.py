@@ -35,3 +35,10 @@ def test_a_checkpoints_device_is_not_the_ranks() -> None:
     deserialize object on CUDA device 1'): the device is the checkpoint's, no rank 1 exists."""
     verdict = _verdict("251")
     assert (verdict.kind, verdict.culprit.ranks) == ("checkpoint-load-device", [])
+
+
+def test_not_across_nodes() -> None:
+    """498: srun's failed-task lines name two nodes (gpunode-a, gpunode-b): 'GPU 2' is a local
+    index there, no global rank."""
+    verdict = _verdict("498")
+    assert (verdict.kind, verdict.culprit.ranks) == ("cuda-oom", [])

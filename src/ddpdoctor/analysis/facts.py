@@ -236,7 +236,7 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
     # node12: task 3: Exited with exit code 1" (src/srun/step_launch.c; census)
     FactPattern(
         "launcher_exit",
-        r"srun: error: [\w.-]{1,100}: task (?P<rank>\d{1,7}): "
+        r"srun: error: (?P<node>[\w.-]{1,100}): task (?P<rank>\d{1,7}): "
         r"Exited with exit code (?P<code>\d{1,3})",
         "Exited with exit code ",
     ),

@@ -282,7 +282,11 @@ def build_job(
             hosts.add(o.host)
     # one host named, but NCCL connected some ranks over the network: the others' nodes are
     # simply not in these logs
-    crosses_nodes = any(f.name == "net_channel" for scan in scans for f in scan.facts)
+    # ... or srun named the nodes of the tasks that failed, more than one
+    crosses_nodes = any(f.name == "net_channel" for scan in scans for f in scan.facts) or (
+        len({f.captures["node"] for scan in scans for f in scan.facts if f.captures.get("node")})
+        > 1
+    )
     single_node = len(hosts) <= 1 and not crosses_nodes
     rank_map = learn_rank_map(scans)
     ranks: set[int] = set()
