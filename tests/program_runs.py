@@ -75,6 +75,17 @@ class RunSet:
         """(exit code, local rank) of each failed worker the torchrun agent reported."""
         return re.findall(r"\] failed \(exitcode: (-?\d+)\) local_rank: (\d+)", self.console(mode))
 
+    def check_console_or_two_nodes(self, mode: str, two_nodes: set[str]) -> None:
+        """check_fixture, then one console.log (the launch label never in it) or, for a mode
+        on two simulated nodes, check_two_agents."""
+        self.check_fixture(mode)
+        if mode in two_nodes:
+            self.check_two_agents(mode)
+            return
+        names = [f.relative_to(self.folder(mode)).as_posix() for f in self.files(mode)]
+        assert names == ["console.log"], names
+        assert "MT_CASE" not in self.console(mode)
+
     def check_two_agents(self, mode: str) -> None:
         """Two agents as two nodes: each node's console is its own file, and node 1's
         processes are ranks 2 and 3."""

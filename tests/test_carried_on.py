@@ -68,3 +68,21 @@ def test_the_same_traceback_without_its_ignored_header_is_cut(tmp_path: Path) ->
     (tmp_path / "train.log").write_text(lines.split("\n", 1)[1])
     verdict = diagnose_paths([str(tmp_path)]).verdict
     assert (verdict.status, verdict.kind, verdict.rule) == ("failed", "python-exception", "INF215")
+
+
+def test_logging_errors_own_traceback_cut_short_is_no_cut_traceback(tmp_path: Path) -> None:
+    """thirteenth-full-rank-log's rank 1 (a real run on a full disk): logging's own error over
+    the traceback of a flush that failed, as a paste cut before its exception line. Python
+    printed it and carried on: no cut traceback (INF215), but no OK either (a record that could
+    not be written is no sign of health); without its '--- Logging error ---' header the same
+    frames are a cut traceback."""
+    (log,) = (REPO / "tests/fixtures/real/thirteenth-full-rank-log").rglob("1/stderr.log")
+    head = log.read_text().splitlines(keepends=True)[:6]
+    assert head[0].startswith("--- Logging error ---") and head[-1].strip() == "self.stream.flush()"
+    (tmp_path / "carried").mkdir()
+    (tmp_path / "carried" / "train.log").write_text("".join(head))
+    carried = diagnose_paths([str(tmp_path / "carried")]).verdict
+    assert carried.rule != "INF215" and carried.status != "ok"
+    (tmp_path / "bare").mkdir()
+    (tmp_path / "bare" / "train.log").write_text("".join(head[1:]))
+    assert diagnose_paths([str(tmp_path / "bare")]).verdict.rule == "INF215"

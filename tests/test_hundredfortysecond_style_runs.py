@@ -161,13 +161,7 @@ def test_hundredfortysecond_style_run(mode: str) -> None:
 
 @pytest.mark.parametrize("mode", list(EXPECTED))
 def test_hundredfortysecond_style_fixture_is_small_rewritten_and_unlabelled(mode: str) -> None:
-    RUNS.check_fixture(mode)
-    if mode in TWO_NODES:
-        RUNS.check_two_agents(mode)
-        return
-    names = [f.relative_to(RUNS.folder(mode)).as_posix() for f in RUNS.files(mode)]
-    assert names == ["console.log"], names
-    assert "MT_CASE" not in _out(mode)
+    RUNS.check_console_or_two_nodes(mode, TWO_NODES)
 
 
 @pytest.mark.parametrize("mode", sorted(set(EXPECTED) - TWO_NODES - {"loud-vol", "bare-run"}))

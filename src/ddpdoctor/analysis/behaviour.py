@@ -34,6 +34,7 @@ from ddpdoctor.analysis.scanner import (
     RECENT_MIN,
     FactHit,
     StreamSummary,
+    epochs_after,
     last_epoch_done,
     progress_line,
 )
@@ -1457,15 +1458,13 @@ def _epochs_left(job: JobView, gone: set[int]) -> int | None:
     """The fewest whole epochs still planned after the one each writer stood in at its last
     epoch line (counted from 0 where its first one named epoch 0), of the writers that did not
     exit unlisted: how far from the run's end the ranks still running were."""
-    left: list[int] = []
-    for s in job.streams:
-        if s.last_epoch is None or job.resolve(s.origin) in gone:
-            continue
-        n, total, _ = s.last_epoch
-        if total is None and len(job.max_epochs) == 1:
-            total = next(iter(job.max_epochs))
-        if total is not None:
-            left.append(total - n - (1 if s.first_epoch == 0 else 0))
+    left = [
+        after
+        for s in job.streams
+        if s.last_epoch is not None
+        and job.resolve(s.origin) not in gone
+        and (after := epochs_after(s.last_epoch, job.max_epochs, s.first_epoch)) is not None
+    ]
     return min(left) if left else None
 
 

@@ -247,11 +247,7 @@ def _from_lines(
     others = [e for e in ordered if e.rule.kind != rule.kind]
     decision = Decision(status=rule.verdict_status, rule=rule, roots=roots, others=others)
     culprits = _culprits(roots, evidence, graph)
-    if (
-        culprits
-        and culprits == _by_its_device(roots, evidence)
-        and not any(e.rank is not None for e in roots)
-    ):
+    if not culprits and (culprits := _by_its_device(roots, evidence)):
         decision.basis.append(
             "- the rank is the index of the GPU its error names (a process per GPU, each on "
             "cuda:local_rank): no line names the rank itself"
@@ -366,11 +362,12 @@ def _culprits(roots: list[Event], evidence: JobEvidence, graph: CausalGraph) -> 
         return every
     if len(evidence.failing_exits) == 1:
         return set(evidence.failing_exits)
-    return _only_rank_not_waiting(roots, evidence) or _by_its_device(roots, evidence)
+    return _only_rank_not_waiting(roots, evidence)
 
 
 def _by_its_device(roots: list[Event], evidence: JobEvidence) -> set[int]:
-    """The rank of a line no writer names, from the GPU it names ('CUDA out of memory ... (GPU
+    """Where nothing else names a culprit: the rank of a line no writer names, from the GPU it
+    names ('CUDA out of memory ... (GPU
     1; ...)'): on one node where each process uses cuda:local_rank (torchrun, mp.spawn,
     fairseq's own spawn), GPU N is the process of local rank N, so rank N. Not GPU 0 (rank 0's,
     or that of a process that sees only its own device), not where processes were seen seeing

@@ -298,11 +298,14 @@ class StreamSummary:
     """The open trace is a C++ backtrace (c10::Error's frames), not a Python traceback: the
     process died in native code, or printed an error whose message came before it."""
     open_trace_carried_on: bool = False
-    """The open Python traceback is one Python printed under 'Exception ignored in: ...' (an
-    unraisable exception: a __del__, a finalizer at exit) and went on from: it ends nothing,
-    neither cut nor whole, and its exception line is no error of the program's."""
+    """The open Python traceback is one Python printed and went on from (ingest.tracebacks.
+    carried_on of the line above it: 'Exception ignored in: ...' over an unraisable exception
+    in a __del__ or a finalizer, '--- Logging error ---'): it ends nothing, neither cut nor
+    whole, and its exception line is no error of the program's."""
     ignored_traces: int = 0
-    """Tracebacks Python printed under 'Exception ignored in: ...' (open_trace_carried_on)."""
+    """How many of them were under 'Exception ignored in: ...' (an exception nothing could
+    catch, that Python ignored; logging's own error says a record could not be written, which
+    is no sign of health)."""
     open_trace_indent: int = 0
     """The open Python traceback's header was indented by this many blanks (a log handler
     that aligns a record's further lines under its message column: fairseq2's, rich's
@@ -1203,23 +1206,33 @@ def _epoch_state(message: str) -> tuple[int, int | None, bool] | None:
     return int(epoch["n"]), total, done
 
 
-def last_epoch_done(
+def epochs_after(
     state: tuple[int, int | None, bool], max_epochs: set[int], first_epoch: int | None = None
-) -> bool:
-    """The writer's last epoch line stands at the run's last epoch, its steps done: by the
-    line's own total, else by the one number of epochs the run's start-up announced; counted
-    from 0 when the writer's first epoch line named epoch 0 ('epochs 3' ends at 'epoch 2', and
-    so does '2/3')."""
-    n, total, done = state
+) -> int | None:
+    """Whole epochs the run's plan holds after the one a writer's last epoch line stands in:
+    by the line's own total, else by the one number of epochs the run's start-up announced;
+    counted from 0 when the writer's first epoch line named epoch 0 ('epochs 3' ends at 'epoch
+    2', and so does '2/3'). None: no total known. Negative: past it."""
+    n, total, _ = state
     if total is None and len(max_epochs) == 1:
         total = next(iter(max_epochs))
     if total is None:
-        return False
+        return None
     # a writer that named epoch 0 counts from 0: of 4 epochs the last is '3/4' (coqui's
     # Trainer prints ' > EPOCH: 0/4' ... ' > EPOCH: 3/4'); one whose total is its last epoch's
     # number ('Epoch 2/2' of AllenNLP's three: 'Epoch %d/%d', epoch, num_epochs - 1) stands
     # at it, which a count of epochs from 0 never reaches
-    return done and (n == total or (first_epoch == 0 and n == total - 1))
+    if n == total:
+        return 0
+    return total - n - (1 if first_epoch == 0 else 0)
+
+
+def last_epoch_done(
+    state: tuple[int, int | None, bool], max_epochs: set[int], first_epoch: int | None = None
+) -> bool:
+    """The writer's last epoch line stands at the run's last epoch (epochs_after), its steps
+    done."""
+    return state[2] and epochs_after(state, max_epochs, first_epoch) == 0
 
 
 COUNTER_RANK = re.compile(r"[Rr]ank[ =:]?(?P<rank>\d{1,5})[\]:,|]?\s{0,3}$")
@@ -1377,8 +1390,10 @@ see whose code waited in the last of them (a launcher's own frame above subproce
 
 def _open_trace(summary: StreamSummary, line_no: int, message: str, native: bool) -> None:
     summary.open_trace_indent = 0
-    summary.open_trace_carried_on = not native and summary.prev_text.lstrip().startswith(UNRAISABLE)
-    summary.ignored_traces += summary.open_trace_carried_on
+    # (the header Python prints over it: 'Exception ignored in: ...', '--- Logging error ---')
+    above = summary.prev_text.lstrip()
+    summary.open_trace_carried_on = not native and carried_on([above])
+    summary.ignored_traces += summary.open_trace_carried_on and above.startswith(UNRAISABLE)
     summary.open_traceback_line = summary.open_traceback_at = line_no
     summary.open_traceback_text = message.strip()[:300]
     summary.open_traceback_tail = (message.strip()[:200],)

@@ -297,9 +297,10 @@ def _in_another_collective(sites: list[WaitSite], waited_at: set[str]) -> bool:
 def _before_unranked_waits(job: JobEvidence, phase: Evidence) -> Assessment | None:
     """No rank is known for any writer, a line announced a long phase of work, and then
     requests to the c10d store timed out ('Socket Timeout': a key no process set in time, a
-    barrier's): whatever the waiting processes were, they waited for that work (Megatron's 'building the indices on rank 0',
-    then the others' store wait). Which rank did it is not known: the line names none.
-    Above a store error alone (LCH111 at 0.3), which says only that a wait ran out."""
+    barrier's): whatever the waiting processes were, they waited for that work (Megatron's
+    'building the indices on rank 0', then the others' store wait). Which rank did it is not
+    known: the line names none. Above a store error alone (LCH111 at 0.3), which says only
+    that a wait ran out."""
     if job.ranks or not job.unranked_wait_rules or job.unranked_wait_rules - {STORE_ERROR.code}:
         return None  # (the store's wait for its clients is the rendezvous's: LCH108)
     return Assessment(

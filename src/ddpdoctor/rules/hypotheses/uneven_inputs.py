@@ -163,7 +163,7 @@ def _from_clean_exit(job: JobEvidence) -> Assessment | None:
         return None  # a stop decided on purpose (INF202 names who left)
     if job.completed_at:
         return None  # training's end was announced: they finished; the loop was not short
-    if job.epochs_left is not None and job.epochs_left >= MANY_EPOCHS_LEFT:
+    if job.epochs_left is not None and job.epochs_left >= WHOLE_EPOCHS_AHEAD:
         return None  # they left a run with epochs to go: not a loop a few batches short
     one = len(gone) == 1
     return Assessment(
@@ -185,7 +185,7 @@ def _from_clean_exit(job: JobEvidence) -> Assessment | None:
     )
 
 
-MANY_EPOCHS_LEFT = 1
+WHOLE_EPOCHS_AHEAD = 1
 """Whole epochs the ranks still running had ahead of them, from which a rank that exited 0
 before them did not merely have fewer batches: a rank short of batches stays in step with the
 others through every epoch (the collectives of each step pair up, shifted by what it lacks)
