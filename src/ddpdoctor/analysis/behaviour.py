@@ -34,6 +34,7 @@ from ddpdoctor.analysis.scanner import (
     RECENT_MIN,
     FactHit,
     StreamSummary,
+    epoch_total,
     epochs_after,
     last_epoch_done,
     progress_line,
@@ -367,6 +368,11 @@ def build_evidence(job: JobView, events: list[Event]) -> JobEvidence:
         if s.last_epoch is not None
     ]
     evidence.ended_on_last_epoch = bool(counted) and all(counted)
+    evidence.ended_at_epoch_total = evidence.ended_on_last_epoch and all(
+        s.last_epoch[0] == epoch_total(s.last_epoch, job.max_epochs)
+        for s in job.streams
+        if s.last_epoch is not None
+    )
     if evidence.ended_on_last_epoch:
         evidence.last_epoch_lines = [
             (s.source, s.last_progress_line) for s in job.streams if s.last_epoch is not None

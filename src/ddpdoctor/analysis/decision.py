@@ -21,6 +21,7 @@ from ddpdoctor.analysis.relations import (
     attribute_by_elimination,
     failing,
     split_at_restart,
+    work_done_note,
 )
 from ddpdoctor.model.evidence import Activity, JobEvidence, RankView, Stall
 from ddpdoctor.model.findings import Evidence, Finding
@@ -81,7 +82,7 @@ def decide(
         evidence = build_evidence(job, events)
     events = [e for e in events if e.rule.applies is None or e.rule.applies(evidence)]
     graph = CausalGraph(events, apart=attempt_parts(evidence))
-    ctx = Context(evidence=evidence, completed_at=evidence.completed_at, intended=intended)
+    ctx = Context(evidence=evidence, completed_at=_work_done_at(evidence), intended=intended)
     for relation in RELATIONS:
         relation(graph, ctx)
     _relate_symptoms(graph, evidence, hypotheses)
@@ -100,6 +101,19 @@ def decide(
         )
     _assign_roles(findings, graph, decision)
     return decision
+
+
+def _work_done_at(evidence: JobEvidence) -> dict[str, int]:
+    """Per source, the first line after which the job's work was done: training announced its
+    end there, or every writer that counts epochs stood at its total on that line, its steps
+    done (ended_at_epoch_total: not a count from 0 read as ending one short of its total, which
+    some programs' '1/2' of three epochs is not): what crashes after it are the teardown's
+    (relate_completion)."""
+    done = dict(evidence.completed_at)
+    if evidence.ended_at_epoch_total:
+        for source, line in evidence.last_epoch_lines:
+            done[source] = min(done.get(source, line), line)
+    return done
 
 
 def _not_a_clean_end(healthy: Decision, leaked: Evidence) -> Decision:
@@ -654,7 +668,7 @@ def _intended_end(graph: CausalGraph, ctx: Context) -> Decision | None:
             decision.notes.append(
                 "every rank had stopped training early on purpose: the work was done."
                 if node.name == "agreed stop"
-                else "training had announced its end before this happened: the work was done."
+                else work_done_note(ctx.evidence)
             )
             decision.basis = ["+ the failure came after the job's work was done"]
             if _stopped_after_end(effects):

@@ -581,7 +581,8 @@ def _after(event: Event, first_line: dict[str, int]) -> bool:
 
 
 def relate_completion(graph: CausalGraph, ctx: Context) -> None:
-    """After training announced its end, a crash, a lost peer or a stop from outside (a time
+    """After training announced its end (or every writer that counts epochs stood at the last
+    one: decision._work_done_at), a crash, a lost peer or a stop from outside (a time
     limit reached by a job that did not exit) is teardown: the work was done (of the rank it
     happened to, when the announcements say which ranks finished). Not a rank that waited in a
     collective its own code called after the end: it was still doing distributed work."""
@@ -622,12 +623,17 @@ def relate_completion(graph: CausalGraph, ctx: Context) -> None:
         return
     node = graph.add_node(Node("completion", ctx.intended.get("teardown")))
     for crash in crashes:
-        graph.add(
-            node,
-            crash,
-            "completion",
-            "training had announced its end before this happened: the work was done.",
-        )
+        graph.add(node, crash, "completion", work_done_note(ctx.evidence))
+
+
+def work_done_note(evidence: JobEvidence) -> str:
+    """How the job's work is known to have been done before a teardown failure."""
+    if evidence.completed_at:
+        return "training had announced its end before this happened: the work was done."
+    return (
+        "every rank that counts epochs had reached the last one, its steps done, before this "
+        "happened: the work was done."
+    )
 
 
 def relate_left_at_exit(graph: CausalGraph, ctx: Context) -> None:

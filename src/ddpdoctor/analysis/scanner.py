@@ -1206,6 +1206,15 @@ def _epoch_state(message: str) -> tuple[int, int | None, bool] | None:
     return int(epoch["n"]), total, done
 
 
+def epoch_total(state: tuple[int, int | None, bool], max_epochs: set[int]) -> int | None:
+    """The epochs a writer's last epoch line counts to: its own total, else the one number
+    of epochs the run's start-up announced."""
+    total = state[1]
+    if total is None and len(max_epochs) == 1:
+        total = next(iter(max_epochs))
+    return total
+
+
 def epochs_after(
     state: tuple[int, int | None, bool], max_epochs: set[int], first_epoch: int | None = None
 ) -> int | None:
@@ -1213,9 +1222,8 @@ def epochs_after(
     by the line's own total, else by the one number of epochs the run's start-up announced;
     counted from 0 when the writer's first epoch line named epoch 0 ('epochs 3' ends at 'epoch
     2', and so does '2/3'). None: no total known. Negative: past it."""
-    n, total, _ = state
-    if total is None and len(max_epochs) == 1:
-        total = next(iter(max_epochs))
+    n = state[0]
+    total = epoch_total(state, max_epochs)
     if total is None:
         return None
     # a writer that named epoch 0 counts from 0: of 4 epochs the last is '3/4' (coqui's

@@ -328,6 +328,10 @@ class JobEvidence:
     epoch named without its total, 'Epoch(train) [3][12/12]', is the last when it is the one
     number of epochs the start-up announced, 'max_epochs=3'): the training loop ran to its
     end, whatever the program printed after it."""
+    ended_at_epoch_total: bool = False
+    """ended_on_last_epoch with no reading of how the writer counts: every writer that counts
+    epochs last stood at its total itself ('epoch 3/3', 'Epoch 2/2'), its steps done (a count
+    from 0 makes '1/2' the last of two for one program and the middle of three for another)."""
     epochs_left: int | None = None
     """Whole epochs the run's plan still held after the one each writer other than
     unlisted_exits' last stood in (its last epoch line's total, else the one number of epochs
