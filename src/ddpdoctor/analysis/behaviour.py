@@ -378,6 +378,7 @@ def build_evidence(job: JobView, events: list[Event]) -> JobEvidence:
             (s.source, s.last_progress_line) for s in job.streams if s.last_epoch is not None
         ]
     evidence.epochs_left = _epochs_left(job, evidence.unlisted_exits)
+    evidence.early_in_first_epoch = _early_in_first_epoch(job, evidence.unlisted_exits)
     evidence.stalled_at_startup = _stalled_at_startup(job)
     evidence.one_device_per_process = _one_device_per_process(job)
     evidence.cut_tracebacks = list(job.cut_tracebacks)
@@ -1472,6 +1473,25 @@ def _epochs_left(job: JobView, gone: set[int]) -> int | None:
         and (after := epochs_after(s.last_epoch, job.max_epochs, s.first_epoch)) is not None
     ]
     return min(left) if left else None
+
+
+def _early_in_first_epoch(job: JobView, gone: set[int]) -> bool:
+    """Whether the writers still running (not in `gone`) that carried a fractional epoch all
+    last stood less than FIRST_EPOCH_SHARE through the run's first epoch."""
+    shares = [
+        s.epoch_share
+        for s in job.streams
+        if s.epoch_share is not None and job.resolve(s.origin) not in gone
+    ]
+    return bool(shares) and max(shares) < FIRST_EPOCH_SHARE
+
+
+FIRST_EPOCH_SHARE = 0.5
+"""How far through the first epoch the ranks still running must have got for a peer that
+left before them to have merely run out of batches: one with fewer batches stays in step
+with the others and leaves when its data ends, so they then stand where its data ended (over
+several epochs, further on still); less than halfway through the first epoch, it would have
+had less than half their data."""
 
 
 def _writer_failed(event: Event, rank: int | None, end: Record) -> bool:

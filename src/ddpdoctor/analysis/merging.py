@@ -190,6 +190,7 @@ def merge(acc: SourceScan, part: SourceScan) -> SourceScan:
             a.progress_done = s.progress_done
         a.last_epoch = s.last_epoch if s.last_epoch is not None else a.last_epoch
         a.first_epoch = a.first_epoch if a.first_epoch is not None else s.first_epoch
+        a.epoch_share = s.epoch_share if s.epoch_share is not None else a.epoch_share
         a.error_lines += s.error_lines
         a.last_error_line = s.last_error_line or a.last_error_line
         a.last_error_text = s.last_error_text or a.last_error_text

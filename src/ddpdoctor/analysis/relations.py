@@ -298,12 +298,21 @@ def _tracebacks(event: Event) -> int:
 
 def _same_error_lines(event: Event) -> int:
     """How many times the event's first error line appears, word for word, in separate
-    reports (each worker that raised the same exception printed it once)."""
+    reports (each worker that raised the same exception printed it once). Unlike an error
+    and its hints (SAME_REPORT_LINES), one message does not repeat its own error line: two
+    copies with other lines between them are two reports, however close (click's 'Usage:',
+    'Try --help', blank, 'Error: No such option' printed by each of two workers)."""
     if not event.hits:
         return 0
     first = event.hits[0].record.text
-    same = [h for h in event.hits if h.record.text == first]
-    return _tracebacks(replace(event, hits=same)) if len(same) > 1 else len(same)
+    same = sorted(
+        ((h.record.source, h.record.line) for h in event.hits if h.record.text == first),
+    )
+    return sum(
+        1
+        for i, (source, line) in enumerate(same)
+        if i == 0 or same[i - 1][0] != source or line - same[i - 1][1] > 1
+    )
 
 
 SAME_REPORT_LINES = 4

@@ -279,6 +279,10 @@ class StreamSummary:
     first_epoch: int | None = None
     """The epoch its first line that counts epochs names: 0 for a loop that counts from 0
     (`for epoch in range(epochs)`), whose last epoch is one less than the epochs announced."""
+    epoch_share: float | None = None
+    """The fractional epoch its last progress line carried in a Trainer-style log dict
+    ("{'loss': 2.31, ..., 'epoch': 0.33}"): how far through the run's epochs it stood, to the
+    part of an epoch. None: no such line."""
     open_traceback_line: int = 0
     """Where the writer's last traceback began, while no exception line has closed it yet (0:
     none open). Open at the end of its output: the output was cut inside a traceback."""
@@ -343,6 +347,9 @@ EPOCH_COUNTER = re.compile(
 """An epoch counter: 'Epoch: 4/4', 'Epoch [3/3]', 'epoch 2/10', MMEngine's 'Epoch(train) [3]',
 Composer's console logger '[epoch=3][batch=24/24]:'. Not a format field of a config dump:
 ModelCheckpoint's filename '{epoch:06}' is no epoch 6."""
+EPOCH_SHARE = re.compile(r"""['"]epoch['"]: ?(?P<share>\d{1,5}\.\d{1,6})(?![\d.])""")
+"""The fractional epoch of a Hugging Face Trainer-style log dict ('epoch': 0.33, its steps
+over the steps of an epoch): where in the run's epochs the writer stood."""
 ANY_COUNTER = re.compile(r"(?<![\d./])(?P<n>\d{1,9})\s{0,2}/\s{0,2}(?P<total>\d{1,9})(?![\d./])")
 """Any 'n/total' on a progress line (steps, batches, a bar's count): not a date or a path."""
 PROGRESS_COUNTER = re.compile(
@@ -1017,6 +1024,8 @@ class Scanner:
                 message = parsed.text
                 summary.prev_text = summary.last_text
                 summary.last_text = message
+                if "epoch" in message and (share := EPOCH_SHARE.search(message)):
+                    summary.epoch_share = float(share["share"])  # a log dict, not always progress
                 erred = parsed.level in ERROR_LEVELS or RAISED.match(message) is not None
                 if erred and not (summary.open_traceback_line and summary.open_trace_carried_on):
                     summary.error_lines += 1  # an error logged, or an exception it printed

@@ -336,6 +336,9 @@ class JobEvidence:
     """Whole epochs the run's plan still held after the one each writer other than
     unlisted_exits' last stood in (its last epoch line's total, else the one number of epochs
     start-up announced), the fewest of them; None where no such writer counted epochs."""
+    early_in_first_epoch: bool = False
+    """Every writer other than unlisted_exits that carried a fractional epoch ('epoch': 0.33)
+    last stood less than halfway through the run's first epoch (there was at least one)."""
     last_epoch_lines: list[tuple[str, int]] = field(default_factory=list)
     """(source, line) of each writer's last progress line, where ended_on_last_epoch: where
     in each output the training loop was seen at its end."""

@@ -233,6 +233,7 @@ def _from_summary(job: JobEvidence) -> Assessment | None:
     if left is None:
         return None
     gone, lost = left
+    ahead = _far_from_the_end(job)
     return Assessment(
         RULE,
         0.6,
@@ -244,12 +245,32 @@ def _from_summary(job: JobEvidence) -> Assessment | None:
             f"{ranks_text(set(job.waiting) | lost)} still ran, and these then lost "
             f"{'it' if len(gone) == 1 else 'them'} or timed out waiting. This is not a network "
             "fault."
-        ],
-        against=[
+        ]
+        + ([ahead] if ahead else []),
+        against=[]
+        if ahead
+        else [
             "a rank with fewer batches leaves its loop the same way (uneven inputs): its "
             "own output would say how much data it had"
         ],
     )
+
+
+def _far_from_the_end(job: JobEvidence) -> str | None:
+    """Why the ranks that left were not merely short of batches, where their peers' progress
+    says it: those were far from where a rank with less data would have left them."""
+    if job.epochs_left:
+        return (
+            f"the ranks still running had {job.epochs_left} whole epoch(s) to go: a rank with "
+            "fewer batches stays in step with them and leaves at the end of the last one."
+        )
+    if job.early_in_first_epoch:
+        return (
+            "the ranks still running had not got halfway through the first epoch (the "
+            "'epoch' of their log dicts): a rank with fewer batches leaves where its data "
+            "ends, which would have been less than half of theirs."
+        )
+    return None
 
 
 def _from_stall(job: JobEvidence) -> Assessment | None:

@@ -165,6 +165,8 @@ def _from_clean_exit(job: JobEvidence) -> Assessment | None:
         return None  # training's end was announced: they finished; the loop was not short
     if job.epochs_left is not None and job.epochs_left >= WHOLE_EPOCHS_AHEAD:
         return None  # they left a run with epochs to go: not a loop a few batches short
+    if job.early_in_first_epoch:
+        return None  # they had not got halfway through the first epoch: not a data end
     one = len(gone) == 1
     return Assessment(
         RULE,
