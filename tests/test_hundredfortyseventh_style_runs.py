@@ -35,7 +35,18 @@ rules: the diagnosis must generalise. Captured by tests/fixtures/real/capture_hu
 
 EXPECTED was written from each mode's mechanism and the taxonomy before any diagnosis was seen;
 a mode ddpdoctor gets wrong today is a strict xfail whose reason says what it says instead.
-First diagnosis: not yet run.
+First diagnosis: 6 of 16 right (plateau-halt, dash-flag, nfs-drag, rss-climb, solo-eval,
+port-squat). Missed: Pointcept's ERROR records go unread as tracebacks (a '[... ERROR train.py
+line 137 PID] Traceback (most recent call last):' record holding the whole traceback: rank 3's
+IndexError-like RuntimeError in far-index, rank 1's 'SystemExit: 0' in lone-leave), and a record's
+pid is not tied to rank 0 through rank 0's INFO lines of the same pid (lone-leave blames rank 0,
+worker-lock reads both ranks as silent); a healthy run that ends with 'Best mIoU' and a silent
+spawn parent reads as a log that stops mid-training (tidy-room, noisy-room); spawn's local index
+on node 1 is not turned into global rank 2 (cut-scene, the kind right); a SIGSEGV that spawn
+names is read as a cascade of the survivor's 'Connection closed by peer' (null-deref); rank 0's
+extra validation all_reduce as a rank-dependent collective (odd-val); spawn's parent-death
+SIGINT after the scheduler's SIGTERM as a person's Ctrl-C (wall-term); and bare-url blames the
+Process 0 that spawn happened to report.
 """
 
 from __future__ import annotations
@@ -138,7 +149,80 @@ EXPECTED: dict[str, Expected] = {
 }
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
-MISSES: dict[str, str] = {}
+MISSES: dict[str, str] = {
+    "tidy-room": (
+        "hang (INF212, 0.3) instead of ok: the log ends with rank 0's 'Best mIoU: 0.0850' after "
+        "three epochs' 'Train: [3/3][8/8]', the third evaluation and 'Saving checkpoint to: ...', "
+        "and nothing after it (spawn's parent returns silently, every process exits 0); "
+        "Pointcept's end of training is not read as an end, so 'no error, no end of training, no "
+        "exit code' reads as a job that stopped mid-run"
+    ),
+    "noisy-room": (
+        "hang (INF212, 0.3) instead of ok: as tidy-room, under torchrun (which says nothing when "
+        "every worker exits 0): the last line, 'Best mIoU: 0.0850' after epoch 3/3, is not read "
+        "as the end of training; the scary warnings are not what misleads it"
+    ),
+    "bare-url": (
+        "launcher-env-missing on rank 0 (LCH106, 0.9) instead of on none: the kind is right, but "
+        "the rank is the Process 0 whose traceback spawn's ProcessRaisedException happened to "
+        "carry, though both workers printed 'Process group URL: env://' and both lacked "
+        "MASTER_ADDR: the URL given to Pointcept's own spawn, not a rank, is at fault (other sets "
+        "expect [] for this kind)"
+    ),
+    "cut-scene": (
+        "data-error on host node1 with no rank (DATA101, 0.9) instead of on rank 2: the kind is "
+        "right, but rank 2 is named only by node 1's spawn parent ('process 0 terminated with "
+        "exit code 1', a local index) and its ERROR record's pid; local index 0 on the node "
+        "started with --machine-rank 1 and 2 processes a machine is global rank 2"
+    ),
+    "far-index": (
+        "uncoordinated-exit with no culprit (INF202, 0.3) instead of python-exception on rank 3: "
+        "rank 3's 'RuntimeError: index 1890 is out of bounds for dimension 0 with size 256' in "
+        "node1.log, inside Pointcept's ExceptionWriter record ('[... ERROR train.py line 137 PID] "
+        "Traceback (most recent call last):' and the whole traceback), is not read as an "
+        "exception (no PY finding), so node 0's 'Connection closed by peer' reads as a peer that "
+        "left without an error; node 1's 'process 1 terminated with exit code 1' (local index 1 "
+        "on the second machine) is not turned into rank 3 either"
+    ),
+    "lone-leave": (
+        "uncoordinated-exit on rank 0 (INF202, 0.3) instead of on rank 1: the kind is right, but "
+        "rank 1's own record, 'SystemExit: 0' (Pointcept's ExceptionWriter logs it at ERROR and "
+        "exits 1), is not read, and rank 0's 'Connection closed by peer' record is taken for "
+        "rank 1's (spawn names process 1 as the one that exited 1), so rank 0 reads as the peer "
+        "that left, though that record's pid is the pid of every INFO line, which only rank 0 "
+        "writes"
+    ),
+    "null-deref": (
+        "nccl-network with no culprit (NET101, 0.3) instead of native-crash on rank 1: spawn's "
+        "'process 1 terminated with signal SIGSEGV' is read (LCH104) only as a cascade of rank "
+        "0's 'Connection closed by peer' ERROR record, and 'rank(s) 0,1 left no lines' sends it "
+        "to a peer that died unseen; the loopback peer's signal death, named by spawn, is not "
+        "taken as the root"
+    ),
+    "odd-val": (
+        "collective-mismatch on rank 0 (COL101, 0.9) instead of uneven-inputs on rank 1: rank "
+        "0's gloo abort ('op.preamble.length <= op.nbytes. 21908 vs 20') during its third "
+        "validation scene ('Test: [2/3]' is its last line; rank 0's share was 3, rank 1's "
+        "unpadded share 2) is read as a collective in a rank-dependent branch of rank 0; that "
+        "rank 1 ran out of validation batches and went on to the gradient all-reduce is not seen "
+        "(only rank 0 logs progress)"
+    ),
+    "wall-term": (
+        "hang (INF217, 0.4) instead of preempted: a rank's 'KeyboardInterrupt' record, logged at "
+        "ERROR from its DataLoader wait (spawn's parent-death SIGINT, after the scheduler's "
+        "SIGTERM killed the spawn parent), is read as a person's Ctrl-C on a stuck job; nothing "
+        "in the console names the SIGTERM, and the progress up to the end ('Train: [N/200]', an "
+        "evaluation under way) shows no stall"
+    ),
+    "worker-lock": (
+        "nccl-timeout on ranks 0 and 1 (INF204, 0.3) instead of hang on rank 1: rank 0's 'Timed "
+        "out waiting 15000ms for recv operation' ERROR record names no rank (its pid is that of "
+        "every INFO line, rank 0's), so both ranks read as having left no logs; that rank 1, "
+        "which logs only errors, logged none because it was stuck outside any collective (its "
+        "DataLoader worker deadlocked, 'Train: [2/3][2/8]' the last step) is not taken into "
+        "account"
+    ),
+}
 
 RUNS = RunSet("hundredfortyseventh-", EXPECTED, MISSES, label_nowhere=True)
 TWO_NODES = {"cut-scene", "far-index"}
