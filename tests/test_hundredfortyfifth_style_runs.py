@@ -34,7 +34,8 @@ exception on a host, a ConnectionResetError on a multiprocessing pipe as a gloo 
 (collective-mismatch for a silent SIGSEGV), and a rank's EOFError raised after the launcher's
 SIGTERM took its workers as the root of a slow or deadlocked rank; a rank that exited 0 between
 updates 10 and 15 of 400 reads as uneven inputs; and the launch-wide argument and port
-faults name ranks 0/1 and rank 0 as culprits.
+faults name ranks 0/1 and rank 0 as culprits. Since fixed (session 40): sig-one, habitat's
+requeue handler's 'Got signal to requeue' and rank 0's 'Requeueing job N' (LCH118).
 """
 
 from __future__ import annotations
@@ -126,11 +127,6 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "sig-one": (
-        "ok with no kind (0.35) instead of ok/preempted: 'Got signal to requeue' from both ranks "
-        "and rank 0's 'Requeueing job 4699' (habitat's SIGUSR1 handler and requeue_job) are read "
-        "as messages of normal operation; the handled requeue signal is not seen"
-    ),
     "dash-rank": (
         "local-rank-argument on ranks 0 and 1 (LCH105, 0.9) instead of on none: the kind is right, "
         "but both workers' 'run.py: error: unrecognized arguments: --local-rank=N' are taken as "

@@ -8,6 +8,7 @@ import gzip
 import json
 import re
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -153,6 +154,8 @@ PASTE_ARTIFACTS: dict[str, Callable[[bytes], bytes]] = {
         + data.rstrip(b"\n")
         + b"\n```\n</details>\n"
     ),
+    # copied from a terminal or tmux/screen buffer: every line padded with blanks to the width
+    "terminal-padded": lambda data: b"\n".join(line.ljust(120) for line in data.split(b"\n")),
     # copied from a rendered web page: indentation as no-break spaces
     "web-indented": lambda data: b"\n".join(
         NBSP * (len(line) - len(line.lstrip(b" "))) + line.lstrip(b" ")
@@ -170,6 +173,68 @@ CHANGED_BY = {
     ("unindented", "481-"): "a rank's stderr and another's error file: the culprits change",
 }
 """Cases whose verdict an artifact changes, and why: what only the artifact's absence said."""
+
+
+def _stamp(index: int, digits: int) -> str:
+    """The time a collector gives the index-th line: one millisecond after the one before."""
+    start = datetime(2024, 5, 1, 10, 0, 0, tzinfo=UTC) + timedelta(milliseconds=index)
+    return start.strftime("%Y-%m-%dT%H:%M:%S.") + f"{start.microsecond:06d}000"[:digits] + "Z"
+
+
+COLLECTOR_WRAPPERS: dict[str, Callable[[int, str], str]] = {
+    # docker's json-file driver (and a node's container log collected as is): one record per
+    # line of output, the line with its newline under "log" (its "time" left out: times a log
+    # never had would change what the timing of its lines says)
+    "docker-json": lambda i, line: json.dumps(
+        {"log": line + "\n", "stream": "stderr"},
+        ensure_ascii=False,  # (Go's encoder writes UTF-8 as it is)
+    ),
+    # a cloud logging export: one record per line, the line under "message"
+    "json-export": lambda i, line: json.dumps(
+        {"severity": "INFO", "message": line}, ensure_ascii=False
+    ),
+    # a CI runner's or a cloud console's time before every line (seven digits of fraction)
+    "runner-time": lambda i, line: f"{_stamp(i, 7)} {line}",
+}
+
+
+COLLECTOR_CHANGED = {
+    # py-spy dumps are files or a terminal's output, never a container's log lines
+    ("docker-json", "812-"): "py-spy dumps one record per line",
+    ("json-export", "812-"): "py-spy dumps one record per line",
+    ("docker-json", "975-"): "py-spy dumps one record per line",
+    ("json-export", "975-"): "py-spy dumps one record per line",
+    # an issue's title: a traceback flattened into one line, no collector's line
+    ("docker-json", "2091-"): "an issue title's one flattened line",
+    ("json-export", "2091-"): "an issue title's one flattened line",
+    ("runner-time", "2091-"): "an issue title's one flattened line",
+    # the log had no times: the stamps (a millisecond apart) are times it never had, and the
+    # elastic agent's restart then reads as coming right after the failure
+    ("runner-time", "1501-"): "times the log never had",
+}
+"""Cases a wrapper changes, and why: wrappings no collector makes of such a text."""
+
+
+@pytest.mark.parametrize("case", REPO_CASES, ids=lambda p: p.name[:60])
+def test_collector_wrappers_keep_the_verdict(case: Path, tmp_path: Path) -> None:
+    """Every labelled real case reads as it does when a log collector wrapped each line: a
+    traceback exported one JSON record per line lost its frames' indentation and read its
+    'Traceback (most recent call last):' twice (the record reader took a one-line message for
+    a logged traceback), and flat frames after torch's '[rank24]: ' tag, which reindent puts
+    back only where the tag starts the line, were no traceback behind a collector's time."""
+    want = diagnose_paths([str(case / "logs")]).verdict
+    changed: list[str] = []
+    for name, wrap in COLLECTOR_WRAPPERS.items():
+        if any(name == w and case.name.startswith(c) for w, c in COLLECTOR_CHANGED):
+            continue
+        out = tmp_path / name
+        out.mkdir()
+        for log in sorted((case / "logs").iterdir()):
+            lines = log.read_text(encoding="utf-8", errors="replace").splitlines()
+            (out / log.name).write_text("".join(wrap(i, x) + "\n" for i, x in enumerate(lines)))
+        got = diagnose_paths([str(out)]).verdict
+        changed.extend([name] if (got.status, got.kind) != (want.status, want.kind) else [])
+    assert not changed, changed
 
 
 @pytest.mark.parametrize("case", REPO_CASES, ids=lambda p: p.name[:60])

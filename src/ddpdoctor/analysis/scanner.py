@@ -1438,8 +1438,42 @@ def is_own_output(head: bytes) -> bool:
 
 def _unanchored(regex: str) -> str:
     """Lines carry prefixes the prefilter cannot strip, so `^` (meant for the message after the
-    prefix) is dropped for the prefilter; Python `re` applies it to the stripped message."""
-    return regex[1:] if regex.startswith("^") else regex
+    prefix) is dropped for the prefilter; Python `re` applies it to the stripped message. And
+    they may end in blanks that cleaning strips from the message (a terminal's copy pads each
+    line to its width), so each `$` allows them before the line's end."""
+    regex = regex[1:] if regex.startswith("^") else regex
+    return _padded_ends(regex) if "$" in regex else regex
+
+
+def _padded_ends(regex: str) -> str:
+    r"""Every `$` of the regex outside a character class and not escaped, as the end of a line
+    after blanks, or the end of a JSON string (a record's message, which may end in an escaped
+    newline: docker's json-file driver keeps each line's). Not the blanks where what comes
+    before it already takes them (`\s*`, `.*`: a second run of blanks after it would make a
+    long run of them quadratic for a backtracking engine)."""
+    out: list[str] = []
+    escaped = False
+    class_from = -1  # where the character class the walk is in began
+    for i, char in enumerate(regex):
+        if escaped:
+            escaped = False
+        elif char == "\\":
+            escaped = True
+        elif class_from >= 0:
+            opening = regex[class_from + 1 : i] in ("", "^")  # a ']' there is a member
+            class_from = class_from if char != "]" or opening else -1
+        elif char == "[":
+            class_from = i
+        elif char == "$":
+            blanks = "" if regex[:i].endswith(TAKES_BLANKS) else r"[ \t\r]*"
+            out.append(blanks + r'(?:$|(?:\\[nrt])*")')
+            continue
+        out.append(char)
+    return "".join(out)
+
+
+TAKES_BLANKS = (r"\s*", r"\s+", ".*", ".+", r"\s*?", r"\s+?")
+"""Ends of a regex before its `$` that take a run of blanks already."""
 
 
 @lru_cache(maxsize=8)

@@ -43,6 +43,9 @@ class JsonRecord:
     """The logged traceback's lines above its exception line (header and frames)."""
     rank: int | None = None
     local_rank: int | None = None
+    printed: bool = False
+    """The message is one line of output as the program printed it (docker's json-file driver,
+    a collector's export of stdout), with whatever prefixes its writer put before it."""
 
 
 def read_json_record(line: str) -> JsonRecord | None:
@@ -61,14 +64,22 @@ def read_json_record(line: str) -> JsonRecord | None:
         return None
     message = _first_text(doc, MESSAGE_KEYS)
     exception = _first_text(doc, EXCEPTION_KEYS)
-    if message and "Traceback (most recent call last)" in message and not exception:
+    one_line = message is not None and "\n" not in message.strip("\r\n")
+    logged = message and not one_line and "Traceback (most recent call last)" in message
+    if logged and not exception:
         exception = message  # logger.error(traceback.format_exc())
         message = message.split("\n", 1)[0]
     fields = _fields(doc)
     if message is None and exception is None and not fields:
+        if any(isinstance(doc.get(key), str) for key in MESSAGE_KEYS):
+            return JsonRecord("", printed=True)  # a blank line printed ({"log": "\n"})
         return None
     parts = [_exception_line(exception)] if exception else []
-    if message:
+    if message and one_line and not exception:
+        # one line of output per record (docker's json-file driver, a collector's export of
+        # stdout): the line as printed, its indentation kept (a traceback's frames and code)
+        parts.append(message.rstrip("\r\n"))
+    elif message:
         parts.append(" ".join(message.split()))
     return JsonRecord(
         " | ".join(p for p in parts if p),
@@ -76,6 +87,7 @@ def read_json_record(line: str) -> JsonRecord | None:
         _trace(exception) if exception else (),
         _number(doc.get("rank", doc.get("global_rank"))),
         _number(doc.get("local_rank")),
+        printed=bool(message and one_line and not exception and not fields),
     )
 
 

@@ -12,7 +12,7 @@ from functools import lru_cache
 
 from ddpdoctor.ingest.bounds import pid_number, plausible_time, rank_number
 from ddpdoctor.ingest.filenames import origin_from_path
-from ddpdoctor.ingest.json_lines import read_json_record
+from ddpdoctor.ingest.json_lines import JsonRecord, read_json_record
 from ddpdoctor.model.records import Origin
 
 # Colours and cursor moves (CSI), then whole OSC/DCS strings (window title, hyperlinks) up to
@@ -571,6 +571,21 @@ process header, c10d's store barrier and NCCL-id wait, a bracketed tag, the word
 prints first, a JSON field. A launcher prefix, when there is one, has said it already."""
 
 
+def _inside_record(record_line: ParsedLine, inner: ParsedLine, record: JsonRecord) -> ParsedLine:
+    """The line a JSON record printed, parsed as a line of text, completed with what the
+    record and the prefixes before it said (time, level, host, rank)."""
+    outer = record_line.origin
+    inner.origin = inner.origin.merged_with(outer)
+    if inner.origin.rank is None and record.rank is not None:
+        inner.origin.rank, inner.rank_from_text = record.rank, True
+    if inner.origin.local_rank is None and record.local_rank is not None:
+        inner.origin.local_rank = record.local_rank
+    inner.time = inner.time or record_line.time
+    inner.level = inner.level or record_line.level
+    inner.prefix = " ".join(p for p in (record_line.prefix, inner.prefix) if p)
+    return inner
+
+
 def _json_fields(message: str, out: ParsedLine, with_time: bool) -> None:
     """A JSON log line's time, level and host, where its prefix gave none."""
     head = message[:JSON_FIELDS_WITHIN]
@@ -630,7 +645,7 @@ def rank_before(text: str, pos: int) -> int | None:
     return last
 
 
-def parse_line(raw: str, year: int = 1970, with_time: bool = True) -> ParsedLine:
+def parse_line(raw: str, year: int = 1970, with_time: bool = True, depth: int = 0) -> ParsedLine:
     """Strip every known prefix from the front of a line, repeatedly (they nest).
     `with_time=False` leaves `time` unset: parsing it is a third of the cost, and a caller
     that only learns who wrote a line does not need it."""
@@ -806,7 +821,9 @@ def parse_line(raw: str, year: int = 1970, with_time: bool = True) -> ParsedLine
             continue
         m = (
             TORCHX_REPLICA.match(text, pos)
-            if pos == line_start and c.isalpha() and text.find("/", pos, pos + 42) > 0
+            if pos in (line_start, collected_at)  # (a collector's time may come first)
+            and c.isalpha()
+            and text.find("/", pos, pos + 42) > 0
             else None
         )
         if m:
@@ -996,6 +1013,11 @@ def parse_line(raw: str, year: int = 1970, with_time: bool = True) -> ParsedLine
     if message[:1] == "{":
         _json_fields(message, out, with_time)
         record = read_json_record(_whole_json(message, raw))
+        if record is not None and record.printed and depth == 0:
+            # one printed line per record: the line's own prefixes ('[rank24]: ', a logger's
+            # time and level) are read as a text line's, under what the record said
+            out.prefix = " ".join(prefix_parts)
+            return _inside_record(out, parse_line(record.text, year, with_time, depth=1), record)
         if record is not None:
             message, out.fields, out.trace = record.text, record.fields, record.trace
             if origin.rank is None and record.rank is not None:
@@ -1049,7 +1071,10 @@ def parse_line(raw: str, year: int = 1970, with_time: bool = True) -> ParsedLine
             out.rank_from_text = True
     if message[:1] in RICH_BOX_CHARS:
         message = rich_traceback_line(message)
-    out.text = message
+    # the blanks that end a message go: a terminal's copy pads each line to its width
+    # ('StopIteration' then 100 spaces is the exception line all the same); a line of blanks
+    # alone stays as it was (inside a traceback, a blank line of its indentation)
+    out.text = (message.rstrip() or message) if message[-1:].isspace() else message
     out.prefix = " ".join(prefix_parts)
     return out
 

@@ -174,14 +174,27 @@ def _frame_above(chunk: bytes, floor: int, end: int, key: str) -> bool:
     """The writer's line above (ending at `end`) is a frame line: the line below it is that
     frame's code, whatever its indentation (a paste or a viewer that trimmed every line's
     leading spaces leaves 'loss.backward()' bare under 'File "train.py", line 9, in step')."""
-    if end <= floor:
-        return False
-    start = chunk.rfind(b"\n", floor, end) + 1
-    raw = chunk[start : min(end, start + LINE_PARSE_BYTES)]
-    if not _may_hold_frame(raw):
-        return False
-    above = parse_line(raw.decode("utf-8", errors="replace"), with_time=False)
-    return above.prefix == key and FRAME_LINE.match(above.text) is not None
+    for _ in range(BLANKS_BETWEEN + 1):
+        if end <= floor:
+            return False
+        start = chunk.rfind(b"\n", floor, end) + 1
+        raw = chunk[start : min(end, start + LINE_PARSE_BYTES)]
+        short = len(raw) <= BLANK_WITH_PREFIX_BYTES and not raw.isspace()
+        if not (short or _may_hold_frame(raw)):
+            return False
+        above = parse_line(raw.decode("utf-8", errors="replace"), with_time=False)
+        if above.text.strip() or (above.prefix and above.prefix != key):
+            return above.prefix == key and FRAME_LINE.match(above.text) is not None
+        # a blank line of the writer's behind a prefix (a double-spaced paste whose lines a
+        # collector stamped or wrapped, so that no blank line is left for undouble to see)
+        end = start - 1
+    return False
+
+
+BLANKS_BETWEEN = 2
+"""Blank lines of the writer's looked past between a frame line and its code."""
+BLANK_WITH_PREFIX_BYTES = 160
+"""Longer lines hold more than a prefix before nothing: not looked at as blank ones."""
 
 
 FRAME_MAKERS = (b"File", b"\\", b"\x1b", b"\x00")

@@ -34,7 +34,12 @@ PYTHON_EXCEPTION = Rule(
         Signature(r"^  (?P<exc>[A-Za-z_][\w.]*(?:Error|Exception)): \S", "Error"),
     ),
     # indentation is spaces or tabs: `\n\s+` also ran over newlines, quadratic on a run of them
-    context_all=(r"Traceback \(most recent call last\)|^[ \t]+File \"|\n[ \t]+File \"",),
+    # a frame above the line, indented as Python prints it, or flat where a paste or a
+    # prefix put in front of every line (a collector's time, a host label) left reindent
+    # unable to restore it: walk_back keeps only the writer's own traceback lines
+    context_all=(
+        r'Traceback \(most recent call last\)|(?:^|\n)[ \t]*File "[^"\n]{1,400}", line \d',
+    ),
     explanation=Explanation(
         what="A Python exception ended a rank, and no more specific rule explains it.",
         why="A bug or a wrong assumption in the training code or a library it calls.",

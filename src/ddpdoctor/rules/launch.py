@@ -1398,6 +1398,11 @@ WARNING_SIGNAL_HANDLED = Rule(
             )
             for name in ("USR1", "USR2")
         ),
+        # habitat-lab's DD-PPO (habitat_baselines/rl/ddppo/ddp_utils.py): its handler of the
+        # requeue signal (SIGUSR1 under Slurm) prints this on each process, and rank 0 then
+        # logs the job it hands back to the scheduler ('scontrol requeue')
+        Signature(r"^Got signal to requeue\s*$", "Got signal to requeue"),
+        Signature(r"^Requeueing job \d{1,12}\s*$", "Requeueing job "),
         # Determined's master once a trial it preempted (a pause, a higher-priority job) had
         # checkpointed and every process of it had exited
         # (its reason is the scheduler's, for the whole job)
@@ -1428,6 +1433,9 @@ WARNING_SIGNAL_HANDLED = Rule(
         "[rank 0] caught SIGUSR1 at epoch 8 it 22",
         "Received SIGUSR2: saving checkpoint before the time limit",
         "got signal USR1, stopping after this step",
+        # habitat-lab DD-PPO's requeue handler and its requeue of the Slurm job (set 145)
+        "Got signal to requeue",
+        "Requeueing job 4699",
         # set 108 (Determined, a trial paused by its user)
         "[2026-12-06T11:52:46.965049Z]          || INFO: Trial 16 (Experiment 11) was terminated: "
         "allocation preempted after all resources exited: resources exited successfully with a "
@@ -1438,6 +1446,8 @@ WARNING_SIGNAL_HANDLED = Rule(
         "registering a handler for SIGUSR1",
         "signal.signal(signal.SIGUSR1, handler)",
         "caught SIGUSR1_flag=0",
+        # a job queue's retry of its own task, no scheduler's requeue
+        "Requeueing job 12 (retry 2/3)",
     ),
 )
 
