@@ -220,7 +220,8 @@ def attribute_by_elimination(events: list[Event], evidence: JobEvidence) -> bool
     present = {r for r, v in evidence.ranks.items() if v.present}
     waiting = evidence.waiting
     failing = set(evidence.failing_exits)
-    changed = _attribute_wait(events, waiting, failing)
+    raised = {r for r, code in evidence.failing_exits.items() if code not in SILENT_DEATHS}
+    changed = _attribute_wait(events, waiting, raised if raised == failing else set())
     for event in events:
         if event.rank is not None or not (
             event.primary or event.rule.exit_path or event.marker == Marker.STOP
@@ -264,6 +265,12 @@ def attribute_by_elimination(events: list[Event], evidence: JobEvidence) -> bool
             event.rank = candidates.pop()
             changed = True
     return changed
+
+
+SILENT_DEATHS = frozenset({-4, -7, -8, -9, -11})
+"""Exit codes of a worker a signal ended where Python raises nothing (SIGILL, SIGBUS, SIGFPE,
+SIGKILL, SIGSEGV): such a worker printed no timeout or lost-peer exception of its own (unlike
+SIGABRT, c10d's abort after its own timeout, or an exception's exit code)."""
 
 
 def _attribute_wait(events: list[Event], waiting: set[int], failing: set[int]) -> bool:

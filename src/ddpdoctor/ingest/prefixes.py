@@ -101,6 +101,14 @@ torchelastic's failure summary), and the excepthook's '[rank1]:' (the global ran
 TORCHX_REPLICA = re.compile(
     r"(?P<replica>[A-Za-z_][\w.-]{0,40}/\d{1,5}) (?=\[(?:[A-Za-z_][A-Za-z_-]*)?\d+\]:)"
 )
+# the logging format of hszhao's semseg and the research code that copied it (PointWeb, PAConv,
+# Point Transformer, Stratified Transformer, Pointcept): "[%(asctime)s %(levelname)s
+# %(filename)s line %(lineno)d %(process)d] %(message)s". The process id tells the writers
+# apart: its ranks name themselves nowhere else
+FILE_LINE_PID_HEAD = re.compile(
+    r"\[(?P<ts>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) "
+    r"(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) [\w.-]{1,80} line \d{1,7} (?P<pid>\d{1,10})\] ?"
+)
 # MosaicML Composer's and llm-foundry's logging format ("%(asctime)s: rank{global rank}
 # [%(process)d][%(threadName)s]: %(levelname)s: %(name)s: %(message)s"), after its time:
 # "rank1[6376][MainThread]: INFO: __main__: Building trainer..."
@@ -709,6 +717,14 @@ def parse_line(raw: str, year: int = 1970, with_time: bool = True, depth: int = 
             pos = colbert.end()
             continue
         elif bracket and nxt.isdigit():
+            if (head := FILE_LINE_PID_HEAD.match(text, pos)) is not None:
+                if with_time:
+                    out.time = out.time or _parse_iso(head.group("ts"))
+                out.level = head.group("level").lower()
+                origin.pid = origin.pid or pid_number(head.group("pid"))
+                prefix_parts.append(f"pid {head.group('pid')}")
+                pos = head.end()
+                continue
             rich = RICH_LOG_HEAD.match(text, pos)
             if rich:
                 if with_time:
