@@ -35,7 +35,9 @@ exception on a host, a ConnectionResetError on a multiprocessing pipe as a gloo 
 SIGTERM took its workers as the root of a slow or deadlocked rank; a rank that exited 0 between
 updates 10 and 15 of 400 reads as uneven inputs; and the launch-wide argument and port
 faults name ranks 0/1 and rank 0 as culprits. Since fixed (session 40): sig-one, habitat's
-requeue handler's 'Got signal to requeue' and rank 0's 'Requeueing job N' (LCH118).
+requeue handler's 'Got signal to requeue' and rank 0's 'Requeueing job N' (LCH118). A broken
+multiprocessing pipe to an environment worker is now the worker's death on that rank (PY108), not
+a lost peer rank: sim-segv and gz-cut name the right rank, their kinds still misses.
 """
 
 from __future__ import annotations
@@ -134,11 +136,10 @@ MISSES: dict[str, str] = {
         "the same argument (as set 142's dash-arg)"
     ),
     "gz-cut": (
-        "python-exception on no rank, 'host node1' (PY101, 0.6) instead of data-error on rank 2: "
-        "the environment worker's 'EOFError: Compressed file ended before the end-of-stream "
-        "marker was reached' (gzip, printed under 'Process ForkServerProcess-1:' without a rank "
-        "prefix) is taken as an uncaught exception of the script, not a truncated input file, "
-        "and rank 2's own '[rank2]: ConnectionResetError' on its worker's pipe as a peer's reset"
+        "python-exception on rank 2 (PY108, 0.9) instead of data-error: rank 2's EOFError on its "
+        "environment worker's pipe is read as the worker's death (the rank is right), but the "
+        "worker's own gzip 'EOFError: Compressed file ended before the end-of-stream marker was "
+        "reached', printed without a rank prefix just above, is not taken as the cause"
     ),
     "scene-crawl": (
         "python-exception on rank 1 (PY101, 0.6) instead of slow-rank-timeout: rank 1's "
@@ -148,11 +149,10 @@ MISSES: dict[str, str] = {
         "worker still loading a scene"
     ),
     "sim-segv": (
-        "collective-mismatch on rank 0 (INF203, 0.4) instead of native-crash: rank 0's "
-        "'ConnectionResetError: [Errno 104] Connection reset by peer' on its environment "
-        "worker's multiprocessing pipe (VectorEnv.wait_step, run.py:443) is read as a gloo peer "
-        "error in a collective, so the ranks 'waited in different collectives'; the worker that "
-        "died silently (SIGSEGV) under rank 0 is not inferred"
+        "python-exception on rank 0 (PY108, 0.6) instead of native-crash: rank 0's "
+        "'ConnectionResetError' from multiprocessing's pipe is read as its environment worker's "
+        "death (the rank is right; no longer a peer rank lost, which made it a "
+        "collective-mismatch), but how the worker died (SIGSEGV, silently) is not in the log"
     ),
     "port-held": (
         "rendezvous-failure on rank 0 (LCH108, 0.9) instead of on none: the kind is right, but "

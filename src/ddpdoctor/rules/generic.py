@@ -4,8 +4,9 @@ teardown warnings of a job that had finished. Specific rules always win over the
 from __future__ import annotations
 
 from ddpdoctor.model.evidence import JobEvidence
-from ddpdoctor.model.taxonomy import Status
+from ddpdoctor.model.taxonomy import Category, Status
 from ddpdoctor.rules.base import Echo, Explanation, Marker, Rule, Signature
+from ddpdoctor.rules.transport import LOCAL_PIPE_FRAMES
 
 PYTHON_EXCEPTION = Rule(
     code="PY101",
@@ -470,6 +471,52 @@ ITERATOR_RAN_DRY = Rule(
     negative=("catching StopIteration at the end of each epoch",),
 )
 
+CHILD_PIPE_BROKEN = Rule(
+    code="PY108",
+    kind="python-exception",
+    title="A child process of the rank died while the rank talked to it (its pipe broke)",
+    sources="CPython multiprocessing/connection.py (Connection.recv/send over a Pipe)",
+    # the pipe says that the child died, not why (a crash, the OOM killer, its own error)
+    category=Category.UNKNOWN,
+    specificity=30,
+    signatures=(
+        Signature(
+            r"^\**(?P<exc>ConnectionResetError|BrokenPipeError|EOFError)(?::|$)",
+            "Error",
+            suggests=True,
+        ),
+    ),
+    # received or sent through multiprocessing's pipe (a vectorised environment's workers, a
+    # Pool's, a Manager's), not the DataLoader's handover of a batch (DL103)
+    context_all=(LOCAL_PIPE_FRAMES,),
+    context_none=(r"torch/utils/data/(?:dataloader\.py|_utils/)|resource_sharer",),
+    explanation=Explanation(
+        what="The rank read from or wrote to a multiprocessing pipe of a child process it had "
+        "started (an environment worker, a simulator, a Pool or Manager process), and the pipe "
+        "was gone: EOFError, ConnectionResetError or BrokenPipeError from multiprocessing's "
+        "connection.py.",
+        why="The child exited or was killed while the rank waited on it: it crashed (a "
+        "segfault in native code leaves no trace of its own), the OOM killer took it, or it "
+        "raised and printed its own traceback. The rank's error is the child's death; the "
+        "other ranks then lose this one. No peer rank or network is involved.",
+        fix="Find how the child ended: its own traceback (often just above, without a rank "
+        "prefix), dmesg for the OOM killer or a segfault, its exit code.",
+        false_positives="A program that closes its own pipe on purpose and reads it again.",
+    ),
+    fix=(
+        "Look for the child process's own output above the rank's error (a traceback, "
+        "'Segmentation fault'), and dmesg -T for the OOM killer or a segfault at that time.",
+        "Run the worker's code in the main process once (a single environment, num_workers=0) "
+        "to see its own error.",
+    ),
+    positive=(
+        # tests/fixtures/real/hundredfortyfifth-sim-segv: rank 0's environment worker segfaulted
+        "ConnectionResetError: [Errno 104] Connection reset by peer",
+        "EOFError",
+    ),
+    negative=("EOFError handling is enabled",),
+)
+
 FP16_MASTER_WEIGHTS = Rule(
     code="PY102",
     kind="python-exception",
@@ -704,6 +751,7 @@ COMMAND_LINE_REJECTED = Rule(
 RULES = (
     PYTHON_EXCEPTION,
     ITERATOR_RAN_DRY,
+    CHILD_PIPE_BROKEN,
     COMMAND_LINE_REJECTED,
     SHARED_PATH_RACE,
     MAIN_GUARD_MISSING,

@@ -17,6 +17,12 @@ BISECTION_FIX = (
     "(memlock) and set NCCL_SOCKET_IFNAME / NCCL_IB_HCA to the right devices.",
 )
 
+LOCAL_PIPE_FRAMES = (
+    r'[/\\]multiprocessing[/\\](?:connection|resource_sharer)\.py", line \d{1,6}, in '
+    r"_?(?:recv|send|get)"
+)
+"""A frame of multiprocessing's pipe to a child process, receiving or sending."""
+
 PEER_CLOSED = Rule(
     code="NET101",
     kind="nccl-network",
@@ -60,6 +66,10 @@ PEER_CLOSED = Rule(
         # Horovod (horovod.torch as well): a collective after a peer raised or finished
         Signature(r"Horovod has been shut down\. This was caused by", "Horovod has been shut down"),
     ),
+    # not Python's own socket errors on a multiprocessing pipe to a child process of the rank
+    # (a vectorised environment's worker, a Pool's, a DataLoader's: DL103): the child died,
+    # no peer rank was lost
+    context_none=(LOCAL_PIPE_FRAMES,),
     explanation=Explanation(
         what="A rank lost its TCP/NCCL connection to a peer.",
         why="Nearly always because the peer process died or exited (an error, an OOM kill, "
