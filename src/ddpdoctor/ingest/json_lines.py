@@ -65,10 +65,10 @@ def read_json_record(line: str) -> JsonRecord | None:
     message = _first_text(doc, MESSAGE_KEYS)
     exception = _first_text(doc, EXCEPTION_KEYS)
     one_line = message is not None and "\n" not in message.strip("\r\n")
-    logged = message and not one_line and "Traceback (most recent call last)" in message
-    if logged and not exception:
-        exception = message  # logger.error(traceback.format_exc())
-        message = message.split("\n", 1)[0]
+    traceback = "" if message is None or one_line else message
+    if "Traceback (most recent call last)" in traceback and not exception:
+        exception = traceback  # logger.error(traceback.format_exc())
+        message = traceback.split("\n", 1)[0]
     fields = _fields(doc)
     if message is None and exception is None and not fields:
         if any(isinstance(doc.get(key), str) for key in MESSAGE_KEYS):
