@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from ddpdoctor.analysis.behaviour import build_evidence
 from ddpdoctor.analysis.causal_graph import CausalGraph
@@ -896,7 +897,10 @@ def _from_echoes(
             )
             return decision
         by_hand = _by_hand(echoes)
-        stopped = ctx.intended.get("interrupted" if by_hand else "stopped")
+        # a person does stop a job that is still making progress (it is no longer wanted, or
+        # the interrupt came from its parent's death): there the stop says nothing of a hang
+        progressing = by_hand and evidence.progressing_at(_stop_time(echoes))
+        stopped = ctx.intended.get("interrupted" if by_hand and not progressing else "stopped")
         # a rule of stops alone (every line of it a stop: the terminal's hang-up) says who
         # stopped the job better than the generic stop; a line read as a stop by a rule of
         # another kind does not
@@ -919,7 +923,13 @@ def _from_echoes(
         }
         if reached:
             decision.culprit_ranks = sorted(reached)
-        if by_hand and decision.rule is stopped:
+        if progressing and evidence.step_s is not None:
+            decision.confidence = 0.5
+            decision.basis.append(
+                "- SIGINT, but the job printed progress (every "
+                f"{evidence.step_s:.3g} s) up to the interrupt: it was not stuck"
+            )
+        if by_hand and not progressing and decision.rule is stopped:
             # why the person stopped it is a guess: the usual reason, not a proof
             decision.confidence = 0.4
             decision.basis.append("- stopped by hand (SIGINT): that it was stuck is inferred")
@@ -971,9 +981,8 @@ def _from_echoes(
     return decision
 
 
-def _stalled_before_stop(echoes: list[Event], evidence: JobEvidence) -> tuple[float, float] | None:
-    """(silence, pace) in seconds when the stop came long after the last progress line, by the
-    clock: a job that had been reporting progress at a steady pace and then went quiet."""
+def _stop_time(echoes: list[Event]) -> datetime | None:
+    """When the first stop was printed, by the clock (None: no stop line has a time)."""
     times = [
         h.record.time
         for e in echoes
@@ -981,7 +990,13 @@ def _stalled_before_stop(echoes: list[Event], evidence: JobEvidence) -> tuple[fl
         for h in e.hits
         if h.record.time is not None
     ]
-    stop = min(times) if times else None
+    return min(times) if times else None
+
+
+def _stalled_before_stop(echoes: list[Event], evidence: JobEvidence) -> tuple[float, float] | None:
+    """(silence, pace) in seconds when the stop came long after the last progress line, by the
+    clock: a job that had been reporting progress at a steady pace and then went quiet."""
+    stop = _stop_time(echoes)
     if not evidence.stalled_before(stop):
         return None
     assert stop is not None and evidence.last_progress_at is not None

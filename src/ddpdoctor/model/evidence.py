@@ -45,6 +45,12 @@ STALL_FACTOR = 20
 """A silence this many times the job's own pace of progress lines is a stall, not a slow step."""
 STALL_MIN_S = 30.0
 """...and never less than this many seconds."""
+PROGRESSING_FACTOR = 3
+"""A last progress line within this many of the job's own intervals before a moment: the job
+was still making progress then."""
+PROGRESSING_MIN_S = 5.0
+"""...or within this many seconds (a step, an evaluation, a save between two progress lines):
+far less than anyone waits before stopping a job they think stuck."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -431,6 +437,15 @@ class JobEvidence:
         if moment is None or last is None or pace is None:
             return False
         return (moment - last).total_seconds() >= max(STALL_MIN_S, STALL_FACTOR * pace)
+
+    def progressing_at(self, moment: datetime | None) -> bool:
+        """The job had reported progress at a steady pace up to this moment: its last progress
+        line came a few of its intervals (or seconds) before it, at most: it was not stuck."""
+        last, pace = self.last_progress_at, self.step_s
+        if moment is None or last is None or pace is None:
+            return False
+        silence = (moment - last).total_seconds()
+        return 0 <= silence <= max(PROGRESSING_MIN_S, PROGRESSING_FACTOR * pace)
 
     restart_ended_at: datetime | None = None
     """The launcher restarted failed workers and a later attempt announced the end of training
