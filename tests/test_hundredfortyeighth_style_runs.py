@@ -38,7 +38,9 @@ flair.distributed_utils.launch_distributed()' is a plain exception, not a missin
 both workers' missing script are two culprits; rank 1's crawling label-dictionary bar (no rank
 on it) is not its busy work, so the slow rank reads as hung; where spawn reports only the
 survivor's lost peer, rank 0's lone all-gather reads as rank 0 leaving, and rank 0's one extra
-batch ('iter 20/21') as rank 0 busy.
+batch ('iter 20/21') as rank 0 busy. Since fixed (session 40): lr-floor, Flair's 'learning rate
+too small - quitting training!' is a planned stop (EXIT101's 'quitting training', like
+'stopping training').
 """
 
 from __future__ import annotations
@@ -136,9 +138,6 @@ _NO_END = (
 MISSES: dict[str, str] = {
     "calm-tags": _NO_END,
     "loud-tags": _NO_END + " (torchrun's successful agent prints nothing at exit either)",
-    "lr-floor": _NO_END
-    + "; AnnealOnPlateau's 'learning rate too small - quitting training!' is not read as a "
-    "planned stop",
     "no-spawn": (
         "python-exception (PY101, 0.6) instead of launcher-env-missing: Flair's 'RuntimeError: "
         "multi_gpu=True can only used inside flair.distributed_utils.launch_distributed()' "

@@ -502,16 +502,20 @@ def _each_failed_worker(roots: list[Event], evidence: JobEvidence) -> set[int]:
     """A root printed without a rank once by each worker the launcher saw fail (two workers
     exit 1, two identical tracebacks before any process group): every one of them failed on
     its own, none waited for another, so all are named."""
-    lines = {(h.record.source, h.record.line) for e in roots for h in e.hits}
+    lines = _separate_reports(roots)
     hosts = {h.record.origin.host for e in roots for h in e.hits}
+    sources = {h.record.source for e in roots for h in e.hits}
     failed = {
         r
         for r in evidence.failing_exits
         if (view := evidence.ranks.get(r)) is not None
         and not view.echoes - {"stopped", "launcher"}  # its own failure, not a lost peer's
-        and (None in hosts or view.host in hosts)
+        # on the root's host: by name, or by the output both were read from (a node's
+        # console named for the node, whose launcher calls its host 'localhost')
+        and (None in hosts or view.host in hosts or bool(_files_of(view) & sources))
     }
-    if len(failed) >= 2 and len(lines) == len(failed):
+    if len(lines) == len(failed) and (len(failed) >= 2 or None not in hosts):
+        # (one report on a named host where one worker failed of itself: that worker's)
         return failed
     # ... or once by each rank of a one-node world that the launcher did not list one by one
     # (DeepSpeed's names one command), where no rank waited for or lost another
@@ -524,6 +528,15 @@ def _each_failed_worker(roots: list[Event], evidence: JobEvidence) -> set[int]:
     ):
         return set(range(len(lines)))
     return _each_worker_of_the_host(lines, evidence)
+
+
+def _separate_reports(roots: list[Event]) -> set[tuple[str, int]]:
+    """The lines of the roots' hits that each stand for a report: not a traceback's own code
+    line ('    raise BadZipFile(...)', indented) where the report's exception line is a hit as
+    well: one worker's traceback is one report, however many of its lines a rule matched."""
+    lines = {(h.record.source, h.record.line, h.record.text) for e in roots for h in e.hits}
+    flush = {(s, n) for s, n, text in lines if not text[:1].isspace()}
+    return flush or {(s, n) for s, n, _ in lines}
 
 
 def _each_worker_of_the_host(lines: set[tuple[str, int]], evidence: JobEvidence) -> set[int]:

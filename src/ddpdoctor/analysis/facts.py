@@ -287,13 +287,14 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
     # MMEngine's config dump "train_cfg = dict(by_epoch=True, max_epochs=12, ...)", Lightning's
     # and argparse dumps' "max_epochs=12", transformers' "Num Epochs = 3"; a config table's or
     # dump's "num_epochs  3", "total_epochs: 3", argparse's Namespace(..., epochs=3, ...)
-    # (fairseq's Namespace dump: "max_epoch=6", its --max-epoch)
+    # (fairseq's Namespace dump: "max_epoch=6", its --max-epoch; PhysicsNeMo's examples count
+    # "pseudo epochs" of a fixed sample size: "max_pseudo_epochs: 256")
     FactPattern(
         "max_epochs", r"\bmax_epochs?\s?[=:]\s?(?P<n>\d{1,6})\b", "max_epoch", distinct=VALUE
     ),
     FactPattern(
         "max_epochs",
-        r"\b(?:num|total|n|train)_epochs\b(?:\s?[=:]\s?|\s{1,8})(?P<n>\d{1,6})(?![\d.])",
+        r"\b(?:num|total|n|train|max_pseudo)_epochs\b(?:\s?[=:]\s?|\s{1,8})(?P<n>\d{1,6})(?![\d.])",
         "_epochs",
         distinct=VALUE,
     ),

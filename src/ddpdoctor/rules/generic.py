@@ -101,6 +101,14 @@ EARLY_STOP = Rule(
             r"(?i:\bstopping training)\b(?! early| at step)(?![_=(-])",
             "topping training",
         ),
+        # the same in other words: Flair's ModelTrainer on its annealed learning rate
+        # ("learning rate too small - quitting training!"), Keras-style callbacks' "patience
+        # reached, quitting training" (not an exception's message)
+        Signature(
+            r"^(?![^\n]{0,300}?(?:Error|Exception): )[^\n]{0,300}?"
+            r"(?i:\bquitting training)\b(?![_=(-])",
+            "uitting training",
+        ),
         # a stop at a named point without the word early: detectron2-style hooks' "Found
         # .../STOP: stopping after iteration 4.", "stopping at epoch 3: patience used up"
         # (not the Trainer's "stopping training at step 1200!": its data ran out)
@@ -204,6 +212,8 @@ EARLY_STOP = Rule(
         "[R1/3] early stop agreed by all ranks at epoch 1 (best 0.6723)",
         "validation loss 1.4621 below target: stopping early",
         "Loss is nan, stopping training",
+        # tests/fixtures/real/hundredfortyeighth-lr-floor (Flair's AnnealOnPlateau)
+        "2026-12-07 09:14:10,564 learning rate too small - quitting training!",
         # tests/fixtures/real/fortysixth-zero-target
         "[2026-12-04 10:31:44,851] [ERROR] [fortysixth_style_train.py:392:main] policy_loss is nan "
         "at episode 1 step 2, stopping",
