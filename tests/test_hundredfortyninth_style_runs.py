@@ -39,7 +39,8 @@ port held by a stale process is blamed on rank 0. Since fixed (session 40): quie
 'max_pseudo_epochs: 6' now announces the run's length (rank 1 left with epochs to go: it did not
 merely run out of batches); torn-shard, a traceback's 'raise' line and its exception line are
 one worker's report, and a node's console named for the node holds its launcher's workers even
-where that launcher calls its host 'localhost' (decision._each_failed_worker).
+where that launcher calls its host 'localhost' (decision._each_failed_worker); bare-batch,
+'int(os.environ.get("RANK"))' failing on None is a launcher's variable missing (LCH126).
 """
 
 from __future__ import annotations
@@ -130,12 +131,6 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "bare-batch": (
-        "python-exception (PY101, 0.6) instead of launcher-env-missing: the chained 'int() "
-        "argument must be ... not 'NoneType'' in initialize_env and 'TypeError: str expected, "
-        "not NoneType' setting MASTER_ADDR from SLURM_LAUNCH_NODE_IPADDR are read as a bug in "
-        "the script, not as a script started without srun (no RANK, no launcher address)"
-    ),
     "drag-store": (
         "nccl-timeout on ranks 0 and 1 (INF204, 0.3) instead of slow-rank-timeout on rank 0: "
         "'Ranks timed out and the ranks they waited for left no logs': the unprefixed 'Timed out "

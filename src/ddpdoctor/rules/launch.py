@@ -821,6 +821,58 @@ LAUNCHER_ENV_MISSING = Rule(
     ),
 )
 
+LAUNCHER_VAR_READ = (
+    r"""(?:environ\.get|getenv)\(\s{0,4}['"](?P<var>""" + _LAUNCHER_VARS + r""")['"]\s{0,4}\)"""
+)
+"""A code line that reads a launcher's variable with a default of None ('int(os.environ.get(
+"RANK"))', 'os.getenv("MASTER_ADDR")')."""
+
+LAUNCHER_VAR_NONE = Rule(
+    code="LCH126",
+    kind="launcher-env-missing",
+    title="A launcher's variable read as None (the script was not started by that launcher)",
+    sources="user code: os.environ.get / os.getenv of RANK, LOCAL_RANK, WORLD_SIZE, "
+    "MASTER_ADDR, SLURM_PROCID, OMPI_COMM_WORLD_RANK ...",
+    specificity=15,  # below any rule that names the failure itself: in a chain (an
+    # env:// attempt caught, then srun's variables tried) the later error is the cause
+    signatures=(
+        # int(None), a str expected and None given, None's attribute: the value was not there
+        Signature(
+            r"^\**(?P<exc>TypeError|ValueError|AttributeError): [^\n]{0,300}\bNoneType\b",
+            "NoneType",
+        ),
+    ),
+    # the traceback's code line read that variable with os.environ.get / os.getenv
+    context_all=(LAUNCHER_VAR_READ,),
+    explanation=Explanation(
+        what="The code read a launcher's variable (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, "
+        "SLURM_PROCID, OMPI_COMM_WORLD_RANK ...) with os.environ.get or os.getenv, got None "
+        "and failed on it (int(None), a string expected).",
+        why="The variable is set by a launcher (torchrun, srun, mpirun) for each process it "
+        "starts; the script was run without it (plain `python`, an sbatch script without "
+        "srun), or under another launcher that sets other names.",
+        fix="Start the script with the launcher whose variables it reads, or read the ones "
+        "the launcher in use sets.",
+        false_positives="A variable the program sets itself later, read too early.",
+    ),
+    fix=(
+        "Launch with the launcher the code expects: torchrun for RANK/LOCAL_RANK/WORLD_SIZE, "
+        "srun inside the sbatch script for SLURM_PROCID/SLURM_LOCALID, mpirun for "
+        "OMPI_COMM_WORLD_*.",
+        "Or give os.environ.get a default only where a single process is meant (it hides a "
+        "missing launcher otherwise).",
+    ),
+    positive=(
+        # tests/fixtures/real/hundredfortyninth-bare-batch (int(os.environ.get("RANK")))
+        "TypeError: int() argument must be a string, a bytes-like object or a real number, not "
+        "'NoneType'",
+    ),
+    negative=(
+        "TypeError: unsupported operand type(s) for +: 'int' and 'str'",
+        "AttributeError: 'NoneTypeHandler' object has no attribute 'x'",
+    ),
+)
+
 DEEPSPEED_NO_LAUNCHER = Rule(
     code="LCH115",
     kind="launcher-env-missing",
@@ -1851,6 +1903,7 @@ RULES = (
     NATIVE_CRASH,
     LOCAL_RANK_ARGUMENT,
     LAUNCHER_ENV_MISSING,
+    LAUNCHER_VAR_NONE,
     DEEPSPEED_NO_LAUNCHER,
     ENTRYPOINT_NOT_FOUND,
     LAUNCHER_NOT_FOUND,
