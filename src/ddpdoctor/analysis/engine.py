@@ -182,10 +182,10 @@ def plain_line(line: bytes) -> bool:
     """ASCII without control bytes and no longer than a parsed text: cleaning leaves it as it
     is, so its parsed message is a suffix of it and a regex finds there what it finds in the
     bytes (Python's str and bytes classes agree on ASCII without control bytes). Not a line
-    whose end parsing may cut: trailing padding, or a caller's file:line column (rich's
+    whose end parsing may cut: trailing blanks or tabs, or a caller's file:line column (rich's
     RichHandler right-aligns 'train.py:42' after the message), nor a JSON log record (read
     as its message and fields, ingest/json_lines.py)."""
-    if line.endswith(b" ") or (line[-1:].isdigit() and b".py:" in line[-100:]):
+    if line[-1:] in (b" ", b"\t") or (line[-1:].isdigit() and b".py:" in line[-100:]):
         return False
     if line.endswith(b"}") and b'{"' in line:
         return False

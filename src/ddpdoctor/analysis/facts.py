@@ -288,9 +288,10 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
     # and argparse dumps' "max_epochs=12", transformers' "Num Epochs = 3"; a config table's or
     # dump's "num_epochs  3", "total_epochs: 3", argparse's Namespace(..., epochs=3, ...)
     # (fairseq's Namespace dump: "max_epoch=6", its --max-epoch; PhysicsNeMo's examples count
-    # "pseudo epochs" of a fixed sample size: "max_pseudo_epochs: 256")
+    # "pseudo epochs" of a fixed sample size: "max_pseudo_epochs: 256"; Flair's ModelTrainer
+    # quotes each parameter's value: ' - max_epochs: "5"')
     FactPattern(
-        "max_epochs", r"\bmax_epochs?\s?[=:]\s?(?P<n>\d{1,6})\b", "max_epoch", distinct=VALUE
+        "max_epochs", r"\bmax_epochs?\s?[=:]\s?\"?(?P<n>\d{1,6})\b", "max_epoch", distinct=VALUE
     ),
     FactPattern(
         "max_epochs",

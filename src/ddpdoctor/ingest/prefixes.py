@@ -103,8 +103,8 @@ TORCHX_REPLICA = re.compile(
 )
 # the logging format of hszhao's semseg and the research code that copied it (PointWeb, PAConv,
 # Point Transformer, Stratified Transformer, Pointcept): "[%(asctime)s %(levelname)s
-# %(filename)s line %(lineno)d %(process)d] %(message)s". The process id tells the writers
-# apart: its ranks name themselves nowhere else
+# %(filename)s line %(lineno)d %(process)d] %(message)s". The process id is the line's origin,
+# not a prefix of its writer: a record's traceback follows it without the head
 FILE_LINE_PID_HEAD = re.compile(
     r"\[(?P<ts>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) "
     r"(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) [\w.-]{1,80} line \d{1,7} (?P<pid>\d{1,10})\] ?"
@@ -722,7 +722,6 @@ def parse_line(raw: str, year: int = 1970, with_time: bool = True, depth: int = 
                     out.time = out.time or _parse_iso(head.group("ts"))
                 out.level = head.group("level").lower()
                 origin.pid = origin.pid or pid_number(head.group("pid"))
-                prefix_parts.append(f"pid {head.group('pid')}")
                 pos = head.end()
                 continue
             rich = RICH_LOG_HEAD.match(text, pos)
