@@ -52,7 +52,9 @@ longer given to it: relations.SILENT_DEATHS), and the semseg/Pointcept record he
 file line N PID]' is parsed (its process id tells the writers apart), which makes far-index's
 kind right and lone-leave's writer right, both still misses; and wall-term is right: a SIGINT
 (spawn's parent-death signal) that came while the job still printed progress (the last line 0.9
-s before it, against 3 s at most) says nothing of a hang (JobEvidence.progressing_at).
+s before it, against 3 s at most) says nothing of a hang (JobEvidence.progressing_at); and
+tidy-room and noisy-room are right: Pointcept's 'Train: [3/3][8/8]' counts the epoch, then the
+iteration (scanner.EPOCH_THEN_ITER), so the healthy runs end on their last epoch.
 """
 
 from __future__ import annotations
@@ -156,18 +158,6 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "tidy-room": (
-        "hang (INF212, 0.3) instead of ok: the log ends with rank 0's 'Best mIoU: 0.0850' after "
-        "three epochs' 'Train: [3/3][8/8]', the third evaluation and 'Saving checkpoint to: ...', "
-        "and nothing after it (spawn's parent returns silently, every process exits 0); "
-        "Pointcept's end of training is not read as an end, so 'no error, no end of training, no "
-        "exit code' reads as a job that stopped mid-run"
-    ),
-    "noisy-room": (
-        "hang (INF212, 0.3) instead of ok: as tidy-room, under torchrun (which says nothing when "
-        "every worker exits 0): the last line, 'Best mIoU: 0.0850' after epoch 3/3, is not read "
-        "as the end of training; the scary warnings are not what misleads it"
-    ),
     "bare-url": (
         "launcher-env-missing on rank 0 (LCH106, 0.9) instead of on none: the kind is right, but "
         "the rank is the Process 0 whose traceback spawn's ProcessRaisedException happened to "

@@ -350,6 +350,11 @@ ModelCheckpoint's filename '{epoch:06}' is no epoch 6."""
 EPOCH_SHARE = re.compile(r"""['"]epoch['"]: ?(?P<share>\d{1,5}\.\d{1,6})(?![\d.])""")
 """The fractional epoch of a Hugging Face Trainer-style log dict ('epoch': 0.33, its steps
 over the steps of an epoch): where in the run's epochs the writer stood."""
+EPOCH_THEN_ITER = re.compile(
+    r"Train(?:ing)?: \[(?P<n>\d{1,6})/(?P<total>\d{1,6})\]\[(?P<i>\d{1,9})/(?P<itotal>\d{1,9})\]"
+)
+"""The epoch, then the iteration, each over its total, without the word 'epoch': Pointcept's
+(and PointTransformerV2's) 'Train: [3/3][8/8] Data 0.002 (0.005) Batch ...'."""
 ANY_COUNTER = re.compile(r"(?<![\d./])(?P<n>\d{1,9})\s{0,2}/\s{0,2}(?P<total>\d{1,9})(?![\d./])")
 """Any 'n/total' on a progress line (steps, batches, a bar's count): not a date or a path."""
 PROGRESS_COUNTER = re.compile(
@@ -1208,6 +1213,8 @@ def _epoch_state(message: str) -> tuple[int, int | None, bool] | None:
     segment = message.rsplit("\r", 1)[-1]
     epoch = EPOCH_COUNTER.search(segment)
     if epoch is None:
+        if segment.startswith("Train") and (both := EPOCH_THEN_ITER.match(segment)):
+            return int(both["n"]), int(both["total"]), both["i"] == both["itotal"]
         return None
     rest = segment[: epoch.start()] + " " + segment[epoch.end() :]
     done = all(m["n"] == m["total"] for m in ANY_COUNTER.finditer(rest))
