@@ -41,7 +41,9 @@ survivor's lost peer, rank 0's lone all-gather reads as rank 0 leaving, and rank
 batch ('iter 20/21') as rank 0 busy. Since fixed (session 40): lr-floor, Flair's 'learning rate
 too small - quitting training!' is a planned stop (EXIT101's 'quitting training', like
 'stopping training'); calm-tags and loud-tags, Flair's quoted ' - max_epochs: "5"' announces the
-run's length, so 'EPOCH 5 done' is the last epoch and the run ended.
+run's length, so 'EPOCH 5 done' is the last epoch and the run ended; no-spawn, Flair's
+'multi_gpu=True can only used inside flair.distributed_utils.launch_distributed()' is the
+launcher missing (LCH106).
 """
 
 from __future__ import annotations
@@ -137,12 +139,6 @@ _NO_END = (
     "not read as an end, and launch_distributed's spawn prints no exit line of its own"
 )
 MISSES: dict[str, str] = {
-    "no-spawn": (
-        "python-exception (PY101, 0.6) instead of launcher-env-missing: Flair's 'RuntimeError: "
-        "multi_gpu=True can only used inside flair.distributed_utils.launch_distributed()' "
-        "(trainer.train(multi_gpu=True) without a process group) is read as a bug raised at "
-        "train_ner.py in train, not as a script started without its launcher"
-    ),
     "wrong-file": (
         "entrypoint-not-found on ranks 0 and 1 (LCH107, 0.9) instead of on none: the kind is "
         "right, but both workers' \"can't open file '.../train_ner_multi.py'\" are taken as two "

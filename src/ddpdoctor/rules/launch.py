@@ -753,6 +753,12 @@ LAUNCHER_ENV_MISSING = Rule(
             "`MASTER_ADDR` env was not set",
         ),
         Signature(r"Using fsdp only works in distributed training", "Using fsdp only works"),
+        # Flair's ModelTrainer asked for several GPUs in a process its launcher did not start
+        # (flair/trainers/trainer.py: no process group)
+        Signature(
+            r"multi_gpu=True can only used inside flair\.distributed_utils\.launch_distributed",
+            "can only used inside flair.distributed_utils",
+        ),
         Signature(
             r"environment variable (?P<var>RANK|WORLD_SIZE|MASTER_ADDR|MASTER_PORT|LOCAL_RANK) "
             r"expected, but not set",
@@ -804,6 +810,8 @@ LAUNCHER_ENV_MISSING = Rule(
         "ValueError: Tried to launch on distributed with multinode, but `MASTER_ADDR` env was not "
         "set, please try exporting rank 0's hostname as `MASTER_ADDR`",
         "ValueError: Using fsdp only works in distributed training.",
+        "RuntimeError: multi_gpu=True can only used inside "
+        "flair.distributed_utils.launch_distributed()",
         "ValueError: Error initializing torch.distributed using env:// rendezvous: environment "
         "variable RANK expected, but not set",
         "KeyError: 'LOCAL_RANK'",
