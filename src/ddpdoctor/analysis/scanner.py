@@ -280,9 +280,9 @@ class StreamSummary:
     """The epoch its first line that counts epochs names: 0 for a loop that counts from 0
     (`for epoch in range(epochs)`), whose last epoch is one less than the epochs announced."""
     epoch_share: float | None = None
-    """The fractional epoch its last progress line carried in a Trainer-style log dict
-    ("{'loss': 2.31, ..., 'epoch': 0.33}"): how far through the run's epochs it stood, to the
-    part of an epoch. None: no such line."""
+    """The fractional epoch of its last line that carried one, a Trainer-style log dict
+    ("{'loss': 2.31, ..., 'epoch': 0.33}", a progress line or not): how far through the run's
+    epochs it stood, to the part of an epoch. None: no such line."""
     open_traceback_line: int = 0
     """Where the writer's last traceback began, while no exception line has closed it yet (0:
     none open). Open at the end of its output: the output was cut inside a traceback."""
