@@ -204,6 +204,13 @@ def test_a_run_whose_epochs_count_from_zero_and_reach_the_last_is_ok() -> None:
         ("epochs: 90", 90),
         ("epoch: 3", None),
         ("epochs: 3 done", None),
+        # an argument table's words (Time-Series-Library), a script's summary line; not
+        # Megatron's passes over the data for its samples
+        ("  Train Epochs:       3                   Batch Size:         32", 3),
+        ("\tTotal epochs: 2; iters: 60.", 2),
+        ("max epochs = 40", 40),
+        (" > number of epochs: 47", None),
+        ("Train epochs: 3.5", None),
         # fairseq's Namespace dump (its --max-epoch)
         ("Namespace(task='language_modeling', max_epoch=6, max_update=0)", 6),
         ("Namespace(max_epoch_size=6)", None),

@@ -299,6 +299,17 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
         "_epochs",
         distinct=VALUE,
     ),
+    # ... and an argument table's words for it, capitalised and spaced as people print them
+    # (thuml's Time-Series-Library: "  Train Epochs:       3        Batch Size: 32", a
+    # script's "Total epochs: 2; iters: 60."); not "number of epochs", which Megatron's index
+    # builder prints for the passes over the data its samples need
+    FactPattern(
+        "max_epochs",
+        r"\b(?:[Tt]otal|[Tt]rain(?:ing)?|[Mm]ax(?:imum)?) [Ee]pochs\s{0,2}[=:]"
+        r"\s{0,24}(?P<n>\d{1,6})(?![\d.])",
+        "pochs",
+        distinct=VALUE,
+    ),
     FactPattern("max_epochs", r"[(,]\s?epochs=(?P<n>\d{1,6})[,)]", "epochs=", distinct=VALUE),
     # a dump of the arguments one per line, as key and value (SwAV's and DINO's
     # "                epochs: 3", a YAML config's "epochs: 3"): the key alone on its line,
