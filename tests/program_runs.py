@@ -68,6 +68,15 @@ class RunSet:
             assert f"--mode {label}" not in text and f"mode={label}" not in text, f
             assert not self.label_nowhere or mode not in text, f
 
+    def names(self, mode: str) -> list[str]:
+        """The fixture's files, as paths relative to its folder (a job folder's user_logs/ and
+        system_logs/ files, not one console)."""
+        return [f.relative_to(self.folder(mode)).as_posix() for f in self.files(mode)]
+
+    def text(self, mode: str, name: str) -> str:
+        """One file of the fixture, by its path relative to the folder."""
+        return (self.folder(mode) / name).read_text(errors="replace")
+
     def console(self, mode: str) -> str:
         return (self.folder(mode) / "console.log").read_text(errors="replace")
 
