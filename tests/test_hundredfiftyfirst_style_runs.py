@@ -35,7 +35,9 @@ wall-term, lr-format), 15 with port-squat, whose culprit was written [] and is n
 ranks). Missed: a rank that logs its leaving and exits 0 (lone-leave) is read as killed from
 outside (host-oom), because its block-buffered print() lines land after its logging line at
 exit and the execution wrapper's per-process 'Process exited with code 0' is not taken as its
-exit.
+exit. Since (session 41): a stop in the program's own words that ends in 'exiting' or
+'quitting' as well as 'stopping' ('training loss has stopped improving, exiting') is an early
+stop announced by that rank, so rank 1 left on its own (lone-leave right): 16 of 16.
 """
 
 from __future__ import annotations
@@ -129,18 +131,7 @@ EXPECTED: dict[str, Expected] = {
 }
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
-MISSES: dict[str, str] = {
-    "lone-leave": (
-        "host-oom on rank 1 (INF231, 0.5) instead of uncoordinated-exit: 'Rank 1 stopped "
-        "printing in the middle of training (the last line is a training step) with no error, "
-        "no word of leaving and no exit code' - the last line of std_log_process_1.txt is a "
-        "print() step line only because its block-buffered stdout was flushed at exit, after "
-        "the unbuffered logging line 'INFO:__main__:Rank 1: training loss has stopped improving, "
-        "exiting'; and the execution wrapper's 'User process 1 (pid N) finished' / 'Process "
-        "exited with code 0' (system_logs/lifecycler/execution-wrapper.log) is not read as rank "
-        "1's own exit 0 (a SIGKILL would be bash's 'Killed' and code 137)"
-    ),
-}
+MISSES: dict[str, str] = {}
 
 RUNS = RunSet("hundredfiftyfirst-", EXPECTED, MISSES, label_nowhere=True)
 TWO_NODES = {"noisy-pair", "lost-mount"}

@@ -129,16 +129,21 @@ EARLY_STOP = Rule(
         # "sample budget of 24 reached, stopping", "max_steps reached; stopping", "validation
         # loss 1.18 below target, stopping", "mean loss 0.49 under 0.60 after epoch 1:
         # stopping", a budget used up: "Privacy budget exhausted (ε = 5.05 > 5.0), stopping"
+        # (or "exiting", "quitting": "training loss has stopped improving, exiting")
         # (not "... reached, stopping training at step N!", nor a signal's "got SIGTERM,
         # stopping": no limit or target is named); a loss that is no longer finite is
         # such a limit: "policy_loss is nan at episode 1 step 2, stopping" (a rank that then
         # leaves with sys.exit(1), as DeiT's "Loss is nan, stopping training")
-        Signature(
-            r"(?i:\b(?:reached|under|below|above|exceed(?:s|ed)?|target|threshold|patience"
-            r"|converged|enough|no improvement|exhausted|used up|nan|inf)\b[^\n]{0,80}?[,;:]? "
-            r"stopping)"
-            r"(?: the (?:training|sweep|search|run))?(?:[.!]?$| early\b)",
-            " stopping",
+        # (one signature per verb, each with its own literal for the prefilter)
+        *(
+            Signature(
+                r"(?i:\b(?:reached|under|below|above|exceed(?:s|ed)?|target|threshold|patience"
+                r"|converged|enough|no improvement|(?:stopped|no longer) improving|exhausted"
+                rf"|used up|nan|inf)\b[^\n]{{0,80}}?[,;:]? {verb})"
+                r"(?: the (?:training|sweep|search|run))?(?:[.!]?$| early\b)",
+                f" {verb}",
+            )
+            for verb in ("stopping", "exiting", "quitting")
         ),
         # the same after a metric that stopped improving, in the imperative: "Epoch 1 cv_loss
         # 7.74 has not improved for 1 epoch(s), stop training", "val loss did not improve in 5
@@ -194,6 +199,8 @@ EARLY_STOP = Rule(
         "[worker 0/2] eval loss 1.25 below 1.30, stopping at outer step 4",
         "Found /tmp/runs/STOP: stopping after iteration 4.",
         "sample budget of 24 reached, stopping",
+        # tests/fixtures/real/hundredfiftyfirst-lone-leave (an AzureML example's own stop)
+        "INFO:__main__:Rank 1: training loss has stopped improving, exiting",
         # tests/fixtures/real/hundredtwentieth-budget-halt (an Opacus example's privacy budget)
         "12/06/2026 18:26:17:INFO:Privacy budget exhausted (ε = 5.05 > 5.0), stopping",
         # tests/fixtures/real/fiftysecond-lone-halt: a target met in the program's own words
