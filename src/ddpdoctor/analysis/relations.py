@@ -222,6 +222,11 @@ def attribute_by_elimination(events: list[Event], evidence: JobEvidence) -> bool
     failing = set(evidence.failing_exits)
     raised = {r for r, code in evidence.failing_exits.items() if code not in SILENT_DEATHS}
     changed = _attribute_wait(events, waiting, raised if raised == failing else set())
+    # ranks that lost a peer outlived it: they went on after it left (their unranked lost
+    # peer given to them just above included)
+    outlived = {r for r in present if "lost-peer" in evidence.ranks[r].echoes} | {
+        e.rank for e in events if e.echo is Echo.LOST_PEER and e.rank is not None
+    }
     for event in events:
         if event.rank is not None or not (
             event.primary or event.rule.exit_path or event.marker == Marker.STOP
@@ -240,7 +245,9 @@ def attribute_by_elimination(events: list[Event], evidence: JobEvidence) -> bool
         candidates = (on_host or present) - waiting
         if event.marker == Marker.STOP:
             # a stop is announced by a rank that then leaves (exit 0), not by one the launcher
-            # saw fail or had to stop (those went on and were left waiting)
+            # saw fail or had to stop (those went on and were left waiting), nor by one that
+            # then lost its peer (it went on: the peer had left)
+            candidates -= outlived
             stopped = {r for r in candidates if evidence.ranks[r].terminated}
             if candidates - failing - stopped:
                 candidates -= failing | stopped
@@ -252,9 +259,11 @@ def attribute_by_elimination(events: list[Event], evidence: JobEvidence) -> bool
             # a failed worker printed the failure; a stop is not announced by one
             one_failed = len(failing) == 1 and event.marker != Marker.STOP
             candidates = set(failing) if one_failed else set()
+        left_behind = waiting | outlived if event.marker == Marker.STOP else waiting
         if (
             not candidates
-            and waiting >= present
+            and present
+            and left_behind >= present
             and (not failing or event.marker == Marker.STOP)
             and len(evidence.missing) == 1
         ):

@@ -160,6 +160,10 @@ EARLY_STOP = Rule(
             r"\[exiting program (?:after [\d.]+ minutes|at iteration \d+)\]",
             "[exiting program ",
         ),
+        # rl_games (IsaacGymEnvs, Isaac Lab) when the mean reward passes its score_to_win:
+        # a2c_common.py prints this, saves, and every rank leaves the loop (its own planned end
+        # is 'MAX EPOCHS NUM!' / 'MAX FRAMES NUM!')
+        Signature(r"Maximum reward achieved\. Network won!", "Network won!"),
         # Lightning EarlyStopping: "... did not improve ... Signaling Trainer to stop."
         Signature(r"Signaling Trainer to stop"),
         # PyTorch-Ignite's handlers when they end the trainer's run (engine.terminate()):
@@ -199,6 +203,8 @@ EARLY_STOP = Rule(
         "[worker 0/2] eval loss 1.25 below 1.30, stopping at outer step 4",
         "Found /tmp/runs/STOP: stopping after iteration 4.",
         "sample budget of 24 reached, stopping",
+        # tests/fixtures/real/hundredfiftysecond-score-stop (rl_games' score_to_win)
+        "Maximum reward achieved. Network won!",
         # tests/fixtures/real/hundredfiftyfirst-lone-leave (an AzureML example's own stop)
         "INFO:__main__:Rank 1: training loss has stopped improving, exiting",
         # tests/fixtures/real/hundredtwentieth-budget-halt (an Opacus example's privacy budget)
