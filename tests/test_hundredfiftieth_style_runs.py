@@ -41,7 +41,10 @@ rank 3's one batch fewer an epoch ('0/15' against '0/16') not read as uneven inp
 held by one worker that never reports, and the run whose driver was SIGTERMed, both read as a log
 that merely ends ('Trial status' tables stuck at iteration 1 not read as a stall); and rank 0, the
 worker that hosts Ray's TCPStore, named for the held port where EXPECTED (written after the
-torchrun model, whose launcher hosts the store) names none.
+torchrun model, whose launcher hosts the store) names none. Since (session 41): port-held's
+EXPECTED names rank 0 (Ray's worker 0 hosts the store, as in sets 15, 18, 44, 51 and 86); a
+reader's reshape of what it read into the shape its header promised (the deepest frame
+read_sn3_pascalvincent_tensor) is a data error (DATA109: gz-stub right): 11 of 16.
 """
 
 from __future__ import annotations
@@ -78,7 +81,9 @@ EXPECTED: dict[str, Expected] = {
     # [ray; a stale process listens on the master port] rank 0's TCPStore cannot listen:
     # 'ray.exceptions.RayTaskError(DistNetworkError): ray::_RayTrainWorker__execute()' with
     # 'torch.distributed.DistNetworkError: The server socket has failed to listen ... EADDRINUSE'
-    "port-held": ("failed", "rendezvous-failure", []),
+    # (culprit first written [] after the torchrun model, whose launcher hosts the store; in
+    # Ray worker 0 hosts it, as in the suite's other sets of such jobs: [0], session 41)
+    "port-held": ("failed", "rendezvous-failure", [0]),
     # [ray; rank 3's copy of train-images-idx3-ubyte (node 10.0.0.2, worker1) cut at 1 MiB: an
     # earlier download's extraction] rank 3 fails reading it: "RuntimeError: shape '[2048, 28,
     # 28]' is invalid for input of size 1048560" through FashionMNIST.__init__; the others wait
@@ -137,20 +142,6 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "port-held": (
-        "rendezvous-failure on rank 0 (LCH108, 0.9) instead of on none: the kind is right; rank 0 "
-        "is named as the worker whose TCPStore could not listen (EADDRINUSE). Here Ray's worker 0 "
-        "hosts the store, as a spawned rank 0 does, and the suite's sets of such jobs expect [0] "
-        "(sets 15, 18, 44, 51, 86): EXPECTED followed the torchrun model, whose launcher hosts it "
-        "(see the report)"
-    ),
-    "gz-stub": (
-        'python-exception on rank 3 (PY101, 0.6) instead of data-error: "RuntimeError: shape '
-        "'[2048, 28, 28]' is invalid for input of size 1048560\" raised in "
-        "read_sn3_pascalvincent_tensor under FashionMNIST.__init__ (a data set file shorter than "
-        "its header says: an extraction cut short) is read as a generic exception, not as a "
-        "corrupt input file"
-    ),
     "slow-mirror": (
         "host-oom on rank 2 (INF231, 0.5) instead of slow-rank-timeout: the rank is right, but its "
         "last line, its download bar (' 80%|...| 1081344/1342416'), is read as 'stopped in the "

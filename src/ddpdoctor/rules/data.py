@@ -713,6 +713,65 @@ SAMPLE_FETCH = Rule(
     negative=("INFO: loss=0.31 RuntimeError count=0",),
 )
 
+READ_FRAME = (
+    r"\bin _?(?:[A-Za-z0-9]+_)*(?:read|load|loader|parse|decode|fromfile|from_file)"
+    r"(?:_\w*)?[ \t]*\n(?:(?![ \t]*File \")[ \t][^\n]*\n){0,6}[^\n]*$"
+)
+"""The traceback's deepest frame is a function that reads a file ('read_sn3_pascalvincent_tensor',
+'ppm_loader', 'load_data', '_parse_record', 'from_file'): only its code line and carets follow
+it down to the error."""
+
+READ_DATA_SIZE = Rule(
+    code="DATA109",
+    kind="data-error",
+    title="Data read from a file is not the size its shape says (a file cut short or of "
+    "another format)",
+    sources="ATen view/reshape ('shape ... is invalid for input of size'), numpy reshape",
+    specificity=25,
+    signatures=(
+        Signature(
+            r"^\**(?:[\w.]+\.)?RuntimeError: shape '\[[\d, -]{1,200}\]' is invalid for input of "
+            r"size \d{1,15}",
+            "is invalid for input of size",
+        ),
+        Signature(
+            r"^\**(?:[\w.]+\.)?ValueError: cannot reshape array of size \d{1,15} into shape",
+            "cannot reshape array of size",
+        ),
+    ),
+    # a reader's reshape of what it read into the shape the file's header or the format
+    # promises (torchvision's MNIST reader: numbers of items and rows from the header, then
+    # parsed.view(*s); np.fromfile(...).reshape(n, 28, 28)): the bytes are fewer or more
+    # than that shape. The same error in a model's forward or a collate is the code's
+    context_all=(READ_FRAME,),
+    explanation=Explanation(
+        what="A function that reads a file (its name says it reads, loads, parses or decodes) "
+        "reshaped what it read into the shape the file's header or format promised, and the "
+        "number of values did not fit.",
+        why="The file is shorter or longer than its header says: a download or an extraction "
+        "cut short, a file overwritten while another rank read it, a file of another format or "
+        "version under the expected name.",
+        fix="Check the size of the file the reader opened on the failing rank's node against "
+        "a good copy (or its checksum); download or extract it again.",
+        false_positives="A reader whose own shape arithmetic is wrong fails the same way on "
+        "every file and every rank.",
+    ),
+    fix=(
+        "Compare the size (or checksum) of the file the failing rank read with a good copy; "
+        "download or extract it again, and build shared caches on one rank behind a barrier.",
+    ),
+    positive=(
+        # tests/fixtures/real/hundredfiftieth-gz-stub (FashionMNIST's reader, an extraction
+        # cut short)
+        "RuntimeError: shape '[2048, 28, 28]' is invalid for input of size 1048560",
+        "ValueError: cannot reshape array of size 1048560 into shape (2048,28,28)",
+    ),
+    negative=(
+        "RuntimeError: shape mismatch: value tensor of shape [8] cannot be broadcast",
+        "ValueError: cannot reshape array of size 0",
+    ),
+)
+
 DATALOADER_TIMEOUT = Rule(
     code="DL104",
     kind="hang",
@@ -922,6 +981,7 @@ RULES = (
     DEEPSPEED_NO_CHECKPOINT,
     DATALOADER_TIMEOUT,
     SAMPLE_FETCH,
+    READ_DATA_SIZE,
     CHECKPOINT_UNREADABLE,
     DISK_FULL,
     CHECKPOINT_WRITE_FAILED,
