@@ -403,6 +403,9 @@ CUDA_LIBRARY_MISMATCH = Rule(
         # are simply absent from torch._C)
         Signature(r"module 'torch\._C' has no attribute '_cuda_\w+'", "has no attribute '_cuda_"),
         Signature(r"No CUDA GPUs are available"),
+        # torchrun --nproc-per-node=gpu where torch sees no GPU (torch/distributed/run.py:
+        # census run-cuda-not-available)
+        Signature(r"ValueError: Cuda is not available\.", "Cuda is not available."),
         Signature(r"ProcessGroupNCCL is only supported with GPUs, no GPUs found"),
         # DeepSpeed launcher/runner.py and op_builder/builder.py (JIT-compiled ops)
         Signature(r"Unable to proceed, no GPU resources available"),
@@ -493,6 +496,7 @@ CUDA_LIBRARY_MISMATCH = Rule(
     ),
     capture_fix=(*ARCH_FIXES, FABRIC_MANAGER_FIX, EXTENSION_FIX, BUILD_FIX, CXX_RUNTIME_FIX),
     positive=(
+        "ValueError: Cuda is not available.",
         "RuntimeError: Error building extension 'fused_adam'",
         "RuntimeError: Distributed package doesn't have NCCL built in",
         '    raise RuntimeError("Distributed package doesn\'t have NCCL " "built in")',
@@ -524,6 +528,8 @@ CUDA_LIBRARY_MISMATCH = Rule(
         "dependencies.",
     ),
     negative=(
+        "I1203 08:01:11.512000 4242 torch/distributed/run.py:780] Using "
+        "nproc_per_node=gpu, setting nproc_per_node to 8 since the instance has 8 gpu",
         "NotImplementedError: Could not run 'aten::_sparse_mm' with arguments from the 'CUDA' "
         "backend.",
         "RuntimeError: operator mylib::fused_attn does not exist",

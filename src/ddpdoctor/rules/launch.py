@@ -1052,6 +1052,17 @@ RENDEZVOUS_FAILURE = Rule(
             r"Bootstrap Root : rank \d{1,7} of \d{1,7} ranks has already checked in",
             "has already checked in",
         ),
+        # ... or processes that disagree on the communicator's size: two jobs (two launches)
+        # on one NCCL_COMM_ID or store (bootstrap.cc, NCCL >= 2.23: census
+        # nccl-warn-bootstrap-root-mismatch)
+        Signature(r"Bootstrap Root : mismatch in info from procs", "mismatch in info from procs"),
+        # NCCL_COMM_ID that NCCL cannot read as host:port (bootstrap.cc, misc/socket.cc: census
+        # nccl-warn-invalid-comm-id, nccl-warn-net-no-valid-pair)
+        Signature(r"Invalid NCCL_COMM_ID, please use format", "Invalid NCCL_COMM_ID"),
+        Signature(
+            r"Net : No valid <IPv4_or_hostname>:<port> pair found",
+            "No valid <IPv4_or_hostname>:<port> pair found",
+        ),
         # torchelastic's etcd rendezvous: its store's wait for keys, and a handler in a state it
         # cannot go on from (census rdzv-etcd-store-timeout, rdzv-etcd-worker-must-die)
         Signature(r"Timeout while waiting for keys in EtcdStore", "waiting for keys in EtcdStore"),
@@ -1137,6 +1148,11 @@ RENDEZVOUS_FAILURE = Rule(
         # torch/distributed/elastic/rendezvous (c10d/etcd backends): two jobs on one --rdzv-id
         # or a stale store; static_tcp_rendezvous.py / launcher/api.py: a malformed endpoint
         Signature(r"RendezvousStateError"),
+        # c10d_rendezvous_backend.py, store_type=file: the store's file could not be made (a
+        # path not shared or not writable on every node: census elastic-file-store-creation-failed)
+        Signature(
+            r"The file creation for C10d store has failed", "The file creation for C10d store"
+        ),
         Signature(r"[Pp]ort is (?:absent|missing) in endpoint", "in endpoint"),
         # torch/distributed/rendezvous.py: tcp:// and file:// init_method errors
         Signature(
@@ -1201,6 +1217,13 @@ RENDEZVOUS_FAILURE = Rule(
         ),
     ),
     positive=(
+        "torch.distributed.elastic.rendezvous.api.RendezvousError: The file creation "
+        "for C10d store has failed. See inner exception for details.",
+        "gpu-a7:31415:31502 [3] bootstrap.cc:114 NCCL WARN Invalid NCCL_COMM_ID, "
+        "please use format: <ipv4>:<port> or [<ipv6>]:<port> or <hostname>:<port>",
+        "gpu-a7:31415:31502 [3] bootstrap.cc:335 NCCL WARN Bootstrap Root : mismatch "
+        "in info from procs, nranks 16 vs 8, nroots 1 vs 1, iroot 0 vs 0, offset 0 vs "
+        "0",
         "gpu-n7:2291:2384 [3] bootstrap.cc:145 NCCL WARN Bootstrap Root : rank 1 of 8 ranks has "
         "already checked in",
         "LookupError: Timeout while waiting for keys in EtcdStore",
