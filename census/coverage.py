@@ -33,10 +33,10 @@ ONE_VERSION = r"[a-z][a-z0-9_.-]*(?:==[\w.+-]+|>=[\w.+-]+(?:,<=[\w.+-]+)?|<=[\w.
 VERSIONS = re.compile(rf"{ONE_VERSION}(?:; {ONE_VERSION})*")
 # placeholders as the sources write them: {name}, {}, ${name} (Python, fmt, Template) and %s,
 # %(name)s, %.1f, %lu, %0*lx (printf, logging), %m and %ps/%pGg (Slurm, the kernel), %R
-# (CPython), %v (Go); `{{`, `}}` and `%%` stand for themselves
+# (CPython), %v and %q (Go); `{{`, `}}` and `%%` stand for themselves
 PLACEHOLDER = re.compile(
     r"\{\{|\}\}|%%|\$?\{[^{}]*\}|%(?:\([^)]*\))?[-+ #0]*(?:\d+|\*)?(?:\.(?:\d+|\*))?"
-    r"(?:hh|h|ll|l|z|j|t|L)?(?:p[A-Za-z]*|[diouxXeEfgGcrsamRv])"
+    r"(?:hh|h|ll|l|z|j|t|L)?(?:p[A-Za-z]*|[diouxXeEfgGcrsamRvq])"
 )
 LITERAL = {"{{": "{", "}}": "}", "%%": "%"}
 

@@ -135,6 +135,18 @@ NCCL_WATCHDOG_TIMEOUT = Rule(
             after_head="Watchdog caught collective operation timeout",
         ),
         Signature(r"Timeout at NCCL work: (?P<seq>\d+)", "Timeout at NCCL work"),
+        # the watchdog's first line about a collective that timed out or failed (torch 2.4-2.5;
+        # 'failure detected by watchdog at work sequence id: N PG status: ...' since 2.6): the
+        # line beside it says which, and a more specific one wins the rank (census
+        # pgnccl-exception-detected-by-watchdog, pgnccl-failure-detected-by-watchdog)
+        Signature(
+            r"Exception \(either an error or timeout\) detected by watchdog at work: (?P<seq>\d+)",
+            "Exception (either an error or timeout) detected by watchdog",
+        ),
+        Signature(
+            r"failure detected by watchdog at work sequence id: (?P<seq>\d+)",
+            "failure detected by watchdog at work sequence id",
+        ),
         # another rank's watchdog timed out and asked this one to dump its flight recorder
         # (ProcessGroupNCCL.cpp, torch >= 2.4): this rank is a bystander of that timeout
         Signature(
@@ -190,6 +202,13 @@ NCCL_WATCHDOG_TIMEOUT = Rule(
         "then NCCL_P2P_DISABLE=1 (`ddpdoctor check` automates it).",
     ),
     positive=(
+        "[rank1]:[E1023 09:52:18.406497120 ProcessGroupNCCL.cpp:1664] [PG 0 "
+        "(default_pg) Rank 1] Exception (either an error or timeout) detected by "
+        "watchdog at work: 412, last enqueued NCCL work: 412, last completed NCCL "
+        "work: 411.",
+        "[rank0]:[E311 07:22:18.356114092 ProcessGroupNCCL.cpp:2268] [PG ID 0 PG GUID "
+        "0(default_pg) Rank 0]  failure detected by watchdog at work sequence id: "
+        "4817530 PG status: last enqueued work: 4817530, last completed work: 4817529",
         "WorkNCCL(SeqNum=1, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000)",
         "RuntimeError: [Rank 1] Caught collective operation timeout: WorkNCCL(SeqNum=1, "
         "OpType=BROADCAST, TensorShape=[], Timeout(ms)=10800000) ran for 10800027 milliseconds "
@@ -200,7 +219,11 @@ NCCL_WATCHDOG_TIMEOUT = Rule(
         "WorkNCCL(SeqNum=2, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=1800000) ran "
         "for 1800328 milliseconds before timing out.",
     ),
-    negative=("NCCL INFO comm 0x9f2ef80 rank 8 nranks 16 cudaDev 0 busId b000 - Init COMPLETE",),
+    negative=(
+        "[rank3]:[I1203 08:40:02.118342771 ProcessGroupNCCL.cpp:2030] [PG ID 0 PG "
+        "GUID 0(default_pg) Rank 3] Process group watchdog thread terminated normally",
+        "NCCL INFO comm 0x9f2ef80 rank 8 nranks 16 cudaDev 0 busId b000 - Init COMPLETE",
+    ),
 )
 
 GLOO_TIMEOUT = Rule(

@@ -204,6 +204,9 @@ GPU_HARDWARE = Rule(
         ),
         # cudaErrorNvlinkUncorrectable (libcudart cudaGetErrorString)
         Signature(r"uncorrectable NVLink error detected"),
+        # the driver could not initialise the GPU (open-gpu-kernel-modules osinit.c): unusable
+        # until reset (census nvrm-rminitadapter-failed)
+        Signature(r"NVRM: GPU \S{1,20}: RmInitAdapter failed!", "RmInitAdapter failed"),
     ),
     explanation=Explanation(
         what="The GPU or its link reported a hardware error.",
@@ -218,6 +221,7 @@ GPU_HARDWARE = Rule(
         "Report the node to operations with `nvidia-smi -q -d ECC` and `dmesg | grep -i xid`.",
     ),
     positive=(
+        "[  18.220931] NVRM: GPU 0000:3b:00.0: RmInitAdapter failed! (0x26:0xffff:1601)",
         "RuntimeError: CUDA error: uncorrectable ECC error encountered",
         "pcieport 0000:00:03.1: PCIe Bus Error: severity=Uncorrected (Non-Fatal), type=Transaction Layer",
         "Unable to determine the device handle for GPU 0000:41:00.0: GPU is lost. Reboot the "
@@ -403,6 +407,24 @@ CUDA_LIBRARY_MISMATCH = Rule(
         # are simply absent from torch._C)
         Signature(r"module 'torch\._C' has no attribute '_cuda_\w+'", "has no attribute '_cuda_"),
         Signature(r"No CUDA GPUs are available"),
+        # torchrun --nproc-per-node=gpu where torch sees no GPU (torch/distributed/run.py:
+        # census run-cuda-not-available)
+        Signature(r"ValueError: Cuda is not available\.", "Cuda is not available."),
+        # the precision asked for is not on this GPU (pre-Ampere): DeepSpeed runtime/engine.py
+        # _do_sanity_check, transformers training_args.py; and Lightning's accelerator='gpu'
+        # with no CUDA device (accelerator_connector.py) (census ds-bf16-not-supported,
+        # hf-tf32-unsupported, lightning-no-gpu-backend)
+        Signature(
+            r"Type (?:bf16|fp16) is not supported on your device", "is not supported on your device"
+        ),
+        Signature(r"--tf32 requires Ampere or a newer GPU arch", "--tf32 requires Ampere"),
+        # the driver's user-space libraries and its kernel module are of two versions
+        # (open-gpu-kernel-modules osapi.c; census nvrm-api-mismatch)
+        Signature(r"NVRM: API mismatch: the client ", "NVRM: API mismatch"),
+        Signature(
+            r"MisconfigurationException: No supported gpu backend found!",
+            "No supported gpu backend found",
+        ),
         Signature(r"ProcessGroupNCCL is only supported with GPUs, no GPUs found"),
         # DeepSpeed launcher/runner.py and op_builder/builder.py (JIT-compiled ops)
         Signature(r"Unable to proceed, no GPU resources available"),
@@ -493,6 +515,12 @@ CUDA_LIBRARY_MISMATCH = Rule(
     ),
     capture_fix=(*ARCH_FIXES, FABRIC_MANAGER_FIX, EXTENSION_FIX, BUILD_FIX, CXX_RUNTIME_FIX),
     positive=(
+        "[ 881.001234] NVRM: API mismatch: the client 'nvidia-smi' (pid 4242)",
+        "ValueError: Type bf16 is not supported on your device.",
+        "ValueError: --tf32 requires Ampere or a newer GPU arch, cuda>=11 and torch>=1.7",
+        "lightning.fabric.utilities.exceptions.MisconfigurationException: No "
+        "supported gpu backend found!",
+        "ValueError: Cuda is not available.",
         "RuntimeError: Error building extension 'fused_adam'",
         "RuntimeError: Distributed package doesn't have NCCL built in",
         '    raise RuntimeError("Distributed package doesn\'t have NCCL " "built in")',
@@ -524,6 +552,8 @@ CUDA_LIBRARY_MISMATCH = Rule(
         "dependencies.",
     ),
     negative=(
+        "I1203 08:01:11.512000 4242 torch/distributed/run.py:780] Using "
+        "nproc_per_node=gpu, setting nproc_per_node to 8 since the instance has 8 gpu",
         "NotImplementedError: Could not run 'aten::_sparse_mm' with arguments from the 'CUDA' "
         "backend.",
         "RuntimeError: operator mylib::fused_attn does not exist",

@@ -247,6 +247,15 @@ DISK_FULL = Rule(
         # Kubernetes pkg/kubelet/eviction/helpers.go: the pod's own filesystem filled up
         Signature(r"Pod ephemeral local storage usage exceeds the total limit of containers"),
         Signature(r"The node was low on resource: ephemeral-storage"),
+        # ... a container's own limit and an emptyDir's sizeLimit (a memory-backed /dev/shm
+        # among them) (census k8s-evicted-container-ephemeral, k8s-evicted-emptydir)
+        Signature(
+            r"Container \S{1,253} exceeded its local ephemeral storage limit",
+            "exceeded its local ephemeral storage limit",
+        ),
+        Signature(
+            r"Usage of EmptyDir volume \S{1,260} exceeds the limit", "Usage of EmptyDir volume"
+        ),
         # torch.save(obj, path) on a full disk: the zip writer does not report the failed
         # write, it finds at the end that the file position is short (real run, /dev/full)
         Signature(
@@ -288,6 +297,8 @@ DISK_FULL = Rule(
         "Keep fewer checkpoints (e.g. save_total_limit=2).",
     ),
     positive=(
+        '  Message:          Container pytorch exceeded its local ephemeral storage limit "20Gi". ',
+        '  Message:          Usage of EmptyDir volume "scratch" exceeds the limit "50Gi". ',
         "OSError: [Errno 28] No space left on device",
         "RuntimeError: [enforce fail at inline_container.cc:672] . unexpected pos 896 vs 790",
         # torch's message format (inline_container.cc), file name and line as torch fills them

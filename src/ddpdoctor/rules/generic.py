@@ -278,6 +278,11 @@ TEARDOWN_WITHOUT_DESTROY = Rule(
         Signature(r"process group has NOT been destroyed before we destruct ProcessGroupNCCL"),
         Signature(r"Exception ignored in atexit callback"),
         Signature(r"destroy_process_group\(\) was not called"),
+        # NCCLUtils.cpp, NCCLComm's destructor (census pgnccl-comm-not-destroyed-warning)
+        Signature(
+            r"WARNING: NCCL communicator hasn't been destroyed\. This may cause memory leaks",
+            "NCCL communicator hasn't been destroyed",
+        ),
     ),
     explanation=Explanation(
         what="The program reached its end with the process group still alive; a crash or hang "
@@ -294,11 +299,20 @@ TEARDOWN_WITHOUT_DESTROY = Rule(
         "torch.distributed.destroy_process_group().",
     ),
     positive=(
+        "[rank0]:[W1203 09:12:44.902117554 NCCLUtils.cpp:108] WARNING: NCCL "
+        "communicator hasn't been destroyed. This may cause memory leaks. To avoid "
+        "the risk, you can call `destroy_process_group` during normal exit or "
+        "`_abort_process_group` when handling failures.",
         "[rank0]:[W1130 10:00:00.000000 123 ProcessGroupNCCL.cpp:1250] Warning: WARNING: process "
         "group has NOT been destroyed before we destruct ProcessGroupNCCL. On normal program "
         "exit, the application should call destroy_process_group",
     ),
-    negative=("Destroying process group",),
+    negative=(
+        "[rank3]:[I1203 08:40:02.118342771 ProcessGroupNCCL.cpp:1265] [PG ID 0 PG "
+        "GUID 0(default_pg) Rank 3] ProcessGroupNCCL destroying ncclComm_ "
+        "0x55d4c1a2b3c0 on CUDA device: 3",
+        "Destroying process group",
+    ),
 )
 
 ZERO3_STAGE = Rule(

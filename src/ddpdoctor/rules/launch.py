@@ -110,6 +110,16 @@ HOST_OOM_KILL = Rule(
         Signature(r"oom_kill events?", "oom_kill event"),
         # the same in Slurm <= 21.08 (plugins/task/cgroup/task_cgroup_memory.c)
         Signature(r"oom-kill event\(s\)", "oom-kill event(s)"),
+        # Slurm's own memory enforcement: the accounting poller's kill (interfaces/
+        # jobacct_gather.c, Slurm >= 20.11) and older task/cgroup's note at the step's end
+        # (Slurm <= 17.11) (census slurm-step-mem-limit-killed, slurm-exceeded-step-memory-old)
+        Signature(
+            r"exceeded (?:virtual )?memory limit \(\d{1,20} > \d{1,20}\), being killed",
+            "memory limit (",
+        ),
+        Signature(
+            r"Exceeded (?:step|job) memory limit at some point", "memory limit at some point"
+        ),
         # srun/launch.c: srun's summary of tasks the OOM killer (SIG_OOM) or SIGKILL ended
         Signature(r": task (?P<rank>\d+): Out Of Memory", ": Out Of Memory"),
         Signature(r": tasks? [\d,\-\[\]]+: Out Of Memory", ": Out Of Memory"),
@@ -144,6 +154,16 @@ HOST_OOM_KILL = Rule(
             r"oom-kill:constraint=CONSTRAINT_\w{1,20},.{0,600}?\btask=[^,\n]{1,64},pid=(?P<pid>\d{1,9})",
             "oom-kill:constraint=",
         ),
+        # ... the reaper freeing the victim's memory, and older kernels' memory cgroup kill
+        # (mm/oom_kill.c; mm/memcontrol.c, Linux <= 4.19: census kernel-oom-reaper,
+        # kernel-memcg-task-killed-old)
+        Signature(r"oom_reaper: reaped process (?P<pid>\d{1,9}) \(", "oom_reaper: reaped process"),
+        Signature(
+            r"Task in \S{1,300} killed as a result of limit of ", "killed as a result of limit of"
+        ),
+        # Kubernetes pkg/kubelet/oom/oom_watcher_linux.go: the node's OOM killer, as the
+        # kubelet's SystemOOM event (census k8s-system-oom)
+        Signature(r"System OOM encountered, victim process: ", "System OOM encountered"),
         # Kubernetes pkg/kubelet/eviction/helpers.go: pod evicted under node memory pressure
         Signature(r"The node was low on resource: memory", "The node was low on resource: memory"),
         # Ray's memory monitor (raylet node_manager.cc, ray.exceptions.OutOfMemoryError): the
@@ -184,6 +204,15 @@ HOST_OOM_KILL = Rule(
         "Ask the scheduler for more memory (Slurm --mem) or use fewer ranks per node.",
     ),
     positive=(
+        "slurmstepd: error: StepId=4242.0 exceeded memory limit (53687091200 > "
+        "51539607552), being killed",
+        "slurmstepd: error: Exceeded step memory limit at some point.",
+        "[1183012.224871] oom_reaper: reaped process 812917 (python), now "
+        "anon-rss:0kB, file-rss:0kB, shmem-rss:8kB",
+        "[2101.225541] Task in /slurm/uid_1000/job_4242/step_0 killed as a result of "
+        "limit of /slurm/uid_1000/job_4242",
+        "  Warning  SystemOOM  3m57s  kubelet  System OOM encountered, victim "
+        "process: python, pid: 3103923",
         # set 108 (Determined's launch layer between torchrun and the script)
         "  exitcode  : 247 (pid: 15)",
         "{1: ProcessFailure(local_rank=1, pid=4242, exitcode=-9, error_file='<N/A>', "
@@ -220,6 +249,7 @@ HOST_OOM_KILL = Rule(
         "Getötet",
     ),
     negative=(
+        "[1183012.110512] memory: usage 52428800kB, limit 52428800kB, failcnt 8921",
         "rank 0: 已杀死的进程数 3",
         "Morto di sonno, riprendo domani",
         "ERROR:torch.distributed.elastic.multiprocessing.api:failed (exitcode: 1) local_rank: 0 "
@@ -748,6 +778,12 @@ LAUNCHER_ENV_MISSING = Rule(
         # c10d-local-rank-missing); Accelerate's multi-node launch without MASTER_ADDR; the HF
         # Trainer asked for FSDP in a process that no launcher started
         Signature(r"LOCAL_RANK is not in the environment", "LOCAL_RANK is not in the environment"),
+        # DeepSpeed runtime/engine.py _do_args_sanity_check: deepspeed.initialize in a process
+        # no launcher started (census ds-requires-local-rank)
+        Signature(
+            r"DeepSpeed requires the LOCAL_RANK environment variable",
+            "DeepSpeed requires the LOCAL_RANK environment variable",
+        ),
         Signature(
             r"Tried to launch on distributed with multinode, but `MASTER_ADDR` env was not set",
             "`MASTER_ADDR` env was not set",
@@ -805,6 +841,10 @@ LAUNCHER_ENV_MISSING = Rule(
         "WORLD_SIZE, which torchrun sets.",
     ),
     positive=(
+        "AssertionError: DeepSpeed requires the LOCAL_RANK environment variable, it "
+        "is set by the deepspeed launcher, deepspeed.init_distributed, or the torch's "
+        "launcher. If using a different launcher please ensure LOCAL_RANK is set "
+        "prior to initializing deepspeed.",
         "RuntimeError: LOCAL_RANK is not in the environment. Consider passing fallback_rank to "
         "allow `get_node_local_rank` to work",
         "ValueError: Tried to launch on distributed with multinode, but `MASTER_ADDR` env was not "
@@ -967,6 +1007,11 @@ LAUNCHER_NOT_FOUND = Rule(
         Signature(rf"(?<![\w./-]){LAUNCHERS}: {NOT_FOUND}\s*$", "not found"),
         Signature(rf"(?<![\w./-]){LAUNCHERS}: 未找到命令", "未找到命令"),
         Signature(rf"command not found: {LAUNCHERS}\b", "command not found: "),
+        # the same said by the launcher that needed it: DeepSpeed launcher/runner.py (pdsh, the
+        # default multi-node backend, or --launcher's tool) and Accelerate utils/launch.py
+        # (--mpirun) (census ds-launcher-not-installed, accelerate-mpirun-not-found)
+        Signature(r"launcher '\w{1,20}' not installed", "' not installed"),
+        Signature(r"mpirun or mpiexec were not found", "mpirun or mpiexec were not found"),
     ),
     explanation=Explanation(
         what="The shell that ran the launch command (a script, a framework's CLI shelling out "
@@ -987,6 +1032,9 @@ LAUNCHER_NOT_FOUND = Rule(
         "(torchrun) or `python -m deepspeed.launcher.runner ...`.",
     ),
     positive=(
+        "RuntimeError: launcher 'pdsh' not installed.",
+        "OSError: mpirun or mpiexec were not found. Ensure that Intel MPI, Open MPI, "
+        "or MVAPICH are installed.",
         "run_1.3b.sh: line 18: deepspeed: command not found",
         "/bin/sh: 1: torchrun: not found",
         "zsh: command not found: accelerate",
@@ -1051,6 +1099,17 @@ RENDEZVOUS_FAILURE = Rule(
         Signature(
             r"Bootstrap Root : rank \d{1,7} of \d{1,7} ranks has already checked in",
             "has already checked in",
+        ),
+        # ... or processes that disagree on the communicator's size: two jobs (two launches)
+        # on one NCCL_COMM_ID or store (bootstrap.cc, NCCL >= 2.23: census
+        # nccl-warn-bootstrap-root-mismatch)
+        Signature(r"Bootstrap Root : mismatch in info from procs", "mismatch in info from procs"),
+        # NCCL_COMM_ID that NCCL cannot read as host:port (bootstrap.cc, misc/socket.cc: census
+        # nccl-warn-invalid-comm-id, nccl-warn-net-no-valid-pair)
+        Signature(r"Invalid NCCL_COMM_ID, please use format", "Invalid NCCL_COMM_ID"),
+        Signature(
+            r"Net : No valid <IPv4_or_hostname>:<port> pair found",
+            "No valid <IPv4_or_hostname>:<port> pair found",
         ),
         # torchelastic's etcd rendezvous: its store's wait for keys, and a handler in a state it
         # cannot go on from (census rdzv-etcd-store-timeout, rdzv-etcd-worker-must-die)
@@ -1137,6 +1196,11 @@ RENDEZVOUS_FAILURE = Rule(
         # torch/distributed/elastic/rendezvous (c10d/etcd backends): two jobs on one --rdzv-id
         # or a stale store; static_tcp_rendezvous.py / launcher/api.py: a malformed endpoint
         Signature(r"RendezvousStateError"),
+        # c10d_rendezvous_backend.py, store_type=file: the store's file could not be made (a
+        # path not shared or not writable on every node: census elastic-file-store-creation-failed)
+        Signature(
+            r"The file creation for C10d store has failed", "The file creation for C10d store"
+        ),
         Signature(r"[Pp]ort is (?:absent|missing) in endpoint", "in endpoint"),
         # torch/distributed/rendezvous.py: tcp:// and file:// init_method errors
         Signature(
@@ -1201,6 +1265,13 @@ RENDEZVOUS_FAILURE = Rule(
         ),
     ),
     positive=(
+        "torch.distributed.elastic.rendezvous.api.RendezvousError: The file creation "
+        "for C10d store has failed. See inner exception for details.",
+        "gpu-a7:31415:31502 [3] bootstrap.cc:114 NCCL WARN Invalid NCCL_COMM_ID, "
+        "please use format: <ipv4>:<port> or [<ipv6>]:<port> or <hostname>:<port>",
+        "gpu-a7:31415:31502 [3] bootstrap.cc:335 NCCL WARN Bootstrap Root : mismatch "
+        "in info from procs, nranks 16 vs 8, nroots 1 vs 1, iroot 0 vs 0, offset 0 vs "
+        "0",
         "gpu-n7:2291:2384 [3] bootstrap.cc:145 NCCL WARN Bootstrap Root : rank 1 of 8 ranks has "
         "already checked in",
         "LookupError: Timeout while waiting for keys in EtcdStore",
@@ -1274,8 +1345,23 @@ SLURM_TERMINATED = Rule(
         ),
         # Lightning trainer/connectors/signal_connector.py: Slurm's warning signal before
         # preemption or the time limit (--signal=USR1@90), then the requeue
+        # ... and the SystemExit its fit loop raises once SIGTERM arrived (pytorch/loops/
+        # fit_loop.py, utilities/exceptions.py: census lightning-sigterm-exception)
+        Signature(
+            r"^\**(?:(?:lightning\.pytorch|pytorch_lightning)\.utilities\.exceptions\.)?"
+            r"SIGTERMException\b",
+            "SIGTERMException",
+            echo=Echo.STOPPED,
+        ),
         Signature(r"Handling auto-requeue signal: (?P<signum>\d+)", "Handling auto-requeue signal"),
         Signature(r"requeing job (?P<job>\d+)", "requeing job "),
+        # Kubernetes pkg/kubelet/nodeshutdown: the kubelet's graceful node shutdown (a spot
+        # reclaim, a drain) ended the pod (census k8s-node-shutdown-terminated)
+        Signature(
+            r"Pod was terminated in response to imminent node shutdown",
+            "in response to imminent node shutdown",
+            echo=Echo.STOPPED,
+        ),
         Signature(r"Requeued SLURM job: (?P<job>\d+)", "Requeued SLURM job"),
         Signature(r"Requeuing SLURM job (?P<job>\d+) failed", "Requeuing SLURM job"),
         # submitit core/job_environment.py and slurm/slurm.py: the same signal, caught by
@@ -1339,6 +1425,8 @@ SLURM_TERMINATED = Rule(
         "Ask for a longer time limit (--time) if the job simply needs it.",
     ),
     positive=(
+        "  Message:          Pod was terminated in response to imminent node shutdown.",
+        "lightning.pytorch.utilities.exceptions.SIGTERMException",
         "slurmstepd: error: *** JOB 1234 ON node01 CANCELLED AT 2024-01-01T00:00:00 DUE TO TIME LIMIT ***",
         "torch.distributed.elastic.multiprocessing.api.SignalException",
         "Handling auto-requeue signal: 10",
@@ -1361,6 +1449,8 @@ SLURM_TERMINATED = Rule(
         "./train.sh: line 12:  4242 Terminated              python train.py --epochs 3",
     ),
     negative=(
+        "  Message:          Pod was rejected as the node is shutting down.",
+        "    raise SIGTERMException",
         "slurmstepd: error: Detected 1 oom_kill event in StepId=1234.0",
         "ERROR: crashed: resources failed with non-zero exit code: container failed with non-zero "
         "exit code: 1 (exit code 1)",
@@ -1808,6 +1898,12 @@ SLURM_STEP_REFUSED = Rule(
             r"srun: error: Unable to create step for job (?P<job>\d+): (?P<reason>[^\n]{1,200})",
             "Unable to create step for job",
         ),
+        # ... or created it but could not start its tasks on a node (api/step_launch.c, Slurm
+        # >= 20.11: census slurm-task-launch-failed): that node's ranks never started
+        Signature(
+            r"Task launch for StepId=(?P<job>\d+)\.\w+ failed on node \S+: (?P<reason>[^\n]{1,200})",
+            "Task launch for StepId=",
+        ),
     ),
     explanation=Explanation(
         what="srun asked the allocation for a job step it cannot hold (more tasks, CPUs, GPUs "
@@ -1824,6 +1920,7 @@ SLURM_STEP_REFUSED = Rule(
         "tasks x --cpus-per-task and the GPUs per task must fit what #SBATCH asked for.",
     ),
     positive=(
+        "srun: error: Task launch for StepId=4242.0 failed on node gpu-n12: Invalid job credential",
         "srun: error: Unable to create step for job 4242: More processors requested than permitted",
     ),
     negative=("srun: Job 4242 step creation temporarily disabled, retrying",),

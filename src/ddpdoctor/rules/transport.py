@@ -96,6 +96,9 @@ _NOT_RETRY_EXCEEDED = (
 )
 """Completion status 12/13 (retries exceeded) is NET107's: a path that may be configuration."""
 
+_NOT_RETRYING = r"(?![^\n]{0,200}, retrying \d{1,3}/\d{1,3} after)"
+"""Not NCCL's INFO line of a verbs call it retries (misc/ibvwrap.cc): only the last try fails."""
+
 IB_ERROR = Rule(
     code="NET102",
     kind="nccl-network",
@@ -109,14 +112,26 @@ IB_ERROR = Rule(
         # fatal event on a QP or CQ, a verb that failed
         Signature(
             r"NET/IB : \S{1,80} (?:Got non-fatal async event: port error|async fatal event on "
-            r"(?:QP|CQ))",
+            r"(?:QP|CQ|SRQ))",
             "async",
         ),
-        Signature(r"Call to ibv_\w{1,40} failed", "Call to ibv_"),
+        # net_ib/common.cc (NCCL >= 2.23): every call after such a fatal async event fails with
+        # this line (census nccl-warn-ib-fatal-error-detected)
+        Signature(
+            r"communicator encountered a fatal error \(detected in ",
+            "communicator encountered a fatal error",
+        ),
+        # not the INFO line of a call NCCL retries (misc/ibvwrap.cc, NCCL >= 2.24: 'Call to
+        # ibv_modify_qp failed with 110 ..., retrying 1/7 after 250 msec of sleep'; census
+        # nccl-info-modify-qp-retrying): only its final WARN is a failure
+        Signature(r"Call to ibv_\w{1,40} failed" + _NOT_RETRYING, "Call to ibv_"),
         # NICs of different link types or counts paired across ranks: the selection of HCAs,
         # a configuration (capture_category below), not a fault of the fabric
+        # (NCCL >= 2.26 also says it while merging NICs and from the remote side: census
+        # nccl-warn-ib-merge-incompatible, nccl-warn-ib-remote-incompatible)
         Signature(
-            r"NET/IB : (?P<what>Attempted to connect incompatible devices|Local mergedDev=)"
+            r"NET/IB : (?P<what>Attempted to (?:connect|merge) incompatible devices|Local "
+            r"mergedDev=|Remote \S{1,20} device is incompatible)"
             r"(?:\S{1,200} has a different number of devices)?",
             "NET/IB : ",
         ),
@@ -131,9 +146,17 @@ IB_ERROR = Rule(
             r"(?P<what>collective mismatch error)",
             "collective mismatch error",
         ),
-        Signature(r"local catastrophic error"),
+        # net_ib/p2p.cc: the peer's receive descriptor arrived empty (census
+        # nccl-warn-ib-incorrect-receive-info); like the size check above, no proof of a fault
         Signature(
-            r"NET/IB" + _NOT_RETRY_EXCEEDED + r" ?: Got completion from peer",
+            r"NET/IB : req \d{1,4}/\d{1,4} tag \w{1,12} peer \S{1,80} "
+            r"(?P<what>posted incorrect receive info)",
+            "posted incorrect receive info",
+        ),
+        Signature(r"local catastrophic error"),
+        # (the GPU-initiated path of NCCL >= 2.28 prints 'NET/IB/GIN: Got completion ...')
+        Signature(
+            r"NET/IB(?:/GIN)?" + _NOT_RETRY_EXCEEDED + r" ?: Got completion from peer",
             "Got completion from peer",
         ),
         # aws-ofi-nccl (EFA and other libfabric providers): a completion with an error
@@ -149,7 +172,7 @@ IB_ERROR = Rule(
         ),
         Signature(r"ibv_reg_mr.{0,80}failed|ibv_create_qp.{0,80}failed", "ibv_"),
         # NCCL misc/ibvwrap.cc: a QP could not be moved to RTR/RTS (RoCE GID index, cabling)
-        Signature(r"Call to ibv_modify_qp failed"),
+        Signature(r"Call to ibv_modify_qp failed" + _NOT_RETRYING, "Call to ibv_modify_qp failed"),
     ),
     explanation=Explanation(
         what="NCCL's InfiniBand transport reported a completion error or a failed verbs call.",
@@ -163,7 +186,8 @@ IB_ERROR = Rule(
     capture_fix=(
         (
             "what",
-            "Attempted to connect incompatible devices|Local mergedDev=",
+            r"Attempted to (?:connect|merge) incompatible devices|Local mergedDev=|Remote \S{1,20} device "
+            r"is incompatible",
             "Give every rank NICs of one link type and count: list them in NCCL_IB_HCA (e.g. "
             "NCCL_IB_HCA=mlx5_0,mlx5_1), the same on every node.",
         ),
@@ -186,13 +210,22 @@ IB_ERROR = Rule(
     capture_category=(
         (
             "what",
-            "Attempted to connect incompatible devices|Local mergedDev=",
+            r"Attempted to (?:connect|merge) incompatible devices|Local mergedDev=|Remote \S{1,20} device "
+            r"is incompatible",
             Category.CONFIGURATION,
         ),
-        ("what", "collective mismatch error", Category.UNKNOWN),
+        ("what", "collective mismatch error|posted incorrect receive info", Category.UNKNOWN),
         ("what", "Cannot allocate memory", Category.ENVIRONMENT),
     ),
     positive=(
+        "gpu-a7:31415:31502 [3] transport/net_ib/connect.cc:1034 NCCL WARN NET/IB : "
+        "Remote RoCE device is incompatible with the local [0]mlx5_0:1/IB. Try "
+        "selecting NICs of only one link type using NCCL_IB_HCA",
+        "gpu-a7:31415:31502 [3] transport/net_ib/common.cc:32 NCCL WARN communicator "
+        "encountered a fatal error (detected in ncclIbTest)",
+        "gpu-a7:31415:31502 [3] transport/net_ib/common.cc:150 NCCL WARN NET/IB : "
+        "mlx5_0:1 async fatal event on SRQ, unused for now (0x7f3a2c001a40): SRQ "
+        "catastrophic error",
         "gpu-n3:2291:2384 [3] NCCL INFO NET/IB : mlx5_0:1 Got non-fatal async event: port "
         "error(10)",
         "gpu-n3:2291:2384 [0] transport/net_ib.cc:1038 NCCL WARN NET/IB : req 0/1 tag 0 peer "
@@ -207,6 +240,8 @@ IB_ERROR = Rule(
         "fatal event: local catastrophic error",
     ),
     negative=(
+        "gpu-a7:31415:31415 [3] NCCL INFO Call to ibv_modify_qp failed with 110 "
+        "Connection timed out, RTR, retrying 1/7 after 250 msec of sleep",
         "gpu-n3:2291:2384 [3] NCCL INFO NET/IB : mlx5_0:1 Got non-fatal async event: GID table "
         "change(18)",
         "NCCL INFO NET/IB : Using [0]mlx5_0:1/IB ; OOB ib0:10.0.0.5<0>",
@@ -225,8 +260,11 @@ IB_RETRY_EXCEEDED = Rule(
         # status 12 is IBV_WC_RETRY_EXC_ERR, 13 IBV_WC_RNR_RETRY_EXC_ERR, in every NCCL wording:
         # "with error 12, opcode", "from peer X with error 12", "with status=12 opcode=0",
         # "with status=IBV_WC_RETRY_EXC_ERR(12)"
+        # (and the GPU-initiated path's 'NET/IB/GIN: Got completion ...', NCCL >= 2.28: census
+        # nccl-warn-ib-gin-completion)
         Signature(
-            r"NET/IB ?: ?Got completion (?:from peer \S+ )?with (?:error |status=)(?:12|13)\b",
+            r"NET/IB(?:/GIN)? ?: ?Got completion (?:from peer \S+ )?with (?:error |status=)"
+            r"(?:12|13)\b",
             "Got completion ",
         ),
         Signature(r"IBV_WC_(?:RNR_)?RETRY_EXC_ERR", "RETRY_EXC_ERR"),
@@ -255,6 +293,9 @@ IB_RETRY_EXCEEDED = Rule(
         "path.",
     ),
     positive=(
+        "gpu-a7:31415:31502 [3] transport/net_ib/gin.cc:749 NCCL WARN NET/IB/GIN: Got "
+        "completion from peer 10.12.0.21<54132> with status=12 opcode=1 len=0 vendor "
+        "err 129 (Put) hca mlx5_0",
         "trn-worker-1:2317:2359 [0] transport/net_ib.cc:839 NCCL WARN NET/IB : Got completion "
         "with error 12, opcode 1, len 0, vendor err 129",
         "NCCL WARN NET/IB : Got completion from peer 10.0.0.5<42115> with error 12, opcode 0, "
@@ -353,7 +394,7 @@ SOCKET_INTERFACE = Rule(
         Signature(r"NET/IB : No IP interface found", "No IP interface found"),
         Signature(r"NET/Socket : no interface found", "NET/Socket : no interface found"),
         Signature(
-            r"no device found matching \S{1,80}, verify NCCL_OOB_NET_IFNAME",
+            r"no device found (?:matching|after excluding) \S{1,80}, verify NCCL_OOB_NET_IFNAME",
             "verify NCCL_OOB_NET_IFNAME",
         ),
         # gloo's TCP device given an empty interface or host name (GLOO_SOCKET_IFNAME="", a
@@ -391,6 +432,8 @@ SOCKET_INTERFACE = Rule(
         "NCCL_SOCKET_FAMILY=AF_INET.",
     ),
     positive=(
+        "gpu-a7:31415:31502 [3] bootstrap.cc:579 NCCL WARN no device found after "
+        "excluding ib0,docker0, verify NCCL_OOB_NET_IFNAME",
         "gpu-n7:2291:2384 [3] transport/net_ib/init.cc:307 NCCL WARN NET/IB : No IP interface found.",
         "gpu-n7:2291:2384 [3] bootstrap.cc:577 NCCL WARN no device found matching ib0, verify "
         "NCCL_OOB_NET_IFNAME",
@@ -589,6 +632,15 @@ NCCL_SHM_SEGMENT = Rule(
         ),
         # older NCCL (include/shm.h): the segment's file could not be given its size
         Signature(r"NCCL WARN Call to posix_fallocate failed", "Call to posix_fallocate failed"),
+        # NCCL >= 2.22 (misc/shmutils.cc, os/linux.cc since 2.29): the segment's file could not
+        # be created or mapped (census nccl-warn-shm-create-failed, nccl-warn-shm-map-failed)
+        Signature(
+            r"Error: failed to create shared memory file /dev/shm/\S{1,200}, error",
+            "failed to create shared memory file",
+        ),
+        Signature(
+            r"Error: Could not map /dev/shm/\S{1,200} size \d{1,15}", "Could not map /dev/shm/"
+        ),
     ),
     explanation=Explanation(
         what="NCCL's intra-node transport (SHM, used between GPUs of one node without direct "
@@ -610,6 +662,8 @@ NCCL_SHM_SEGMENT = Rule(
         "network between the node's GPUs, slower).",
     ),
     positive=(
+        "gpu-a7:31415:31502 [3] misc/shmutils.cc:80 NCCL WARN Error: failed to create "
+        "shared memory file /dev/shm/nccl-XXXXXX, error Permission denied (13)",
         "gpu-n7:2291:2384 [3] misc/shmutils.cc:72 NCCL WARN Error: failed to extend "
         "/dev/shm/nccl-Yh3Kx1 to 9637892 bytes",
         "node07:2291:2384 [3] misc/shmutils.cc:113 NCCL WARN Error while creating shared "
@@ -685,6 +739,13 @@ NCCL_UDS_IPC = Rule(
             r"UDS: (?:Sending data over|Receiving data over|Binding to) socket \S{1,300} failed",
             "UDS: ",
         ),
+        # the socket could not be created at all, and proxy.cc's call over it (NCCL >= 2.19,
+        # 2.20: census nccl-warn-uds-socket-creation, nccl-warn-proxy-uds-call-failed)
+        Signature(r"UDS: Socket creation error : ", "UDS: Socket creation error"),
+        Signature(
+            r"ncclProxyCallBlockingUDS call to tpRank \d{1,7}\(\w{1,20}\) failed",
+            "ncclProxyCallBlockingUDS call to tpRank",
+        ),
     ),
     explanation=Explanation(
         what="NCCL could not pass a GPU memory handle to another rank of the same node over its "
@@ -703,6 +764,8 @@ NCCL_UDS_IPC = Rule(
         "Meanwhile: NCCL_CUMEM_ENABLE=0 (no cuMem handles over the socket) or NCCL_P2P_DISABLE=1.",
     ),
     positive=(
+        "gpu-a7:31415:31502 [3] proxy.cc:1275 NCCL WARN ncclProxyCallBlockingUDS call "
+        "to tpRank 1(7a3c91f0e2b4d5c6) failed : 3",
         "gpu-n7:2291:2384 [3] misc/ipcsocket.cc:221 NCCL WARN UDS: Sending data over socket "
         "/tmp/nccl-socket-3-5f2a1c9e04b7d813 failed : Connection refused (111)",
         "gpu-n7:2291:2384 [0] misc/ipcsocket.cc:57 NCCL WARN UDS: Binding to socket "
