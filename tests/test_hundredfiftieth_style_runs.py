@@ -44,7 +44,9 @@ worker that hosts Ray's TCPStore, named for the held port where EXPECTED (writte
 torchrun model, whose launcher hosts the store) names none. Since (session 41): port-held's
 EXPECTED names rank 0 (Ray's worker 0 hosts the store, as in sets 15, 18, 44, 51 and 86); a
 reader's reshape of what it read into the shape its header promised (the deepest frame
-read_sn3_pascalvincent_tensor) is a data error (DATA109: gz-stub right): 11 of 16.
+read_sn3_pascalvincent_tensor) is a data error (DATA109: gz-stub right); a rank whose only
+progress is the bar under its 'Downloading ... to ...' line was busy downloading, not killed
+on a training step (slow-mirror right): 12 of 16.
 """
 
 from __future__ import annotations
@@ -142,14 +144,6 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "slow-mirror": (
-        "host-oom on rank 2 (INF231, 0.5) instead of slow-rank-timeout: the rank is right, but its "
-        "last line, its download bar (' 80%|...| 1081344/1342416'), is read as 'stopped in the "
-        "middle of a training step without a word: killed from outside'; rank 2 was still "
-        "downloading the data set ('Downloading http://fashion-mnist...') while the others waited "
-        "in DDP's constructor, and Ray's driver kills every worker silently after the first "
-        "failure (no exit code is ever printed for a worker), so silence is no sign of a kill"
-    ),
     "ragged-split": (
         "hang on ranks 1 and 3 (INF211, 0.5, status hung) instead of uneven-inputs on rank 3: rank "
         "0's 'Timed out waiting 15000ms' with ranks 1 and 3 silent is read as ranks stuck outside "

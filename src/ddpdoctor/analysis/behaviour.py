@@ -717,13 +717,15 @@ def _clock_time(raw: str, near: datetime) -> datetime | None:
 
 def _announced_phase(stream: StreamSummary) -> str | None:
     """The long phase a writer's last words announce, or the line before them when its last
-    line is not progress (a stop signal's handler printed after 'saving a checkpoint')."""
+    line is not progress (a stop signal's handler printed after 'saving a checkpoint'), or is
+    the only progress it printed: the phase's own bar ('Downloading ... to data/', then the
+    download's bar), not a step of a training loop it never reached."""
     if phase_of_work(stream.last_text):
         return stream.last_text[:80]
     on_progress = stream.last_progress_line == stream.last_line
     if (
         stream.prev_text
-        and not on_progress
+        and (not on_progress or stream.progress_lines == 1)
         and phase_of_work(stream.prev_text)
         and not _counted_to_its_end(stream.prev_text)
     ):
