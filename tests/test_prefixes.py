@@ -295,6 +295,23 @@ def test_srun_label_after_a_collectors_stamp(line: str, task: int | None) -> Non
     assert parse_line(line).task == task
 
 
+@pytest.mark.parametrize(
+    ("line", "task"),
+    [
+        ("3: RuntimeError: boom", 3),
+        # padded to the width of the largest task id (12 tasks, 120 tasks)
+        (" 3: RuntimeError: boom", 3),
+        ("  7: RuntimeError: boom", 7),
+        # a numbered listing indented further than any label (DeepSpeed's pipeline partition,
+        # tests/fixtures/real/hundredfiftythird-*)
+        ("     5: LMHeadPipe", None),
+        ("    12: ParallelTransformerLayerPipe", None),
+    ],
+)
+def test_srun_label_is_padded_to_five_characters_at_most(line: str, task: int | None) -> None:
+    assert parse_line(line).task == task
+
+
 def test_old_bracket_glog() -> None:
     p = parse_line(
         "[E ProcessGroupNCCL.cpp:475] [Rank 2] Watchdog caught collective operation timeout"

@@ -132,8 +132,10 @@ GLOG_BRACKET = re.compile(
 NCCL = re.compile(r"(?P<host>[\w.-]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\] (?=NCCL )")
 # pdsh / DeepSpeed multi-node with a hostfile of addresses: `10.42.7.33: `.
 PDSH_ADDRESS = re.compile(r"(?P<host>\d{1,3}(?:\.\d{1,3}){3}):\s")
-# Slurm `srun --label`: task id (SLURM_PROCID) then ': ', possibly space-padded.
-SLURM = re.compile(r"\s*(?P<task>\d{1,5}): ")
+# Slurm `srun --label`: task id (SLURM_PROCID) then ': ', space-padded to the width of the
+# largest task id (`%*d: `): spaces and digits five at most together. Not a listing's numbered
+# rows indented further (DeepSpeed's pipeline partition, '     5: LMHeadPipe').
+SLURM = re.compile(r"(?=[ \d]{1,5}: ) *(?P<task>\d{1,5}): ")
 # pdsh / DeepSpeed multi-node: `worker-1: `; a host-like token with a digit or a dash.
 # (not a rank's own tag, "rank1: ", which the program prints: see RANK_MARKS)
 PDSH = re.compile(
