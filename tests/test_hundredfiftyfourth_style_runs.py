@@ -35,7 +35,9 @@ process group (no '[rankN]:' prefix), are given to rank 0 alone though rank 1's 
 '--local-rank=1'; the gloo abort of an all_gather whose last batch is smaller on rank 1 (its
 split file is short) is given to rank 0 by the "main process" tie-break, the sizes being small;
 and a rank whose split file ran out two batches early (its post-training all_gather meeting the
-other rank's step) is read as a collective mismatch, not as uneven inputs.
+other rank's step) is read as a collective mismatch, not as uneven inputs. Since (session 41):
+the value the launcher passed, where HfArgumentParser's 'Some specified arguments are not used'
+quotes it ('--local-rank=1'), names the worker that printed it (dash-local right): 14 of 16.
 """
 
 from __future__ import annotations
@@ -140,14 +142,6 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "dash-local": (
-        "local-rank-argument on rank 0 only (LCH105, 0.9) instead of on ranks 0 and 1: the kind "
-        "is right, but both workers' \"ValueError: Some specified arguments are not used by the "
-        "HfArgumentParser: ['--local-rank=N']\" tracebacks come before any process group (no "
-        "'[rankN]:' prefix); rank 0's is taken as the root and rank 1 as SIGTERMed by the "
-        "launcher (LCH102, a cascade), though its own ValueError names '--local-rank=1': the "
-        "launch gave every worker the argument the script does not declare"
-    ),
     "tail-shape": (
         "collective-mismatch on rank 0 (COL101, 0.75) instead of on rank 1: the kind is right, "
         "but with both sizes of gloo's abort small ('512 vs 192') ddpdoctor names rank 0 as 'the "

@@ -711,11 +711,16 @@ LOCAL_RANK_ARGUMENT = Rule(
         # transformers' HfArgumentParser.parse_args_into_dataclasses (hf_argparser.py)
         Signature(
             r"Some specified arguments are not used by the HfArgumentParser: .{0,400}?"
-            r"--local[-_]rank",
+            r"--local[-_]rank(?:=(?P<local_rank>\d+))?",
             "not used by the HfArgumentParser",
         ),
         # python-fire (core.py), click (exceptions.py NoSuchOption)
-        Signature(r"Could not consume arg: --local[-_]rank", "Could not consume arg: "),
+        # (the value the launcher passed, where the message quotes it, names the worker: each
+        # one gets its own local rank)
+        Signature(
+            r"Could not consume arg: --local[-_]rank(?:=(?P<local_rank>\d+))?",
+            "Could not consume arg: ",
+        ),
         Signature(r"[Nn]o such option: --local[-_]rank", "o such option: "),
     ),
     explanation=Explanation(
