@@ -39,6 +39,11 @@ two healthy runs ending 'Total training time: 5.1 s' are read as logs that stop 
 rank 1's start-up line in the .o file is taken as printed after the others' timeouts in the .e
 file (the two files' interleaving is lost), so a deadlocked rank reads as a busy one; and of
 OpenMPI's two bare MASTER_ADDR tracebacks only the rank mpirun names (3) is a culprit.
+Since (session 41): PALS' own lines are read as the ranks' exits ('rank 3 died from signal 9':
+host OOM on rank 3, fat-heap; 'signal 11 and dumped core': a native crash, null-peek; 'signal
+6' ties the gloo abort to rank 0, lone-score; 'signal 15' a rank it stopped), and pbs_mom's
+'=>> PBS: job killed: walltime 185 exceeded limit 180' is the batch system ending the job at its
+time limit (clock-out): 12 of 16.
 """
 
 from __future__ import annotations
@@ -149,34 +154,12 @@ MISSES: dict[str, str] = {
         "not set' tracebacks only the one mpirun names ('Process name: [[N,1],3]', 'Exit code: 1') "
         "gets a rank; rank 2's, from the same node without the job's exports, is not tied to it"
     ),
-    "fat-heap": (
-        "collective-mismatch on rank 0 (INF203, 0.5) instead of host-oom on rank 3: PALS's "
-        "'x3005c0s19b1n0.hsn.cm.polaris.alcf.anl.gov: rank 3 died from signal 9' is not read as "
-        "rank 3's exit (the job's per-rank exits stay empty), so rank 0's 'Connection closed by "
-        "peer' is read as 'Only rank 0 timed out; ranks 1,2,3 went on without error'"
-    ),
-    "clock-out": (
-        "hang (INF212, 0.3, status unknown) instead of preempted: '=>> PBS: job killed: walltime "
-        "185 exceeded limit 180' is quoted as evidence but not read as the scheduler's time limit, "
-        "nor PALS's four 'rank N died from signal 15' lines as SIGTERMed ranks or the summary's "
-        "'Exit Status: 271'; the log is read as ending mid-training"
-    ),
     "twin-latch": (
         "slow-rank-timeout on rank 1 (INF201, 0.4) instead of hang: rank 1's start-up line in "
         "train.o ('rank 1: 512 train samples (16 batches), 128 test samples') is taken as output "
         "after the others' 'Timed out waiting 15000ms' in train.e ('it was working, not "
         "blocked'), though PBS's two files keep no order between them and rank 1 prints only at "
         "start-up"
-    ),
-    "lone-score": (
-        "collective-mismatch on no rank (COL101, 0.9) instead of on rank 0: the kind is right, but "
-        "gloo's unprefixed 'terminate called after throwing an instance of gloo::EnforceNotMet' is "
-        "not tied to rank 0 by PALS's 'rank 0 died from signal 6 and dumped core'"
-    ),
-    "null-peek": (
-        "uncoordinated-exit on ranks 0 and 2 (INF202, 0.3) instead of native-crash on rank 2: "
-        "PALS's 'rank 2 died from signal 11 and dumped core' is not read, so rank 2 (SIGSEGV) and "
-        "rank 0 (SIGTERMed by mpiexec) are both read as ranks that left without an error"
     ),
 }
 

@@ -41,6 +41,10 @@ mismatch in the code (odd-shards); the run time limit ('TERM_RUNLIMIT: job kille
 reaching LSF run time limit.', 'Exited with exit code 130.') is not seen, the KeyboardInterrupt
 tracebacks of LSF's SIGINT are a Python exception and the closed connections after them a
 network fault (dusk-bell).
+Since (session 41): LSF's 'TERM_RUNLIMIT: job killed after reaching LSF run time limit.' is the
+batch system ending the job at its time limit, and, where lines carry no time, a rank's
+KeyboardInterrupt printed above another rank's lost connection in the same output is what that
+rank lost (dusk-bell right): 12 of 16.
 """
 
 from __future__ import annotations
@@ -159,13 +163,6 @@ MISSES: dict[str, str] = {
         "all-reducing its epoch loss while the others still all-reduce gradients; jsrun's "
         "'(first noticed rank 3) terminated with signal 6' and rank 0's '7 training shards' "
         "for 4 ranks are not read"
-    ),
-    "dusk-bell": (
-        "nccl-network on no rank (NET101, 0.3) instead of preempted: LSF's 'TERM_RUNLIMIT: job "
-        "killed after reaching LSF run time limit.' and 'Exited with exit code 130.' in the job "
-        "report are not read; the KeyboardInterrupt tracebacks LSF's SIGINT raised on ranks 0 "
-        "and 1 are taken as a Python exception (PY101, cascade) and the 'Connection closed by "
-        "peer' of ranks 0, 2 and 3 after them as the root, a transport failure"
     ),
 }
 

@@ -17,7 +17,7 @@ from ddpdoctor.ingest.self_rank import (
 )
 from ddpdoctor.model.evidence import PROMPTS
 from ddpdoctor.model.findings import RankExit
-from ddpdoctor.rules.launch import RANK_EXITED_WITH_CODE
+from ddpdoctor.rules.launch import RANK_DIED_FROM_SIGNAL, RANK_EXITED_WITH_CODE
 
 VALUE, WRITER = Distinct.VALUE, Distinct.WRITER
 MESSAGE_START = (
@@ -247,6 +247,12 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
         r"mpirun noticed that process rank (?P<rank>\d{1,7}) with PID \d{1,10} on node "
         r"\S{1,255} exited on signal (?P<signum>\d{1,2})\b",
         "mpirun noticed that process rank",
+    ),
+    # HPE Cray PALS' mpiexec on a rank a signal ended ('x3005c0s31b0n0...: rank 3 died from
+    # signal 11 and dumped core'); its exit codes are the next pattern's ('rank 3 exited with
+    # code 1')
+    FactPattern(
+        "launcher_exit", RANK_DIED_FROM_SIGNAL + r"(?P<signum>\d{1,2})\b", "died from signal"
     ),
     # a launcher written in Python that names the global rank of a process that ended
     # (rules/launch.py RANK_EXITED_WITH_CODE: Composer's, homegrown ones)

@@ -14,6 +14,12 @@ on one of the processes it started ending, before it terminates the others: 'Chi
 with PID 13117 terminated with code 1. Forcefully terminating all other processes to avoid
 zombies'. The PID only, no rank; the code is the signal's negative for a process it killed."""
 
+RANK_DIED_FROM_SIGNAL = r"\b[Rr]ank (?P<rank>\d{1,7}) died from signal "
+"""HPE Cray PALS' mpiexec (ALCF Polaris, Aurora) on a rank a signal ended: 'x3005c0s31b0n0.hsn
+.cm.polaris.alcf.anl.gov: rank 3 died from signal 11 and dumped core' (an exit code is 'rank 3
+exited with code 1': RANK_EXITED_WITH_CODE). Read by LCH101, LCH104 and LCH102 for their signals
+and by the job's per-rank exits (analysis/facts.py)."""
+
 RANK_EXITED_WITH_CODE = (
     r"\b[Rr]ank (?P<rank>\d{1,5})(?: \((?:PID|pid)[ :=]?\d{1,10}\))? "
     r"(?:exited|died|terminated|failed|crashed) with (?:exit )?code "
@@ -131,6 +137,14 @@ HOST_OOM_KILL = Rule(
             "mpirun noticed that process rank",
             suggests=True,
         ),
+        Signature(RANK_DIED_FROM_SIGNAL + r"9\b", "died from signal", suggests=True),
+        # the batch systems' own kills on their memory limits: PBS's pbs_mom ('=>> PBS: job
+        # killed: mem 8388608kb exceeded limit 4194304kb', also vmem) and LSF's termination
+        # reason in its job report
+        Signature(r"PBS: job killed: v?mem \d{1,20}\w{0,3} exceeded limit", "PBS: job killed: "),
+        Signature(
+            r"TERM_MEMLIMIT: job killed after reaching LSF memory usage limit", "TERM_MEMLIMIT"
+        ),
         # srun names the one task SIGKILL ended (task N is rank N: see LCH104's srun line), or
         # several at once ("tasks 0-3: Killed")
         Signature(
@@ -204,6 +218,11 @@ HOST_OOM_KILL = Rule(
         "Ask the scheduler for more memory (Slurm --mem) or use fewer ranks per node.",
     ),
     positive=(
+        # HPE Cray PALS mpiexec; PBS and LSF memory limits (tests/fixtures/real/hundredfiftyfifth-*,
+        # hundredfiftysixth-*)
+        "x3005c0s19b1n0.hsn.cm.polaris.alcf.anl.gov: rank 3 died from signal 9",
+        "=>> PBS: job killed: mem 8388608kb exceeded limit 4194304kb",
+        "TERM_MEMLIMIT: job killed after reaching LSF memory usage limit.",
         "slurmstepd: error: StepId=4242.0 exceeded memory limit (53687091200 > "
         "51539607552), being killed",
         "slurmstepd: error: Exceeded step memory limit at some point.",
@@ -330,6 +349,8 @@ LAUNCHER_SIGTERM = Rule(
         # srun on the tasks it terminated once one failed (--kill-on-bad-exit) or the step was
         # cancelled: 'srun: error: node-1: task 3: Terminated', 'tasks 0-7: Terminated'
         Signature(r"srun: error: \S+: task (?P<rank>\d{1,5}): Terminated\s*$", ": Terminated"),
+        # PALS' mpiexec on the ranks it (or the batch system) stopped with SIGTERM
+        Signature(RANK_DIED_FROM_SIGNAL + r"15\b", "died from signal"),
         Signature(r"srun: error: \S+: tasks [\d,\-\[\]]+: Terminated\s*$", ": Terminated"),
         # the same _close, escalating when a worker ignored the signal for its grace period;
         # the signals are IntEnums printed with %s: by name under Python 3.10 and older
@@ -367,6 +388,7 @@ LAUNCHER_SIGTERM = Rule(
     ),
     fix=("Look at the rank that failed before the launcher sent SIGTERM.",),
     positive=(
+        "x3106c0s25b1n0.hsn.cm.polaris.alcf.anl.gov: rank 0 died from signal 15",
         "WARNING:torch.distributed.elastic.multiprocessing.api:Sending process 812914 closing "
         "signal SIGTERM",
         "srun: error: node-1: tasks 0-7: Terminated",
@@ -515,6 +537,7 @@ NATIVE_CRASH = Rule(
             r"\S+ exited on signal (?P<signum>11|6|7|4|8)\b",
             "mpirun noticed that process rank",
         ),
+        Signature(RANK_DIED_FROM_SIGNAL + r"(?P<signum>11|6|7|4|8)\b", "died from signal"),
         Signature(r"\(core dumped\)", "core dumped"),
         Signature(r"Illegal instruction"),
         # torchelastic's ProcessFailure as an agent built on it logs its failures (DLRover's
@@ -648,6 +671,7 @@ NATIVE_CRASH = Rule(
         for name, value in (("signum", "7"), ("sig", "SIGBUS"))
     ),
     positive=(
+        "x3005c0s31b0n0.hsn.cm.polaris.alcf.anl.gov: rank 3 died from signal 11 and dumped core",
         # set 108 (Determined's launch layer between torchrun and the script)
         "  exitcode  : 245 (pid: 16)",
         # corpus case 1266 (DLRover on Kubernetes, a torchelastic-based agent)
@@ -1331,6 +1355,20 @@ SLURM_TERMINATED = Rule(
             echo=Echo.STOPPED,
         ),
         Signature(r"DUE TO (?P<reason>TIME LIMIT|PREEMPTION)", "DUE TO ", echo=Echo.STOPPED),
+        # PBS's pbs_mom at the walltime limit ('=>> PBS: job killed: walltime 3611 exceeded
+        # limit 3600'), LSF's job report's termination reasons (TERM_RUNLIMIT: 'job killed after
+        # reaching LSF run time limit.', TERM_PREEMPT, TERM_DEADLINE): the batch system's words
+        # for the whole job
+        Signature(
+            r"PBS: job killed: (?P<reason>walltime) \d{1,12} exceeded limit \d{1,12}",
+            "PBS: job killed: ",
+            echo=Echo.STOPPED,
+        ),
+        Signature(
+            r"\b(?P<reason>TERM_(?:RUNLIMIT|PREEMPT|DEADLINE)): job killed after",
+            ": job killed after",
+            echo=Echo.STOPPED,
+        ),
         # a rank's own handler saying the stop reached it: Lightning's signal_connector.py
         # ("[rank: 1] Received SIGTERM: 15"), scripts' handlers ("SIGTERM received: pod is
         # terminating"): stopped from outside (by its launcher after a peer failed, by the
@@ -1430,6 +1468,8 @@ SLURM_TERMINATED = Rule(
         "Ask for a longer time limit (--time) if the job simply needs it.",
     ),
     positive=(
+        "=>> PBS: job killed: walltime 3611 exceeded limit 3600",
+        "TERM_RUNLIMIT: job killed after reaching LSF run time limit.",
         "  Message:          Pod was terminated in response to imminent node shutdown.",
         "lightning.pytorch.utilities.exceptions.SIGTERMException",
         "slurmstepd: error: *** JOB 1234 ON node01 CANCELLED AT 2024-01-01T00:00:00 DUE TO TIME LIMIT ***",
