@@ -248,6 +248,24 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
         r"\S{1,255} exited on signal (?P<signum>\d{1,2})\b",
         "mpirun noticed that process rank",
     ),
+    # how the whole job ended, in the batch system's own report at its end: LSF's job report
+    # ('Successfully completed.', 'Exited with exit code 130.'), Slurm's seff ('State:
+    # COMPLETED (exit code 0)'), a PBS epilogue's resource table ('   Exit Status:        0',
+    # NCI Gadi's; PBS adds 256 to a signal: 271 is SIGTERM)
+    FactPattern("batch_exit", r"^Successfully completed\.\s*$", "Successfully completed."),
+    FactPattern(
+        "batch_exit", r"^Exited with exit code (?P<code>\d{1,3})\.\s*$", "Exited with exit code "
+    ),
+    FactPattern(
+        "batch_exit",
+        r"^State: [A-Z_]{4,20}(?: [^\n(]{0,40})? \(exit code (?P<code>\d{1,3})\)",
+        "(exit code ",
+    ),
+    FactPattern(
+        "batch_exit",
+        r"^\s{0,8}Exit Status:\s{2,40}(?P<pbs_code>-?\d{1,3})\s*$",
+        "Exit Status:",
+    ),
     # HPE Cray PALS' mpiexec on a rank a signal ended ('x3005c0s31b0n0...: rank 3 died from
     # signal 11 and dumped core'); its exit codes are the next pattern's ('rank 3 exited with
     # code 1')

@@ -336,6 +336,7 @@ def build_job(
     launched: dict[str, set[str]] = {}
     failed_locals: dict[str, set[str]] = {}
     launched_processes: int | None = None
+    batch_exits: list[int] = []
     for scan in scans:
         expect_root = False
         for fact in scan.facts:
@@ -393,6 +394,8 @@ def build_job(
                     rank = resolve_rank(worker, single_node, rank_map)
                 if rank is not None and code is not None and rank not in per_rank:
                     per_rank[rank] = RankExit(code=code, signal=signal_name(code), local_rank=local)
+            elif fact.name == "batch_exit":
+                batch_exits.append(_batch_exit_code(fact.captures))
             elif fact.name == "progress":
                 progress.append(fact)
             elif fact.name == "gpu_process":
@@ -602,6 +605,9 @@ def build_job(
         info.exit_code = bad[0] if bad else 0
         sig = next((e.signal for e in per_rank.values() if e.signal), None)
         info.exit_signal = sig
+    elif batch_exits:  # the batch system's report of the whole job (a failure first)
+        info.exit_code = max(batch_exits, key=lambda code: (code != 0, abs(code)))
+        info.exit_signal = signal_name(info.exit_code)
     return JobView(
         info=info,
         streams=streams,
@@ -738,6 +744,14 @@ def _extension_waits(
         if built.get(record.source, 0) < record.line
         and progressed.get(record.stream_key, 0) <= record.line
     ]
+
+
+def _batch_exit_code(captures: dict[str, str]) -> int:
+    """The job's exit code as its batch system reports it: none captured is LSF's 'Successfully
+    completed.' (0); PBS adds 256 to the number of the signal that ended the job."""
+    if (pbs := exit_code_number(captures.get("pbs_code"))) is not None:
+        return -(pbs - 256) if pbs > 256 else pbs
+    return exit_code_number(captures.get("code")) or 0
 
 
 def _launcher_of(record: Record) -> str:
