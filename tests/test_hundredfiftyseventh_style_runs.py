@@ -45,6 +45,13 @@ short-tail's abort read as a mismatch). The service's records are read but not u
 replica workerpool1-1 exited with a non-zero status of 137.' (128 + SIGKILL; 139 SIGSEGV) is no
 exit status of a replica (workerpool1-i is rank i + 1), and 'Job was cancelled because it exceeded
 the maximum running time.' is no scheduler's stop (clock-out reads as a log that just ends).
+Since (session 41): a Cloud Logging entry is read as its payload (jsonPayload's record, or
+textPayload) written by the replica its resource's labels name (task_name; a GKE pod's
+pod_name), the envelope's own keys no fields of it; gcloud's stream-logs lines are read as
+their task column's (severity, time, task name, then the line); and the service's 'The replica
+workerpool1-1 exited with a non-zero status of 137' is that replica's rank's exit (137: SIGKILL,
+139: SIGSEGV). Right since: gap-shard, drip-save, heap-climb, null-peek, chief-sum, short-tail,
+twin-store, lock-loop, quiet-quit, eta-type: 14 of 16.
 """
 
 from __future__ import annotations
@@ -137,77 +144,17 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "gap-shard": (
-        "data-error with no culprit (DATA101, 0.9) instead of on rank 2: right kind, but the "
-        "export's replica lines are Cloud Logging records whose text is jsonPayload.message, which "
-        "the JSON reader does not open (the evidence line reads empty), and neither the "
-        "record's task_name workerpool1-1 nor the '[rank2]: ' of its FileNotFoundError "
-        "('/gcs/vertex-demo-bucket/fashion-npz/train-00002-of-00004.npz') gives it a rank"
-    ),
-    "drip-save": (
-        "nccl-timeout on ranks 0, 1, 2 and 3 (INF204, 0.3) instead of slow-rank-timeout on rank "
-        "0: no replica line is attributed (jsonPayload.message unread, task_name not taken as the "
-        "writer), so all four ranks look silent and the workers' 'Timed out waiting 15000ms' are "
-        "blamed on missing logs; the chief's last line, 'Saving checkpoint to "
-        "gs://.../checkpoint_epoch2.pt' through the FUSE mount, is not seen"
-    ),
-    "heap-climb": (
-        "nccl-network with no culprit (NET101, 0.3) instead of host-oom on rank 2: the service's "
-        "'The replica workerpool1-1 exited with a non-zero status of 137.' (a container's 128 + "
-        "SIGKILL) is read as text but not as a replica's exit, nor workerpool1-1 as rank 2; the "
-        "peers' 'Connection closed by peer' stay a network fault"
-    ),
-    "null-peek": (
-        "nccl-network with no culprit (NET101, 0.3) instead of native-crash on rank 1: in gcloud's "
-        "stream-logs form ('ERROR<TAB>2026-12-07 12:36:01 +0000<TAB>workerpool1-1<TAB>[rank2]: "
-        "...') neither the task column nor the '[rankN]: ' after it gives a line its rank, and "
-        "'The replica workerpool1-0 exited with a non-zero status of 139.' (128 + SIGSEGV) is not "
-        "read as a signal death"
-    ),
-    "chief-sum": (
-        "collective-mismatch with no culprit (COL101, 0.9) instead of on rank 0: right kind, but "
-        "the gloo abort ('terminate called after throwing an instance of 'gloo::EnforceNotMet'', "
-        "no rank prefix of its own) comes under the stream-logs task column workerpool0-0, which "
-        "is not read as the writer, nor is 'exited with a non-zero status of 134' for the chief"
-    ),
-    "short-tail": (
-        "collective-mismatch with no culprit (COL101, 0.9) instead of uneven-inputs on rank 3: "
-        "workerpool1-2's gloo abort is not attributed (task_name unread) and its shorter shard "
-        "('Rank 3: 224 training and 128 test images', 'Train Epoch: 1 [0/224 (0%)]': 7 batches "
-        "against 8) is in jsonPayload.message, unread"
-    ),
-    "twin-store": (
-        "rendezvous-failure with no culprit (LCH108, 0.9) instead of on rank 0: right kind, but "
-        "the chief's 'DistNetworkError: ... EADDRINUSE' (its own TCPStore already on "
-        "MASTER_PORT) is a record of task_name workerpool0-0, which names no rank ddpdoctor reads"
-    ),
     "twin-zero": (
         "rendezvous-failure with no culprit (LCH111, 0.3) instead of on rank 1: right kind, but "
         "'Task workerpool1 (index 0): rank 0 of 4' beside the chief's 'rank 0 of 4' (two "
         "replicas claiming rank 0, none rank 3, whose key '/default_pg/0//cpu//0/3' every "
         "replica waits for) is in jsonPayload.message, unread: only store timeouts are seen"
     ),
-    "lock-loop": (
-        "nccl-timeout on ranks 0, 1, 2 and 3 (INF204, 0.3) instead of hang on rank 3: as in "
-        "drip-save no replica line is attributed, so the silent workerpool1-2 (its last line "
-        "'Train Epoch: 2 [0/256 (0%)]') is not told from the three that timed out"
-    ),
-    "quiet-quit": (
-        "nccl-network with no culprit (NET101, 0.3) instead of uncoordinated-exit on rank 2: "
-        "workerpool1-1's 'Rank 2: test loss 2.2198 not improving, leaving training' is in "
-        "jsonPayload.message, unread, and its exit 0 (no 'exited with a non-zero status' record "
-        "for it) is not noticed: only the peers' 'Connection closed by peer' remain"
-    ),
     "clock-out": (
         "unknown hang (INF212, 0.3) instead of preempted: the service's 'Job was cancelled "
         "because it exceeded the maximum running time.' (Vertex's own time limit, then SIGTERM "
         "to every replica) is not known as a scheduler's stop; the stream log ends in epoch 56's "
         "progress lines, then 'Job failed.'"
-    ),
-    "eta-type": (
-        "nccl-network with no culprit (NET101, 0.3) instead of python-exception on rank 1: "
-        "workerpool1-0's 'TypeError: unsupported type for timedelta seconds component: "
-        "numpy.float32' is in jsonPayload.message, unread; only the peers' lost connections match"
     ),
 }
 

@@ -5,6 +5,7 @@ set's real captures (a JSON logging.Formatter on every rank under torchrun)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from ddpdoctor.analysis.diagnose import diagnose_paths
@@ -89,3 +90,41 @@ def test_an_error_only_in_exc_info_names_its_rank() -> None:
     """Rank 2's save fails (logged with exc_info, retried with a backoff) while the others
     time out in the save's collectives."""
     assert _verdict("twentyeighth-fd-retry") == ("failed", "python-exception", [2])
+
+
+def test_a_cloud_logging_entry_is_its_payload_written_by_its_resource() -> None:
+    """Cloud Logging's export (Logs Explorer, `gcloud logging read`): a structured entry's
+    record is its jsonPayload, a text entry's its textPayload, and the resource's labels name
+    the replica or pod that wrote it; the envelope's own keys are no fields of the record."""
+    structured = json.dumps(
+        {
+            "insertId": "f18b3c209dfbfd",
+            "jsonPayload": {"levelname": "ERROR", "message": "[rank1]: TypeError: bad operand"},
+            "resource": {"type": "ml_job", "labels": {"task_name": "workerpool1-0"}},
+            "timestamp": "2026-12-07T12:38:08.879931Z",
+            "severity": "ERROR",
+            "logName": "projects/p/logs/workerpool1-0",
+        }
+    )
+    record = read_json_record(structured)
+    assert record is not None and record.printed
+    assert (record.text, record.host, record.fields) == (
+        "[rank1]: TypeError: bad operand",
+        "workerpool1-0",
+        "",
+    )
+    parsed = parse_line(structured)
+    assert (parsed.text, parsed.origin.rank, parsed.origin.host) == (
+        "TypeError: bad operand",
+        1,
+        "workerpool1-0",
+    )
+    pod = json.dumps(
+        {
+            "textPayload": "Epoch 3 done",
+            "resource": {"type": "k8s_container", "labels": {"pod_name": "train-worker-1"}},
+            "receiveTimestamp": "2026-12-07T12:38:09Z",
+        }
+    )
+    assert parse_line(pod).origin.host == "train-worker-1"
+    assert parse_line(pod).prefix != parse_line(pod.replace("worker-1", "worker-2")).prefix

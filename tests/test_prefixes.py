@@ -312,6 +312,14 @@ def test_srun_label_is_padded_to_five_characters_at_most(line: str, task: int | 
     assert parse_line(line).task == task
 
 
+def test_gcloud_stream_logs_name_the_replica_not_a_level() -> None:
+    """`gcloud ai custom-jobs stream-logs`: severity, time and task name, tab-separated; the
+    severity is the stream's (stderr is ERROR), the line's own logger says its level."""
+    p = parse_line("ERROR\t2026-12-07 12:35:52 +0000\tworkerpool1-0\tINFO:root:rank 1 of 4")
+    assert (p.origin.host, p.level, p.text) == ("workerpool1-0", "info", "INFO:root:rank 1 of 4")
+    assert p.time is not None and p.prefix == "workerpool1-0"
+
+
 def test_old_bracket_glog() -> None:
     p = parse_line(
         "[E ProcessGroupNCCL.cpp:475] [Rank 2] Watchdog caught collective operation timeout"

@@ -17,7 +17,11 @@ from ddpdoctor.ingest.self_rank import (
 )
 from ddpdoctor.model.evidence import PROMPTS
 from ddpdoctor.model.findings import RankExit
-from ddpdoctor.rules.launch import RANK_DIED_FROM_SIGNAL, RANK_EXITED_WITH_CODE
+from ddpdoctor.rules.launch import (
+    RANK_DIED_FROM_SIGNAL,
+    RANK_EXITED_WITH_CODE,
+    VERTEX_REPLICA_EXIT,
+)
 
 VALUE, WRITER = Distinct.VALUE, Distinct.WRITER
 MESSAGE_START = (
@@ -265,6 +269,12 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
         "batch_exit",
         r"^\s{0,8}Exit Status:\s{2,40}(?P<pbs_code>-?\d{1,3})\s*$",
         "Exit Status:",
+    ),
+    # Vertex AI's service on a replica (one machine, one rank) whose process failed
+    FactPattern(
+        "launcher_exit",
+        VERTEX_REPLICA_EXIT + r"(?P<code>\d{1,3})\b",
+        "exited with a non-zero status of ",
     ),
     # HPE Cray PALS' mpiexec on a rank a signal ended ('x3005c0s31b0n0...: rank 3 died from
     # signal 11 and dumped core'); its exit codes are the next pattern's ('rank 3 exited with

@@ -268,7 +268,30 @@ def learn_rank_map(scans: list[SourceScan]) -> dict[tuple[str, int], int]:
                         mapping.setdefault((node, exit_.local_rank), r)
                     if r is not None and exit_.pid:
                         mapping.setdefault((node, -exit_.pid), r)
+    _learn_replicas(scans, mapping)
     return mapping
+
+
+def _learn_replicas(scans: list[SourceScan], mapping: dict[tuple[str, int], int]) -> None:
+    """A replica a platform names as a machine of one rank (Vertex AI's 'The replica
+    workerpool1-0 exited ...') is the one rank its own lines name, where they name one only."""
+    replicas = {
+        replica
+        for scan in scans
+        for fact in scan.facts
+        if fact.name == "launcher_exit" and (replica := fact.captures.get("replica"))
+    }
+    if not replicas:
+        return
+    seen: dict[str, set[int]] = {}
+    for scan in scans:
+        for stream in scan.streams.values():
+            host, rank = stream.origin.host, stream.origin.rank
+            if host in replicas and rank is not None:
+                seen.setdefault(host, set()).add(rank)
+    for host, ranks in seen.items():
+        if len(ranks) == 1:
+            mapping.setdefault((host, SOLE_RANK), next(iter(ranks)))
 
 
 def build_job(
@@ -392,6 +415,9 @@ def build_job(
                 if rank is None and local is not None:
                     worker = Origin(host=fact.record.origin.host, local_rank=local)
                     rank = resolve_rank(worker, single_node, rank_map)
+                if rank is None and (replica := fact.captures.get("replica")):
+                    # a machine of one rank, named by the platform (Vertex AI's replicas)
+                    rank = resolve_rank(Origin(host=replica), single_node, rank_map)
                 if rank is not None and code is not None and rank not in per_rank:
                     per_rank[rank] = RankExit(code=code, signal=signal_name(code), local_rank=local)
             elif fact.name == "batch_exit":

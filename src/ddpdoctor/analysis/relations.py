@@ -982,35 +982,18 @@ def relate_outside_stop(graph: CausalGraph, ctx: Context) -> None:
 
 def relate_stopped_rank(graph: CausalGraph, ctx: Context) -> None:
     """A rank whose own words say a stop from outside reached it (its SIGTERM handler: an
-    eviction, a preemption of its node; the KeyboardInterrupt of a SIGINT) was gone from then
-    on: the other ranks that lost it or waited for it later by the clock echo that stop, and,
-    where the lines carry no time, those that lost it below it in the same output (one console
-    prints the ranks' tracebacks as they raise)."""
+    eviction, a preemption of its node) was gone from then on: the other ranks that lost it
+    or waited for it later by the clock echo that stop."""
     for stop in graph.events:
-        if stop.echo != Echo.STOPPED or stop.rank is None:
+        if stop.echo != Echo.STOPPED or stop.rank is None or stop.time is None:
             continue
         for event in graph.events:
             if event.echo not in (Echo.LOST_PEER, Echo.WAITING) or event.rank in (None, stop.rank):
                 continue
-            if stop.time is not None and event.time is not None:
-                later = event.time > stop.time
-            else:
-                later = event.echo == Echo.LOST_PEER and _below_in_the_same_output(stop, event)
-            if later:
+            if event.time is not None and event.time > stop.time:
                 graph.add(
                     stop, event, "stopped rank", f"rank {stop.rank} had been stopped from outside"
                 )
-
-
-def _below_in_the_same_output(first: Event, then: Event) -> bool:
-    """Every line of `then` comes after the first line of `first` in `first`'s own source."""
-    starts: dict[str, int] = {}
-    for h in first.hits:
-        src = h.record.source
-        starts[src] = min(starts.get(src, h.record.line), h.record.line)
-    return bool(then.hits) and all(
-        h.record.source in starts and h.record.line > starts[h.record.source] for h in then.hits
-    )
 
 
 RELATIONS = (

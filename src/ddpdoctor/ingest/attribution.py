@@ -81,6 +81,13 @@ def rank_of(hit: Hit, resolve: Resolver, single_node: bool, sole_host: str | Non
             # (rank_prefixed_message(..., rank=i + 1) for its i-th child)
             found = _number(named.group("rank"))
         return found
+    replica = hit.captures.get("replica")
+    if replica:
+        # a platform naming the replica (a machine of one rank) whose process ended: Vertex
+        # AI's 'The replica workerpool1-0 exited with a non-zero status of 137'
+        found = resolve(Origin(host=replica))
+        if found is not None:
+            return found
     rank = resolve(hit.record.origin)
     if rank is not None:
         return rank

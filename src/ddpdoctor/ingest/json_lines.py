@@ -26,6 +26,8 @@ HEADER_KEYS = frozenset(
         "host", "hostname", "pod", "pod_name", "node",
         "pid", "process", "processName", "thread", "threadName",
         "module", "funcName", "lineno", "filename", "pathname", "stream",
+        # Cloud Logging's envelope of an entry (its export, `gcloud logging read`)
+        "insertId", "logName", "receiveTimestamp", "trace", "spanId", "traceSampled",
     }
 )  # fmt: skip
 """The header a text logger prints before the message, parsed elsewhere (prefixes.py)."""
@@ -43,6 +45,9 @@ class JsonRecord:
     """The logged traceback's lines above its exception line (header and frames)."""
     rank: int | None = None
     local_rank: int | None = None
+    host: str | None = None
+    """The machine, pod or replica the record names as its source (Cloud Logging's
+    resource.labels: a Vertex AI replica's task_name, a GKE pod's pod_name)."""
     printed: bool = False
     """The message is one line of output as the program printed it (docker's json-file driver,
     a collector's export of stdout), with whatever prefixes its writer put before it."""
@@ -62,6 +67,11 @@ def read_json_record(line: str) -> JsonRecord | None:
         return None
     if not isinstance(doc, dict):
         return None
+    host = _resource_host(doc)
+    payload = doc.get("jsonPayload")
+    if isinstance(payload, dict):
+        # Cloud Logging's structured entry: the logger's record is its jsonPayload
+        doc = payload
     message = _first_text(doc, MESSAGE_KEYS)
     exception = _first_text(doc, EXCEPTION_KEYS)
     one_line = message is not None and "\n" not in message.strip("\r\n")
@@ -72,7 +82,8 @@ def read_json_record(line: str) -> JsonRecord | None:
     fields = _fields(doc)
     if message is None and exception is None and not fields:
         if any(isinstance(doc.get(key), str) for key in MESSAGE_KEYS):
-            return JsonRecord("", printed=True)  # a blank line printed ({"log": "\n"})
+            # a blank line printed ({"log": "\n"})
+            return JsonRecord("", host=host, printed=True)
         return None
     parts = [_exception_line(exception)] if exception else []
     if message and one_line and not exception:
@@ -87,8 +98,28 @@ def read_json_record(line: str) -> JsonRecord | None:
         _trace(exception) if exception else (),
         _number(doc.get("rank", doc.get("global_rank"))),
         _number(doc.get("local_rank")),
+        host,
         printed=bool(message and one_line and not exception and not fields),
     )
+
+
+RESOURCE_HOST_LABELS = ("task_name", "pod_name", "instance_id")
+"""Cloud Logging's resource labels that name the writer: a Vertex AI replica, a GKE pod, a
+Compute Engine VM."""
+HOST_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
+
+
+def _resource_host(doc: dict[str, object]) -> str | None:
+    """The writer a Cloud Logging entry names in its resource's labels."""
+    resource = doc.get("resource")
+    labels = resource.get("labels") if isinstance(resource, dict) else None
+    if not isinstance(labels, dict):
+        return None
+    for key in RESOURCE_HOST_LABELS:
+        value = labels.get(key)
+        if isinstance(value, str) and 0 < len(value) <= 63 and set(value) <= HOST_CHARS:
+            return value
+    return None
 
 
 def _first_text(doc: dict[str, object], keys: tuple[str, ...]) -> str | None:

@@ -551,6 +551,15 @@ LEVEL_TIME_CALLER = re.compile(
     r"(?:[,.]\d{1,6})?) {1,16}(?:[\w./-]{1,60}:\d{1,6} )?"
 )
 
+# gcloud's stream of a Vertex AI / AI Platform job's logs (`gcloud ai custom-jobs stream-logs`):
+# the entry's severity, its time, the replica's task name, then the line, tab-separated:
+# "ERROR\t2026-12-07 12:35:52 +0000\tworkerpool1-0\tINFO:root:rank 1 of 4". The severity is
+# the stream's (stderr is ERROR, whatever a line says), not a level: not taken.
+GCLOUD_STREAM = re.compile(
+    r"(?:DEFAULT|DEBUG|INFO|NOTICE|WARNING|ERROR|CRITICAL|ALERT|EMERGENCY)\t"
+    r"(?P<ts>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) [+-]\d{4}\t(?P<host>[\w.-]{1,63})\t"
+)
+
 # k2/icefall/lhotse-style logging ('%(levelname)s [%(filename)s:%(lineno)d] (%(rank)s/%(world)s)
 # %(message)s'): "INFO [trainer.py:650] (5/8) Reaches end of dataloader."
 CALLER_RANK = re.compile(
@@ -685,6 +694,13 @@ def parse_line(raw: str, year: int = 1970, with_time: bool = True, depth: int = 
         bracket, digit = c == "[", c.isdigit()
         nxt = text[pos + 1] if pos + 1 < end else ""
         m = None
+        if c in "DIWECNA" and pos == line_start and (gs := GCLOUD_STREAM.match(text, pos)):
+            if with_time:
+                out.time = out.time or _parse_iso(gs.group("ts"))
+            origin.host = origin.host or gs.group("host")
+            prefix_parts.append(gs.group("host"))
+            pos = gs.end()
+            continue
         if c in "DIWEC" and (lt := LEVEL_TIME_CALLER.match(text, pos)):
             if with_time:
                 out.time = out.time or _parse_iso(lt.group("ts"))
@@ -1028,8 +1044,16 @@ def parse_line(raw: str, year: int = 1970, with_time: bool = True, depth: int = 
     if rich_record:
         message = _without_caller(message)
     if message[:1] == "{":
+        host_before = origin.host
         _json_fields(message, out, with_time)
         record = read_json_record(_whole_json(message, raw))
+        if record is not None:
+            origin.host = origin.host or record.host
+            if host_before is None and origin.host:
+                # the source the record names (its host, pod, replica) is its writer: records
+                # of many machines interleave in one export (as written in the record: every
+                # part of a writer's key is a piece of its raw lines, tracebacks.walk_back)
+                prefix_parts.append(origin.host)
         if record is not None and record.printed and depth == 0:
             # one printed line per record: the line's own prefixes ('[rank24]: ', a logger's
             # time and level) are read as a text line's, under what the record said

@@ -58,6 +58,8 @@ CAPTURES: dict[str, str] = {
     "rank": "the global rank the message is about (its subject), when the line names it",
     "local_rank": "the local rank of the worker the line is about (the global rank on one node)",
     "child_pid": "the pid of a process its launcher reports on, from the launcher's own process",
+    "replica": "the machine (of one rank) a platform names as the one whose process ended "
+    "(Vertex AI's 'The replica workerpool1-0 exited ...')",
     "pid": "the process id of the worker the line is about (resolved through the job's pids)",
     "culprit_rank": "the rank the message itself blames (e.g. the one with another model)",
     "culprit_ranks": "the ranks the message itself names as the ones that failed, a list "

@@ -20,6 +20,11 @@ RANK_DIED_FROM_SIGNAL = r"\b[Rr]ank (?P<rank>\d{1,7}) died from signal "
 exited with code 1': RANK_EXITED_WITH_CODE). Read by LCH101, LCH104 and LCH102 for their signals
 and by the job's per-rank exits (analysis/facts.py)."""
 
+VERTEX_REPLICA_EXIT = r"The replica (?P<replica>[\w.-]{1,63}) exited with a non-zero status of "
+"""Vertex AI's service on a replica whose process ended with an error: 'The replica
+workerpool1-0 exited with a non-zero status of 137. To find out more ...' (a replica is one
+machine: its rank is that machine's). 128+N is signal N."""
+
 RANK_EXITED_WITH_CODE = (
     r"\b[Rr]ank (?P<rank>\d{1,5})(?: \((?:PID|pid)[ :=]?\d{1,10}\))? "
     r"(?:exited|died|terminated|failed|crashed) with (?:exit )?code "
@@ -138,6 +143,9 @@ HOST_OOM_KILL = Rule(
             suggests=True,
         ),
         Signature(RANK_DIED_FROM_SIGNAL + r"9\b", "died from signal", suggests=True),
+        Signature(
+            VERTEX_REPLICA_EXIT + r"137\b", "exited with a non-zero status of", suggests=True
+        ),
         # the batch systems' own kills on their memory limits: PBS's pbs_mom ('=>> PBS: job
         # killed: mem 8388608kb exceeded limit 4194304kb', also vmem) and LSF's termination
         # reason in its job report
@@ -485,6 +493,7 @@ CHILD_FAILED = Rule(
             CHILD_PROCESS_CODE + r"(?P<code>-?\d{1,3})\. Forcefully terminating",
             "Forcefully terminating all other processes",
         ),
+        Signature(VERTEX_REPLICA_EXIT + r"(?P<code>\d{1,3})\b", "exited with a non-zero status of"),
         # Open MPI's mpirun on a rank that ended without finalizing while the others ran
         # (help-orterun.txt proc-exit-no-sync): 'mpirun has exited due to process rank 1 with
         # PID 0 on\nnode gpu-01 exiting improperly.'
@@ -538,6 +547,10 @@ NATIVE_CRASH = Rule(
             "mpirun noticed that process rank",
         ),
         Signature(RANK_DIED_FROM_SIGNAL + r"(?P<signum>11|6|7|4|8)\b", "died from signal"),
+        Signature(
+            VERTEX_REPLICA_EXIT + r"(?P<code>139|134|135|132|136)\b",
+            "exited with a non-zero status of",
+        ),
         Signature(r"\(core dumped\)", "core dumped"),
         Signature(r"Illegal instruction"),
         # torchelastic's ProcessFailure as an agent built on it logs its failures (DLRover's
