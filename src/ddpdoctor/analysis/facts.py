@@ -178,6 +178,19 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
     # non-zero, "  Process name: [[27014,1],0]" (Open MPI 5 / PRRTE: "[prterun-host-1@1,0]",
     # the MPI_COMM_WORLD rank last), then "  Exit code:    1"
     FactPattern("mpi_exit", r"^\s*Exit code:\s+(?P<code>\d+)\b", "Exit code:", lines_before=2),
+    # MPICH's and Intel MPI's Hydra box on a process that ended badly: "=   BAD TERMINATION OF
+    # ONE OF YOUR APPLICATION PROCESSES", "=   RANK 6 PID 2447372 RUNNING AT node0009" (MPICH:
+    # "=   PID 25872 RUNNING AT node01"), then "=   KILLED BY SIGNAL: 9 (Killed)" or
+    # "=   EXIT CODE: 9"
+    FactPattern(
+        "hydra_exit",
+        r"^=\s{1,8}KILLED BY SIGNAL: (?P<signum>\d{1,2})\b",
+        "KILLED BY SIGNAL: ",
+        lines_before=2,
+    ),
+    FactPattern(
+        "hydra_exit", r"^=\s{1,8}EXIT CODE: (?P<code>\d{1,3})\b", "EXIT CODE: ", lines_before=2
+    ),
     # Ray Train's worker table (train/_internal/backend_executor.py): "- (node_id=..., ip=A,
     # pid=N) world_rank=R, local_rank=L, node_rank=K": a worker's lines carry only its pid
     FactPattern(
@@ -1173,6 +1186,28 @@ def mesh_size(dims: str) -> int | None:
             return None
         size *= n
     return size if size <= 1_000_000 else None
+
+
+HYDRA_PROCESS = re.compile(
+    r"^=\s{1,8}(?:RANK (?P<rank>\d{1,7}) )?PID (?P<pid>\d{1,10}) RUNNING AT (?P<host>[\w.-]{1,255})"
+)
+"""The Hydra box's line naming the process (its rank where Intel MPI prints one)."""
+
+
+def parse_hydra_exit(
+    before: list[str], captures: dict[str, str]
+) -> tuple[int | None, int | None, str | None, RankExit]:
+    """A Hydra box: (rank, pid, host, exit) of the process it names; the exit of a signal as
+    launchers report it (-9)."""
+    code = signal_number_code(captures.get("signum")) or exit_code_number(captures.get("code"))
+    for text in reversed(before[-2:]):
+        m = HYDRA_PROCESS.match(text)
+        if m:
+            pid = pid_number(m.group("pid"))
+            signal = signal_name(code) if code else None
+            exit_ = RankExit(code=code, signal=signal, host=m.group("host"), pid=pid)
+            return rank_number(m.group("rank")), pid, m.group("host"), exit_
+    return None, None, None, RankExit(code=code)
 
 
 def parse_mpi_exit(before: list[str], line: str) -> tuple[int | None, RankExit]:

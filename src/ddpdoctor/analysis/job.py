@@ -10,6 +10,7 @@ from itertools import pairwise
 
 from ddpdoctor.analysis.facts import (
     mesh_size,
+    parse_hydra_exit,
     parse_mpi_exit,
     parse_summary_entry,
     signal_code,
@@ -420,6 +421,13 @@ def build_job(
                     rank = resolve_rank(Origin(host=replica), single_node, rank_map)
                 if rank is not None and code is not None and rank not in per_rank:
                     per_rank[rank] = RankExit(code=code, signal=signal_name(code), local_rank=local)
+            elif fact.name == "hydra_exit":
+                rank, pid, node, exit_ = parse_hydra_exit(fact.before, fact.captures)
+                if rank is None and pid is not None:
+                    rank = resolve_rank(Origin(host=node, pid=pid), single_node, rank_map)
+                if rank is not None and exit_.code is not None and rank not in per_rank:
+                    per_rank[rank] = exit_
+                    ranks.add(rank)
             elif fact.name == "batch_exit":
                 batch_exits.append(_batch_exit_code(fact.captures))
             elif fact.name == "progress":

@@ -143,6 +143,9 @@ HOST_OOM_KILL = Rule(
             suggests=True,
         ),
         Signature(RANK_DIED_FROM_SIGNAL + r"9\b", "died from signal", suggests=True),
+        # the Hydra box (MPICH, Intel MPI) on a process SIGKILL ended ('=   KILLED BY SIGNAL:
+        # 9 (Killed)'); its first box is the first process to end, the others it killed after
+        Signature(r"^=\s{1,8}KILLED BY SIGNAL: 9\b", "KILLED BY SIGNAL: 9", suggests=True),
         Signature(
             VERTEX_REPLICA_EXIT + r"137\b", "exited with a non-zero status of", suggests=True
         ),
@@ -226,6 +229,7 @@ HOST_OOM_KILL = Rule(
         "Ask the scheduler for more memory (Slurm --mem) or use fewer ranks per node.",
     ),
     positive=(
+        "=   KILLED BY SIGNAL: 9 (Killed)",
         # HPE Cray PALS mpiexec; PBS and LSF memory limits (tests/fixtures/real/hundredfiftyfifth-*,
         # hundredfiftysixth-*)
         "x3005c0s19b1n0.hsn.cm.polaris.alcf.anl.gov: rank 3 died from signal 9",
@@ -547,6 +551,10 @@ NATIVE_CRASH = Rule(
             "mpirun noticed that process rank",
         ),
         Signature(RANK_DIED_FROM_SIGNAL + r"(?P<signum>11|6|7|4|8)\b", "died from signal"),
+        # MPICH's / Intel MPI's Hydra box on the process a signal ended ('=   KILLED BY
+        # SIGNAL: 11 (Segmentation fault)'; the process it names, on the line above, is the
+        # job's per-rank exit: analysis/facts.py hydra_exit)
+        Signature(r"^=\s{1,8}KILLED BY SIGNAL: (?P<signum>11|6|7|4|8)\b", "KILLED BY SIGNAL: "),
         Signature(
             VERTEX_REPLICA_EXIT + r"(?P<code>139|134|135|132|136)\b",
             "exited with a non-zero status of",
@@ -684,6 +692,7 @@ NATIVE_CRASH = Rule(
         for name, value in (("signum", "7"), ("sig", "SIGBUS"))
     ),
     positive=(
+        "=   KILLED BY SIGNAL: 11 (Segmentation fault)",
         "x3005c0s31b0n0.hsn.cm.polaris.alcf.anl.gov: rank 3 died from signal 11 and dumped core",
         # set 108 (Determined's launch layer between torchrun and the script)
         "  exitcode  : 245 (pid: 16)",
