@@ -43,6 +43,10 @@ EXIT CODE: 11') that the program's start-up line ('[1] rank 1/4 on node01 ... pi
 launcher's time limit ending a healthy run (a log that stops mid-training); and a deadlocked rank 2
 and a rank 3 with one step fewer an epoch ('464 samples, 15 steps/epoch') are both read as divergent
 collectives from the call sites where the others timed out.
+Since (session 41): the Hydra box is the named process's exit ('=   RANK 3 PID 25367 RUNNING AT
+node02', '=   KILLED BY SIGNAL: 9 (Killed)': host OOM on rank 3, fat-bucket; 'SIGNAL: 6' ties
+the gloo abort to rank 0, solo-tally): 11 of 16. wall-bell now reads as host OOM on ranks 0
+and 2 (Hydra's own time limit kills every rank with SIGKILL), list-gap names rank 3 only.
 """
 
 from __future__ import annotations
@@ -139,20 +143,9 @@ EXPECTED: dict[str, Expected] = {
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
     "list-gap": (
-        "launcher-env-missing on no rank (LCH106, 0.9) instead of on ranks 2 and 3: the kind is "
-        "right, but the two bare 'environment variable MASTER_ADDR expected, but not set' "
-        "tracebacks (no process group yet, no '[rankN]: ' prefix) are tied to no rank, as if "
-        "plain python had started the script: neither Hydra's box ('=   RANK 3 PID N RUNNING AT "
-        "node02', '=   EXIT CODE: 1') nor the '[2] rank 2/4 on node02 ...' / '[3] rank 3/4 on "
-        "node02 ...' lines printed just before each traceback are read; only node02's ranks, "
-        "started with -genvlist, lacked the variable"
-    ),
-    "fat-bucket": (
-        "collective-mismatch on ranks 1 and 2 (INF203, 0.4) instead of host-oom on rank 3: Intel "
-        "MPI's box '=   RANK 3 PID N RUNNING AT node02', '=   KILLED BY SIGNAL: 9 (Killed)' is not "
-        "read as rank 3's exit, so the survivors' 'Connection closed by peer' at two call sites "
-        "(rank 1 in forward's buffer broadcast, train.py:253; rank 2 in backward, train.py:254) "
-        "are read as ranks waiting in different collectives"
+        "launcher-env-missing on rank 3 (LCH106, 0.9) instead of on ranks 2 and 3: node02's two "
+        "tracebacks have no rank prefix; the Hydra box names rank 3 (its exit), and nothing ties "
+        "the other traceback to rank 2"
     ),
     "null-poke": (
         "native-crash on no rank (LCH104, 0.9) instead of on rank 1: the kind is right (MPICH's "
@@ -169,13 +162,6 @@ MISSES: dict[str, str] = {
         "SIGKILLed by Hydra after the box for rank 1 ('=   EXIT CODE: 1'), is not singled out as "
         "the stuck one"
     ),
-    "solo-tally": (
-        "collective-mismatch on no rank (COL101, 0.9) instead of on rank 0: the kind is right, "
-        "but gloo's unprefixed \"terminate called after throwing an instance of "
-        "'gloo::EnforceNotMet'\" is tied to no rank, though Intel MPI's box after it says '=   "
-        "RANK 0 PID N RUNNING AT node01', '=   KILLED BY SIGNAL: 6 (Aborted)': the abort was rank "
-        "0's, the rank that all-reduced its validation metric alone"
-    ),
     "thin-crate": (
         "collective-mismatch on ranks 1 and 3 (INF203, 0.6) instead of uneven-inputs on rank 3: "
         "rank 3's '[3] /tmp/synth/shard_03.npz: 464 samples, 15 steps/epoch' against the others' "
@@ -184,11 +170,10 @@ MISSES: dict[str, str] = {
         "divergent collectives, with rank 1 (forward's buffer broadcast) named beside it"
     ),
     "wall-bell": (
-        "hang (INF212, 0.3, status unknown) instead of preempted: Hydra's '[mpiexec@node01] "
-        "APPLICATION TIMED OUT, TIMEOUT = 40s' (MPIEXEC_TIMEOUT) and the boxes of the ranks it "
-        "then killed ('KILLED BY SIGNAL: 9 (Killed)' on node01 and node02) are not read as the "
-        "launcher's time limit ending a healthy run: 'The log ends at step 4 of 16 without an "
-        "end: no error, no end of training, no exit code'"
+        "host-oom on ranks 0 and 2 (LCH101, 0.6) instead of preempted: Hydra's '[mpiexec@node01] "
+        "APPLICATION TIMED OUT, TIMEOUT = 40s' (MPIEXEC_TIMEOUT) is not read as the launcher's time "
+        "limit, so the boxes of the ranks it then killed ('KILLED BY SIGNAL: 9 (Killed)') read as "
+        "the kernel's kills"
     ),
 }
 
