@@ -38,6 +38,9 @@ re-raised, and a launch cell without MASTER_ADDR on process 0; torch's 'unable t
 </torch_...> to the right size' from a DataLoader worker is not read as shared memory
 (shm-pinch); rank 0 waiting in an all_gather only it called is read as rank 0 busy
 (solo-gather); and with two processes the one that returned early is not named (lone-return).
+Since (session 41): the code IPython's traceback quotes around a frame behind its gutter of line
+numbers (accelerate's 'if "Cannot re-initialize CUDA in forked subprocess" in e.args[0]:') is
+no message of the job's (rss-swell right; stop-button now a hang of unknown status): 9 of 16.
 """
 
 from __future__ import annotations
@@ -156,14 +159,6 @@ MISSES: dict[str, str] = {
         "missing '../input/leaf-tiles-32/train.csv' that every forked process opens is read as "
         "rank 1's path alone"
     ),
-    "rss-swell": (
-        "dataloader-cuda-fork on rank 1 (CUDA107, 0.9) instead of host-oom: IPython's context "
-        "lines of the notebook_launcher cell ('     54             if \"Cannot re-initialize "
-        "CUDA in forked subprocess\" in e.args[0]:', shown because the ProcessExitedException "
-        "passes the launcher's `except ProcessRaisedException` line) are read as a log line; "
-        "'ProcessExitedException: process 1 terminated with signal SIGKILL' (LCH101) becomes its "
-        "cascade"
-    ),
     "solo-gather": (
         "slow-rank-timeout on rank 0 (INF201, 0.6) instead of collective-mismatch: rank 1 timed "
         "out in wait_for_everyone()'s barrier while rank 0 printed nothing more and was "
@@ -171,11 +166,9 @@ MISSES: dict[str, str] = {
         "(the raw output, ANSI codes kept) says rank 0 waited in the all_gather only it called"
     ),
     "stop-button": (
-        "dataloader-cuda-fork on no rank (CUDA107, 0.9) instead of hang: the same source line "
-        "of IPython's context ('if \"Cannot re-initialize CUDA in forked subprocess\" in "
-        "e.args[0]:', above the `except` line the KeyboardInterrupt passed) is read as a CUDA "
-        "error, and the cell's KeyboardInterrupt (the stop button, the bar stuck at 'Epoch 1/5:   "
-        "0%|') is not read as a person stopping a stalled job (INF217)"
+        "hang with no culprit, status unknown (INF212, 0.3) instead of hung: the kind is right, "
+        "but the stop button's KeyboardInterrupt on a run stuck at 'Epoch 1/5: 0%' is not read as "
+        "a person stopping a stalled job (INF217), so the run reads as a log that merely ends"
     ),
     "lone-return": (
         "uncoordinated-exit on no rank (INF202, 0.3) instead of on rank 1: the kind is right "

@@ -150,3 +150,27 @@ def test_a_log_record_right_above_an_error_line_is_not_stepped_over() -> None:
     )
     data = text.encode()
     assert walk_back(data, data.rindex(b"FileNotFound"), "", parse_line) == []
+
+
+def test_code_ipython_quotes_around_a_frame_is_no_message() -> None:
+    """IPython's traceback (a notebook's cell output) quotes a few source lines around each
+    frame behind a gutter of line numbers; a library's code quoted there (accelerate's check
+    for the words of CUDA's fork error) is not the job's message, a line outside it is."""
+    from ddpdoctor.analysis.scanner import _ipython_source_line
+
+    cell = (
+        b"Cell In[3], line 53, in notebook_launcher(function, args)\n"
+        b"     52             start_processes(launcher, args=args)\n"
+        b"---> 53         except ProcessRaisedException as e:\n"
+        b'     54             if "Cannot re-initialize CUDA in forked subprocess" in e.args[0]:\n'
+        b"RuntimeError: Cannot re-initialize CUDA in forked subprocess\n"
+    )
+    lines = cell.split(b"\n")
+    starts = [sum(len(x) + 1 for x in lines[:i]) for i in range(len(lines))]
+    shown = [
+        _ipython_source_line(cell, s, s + len(line)) for s, line in zip(starts, lines, strict=True)
+    ]
+    assert shown[:5] == [False, True, True, True, False]
+    # a line numbered like a gutter with no frame header above it is left alone
+    alone = b"     54 Cannot re-initialize CUDA in forked subprocess\n"
+    assert not _ipython_source_line(alone, 0, len(alone) - 1)

@@ -790,6 +790,7 @@ class Scanner:
         raw = chunk[start:end].decode("utf-8", errors="replace")
         parsed: ParsedLine | None = None
         plain: bool | None = None
+        source_shown: bool | None = None
         context: list[tuple[int, ParsedLine]] | None = None
         rules_done: set[str] = set()
         hit_of: dict[str, Hit] = {}
@@ -854,6 +855,10 @@ class Scanner:
             rule = target.rule
             if rule is None:
                 continue
+            if source_shown is None:
+                source_shown = _ipython_source_line(chunk, start, end)
+            if source_shown:
+                continue  # code IPython quotes around a frame of its traceback, not a message
             if rule.code in rules_done:  # another signature of it on this line: what it
                 # names too (a specific one whose literal sits after a generic one's)
                 if rule.code in hit_of:
@@ -1585,6 +1590,37 @@ def _captures(m: re.Match[str]) -> dict[str, str]:
                 continue
         out[name] = value
     return out
+
+
+IPYTHON_SOURCE = re.compile(rb"(?:-{1,6}> ?| {2,12})\d{1,6} [^\n]{0,4096}?\S")
+"""A source line IPython's traceback quotes around a frame, behind its gutter: the line number,
+right-aligned, or '---> ' before the frame's own line."""
+IPYTHON_FRAME = re.compile(
+    rb"^(?:File [^\n]{1,1024}:\d{1,6}, in |Cell In\[\d{1,6}\], line \d)", re.M
+)
+"""IPython's header of a frame: 'File /path/mod.py:245, in func(args)', 'Cell In[7], line 3'."""
+IPYTHON_WINDOW = 16
+"""Lines above a gutter line within which its frame's header stands (IPython quotes a few lines
+on each side of the frame's line)."""
+
+
+def _ipython_source_line(chunk: bytes, start: int, end: int) -> bool:
+    """Whether the raw line is a line of code IPython's traceback quotes (its gutter, and a
+    frame's header within the lines above): a library's source quoted there ('if "Cannot
+    re-initialize CUDA in forked subprocess" in e.args[0]:') is no message of the job's."""
+    first = chunk[start : start + 1]
+    if first not in (b" ", b"-") or IPYTHON_SOURCE.match(chunk, start, end) is None:
+        return False
+    floor = start - 1
+    for _ in range(IPYTHON_WINDOW):
+        if floor <= 0:
+            floor = 0
+            break
+        floor = chunk.rfind(b"\n", 0, floor)
+        if floor < 0:
+            floor = 0
+            break
+    return IPYTHON_FRAME.search(chunk, floor, start) is not None
 
 
 def _head_above(chunk: bytes, start: int, head: str, lines: int) -> bool:
