@@ -183,12 +183,10 @@ MISSES: dict[str, str] = {
         "that spawned processes never get fails every process alike"
     ),
     "shm-pinch": (
-        "data-error on rank 1 (DATA101, 0.6) instead of dataloader-worker-killed on ranks 0 and "
-        "1: 'Caught RuntimeError in DataLoader worker process 0' is read as a sample the dataset "
-        "failed on; its original error 'unable to resize file </torch_N_N_0> to the right size: "
-        "File too large (27)' (a shared-memory segment that could not be sized) is not known as "
-        "the container's shm limit (only 'unable to write to file </torch_' is), and only "
-        "process 1's traceback is shown"
+        "dataloader-worker-killed on rank 1 (DL101, 0.9) instead of on ranks 0 and 1: the kind is "
+        "right since MapAllocator's 'unable to resize file </torch_...> to the right size' is a "
+        "shared-memory segment that could not be sized; both processes fail alike, but the cell "
+        "shows the one traceback the launcher re-raised"
     ),
 }
 

@@ -447,6 +447,8 @@ DATALOADER_WORKER_KILLED = Rule(
         # aten/src/ATen/MapAllocator.cpp writing a shared-memory segment (/torch_<pid>_...):
         # /dev/shm is full, not the disk
         Signature(r"unable to write to file </torch_\d+", "unable to write to file </torch_"),
+        # ... and sizing one (ftruncate: /dev/shm too small, or a file-size limit on it)
+        Signature(r"unable to resize file </torch_\d+", "unable to resize file </torch_"),
     ),
     explanation=Explanation(
         what="A DataLoader worker process died (bus error, killed, or could not allocate shm).",
@@ -476,6 +478,9 @@ DATALOADER_WORKER_KILLED = Rule(
         "insufficient shared memory (shm).",
         "RuntimeError: unable to write to file </torch_18692_1954506624_0>: No space left on "
         "device (28)",
+        # tests/fixtures/real/hundredsixtieth-shm-pinch (a small limit on the segment's size)
+        "RuntimeError: unable to resize file </torch_31873_3421902410_0> to the right size: File "
+        "too large (27)",
     ),
     negative=("RuntimeError: CUDA error: initialization error",),
 )
