@@ -110,6 +110,11 @@ mostly dropped as they come (see FactPattern.distinct): bounds a hostile log's t
 different values."""
 
 
+PARSED_KEPT = 16
+"""Candidate lines a source keeps parsed for the walks back from the next ones (see
+_Source.parsed_at): a walk from a warning mostly stops one or two lines up."""
+
+
 MAX_SHARED_KEYS = 256
 """Values of one fact read by value that a scan passes on to the next scans of its process
 (see Scanner.scan); a hostile log's thousands are not copied into every later scan (fewer
@@ -557,6 +562,9 @@ class _Source:
     labels: _TaskLabels = field(default_factory=_TaskLabels)
     sampled: int = 0
     """Lines with text the head and tail samples read (see StreamSummary.lines_after_init)."""
+    parsed_at: dict[int, ParsedLine] = field(default_factory=dict)
+    """The current chunk's last candidate lines parsed, by where they start: a walk back from a
+    later candidate that reaches one takes it as it is (PARSED_KEPT of them)."""
 
 
 class Scanner:
@@ -676,6 +684,7 @@ class Scanner:
                 head_left -= len(head)
                 # the lines the head covered, blank ones too (a line it cut counts as read)
                 head_through = line_base + head.count(b"\n") + (not head.endswith(b"\n"))
+            src.parsed_at.clear()  # (by where they start in the chunk before)
             before = 0  # newlines before `prev` in this chunk: one pass numbers hits and lines
             prev = 0
             for start, end, pids in self.matcher.candidate_lines(chunk, src.seen):
@@ -829,6 +838,10 @@ class Scanner:
                     if plain and regex.search(raw) is None:
                         continue
                 parsed = src.parse(raw)
+                kept = src.parsed_at
+                if len(kept) >= PARSED_KEPT:
+                    del kept[next(iter(kept))]
+                kept[start] = parsed
             m = regex.search(parsed.text) or regex.search(raw)
             if m is None:
                 continue
@@ -866,7 +879,9 @@ class Scanner:
                         hit_of[rule.code].captures.setdefault(key, value)
                 continue
             if context is None:
-                context = _logged_trace(parsed) or walk_back(chunk, start, parsed.prefix, src.parse)
+                context = _logged_trace(parsed) or walk_back(
+                    chunk, start, parsed.prefix, src.parse, src.parsed_at
+                )
             ctx_records = [_record(p, display, line_no - back, file_origin) for back, p in context]
             ctx_text = "\n".join(p.text for _, p in context) + "\n" + parsed.text
             if not rule.context_ok(ctx_text):
@@ -1114,12 +1129,12 @@ class Scanner:
                     last_raw[key] = raw
                     progress.setdefault(key, []).append(told)
                     progress_at.setdefault(key, []).append(line_no)
-                if (
-                    INIT_LINE.search(message)
-                    and parsed.level != "warning"
-                    and not PY_WARNING.search(message)
+                if (  # (the cheap tests first, each regex only where its words are)
+                    parsed.level != "warning"
                     and not message[:1].isspace()  # a wrapped message's rest, a frame
-                    and not INIT_ADVICE.search(message)
+                    and INIT_LINE.search(message)
+                    and not ("Warning: " in message and PY_WARNING.search(message))
+                    and not ("init_process_group" in message and INIT_ADVICE.search(message))
                 ):
                     summary.last_init_line = line_no
                     summary.init_sampled = src.sampled
@@ -1216,7 +1231,9 @@ def _epoch_state(message: str) -> tuple[int, int | None, bool] | None:
     bar redrawn in place): its epoch, the epoch's total when the line says it, and whether
     every other counter of the line stands at its total; None for a line that counts none."""
     segment = message.rsplit("\r", 1)[-1]
-    epoch = EPOCH_COUNTER.search(segment)
+    # the regex only where the word is (no other letter folds into those of 'epoch'): a
+    # case-blind search at every position of every progress line of 10,000 tails
+    epoch = EPOCH_COUNTER.search(segment) if "epoch" in segment.lower() else None
     if epoch is None:
         if segment.startswith("Train") and (both := EPOCH_THEN_ITER.match(segment)):
             return int(both["n"]), int(both["total"]), both["i"] == both["itotal"]
@@ -1409,7 +1426,10 @@ def _may_say_data_ended(text: str) -> bool:
     if not text.isascii():
         return True  # (?i) folds some letters into ASCII ones: left to the regex
     lower = text.lower()
-    return any(word in lower for word in DATA_ENDED_WORDS)
+    for word in DATA_ENDED_WORDS:  # noqa: SIM110 (a generator in any() cost twice this)
+        if word in lower:
+            return True
+    return False
 
 
 TRACE_TAIL = 10

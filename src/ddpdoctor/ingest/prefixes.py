@@ -130,6 +130,9 @@ GLOG_BRACKET = re.compile(
 )
 # NCCL debug lines: `host:pid:tid [dev] NCCL INFO ...` (kept in the text, origin taken).
 NCCL = re.compile(r"(?P<host>[\w.-]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\] (?=NCCL )")
+NCCL_MARK = "] NCCL "
+"""What every line NCCL matches holds after its start (a cheap test before the regex, whose
+unbounded host backtracks over every message's first word)."""
 # pdsh / DeepSpeed multi-node with a hostfile of addresses: `10.42.7.33: `.
 PDSH_ADDRESS = re.compile(r"(?P<host>\d{1,3}(?:\.\d{1,3}){3}):\s")
 # Slurm `srun --label`: task id (SLURM_PROCID) then ': ', space-padded to the width of the
@@ -175,6 +178,8 @@ PLATFORM_TAG = re.compile(r"\[(?!Rank |PG |rank\d)[^\[\]]{1,80}\]\s")
 # padded to its field's width too ('%(asctime)s  %(levelname)5s  %(message)s': "2024-01-01
 # 10:00:00,000   INFO  ...", OpenPCDet's).
 PY_LEVEL = re.compile(r" {0,4}(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL)[:\s]")
+PY_LEVEL_STARTS = " DIWEC"
+"""What a message PY_LEVEL matches starts with (a cheap test: most messages have no level)."""
 NAMED_PY_LEVEL = re.compile(r"[\w.]{1,100} - (?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) - ")
 """The logging cookbook's '%(asctime)s - %(name)s - %(levelname)s - %(message)s' (torchtitan's,
 many repositories'): after the time, the logger's name, then the level."""
@@ -664,6 +669,41 @@ def rank_before(text: str, pos: int) -> int | None:
     return last
 
 
+MESSAGE_LETTERS = frozenset("abcdefghijklmnopqstuvwxyzABGHJKLMNOPQRUVXYZ")
+"""ASCII letters that start a line's message after a prefix, where no format can match but
+NCCL's (parse_line's shortcut): not 'r' (Composer's 'rank1[', ParlAI's 'rank: '), nor the
+first letters of levels (LEVEL_TIME_CALLER, glog, loguru: C D E F I S T W). A lower-case
+letter is a host only at the start of a line (pdsh, compose, TorchX, a grep path), and one
+of a-f a Determined container only after a time with '||' near."""
+
+
+SMALL_NUMBERS = {str(n): n for n in range(4096)}
+"""rank_number of the ranks and devices nearly every line names, without its checks."""
+
+
+def _take_torchrun(m: re.Match[str], origin: Origin, prefix_parts: list[str]) -> None:
+    role, num, bare = m.group("role", "num", "bare")
+    digits = num or bare
+    number = SMALL_NUMBERS.get(digits)
+    if number is None:
+        number = rank_number(digits)
+    if role is not None and role.lower() == "rank":
+        origin.rank = number
+    else:
+        origin.local_rank = number
+    prefix_parts.append(m.group(0).strip())
+
+
+def _take_nccl(m: re.Match[str], origin: Origin, prefix_parts: list[str]) -> None:
+    host, pid, dev = m.group("host", "pid", "dev")
+    origin.host = origin.host or host
+    origin.pid = pid_number(pid)
+    if origin.local_rank is None:
+        number = SMALL_NUMBERS.get(dev)
+        origin.local_rank = number if number is not None else rank_number(dev)
+    prefix_parts.append(f"{host}:{pid}")
+
+
 def parse_line(raw: str, year: int = 1970, with_time: bool = True, depth: int = 0) -> ParsedLine:
     """Strip every known prefix from the front of a line, repeatedly (they nest).
     `with_time=False` leaves `time` unset: parsing it is a third of the cost, and a caller
@@ -701,6 +741,32 @@ def parse_line(raw: str, year: int = 1970, with_time: bool = True, depth: int = 
             prefix_parts.append(gs.group("host"))
             pos = gs.end()
             continue
+        # Shortcuts for the commonest places, each taken only where no format tried before
+        # it in the chain below can match (the chain then gives the same result, slower):
+        # torchrun's '[rank3]:' at a '[r' that opens no Determined '[rank=' tag...
+        if bracket and nxt == "r" and not text.startswith("[rank=", pos):
+            m = TORCHRUN.match(text, pos)
+            if m:
+                _take_torchrun(m, origin, prefix_parts)
+                pos = m.end()
+                continue
+        # ... and the message itself, after a prefix: a letter no format but NCCL's (and
+        # after a time, OLMo's and Determined's, which need a tab or '||' near) starts with
+        if (
+            c in MESSAGE_LETTERS
+            and prefix_parts
+            and pos != line_start
+            and pos != collected_at
+            and (
+                not platform_ok
+                or (text.find("\t", pos, pos + 66) <= 0 and text.find("||", pos, pos + 40) <= 0)
+            )
+        ):
+            m = NCCL.match(text, pos) if text.find(NCCL_MARK, pos) >= 0 else None
+            if m:
+                _take_nccl(m, origin, prefix_parts)
+                pos = m.end()
+            break
         if c in "DIWEC" and (lt := LEVEL_TIME_CALLER.match(text, pos)):
             if with_time:
                 out.time = out.time or _parse_iso(lt.group("ts"))
@@ -708,21 +774,28 @@ def parse_line(raw: str, year: int = 1970, with_time: bool = True, depth: int = 
             pos = lt.end()
             continue
         if digit:
-            m = RFC3339.match(text, pos) or ISO_TIME.match(text, pos)
-            if m is None and (mm := MM_HEAD.match(text, pos)):
+            # (each format tried only where the character it needs after its first digits
+            # stands: 2024-, 12/, 12:)
+            sep = text[pos + 2 : pos + 3]
+            m = (
+                RFC3339.match(text, pos) or ISO_TIME.match(text, pos)
+                if text[pos + 4 : pos + 5] == "-"
+                else None
+            )
+            if m is None and sep == "/" and (mm := MM_HEAD.match(text, pos)):
                 if with_time:
                     out.time = out.time or _short_time(mm, year)
                 out.level = _level_of(mm)
                 platform_ok = True
                 pos = mm.end()
                 continue
-            if m is None and (us := US_TIME.match(text, pos)):
+            if m is None and sep == "/" and (us := US_TIME.match(text, pos)):
                 if with_time:
                     out.time = out.time or _us_time(us)
                 platform_ok = True
                 pos = us.end()
                 continue
-            if m is None and (tod := TIME_OF_DAY_LEVEL.match(text, pos)):
+            if m is None and sep == ":" and (tod := TIME_OF_DAY_LEVEL.match(text, pos)):
                 out.level = _level_of(tod)
                 pos = tod.end()
                 continue
@@ -735,14 +808,16 @@ def parse_line(raw: str, year: int = 1970, with_time: bool = True, depth: int = 
             pos = colbert.end()
             continue
         elif bracket and nxt.isdigit():
-            if (head := FILE_LINE_PID_HEAD.match(text, pos)) is not None:
+            sep = text[pos + 3 : pos + 4]  # (as above, after the bracket: [2024-, [12/, [12:)
+            dated = text[pos + 5 : pos + 6] == "-"
+            if dated and (head := FILE_LINE_PID_HEAD.match(text, pos)) is not None:
                 if with_time:
                     out.time = out.time or _parse_iso(head.group("ts"))
                 out.level = head.group("level").lower()
                 origin.pid = origin.pid or pid_number(head.group("pid"))
                 pos = head.end()
                 continue
-            rich = RICH_LOG_HEAD.match(text, pos)
+            rich = RICH_LOG_HEAD.match(text, pos) if sep == "/" else None
             if rich:
                 if with_time:
                     out.time = out.time or _rich_time(rich)
@@ -751,9 +826,11 @@ def parse_line(raw: str, year: int = 1970, with_time: bool = True, depth: int = 
                 pos = rich.end()
                 continue
             d2 = (
-                D2_HEAD.match(text, pos)
-                or SLOWFAST_HEAD.match(text, pos)
-                or SHORT_DATE_FIELDS.match(text, pos)
+                (D2_HEAD.match(text, pos) or SLOWFAST_HEAD.match(text, pos))
+                if sep == "/"
+                else SHORT_DATE_FIELDS.match(text, pos)
+                if sep == "-"
+                else None
             )
             if d2:
                 if with_time:
@@ -762,26 +839,27 @@ def parse_line(raw: str, year: int = 1970, with_time: bool = True, depth: int = 
                 platform_ok = True
                 pos = d2.end()
                 continue
-            tod = TIME_OF_DAY_LEVEL.match(text, pos)
+            tod = TIME_OF_DAY_LEVEL.match(text, pos) if sep == ":" else None
             if tod:
                 out.level = _level_of(tod)
                 pos = tod.end()
                 continue
-            mpi = OPENMPI.match(text, pos)
+            mpi = OPENMPI.match(text, pos) if text.find("]<", pos) >= 0 else None
             if mpi:
                 origin.rank = int(mpi.group("rank"))
                 origin.host = origin.host or mpi.group("host")
                 prefix_parts.append(mpi.group(0).strip())
                 pos = mpi.end()
                 continue
-            m = ISO_TIME.match(text, pos)
+            m = ISO_TIME.match(text, pos) if dated else None
         if m:
             if with_time:
                 out.time = out.time or _parse_iso(m.group("ts"))
             platform_ok = True
             stamped = pos == line_start and m.re is RFC3339
             pos = m.end()
-            if source := SYSLOG_SOURCE.match(text, pos):  # journalctl -o short-iso
+            if text.find("]: ", pos) >= 0 and (source := SYSLOG_SOURCE.match(text, pos)):
+                # (journalctl -o short-iso)
                 origin.host = origin.host or source.group("host")
                 pos = source.end()
             if stamped:
@@ -876,14 +954,9 @@ def parse_line(raw: str, year: int = 1970, with_time: bool = True, depth: int = 
             prefix_parts.append(m.group(0).strip())
             pos = m.end()
             continue
-        m = TORCHRUN.match(text, pos) if bracket else None
+        m = TORCHRUN.match(text, pos) if bracket and text.find("]:", pos) >= 0 else None
         if m:
-            num = rank_number(m.group("num") or m.group("bare"))
-            if (m.group("role") or "").lower() == "rank":
-                origin.rank = num
-            else:
-                origin.local_rank = num
-            prefix_parts.append(m.group(0).strip())
+            _take_torchrun(m, origin, prefix_parts)
             pos = m.end()
             continue
         m = FEDML.match(text, pos) if bracket and nxt == "F" else None
@@ -956,14 +1029,13 @@ def parse_line(raw: str, year: int = 1970, with_time: bool = True, depth: int = 
                 origin.pid = pid_number(m.group("pid"))
             pos = m.end()
             continue
-        m = NCCL.match(text, pos) if c.isalnum() or c in "._-" else None
+        m = (
+            NCCL.match(text, pos)
+            if (c.isalnum() or c in "._-") and text.find(NCCL_MARK, pos) >= 0
+            else None
+        )
         if m:
-            origin.host = origin.host or m.group("host")
-            origin.pid = pid_number(m.group("pid"))
-            origin.local_rank = (
-                origin.local_rank if origin.local_rank is not None else rank_number(m.group("dev"))
-            )
-            prefix_parts.append(f"{m.group('host')}:{m.group('pid')}")
+            _take_nccl(m, origin, prefix_parts)
             pos = m.end()
             break
         m = SKYPILOT.match(text, pos) if c == "(" and nxt in "hw" else None
@@ -1084,10 +1156,10 @@ def parse_line(raw: str, year: int = 1970, with_time: bool = True, depth: int = 
             inner.bar_line = text[:pos] + parts[-2]
             return inner
     if out.level is None:
-        m = PY_LEVEL.match(message)
+        m = PY_LEVEL.match(message) if message[:1] in PY_LEVEL_STARTS else None
         if m and m.start("level") > 0 and not platform_ok:
             m = None  # a level padded to its width stands only behind a time
-        if m is None and " - " in message[:110]:
+        if m is None and message.find(" - ", 0, 110) >= 0:
             m = NAMED_PY_LEVEL.match(message)
         if m:
             out.level = m.group("level").lower()
