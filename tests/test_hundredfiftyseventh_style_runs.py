@@ -61,6 +61,7 @@ import re
 
 import pytest
 
+from ddpdoctor.analysis.diagnose import diagnose_paths
 from tests.program_runs import Expected, RunSet
 
 # mode -> (status, kind, culprit ranks: GLOBAL ranks, the platform's RANK: workerpool0-0 is 0,
@@ -335,3 +336,11 @@ def test_the_busy_the_stuck_and_the_early_replica() -> None:
         m.startswith("INFO:root:Rank 3: 224 training") for m in _said("short-tail", TASKS[3])
     )
     assert any(m.startswith("Train Epoch: 1 [0/224 (0%)]") for m in _said("short-tail", TASKS[3]))
+
+
+def test_a_replica_the_service_reports_is_the_culprits_host() -> None:
+    """The service's 'The replica workerpool1-1 exited with a non-zero status of 137' is a line
+    of the platform's own log (its task_name 'service'), about the replica: the culprit's host
+    is the replica, not the service."""
+    culprit = diagnose_paths([str(RUNS.folder("heap-climb"))]).verdict.culprit
+    assert (culprit.ranks, culprit.hosts) == ([2], ["workerpool1-1"])

@@ -290,7 +290,13 @@ def _from_lines(
         )
         culprits = {sender}
     decision.culprit_ranks = sorted(culprits)
-    hosts = {h.record.origin.host for e in roots for h in e.hits if h.record.origin.host}
+    # (a platform's line about a replica is about that machine, not the platform's own log)
+    hosts = {
+        host
+        for e in roots
+        for h in e.hits
+        if (host := h.captures.get("replica") or h.record.origin.host)
+    }
     decision.culprit_hosts = sorted(hosts) or _host_of_dead_peer(graph)
     _confidence_of_lines(decision, graph)
     if sender is not None:

@@ -1631,21 +1631,19 @@ def _ipython_source_line(chunk: bytes, start: int, end: int) -> bool:
     first = chunk[start : start + 1]
     if first not in (b" ", b"-") or IPYTHON_SOURCE.match(chunk, start, end) is None:
         return False
-    floor = start - 1
-    for _ in range(IPYTHON_WINDOW):
-        if floor <= 0:
-            floor = 0
-            break
-        floor = chunk.rfind(b"\n", 0, floor)
-        if floor < 0:
-            floor = 0
-            break
-    return IPYTHON_FRAME.search(chunk, floor, start) is not None
+    return (
+        IPYTHON_FRAME.search(chunk, _lines_above(chunk, start, IPYTHON_WINDOW), start) is not None
+    )
 
 
 def _head_above(chunk: bytes, start: int, head: str, lines: int) -> bool:
     """Whether one of the `lines` raw lines above `start` holds `head` (see
     Signature.after_head)."""
+    return chunk.find(head.encode("utf-8"), _lines_above(chunk, start, lines), start) >= 0
+
+
+def _lines_above(chunk: bytes, start: int, lines: int) -> int:
+    """Where the `lines` raw lines above `start` begin (at the newline before them)."""
     floor = start - 1
     for _ in range(lines):
         if floor <= 0:
@@ -1654,7 +1652,7 @@ def _head_above(chunk: bytes, start: int, head: str, lines: int) -> bool:
         if floor < 0:
             floor = 0
             break
-    return chunk.find(head.encode("utf-8"), max(0, floor), start) >= 0
+    return max(0, floor)
 
 
 def _raw_lines_before(chunk: bytes, start: int, count: int) -> list[str]:
