@@ -67,7 +67,7 @@ lint: $(STAMP)
 # Two workers: the tests that start real jobs run one at a time on one of them (tests/conftest.py,
 # JOB_MARKERS) while the other diagnoses logs (12.4 minutes on one worker, 7.5 on two here).
 test: $(STAMP) $(LAUNCHERS_STAMP) $(FRAMEWORKS_STAMP) lint
-	$(BIN)/python -m pytest -q -n 2 --dist loadgroup
+	$(BIN)/python -m pytest -q -n 2 --dist loadgroup --durations=25
 
 # All 45 scenarios for real (about 6 min); `make test` runs the core 13 and diagnoses the
 # recorded output of every one. CI (.ci/run) runs this after `make test`.

@@ -27,6 +27,9 @@ from tests.program_runs import REAL
         # which checkpoint it is, before the noun: ParlAI's, a final save
         "saving best valid model: /tmp/run/model",
         "Saving final checkpoint to out/final.pt",
+        # Megatron's dataset builder (corpus 1235): 'indices', not 'index'
+        " > WARNING: could not find index map file /data/x_train_indexmap_320000mns.npy, "
+        "building the indices on rank 0 ...",
     ],
 )
 def test_a_phase_announced(line: str) -> None:

@@ -76,6 +76,17 @@ def case_cut_before(prefix: str, marker: str, tmp: Path) -> list[str]:
     return [str(out)]
 
 
+def case_edited(prefix: str, old: str, new: str, tmp: Path) -> list[str]:
+    """A training corpus case's single log with one phrase put otherwise (a paste of the same
+    failure from a version that words a line differently)."""
+    (log,) = [p for p in Path(case(prefix)[0]).rglob("*") if p.is_file()]
+    text = log.read_text()
+    assert old in text
+    out = tmp / "edited.log"
+    out.write_text(text.replace(old, new))
+    return [str(out)]
+
+
 def twice(folder: str, tmp: Path) -> list[str]:
     """A folder's one log given as two files: the same lines in two outputs."""
     (log,) = [p for p in Path(folder).rglob("*") if p.is_file()]
@@ -119,9 +130,17 @@ POSITIVE = {
         # the same with a time of day and no date ('[06:56:30 - darcy_fno - WARNING] ...
         # refining grid (3/8)', Modulus's PythonLogger), read on the day of the launcher's stop
         (lambda t: real("sixtyfourth-solver-crawl"), [1]),
-        # no rank on any line: Megatron's 'building sapmles index mapping for train ...', then
-        # the store's 'RuntimeError: Socket Timeout' of the processes that waited for it
-        (lambda t: case("1235"), []),
+        # no rank on any line: Megatron's '... building the indices on rank 0 ...', then the
+        # store's 'RuntimeError: Socket Timeout' of the processes that waited for it: the line
+        # says which rank does the work
+        (lambda t: case("1235"), [0]),
+        # the same with the rank left out of that line: which rank worked is not known
+        (
+            lambda t: case_edited(
+                "1235", "building the indices on rank 0", "building the indices", t
+            ),
+            [],
+        ),
     ],
     # without `run`: Lightning's SIGTERM handler stood on rank 1's `with self.lock:` (a lock
     # it already held) while ranks 0 and 2 timed out: stuck, not busy

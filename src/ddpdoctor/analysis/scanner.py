@@ -73,7 +73,7 @@ writers (their time and the head of their words are what behaviour reads), and o
 alone is not kept (RECENT_MIN)."""
 ERROR_TEXT_CHARS = 200
 """What a writer's last error-level line keeps of its words."""
-PHASE_CHARS = 160
+PHASE_CHARS = 300
 """What a pending phase keeps of its line: its words, not a dump that follows them."""
 RECENT_MIN = 2
 """Lines of its own a writer printed inside the others' wait to count as busy there: one may

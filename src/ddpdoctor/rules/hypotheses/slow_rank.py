@@ -5,6 +5,8 @@ barrier at start-up that some ranks never joined."""
 
 from __future__ import annotations
 
+import re
+
 from ddpdoctor.model.evidence import JobEvidence, WaitSite
 from ddpdoctor.model.findings import Evidence
 from ddpdoctor.rules.base import Explanation, Rule
@@ -294,25 +296,49 @@ def _in_another_collective(sites: list[WaitSite], waited_at: set[str]) -> bool:
     return bool(ops and known and not ops & known)
 
 
+WORK_ON_RANK = re.compile(r"(?i)\b(?:on|by) (?:rank|process) (?P<rank>\d{1,5})\b")
+"""A line of work that says which rank does it ('building the indices on rank 0 ...',
+'preprocessing by rank 0'): the writer names the worker, whatever its own rank."""
+
+
+def _quoted(text: str) -> str:
+    """A phase's line as quoted: its start and, for a long one, its end too (where a line of
+    work often says on which rank it runs)."""
+    text = text.strip()
+    return text if len(text) <= 100 else f"{text[:55]} ... {text[-40:]}"
+
+
+def _named_worker(phase: Evidence) -> int | None:
+    """The rank an announcement of work names as the one doing it, if any."""
+    named = WORK_ON_RANK.search(phase.text)
+    return int(named["rank"]) if named else None
+
+
 def _before_unranked_waits(job: JobEvidence, phase: Evidence) -> Assessment | None:
     """No rank is known for any writer, a line announced a long phase of work, and then
     requests to the c10d store timed out ('Socket Timeout': a key no process set in time, a
-    barrier's): whatever the waiting processes were, they waited for that work (Megatron's
-    'building the indices on rank 0', then the others' store wait). Which rank did it is not
-    known: the line names none. Above a store error alone (LCH111 at 0.3), which says only
+    barrier's): whatever the waiting processes were, they waited for that work. Which rank did
+    it is known only where the line says ('building the indices on rank 0 ...', Megatron's,
+    then the others' store wait). Above a store error alone (LCH111 at 0.3), which says only
     that a wait ran out."""
     if job.ranks or not job.unranked_wait_rules or job.unranked_wait_rules - {STORE_ERROR.code}:
         return None  # (the store's wait for its clients is the rendezvous's: LCH108)
+    named = _named_worker(phase)
     return Assessment(
         RULE,
-        0.45,
-        [],
+        0.5 if named is not None else 0.45,
+        [] if named is None else [named],
         [
-            f'a line of no rank announced a long phase of work ("{phase.text.strip()[:100]}") '
+            f'a line of no rank announced a long phase of work ("{_quoted(phase.text)}") '
             "and then waits timed out: the processes that waited were waiting for that work, "
-            "done on one rank while the others went on to meet it."
+            "done on one rank while the others went on to meet it"
+            + ("." if named is None else f", rank {named} as the line says.")
         ],
-        against=["no line names a rank: which one did the work is not known"],
+        against=[
+            "no line names a rank: which one did the work is not known"
+            if named is None
+            else "the line that names the rank is no rank's own"
+        ],
         evidence=[phase],
     )
 
@@ -346,6 +372,9 @@ def _from_unranked_phase(job: JobEvidence) -> Assessment | None:
             # collective they never did (collective_mismatch), it was not late
             and not _in_another_collective(v.wait_sites, waited_at)
         }
+    named = _named_worker(phase)
+    if named in absent:
+        absent = {named}  # the line says which of them does the work
     guessed = len(absent) > 1
     culprit = absent if not guessed else {MAIN_PROCESS} & absent
     if not culprit:
@@ -355,7 +384,7 @@ def _from_unranked_phase(job: JobEvidence) -> Assessment | None:
         0.65 if job.unranked_phase_counted else 0.55,
         sorted(culprit),
         [
-            f'a line of no rank announced a long phase of work ("{phase.text.strip()[:100]}") '
+            f'a line of no rank announced a long phase of work ("{_quoted(phase.text)}") '
             f"before the others waited, and {ranks_text(culprit)} was not among the ranks that "
             "timed out: it set out on that work alone and did not reach the collective in time."
         ],
