@@ -814,10 +814,9 @@ SHARED_GPU_OOM = Rule(
 CUDA_KERNEL_FAULT = Rule(
     code="CUDA109",
     kind="native-crash",
-    title="A CUDA kernel faulted or a CUDA call inside NCCL failed",
+    title="A CUDA kernel faulted",
     sources="CUDA runtime cudaGetErrorString (libcudart) via c10/cuda/CUDAException.cpp "
-    "('CUDA error: ...') and NCCL's WARN 'Cuda failure ...'; NCCL init.cc ncclGetErrorString "
-    "(ncclUnhandledCudaError) via torch/csrc/distributed/c10d/NCCLUtils.hpp",
+    "('CUDA error: ...') and NCCL's WARN 'Cuda failure ...'",
     specificity=45,
     signatures=(
         # cudaErrorIllegalAddress: printed after "CUDA error: " by torch and inside
@@ -827,19 +826,13 @@ CUDA_KERNEL_FAULT = Rule(
         Signature(r"an illegal instruction was encountered"),
         Signature(r"CUDA error: misaligned address", "misaligned address"),
         Signature(r"unspecified launch failure"),
-        # ncclGetErrorString(ncclUnhandledCudaError): "unhandled cuda error" (NCCL < 2.18),
-        # "unhandled cuda error (run with NCCL_DEBUG=INFO for details)" since 2.18; torch
-        # adds "ncclUnhandledCudaError: Call to CUDA function failed." below it
-        Signature(r"unhandled cuda error"),
-        Signature(r"ncclUnhandledCudaError"),
         # the driver's record of the same (dmesg): Xid 13 (an out-of-range access in a kernel)
         # and 31 (a GPU memory page fault), which NVIDIA lists as the application's first
         Signature(r"NVRM: Xid \(PCI:(?P<pci>[\w:.]+)\): (?P<xid>13|31)\b", "NVRM: Xid"),
     ),
     explanation=Explanation(
         what="A GPU kernel accessed memory it must not (illegal memory access, misaligned "
-        "address, illegal instruction, launch failure), or a CUDA call that NCCL made failed "
-        "('unhandled cuda error').",
+        "address, illegal instruction, launch failure).",
         why="An out-of-bounds index in a kernel (custom CUDA extensions, fused kernels, "
         "embedding lookups with ids past the table in code that does not assert), a library "
         "bug, or a GPU fault. The error is sticky: every later CUDA call on that rank fails, "
@@ -861,9 +854,6 @@ CUDA_KERNEL_FAULT = Rule(
     ),
     positive=(
         "RuntimeError: CUDA error: an illegal memory access was encountered",
-        "torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/"
-        "NCCLUtils.hpp:275, unhandled cuda error (run with NCCL_DEBUG=INFO for details), NCCL "
-        "version 2.20.5",
         "node01:4242:4300 [3] NCCL WARN Cuda failure 'an illegal memory access was encountered'",
         "[5521.003311] NVRM: Xid (PCI:0000:3b:00): 31, pid=12345, name=python, Ch 00000010",
     ),
@@ -871,6 +861,68 @@ CUDA_KERNEL_FAULT = Rule(
         "RuntimeError: NCCL error in: /pytorch/torch/lib/c10d/ProcessGroupNCCL.cpp:410, "
         "unhandled system error, NCCL version 2.4.8",
         "RuntimeError: CUDA error: device-side assert triggered",
+    ),
+)
+
+NCCL_UNHANDLED_CUDA = Rule(
+    code="CUDA115",
+    kind="cuda-library-mismatch",
+    title="A CUDA call NCCL made failed ('unhandled cuda error'), most often a driver, CUDA "
+    "or NCCL that do not fit together",
+    sources="NCCL init.cc ncclGetErrorString(ncclUnhandledCudaError) via "
+    "torch/csrc/distributed/c10d/NCCLUtils.hpp ('NCCL error in: ...')",
+    # below every rule that knows the CUDA error itself: NCCL's own 'Cuda failure ...' WARN
+    # (CUDA114), a kernel fault (CUDA109) or an OOM the rank printed first names what failed;
+    # this is what the rank says when nothing else does
+    specificity=30,
+    signatures=(
+        # "unhandled cuda error" (NCCL < 2.18), "unhandled cuda error (run with NCCL_DEBUG=INFO
+        # for details)" since 2.18; torch adds "ncclUnhandledCudaError: Call to CUDA function
+        # failed." below it
+        Signature(r"unhandled cuda error", suggests=True),
+        Signature(r"ncclUnhandledCudaError", suggests=True),
+    ),
+    confirm="with NCCL_DEBUG=WARN: NCCL's 'Cuda failure ...' line names the CUDA call that "
+    "failed and its error",
+    explanation=Explanation(
+        what="NCCL reported that a CUDA call it made failed, without saying which (NCCL_DEBUG "
+        "was not set to WARN or INFO, so its own 'Cuda failure' line is not in the log).",
+        why="Where it is said at the process group's first collective (the communicator's "
+        "set-up), the usual cause is the environment: a driver too old for the CUDA or NCCL "
+        "that torch ships, an NCCL build that does not support the GPUs (a new architecture "
+        "under an old NCCL), or a second NCCL library loaded beside torch's. The same words "
+        "come from a container without IPC between its processes (peer-to-peer memory cannot "
+        "be shared), from several ranks placed on one GPU, and after an earlier CUDA error on "
+        "the rank (a kernel fault or an OOM), which is then the cause.",
+        fix="Run once with NCCL_DEBUG=WARN (or INFO): NCCL's 'Cuda failure ...' line names the "
+        "failing call. Check `nvidia-smi` (driver version) against the CUDA version of torch "
+        "(python -c 'import torch; print(torch.version.cuda, torch.cuda.nccl.version())'); "
+        "upgrade the driver, or install a torch/NCCL build for the GPUs.",
+        false_positives="IPC or peer-to-peer failing in a container (nccl-p2p: try "
+        "NCCL_P2P_DISABLE=1, docker --ipc=host), ranks sharing one GPU (device-assignment), "
+        "or an earlier CUDA error on the same rank.",
+    ),
+    fix=(
+        "export NCCL_DEBUG=WARN and run again: NCCL's 'Cuda failure' line says which CUDA call "
+        "failed and why.",
+        "Compare the driver (`nvidia-smi`) with torch's CUDA and NCCL (`python -c 'import "
+        "torch; print(torch.version.cuda, torch.cuda.nccl.version())'`); upgrade the driver or "
+        "use a torch build whose NCCL supports the GPUs.",
+        "In a container, or if it persists: NCCL_P2P_DISABLE=1 (peer-to-peer) and one GPU per "
+        "rank (torch.cuda.set_device(local_rank) before init_process_group).",
+    ),
+    positive=(
+        "torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/"
+        "NCCLUtils.hpp:275, unhandled cuda error (run with NCCL_DEBUG=INFO for details), NCCL "
+        "version 2.20.5",
+        "RuntimeError: NCCL error in: /opt/pytorch/torch/lib/c10d/ProcessGroupNCCL.cpp:825, "
+        "unhandled cuda error, NCCL version 2.7.8",
+        "ncclUnhandledCudaError: Call to CUDA function failed.",
+    ),
+    negative=(
+        "RuntimeError: NCCL error in: /pytorch/torch/lib/c10d/ProcessGroupNCCL.cpp:410, "
+        "unhandled system error, NCCL version 2.4.8",
+        "RuntimeError: CUDA error: an illegal memory access was encountered",
     ),
 )
 
@@ -1080,4 +1132,5 @@ RULES = (
     CUDA_KERNEL_FAULT,
     CHECKPOINT_DEVICE_MISSING,
     CUDA_CALL_FAILED,
+    NCCL_UNHANDLED_CUDA,
 )
