@@ -181,3 +181,20 @@ def test_a_traceback_cut_in_the_dataloaders_queue_waited_for_a_worker() -> None:
         "INF221",
         [1],
     )
+
+
+def test_a_trace_cut_below_an_agreed_stop_makes_the_stop_a_failed_exit(tmp_path: Path) -> None:
+    """Corpus 149 (training split): Sana's unranked 'Early stop current
+    iteration', then rank 1's traceback cut before its exception. Every rank stopped on purpose
+    and a process raised on the way out: the taxonomy's early stop (failed), not a healthy run.
+    The same log cut above the traceback is the healthy stop it announced."""
+    (case,) = (REPO / "corpus" / "cases").glob("149-*")
+    (log,) = (case / "logs").iterdir()
+    v = diagnose_paths([str(log)]).verdict
+    assert (v.status, v.kind) == ("failed", "early-stop")
+    lines = log.read_text().splitlines(keepends=True)
+    end = next(i for i, ln in enumerate(lines) if "Traceback" in ln)
+    cut = tmp_path / "cut.log"
+    cut.write_text("".join(lines[:end]))
+    v = diagnose_paths([str(cut)]).verdict
+    assert (v.status, v.kind, v.rule) == ("ok", None, "INF207")

@@ -643,6 +643,19 @@ INTENDED_ENDS = ("agreed stop", "completion")
 """The nodes of an intended end, in the order they are weighed."""
 
 
+def _cut_trace_after(stops: list[Event], evidence: JobEvidence) -> bool:
+    """A writer's output ends inside a traceback below the stop in the same output (Sana's
+    'Early stop current iteration', then '[rank1]: Traceback ...' cut before its exception):
+    a process raised on its way out of the stop, which the platform sees as a failure even
+    when the exception's line is not in the logs."""
+    below = {(h.record.source, h.record.line) for stop in stops for h in stop.hits}
+    return any(
+        cut.where.source == source and cut.where.line > line
+        for cut in evidence.cut_tracebacks
+        for source, line in below
+    )
+
+
 def _intended_end(graph: CausalGraph, ctx: Context) -> Decision | None:
     """Every rank stopped on purpose, or training had announced its end: what followed is
     the exit path. An agreed stop first: a stop the program then calls the end of training
@@ -705,6 +718,7 @@ def _intended_end(graph: CausalGraph, ctx: Context) -> Decision | None:
             bool(effects)
             or bool(ctx.evidence.failing_exits)
             or (ctx.evidence.job_exit_code not in (None, 0))
+            or _cut_trace_after(stops, ctx.evidence)
         )
         diverged = ctx.intended.get("diverged")
         if diverged is not None and stops and all(_non_finite(e) for e in stops):
