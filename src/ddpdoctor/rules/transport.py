@@ -413,11 +413,20 @@ SOCKET_INTERFACE = Rule(
         Signature(
             r"Socket creation failed : Address family not supported", "Socket creation failed"
         ),
+        # gloo/transport/tcp/device.cc (Device::connect / isInitiator): GLOO_ENFORCE_EQ of the
+        # pair's two address families: one rank advertised an IPv4 address (2, AF_INET) and
+        # its peer an IPv6 one (10, AF_INET6): the nodes resolved or picked different kinds of
+        # interface (a hostname with only an IPv6 record on one node)
+        Signature(r"ss1\.ss_family == ss2\.ss_family", "ss_family == ss2.ss_family"),
     ),
     explanation=Explanation(
-        what="NCCL or gloo could not find the network interface it was told to use.",
+        what="NCCL or gloo could not find the network interface it was told to use, or the "
+        "ranks picked interfaces of different address families (IPv4 on one node, IPv6 on "
+        "another).",
         why="NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME names an interface that does not exist on "
-        "this node (names differ between nodes: eth0 vs eno1), or no interface is up.",
+        "this node (names differ between nodes: eth0 vs eno1), or no interface is up; or the "
+        "nodes resolved their addresses differently (one to IPv4, one to IPv6), which gloo "
+        "refuses when it pairs them.",
         fix="List interfaces with `ip -br addr` on every node and set NCCL_SOCKET_IFNAME / "
         "GLOO_SOCKET_IFNAME to one that exists everywhere (comma list or prefix, e.g. `eno,eth`); "
         "`lo` only works on a single node.",
@@ -430,6 +439,10 @@ SOCKET_INTERFACE = Rule(
         "'Address family not supported': the node has no usable IP interface, or NCCL picked "
         "an IPv6 one the host cannot use: check `ip -br addr`, set NCCL_SOCKET_IFNAME, or "
         "NCCL_SOCKET_FAMILY=AF_INET.",
+        "gloo's 'ss1.ss_family == ss2.ss_family. 2 vs 10': one node's address is IPv4, the "
+        "other's IPv6: set GLOO_SOCKET_IFNAME (and NCCL_SOCKET_IFNAME) to IPv4 interfaces on "
+        "every node, or make the master's hostname resolve to the same kind of address "
+        "everywhere (getent ahosts HOST).",
     ),
     positive=(
         "gpu-a7:31415:31502 [3] bootstrap.cc:579 NCCL WARN no device found after "
@@ -443,9 +456,12 @@ SOCKET_INTERFACE = Rule(
         "NCCL WARN Bootstrap : no socket interface found",
         "include/socket.h:344 WARN Socket creation failed : Address family not supported by "
         "protocol",
+        "RuntimeError: [enforce fail at ../third_party/gloo/gloo/transport/tcp/device.cc:276] "
+        "ss1.ss_family == ss2.ss_family. 2 vs 10",
     ),
     negative=(
         "NCCL INFO NET/Socket : Using [0]eth0:10.0.0.5<0>",
+        "op.preamble.length <= op.nbytes. 16548 vs 16",
         "misc/socket.cc:480 NCCL WARN Socket creation failed : Too many open files",
     ),
 )
