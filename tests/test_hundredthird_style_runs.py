@@ -211,11 +211,11 @@ MISSES: dict[str, str] = {
     "loop), the world is split evenly and the main process is named; that rank 1 had left the "
     "training loop (rank 0's loss lines stop at epoch 0.9 of 1.0, rank 1 logs no steps and its "
     "frame is past the loop) is not read as a rank that ran out of batches",
-    "wall-term": "unknown/hang [] (INF212, 0.3): the log ends mid-training with pdsh's 'pdsh@"
-    "node1: interrupt (one more within 1 sec to abort)' and both nodes' 'command in progress'; "
-    "the DeepSpeed runner's SIGTERM handler interrupts and kills pdsh and pkills the launchers "
-    "without a word, so no signal text is left, and pdsh's interrupt report is not read as the "
-    "job being stopped from outside (a time limit)",
+    "wall-term": "failed/hang [] (LCH112, 0.6) since session 42 (unknown/hang, INF212, at first "
+    "sight): pdsh's 'pdsh@node1: interrupt (one more within 1 sec to abort)' is read as the "
+    "launcher stopped by a SIGINT, a person's Ctrl-C; that the DeepSpeed runner passed on the "
+    "SIGTERM of a time limit as that SIGINT leaves no text of its own, so the preemption is not "
+    "seen",
 }
 
 

@@ -1688,6 +1688,16 @@ INTERRUPTED = Rule(
         ),
         # DeepSpeed launcher/launch.py sigkill_handler
         Signature(r"Main process received (?P<sig>SIGINT), exiting", "Main process received"),
+        # srun (src/srun/srun_job.c _handle_intr) and pdsh, DeepSpeed's multi-node runner
+        # (src/pdsh/dsh.c int_handler), on the SIGINT they got: the first one lists the tasks
+        # or hosts still running, a second within a second aborts them
+        Signature(
+            r"(?:\bsrun|\bpdsh@[\w.-]{1,200}): interrupt \(one more within \d{1,3} sec to abort\)",
+            "interrupt (one more within",
+        ),
+        Signature(
+            r"\bpdsh@[\w.-]{1,200}: (?:batch mode )?interrupt, aborting\.", "interrupt, aborting."
+        ),
         # Ray Tune (tune/tune.py), which Ray Train runs under: the driver got SIGINT, stopped
         # the trial and returned as if the run had ended
         Signature(
@@ -1713,6 +1723,9 @@ INTERRUPTED = Rule(
         "2026-12-02 09:48:12,846\tWARNING tune.py:219 -- Stop signal received (e.g. via "
         "SIGINT/Ctrl+C), ending Ray Tune run. This will try to checkpoint the experiment state "
         "one last time.",
+        "srun: interrupt (one more within 1 sec to abort)",
+        "pdsh@node1: interrupt (one more within 1 sec to abort)",
+        "pdsh@node1: interrupt, aborting.",
     ),
     negative=(
         "W1130 13:00:00.100000 4242 torch/distributed/elastic/agent/server/api.py:753] Received "
