@@ -85,7 +85,10 @@ Since then (same session): the file name's global rank is read beside its local 
 fetch in __getitem__ is a data error (lost-wav right), and NeMo's 'model_path: ... is invalid'
 is a missing file (vocab-node right in kind, its rank still unknown): 13 of 16. Then: a
 writer whose lines count one piece of work on past another rank's timeout in the same console,
-having begun it before, was busy through the wait (cmvn-crawl right): 14 of 16."""
+having begun it before, was busy through the wait (cmvn-crawl right): 14 of 16.
+Since (session 42): a rank that prints no steps of its own and falls silent while the main
+process's steps go on, its peer losing the connection and no launcher reporting any exit, was
+killed from outside (INF231, host-oom): fbank-hoard right, 15 of 16."""
 
 from __future__ import annotations
 
@@ -189,12 +192,6 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "fbank-hoard": "failed, uncoordinated-exit on rank 1 (INF202, 0.6): the culprit is right; "
-    "rank 1 vanished mid-step in epoch 1 without a word and rank 0's 'Connection closed by peer' "
-    "is read as a peer that left on its own. Nothing names the SIGKILL (gloo let rank 0 raise and "
-    "exit before Lightning's 5 s child-process observer could print 'terminated with code -9'), "
-    "and a rank that stops dead in the middle of a step, its last records epoch 0's, with no "
-    "stop message of its own, is not read as killed from outside: host-oom on rank 1",
     "vocab-node": "failed, data-error on host node1 with no rank (DATA101, 0.9): the kind is right "
     "since NeMo's 'ValueError: model_path: .../tokenizer.model is invalid' is read as a missing "
     "file; node1's traceback comes before its process group exists (no '[rank1]:' prefix), and "

@@ -63,7 +63,10 @@ msa-gone, cif-broken, filter-skew, lddt-solo, msa-stall, cache-keys, port-held, 
 Misses: a rank that dies wordless mid-step is read as a rank that left on purpose
 (uncoordinated-exit, culprit right): msa-hoard's SIGKILLed rank 0 (the launcher itself, so no
 exit code is reported anywhere) and kernel-segv's SIGSEGV'd rank 1; and crop-short's gloo size
-abort is pinned on rank 0 by a prior where rank 1's short unpadded chain made the odd message."""
+abort is pinned on rank 0 by a prior where rank 1's short unpadded chain made the odd message.
+Since (session 42): kernel-segv's silent rank 1, lost by rank 0 mid-training with no exit code
+reported, is read as killed from outside (INF231, host-oom): its rank is right, the SIGSEGV is
+not seen (still a miss)."""
 
 from __future__ import annotations
 
@@ -168,10 +171,11 @@ MISSES: dict[str, str] = {
     "on the loopback is read as a peer that left on its own; a rank that stops dead in the "
     "middle of an epoch's bar, with no stop message, is not read as killed from outside: "
     "host-oom on rank 0",
-    "kernel-segv": "failed, uncoordinated-exit on rank 1 (INF202, 0.6): the culprit is right; rank "
-    "1's SIGSEGV leaves no line (Lightning's child observer never reports it: rank 0 raises at "
-    "once on 'Read error ... Connection reset by peer'), and a rank that stops printing mid-step "
-    "is read as one that left on purpose, not as a process that died: native-crash on rank 1",
+    "kernel-segv": "failed, host-oom on rank 1 (INF231, 0.35) since session 42 "
+    "(uncoordinated-exit, INF202, before): the culprit is right, and rank 1's silence while "
+    "rank 0 trained on and lost the connection is read as a process killed from outside; its "
+    "SIGSEGV leaves no line (Lightning's child observer never reports it), so nothing tells the "
+    "crash from an OOM kill: native-crash on rank 1",
     "crop-short": "failed, collective-mismatch on rank 0 (COL101, 0.75): the kind is right; the "
     "'terminate called ... op.preamble.length <= op.nbytes. 64 vs 44' abort (no rank prefix) is "
     "read as rank 1's, the receiver of the bigger message, and since both messages are small "

@@ -333,6 +333,12 @@ POSITIVE["INF231"] = [
     # two pods OOMKilled at once (a real memory limit): their JSON logs end on step 12, no
     # exit code anywhere (each pod's launcher died with it); the other pods lost them
     (lambda t: real("sixteenth-pod-oomkill"), [2, 3]),
+    # Fabric's launcher: rank 1 (SIGKILLed after its memory grew) printed no steps of its own
+    # and fell silent while the main process's steps went on; rank 0 lost the connection and
+    # no launcher reported an exit code: killed, not left
+    (lambda t: real("sixtythird-rss-swell"), [1]),
+    # Lightning's spawn: the same with rank 1's last record from epoch 0
+    (lambda t: real("hundredfirst-fbank-hoard"), [1]),
 ]
 POSITIVE["INF234"] = [
     # nvidia-smi after a resume: four processes on GPU 0, one of them also GPU 1's (the paste
@@ -400,7 +406,16 @@ NEAR_MISS = {
     ],
     # rank 2's last line is a step that says it stops ('loss is nan at iter 8, stopping'); rank
     # 1 says it leaves the loop: both left on their own
-    "INF231": [lambda t: real("eighth-nan-break"), lambda t: real("style-leave")],
+    "INF231": [
+        lambda t: real("eighth-nan-break"),
+        lambda t: real("style-leave"),
+        # silent and lost mid-training too, but torchrun reported exits (its failure summary):
+        # a launcher that saw the rank leave would have said how (here: left, INF202)
+        lambda t: real("third-leave"),
+        # rank 0 left at its epoch's end under Lightning's spawn, whose parent reported how
+        # the processes ended ('Process 1 terminated with the following error')
+        lambda t: real("sixtyfifth-solo-budget"),
+    ],
     # the handler stood on a sleep (sixth-slow-ckpt) or a busy loop's line (sixth-busy-prep):
     # the rank was slow, not blocked on a lock
     "INF211": [

@@ -33,7 +33,11 @@ fused-null leave no line at all under Fabric's launcher, so their silence is rea
 that left on purpose (culprits right, kinds not); the world of 4 that num_nodes 2 makes on one
 machine is read as two ranks whose logs are missing (nodes-left). Since, litgpt's performance
 block after fit() ('| - Training Time : 0.33 s') is an end of training: calm-loom and
-loud-loom ok, 12 of 15."""
+loud-loom ok, 12 of 15.
+Since (session 42): a rank that prints no steps of its own and falls silent while the main
+process's steps go on, its peers losing the connection and no launcher reporting any exit, was
+killed from outside (INF231, host-oom): rss-swell right, fused-null's SIGSEGV now read as that
+kill (still a miss): 13 of 15."""
 
 from __future__ import annotations
 
@@ -121,15 +125,11 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "rss-swell": "failed, uncoordinated-exit on rank 1 (INF202, 0.60): the culprit is right, but "
-    "rank 1 was SIGKILLed and the console holds no trace of it (no -9, no 'Killed': Fabric's "
-    "launcher has no agent summary, and its observer, polling every 5 s, never reports the "
-    "child's exit because rank 0 dies of 'Connection closed by peer' at once), so its silence "
-    "is read as a rank that left on purpose: host-oom on rank 1",
-    "fused-null": "failed, uncoordinated-exit on rank 2 (INF202, 0.60): the culprit is right, "
-    "but rank 2's SIGSEGV leaves no line (no -11, no 'Segmentation fault', no observer report: "
-    "ranks 0 and 1 die of 'Connection reset by peer' first), so its silence is read as a rank "
-    "that left without an error: native-crash on rank 2",
+    "fused-null": "failed, host-oom on rank 2 (INF231, 0.35) since session 42 "
+    "(uncoordinated-exit, INF202, before): the culprit is right, and rank 2's silence while rank "
+    "0's steps went on and its peers lost the connection is read as a process killed from "
+    "outside; but its SIGSEGV leaves no line (no -11, no 'Segmentation fault', no observer "
+    "report), so nothing tells the crash from an OOM kill: native-crash on rank 2",
     "nodes-left": "failed, nccl-timeout on ranks 0,1,2,3 (INF204, 0.30, 'Ranks timed out and "
     "the ranks they waited for left no logs'): rank 0's TCPStore 'Timed out after 16 seconds "
     "waiting for clients. 2/4 clients joined.' is read as ranks whose logs were not given, but "

@@ -223,6 +223,7 @@ def build_evidence(job: JobView, events: list[Event]) -> JobEvidence:
 
     for rank, on_step in ended_on_step.items():
         ranks[rank].ended_on_step = on_step
+    evidence.others_mid_step = _ended_mid_step(job)
     _spoke_after_waits(job, events, ranks)
     evidence.trained_on_after = _trained_on_after(job, set(ranks))
 
@@ -738,6 +739,23 @@ def _counted_to_its_end(text: str) -> bool:
     eval data'): the phase's last step; a line after it (its results) says it ended."""
     counters = list(ANY_COUNTER.finditer(text.rsplit("\r", 1)[-1]))
     return bool(counters) and all(m["n"] == m["total"] for m in counters)
+
+
+MID_STEP_LINES = 3
+"""Lines a writer may print after its last training step and still have stopped on it (a
+warning, a metric line of that step)."""
+
+
+def _ended_mid_step(job: JobView) -> frozenset[int | None]:
+    """The writers whose output ends on a training step (or within MID_STEP_LINES of one), in
+    the launcher's last attempt: they stopped in the middle of training, at no end of theirs."""
+    return frozenset(
+        job.resolve(s.origin)
+        for s in job.streams
+        if s.source not in job.earlier_attempt_sources
+        and s.last_progress_line > 0
+        and 0 <= s.last_line - s.last_progress_line <= MID_STEP_LINES
+    )
 
 
 def _unranked_phase(job: JobView, events: list[Event]) -> Evidence | None:

@@ -283,6 +283,10 @@ class JobEvidence:
     unranked_wait_rules: set[str] = field(default_factory=set)
     """The codes of the rules those waits matched: which wait it was (the store's request for a
     key, or its wait for its clients at the rendezvous, are both of one kind)."""
+    others_mid_step: frozenset[int | None] = frozenset()
+    """The writers (by rank; None for a writer no rank is known for) whose own output ends on
+    a training step, a few lines at most after it: where they stopped, the job was in the
+    middle of training (behaviour._ended_mid_step)."""
     unranked_stop: bool = False
     """A line no rank could be attributed to announced a stop on purpose (an early stop, a
     target reached): some rank decided to leave (RankView.announced_stop)."""

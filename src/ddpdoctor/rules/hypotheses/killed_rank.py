@@ -59,7 +59,7 @@ def assess(job: JobEvidence) -> Assessment | None:
         return None
     killed = {r for r in job.quiet if stopped_on_a_step(job, r)}
     if not killed or len(job.waiting) < len(job.quiet):
-        return None
+        return _vanished_mid_training(job)
     return Assessment(
         RULE,
         0.5,
@@ -89,4 +89,76 @@ def stopped_on_a_step(job: JobEvidence, rank: int) -> bool:
         and not view.busy_phase
         and "stopped" not in view.echoes
         and not LEAVING.search(view.last_text)
+    )
+
+
+def vanished_mid_training(job: JobEvidence, rank: int) -> bool:
+    """A rank that printed no steps of its own (only the main process logs them) fell silent
+    while the writers that did were in the middle of training, the others lost their
+    connection to it (none timed out waiting for a live one), and no launcher reported any
+    exit: nothing of a decision to leave (no stop, no end, no word of leaving in its own last
+    line), nothing that would have said how it ended. A process that leaves on its own goes
+    through code after its loop, and a launcher that saw it would say exit 0; one killed from
+    outside stops wherever the training was, and when the launcher raised on the first error
+    it saw (mp.spawn, Lightning, Fabric) or died with it, no exit code is printed."""
+    view = job.ranks[rank]
+    others = job.others_mid_step - {rank}
+    return (
+        bool(others)
+        # the others lost it (a closed connection is a process that ended), none timed out
+        # waiting for it (a live rank, busy or stuck, is waited for)
+        and "lost-peer" in job.echoes
+        and not job.timed_out
+        and not view.ended_on_step  # (stopped_on_a_step: its own step)
+        and view.exit_code is None
+        and "launcher" not in job.echoes | job.unranked_echoes
+        and not any(v.exit_code is not None for v in job.ranks.values())
+        and job.job_exit_code is None
+        and rank not in job.unlisted_exits | job.unlisted_speakers
+        and not view.terminated
+        and not view.completed
+        and not view.announced_stop
+        and not job.unranked_stop
+        and not any(v.announced_stop for v in job.ranks.values())
+        and not view.busy_phase
+        and "stopped" not in view.echoes | job.unranked_echoes
+        and not LEAVING.search(view.last_text)
+        and not view.spoke_after_waits
+    )
+
+
+def killed_mid_training(job: JobEvidence) -> set[int]:
+    """Every quiet rank, where each one vanished while the others trained
+    (vanished_mid_training) and at least as many ranks waited: those were killed."""
+    if not job.waiting or job.peers_proven_alive:
+        return set()
+    gone = {r for r in job.quiet if vanished_mid_training(job, r)}
+    if not gone or gone != set(job.quiet) or len(job.waiting) < len(gone):
+        return set()
+    return gone
+
+
+def _vanished_mid_training(job: JobEvidence) -> Assessment | None:
+    """The quiet ranks that vanished while the others trained (killed_mid_training): killed,
+    as the OOM killer kills, most likely; weaker than a rank's own last line on a step (0.5),
+    since the others' steps only say where the training was."""
+    gone = killed_mid_training(job)
+    if not gone:
+        return None
+    return Assessment(
+        RULE,
+        0.45,
+        sorted(gone),
+        [
+            f"{ranks_text(gone)} fell silent without an error, a word of leaving or an exit "
+            f"code while {ranks_text(job.waiting)} trained on (the log's last lines before the "
+            "failure are training steps) and then failed waiting: a rank that leaves on its own "
+            "goes through code after its loop, one killed from outside (the OOM killer, a "
+            "memory limit) stops wherever training was. This is not a network fault."
+        ],
+        against=[
+            "the rank printed no steps of its own: only the others' say where training was",
+            "no exit code was printed: a crash (SIGSEGV) leaves the same trace",
+        ],
+        evidence=[w for w in job.last_words if w.rank in gone][:4],
     )

@@ -15,7 +15,7 @@ from ddpdoctor.rules.hypotheses.base import (
     ranks_text,
     stall_evidence,
 )
-from ddpdoctor.rules.hypotheses.killed_rank import stopped_on_a_step
+from ddpdoctor.rules.hypotheses.killed_rank import killed_mid_training, stopped_on_a_step
 
 RULE = Rule(
     code="INF202",
@@ -77,6 +77,7 @@ def assess(job: JobEvidence) -> Assessment | None:
     # a stop sent to the whole job (the launcher's death signal, Ctrl-C to the process group)
     # reaches some ranks first: a rank whose only words are that stop did not leave on its own
     whole_job_stopped = "stopped" in job.unranked_echoes
+    killed = killed_mid_training(job)
     left = {
         r
         for r in quiet
@@ -92,8 +93,10 @@ def assess(job: JobEvidence) -> Assessment | None:
         and not ("stopped" in job.ranks[r].echoes and not job.ranks[r].terminated)
         # its last words announce a long phase of its own (saving, evaluating): busy, not gone
         and not job.ranks[r].busy_phase
-        # it stopped mid-step without a word: killed from outside (killed_rank), not left
+        # it stopped mid-step without a word: killed from outside (killed_rank), not left;
+        # or it fell silent while the others trained and no launcher said how it ended
         and not stopped_on_a_step(job, r)
+        and r not in killed
         # it still printed after the others gave up on it: it had not left
         and not job.ranks[r].spoke_after_waits
     }
