@@ -47,6 +47,9 @@ Since (session 41): the Hydra box is the named process's exit ('=   RANK 3 PID 2
 node02', '=   KILLED BY SIGNAL: 9 (Killed)': host OOM on rank 3, fat-bucket; 'SIGNAL: 6' ties
 the gloo abort to rank 0, solo-tally): 11 of 16. wall-bell now reads as host OOM on ranks 0
 and 2 (Hydra's own time limit kills every rank with SIGKILL), list-gap names rank 3 only.
+Since (session 42): Hydra's 'APPLICATION TIMED OUT, TIMEOUT = 40s' is the launcher's time limit
+(LCH109), and a whole-job stop printed above the deaths it caused in the same output is not
+their echo, while the SIGKILLs after it are its escalation: wall-bell right, 12 of 16.
 """
 
 from __future__ import annotations
@@ -168,12 +171,6 @@ MISSES: dict[str, str] = {
         "512 samples and 16 steps is not read as fewer batches; rank 3 timing out in the epoch's "
         "loss all_reduce (train.py:379) while the others wait in their 16th step is taken as "
         "divergent collectives, with rank 1 (forward's buffer broadcast) named beside it"
-    ),
-    "wall-bell": (
-        "host-oom on ranks 0 and 2 (LCH101, 0.6) instead of preempted: Hydra's '[mpiexec@node01] "
-        "APPLICATION TIMED OUT, TIMEOUT = 40s' (MPIEXEC_TIMEOUT) is not read as the launcher's time "
-        "limit, so the boxes of the ranks it then killed ('KILLED BY SIGNAL: 9 (Killed)') read as "
-        "the kernel's kills"
     ),
 }
 

@@ -447,10 +447,24 @@ def relate_echoes(graph: CausalGraph, ctx: Context) -> None:
         for cause in primaries:
             if cause.rank is not None and cause.rank == echo.rank:
                 continue  # same rank: the exit-path relation decides
-            if not could_cause(cause, echo):
+            if not could_cause(cause, echo) or _printed_after_the_stop(cause, echo):
                 continue
             proof = _timeout_arithmetic(cause, echo)
             graph.add(cause, echo, "echo", proof or "", proof=bool(proof))
+
+
+def _printed_after_the_stop(cause: Event, echo: Event) -> bool:
+    """A stop of the whole job from outside (no rank's: a launcher's time limit, a scheduler's
+    cancel) printed in the same output above every line of the failure: the launcher wrote the
+    stop, then what its stop did (Hydra's 'APPLICATION TIMED OUT', then its boxes of the
+    processes it killed); that failure came after it, it did not make it."""
+    if echo.echo != Echo.STOPPED or echo.rank is not None:
+        return False
+    stopped_at = {h.record.source: h.record.line for h in echo.hits}
+    return bool(cause.hits) and all(
+        h.record.source in stopped_at and h.record.line > stopped_at[h.record.source]
+        for h in cause.hits
+    )
 
 
 def _timeout_arithmetic(cause: Event, echo: Event) -> str | None:
@@ -910,8 +924,10 @@ def relate_outside_stop(graph: CausalGraph, ctx: Context) -> None:
     a peer still in a collective then reports a lost peer or a generic error. Those are its
     echo when printed after the stop: in the same log by line, across logs by time; across logs
     without times too when the stop reached a launcher agent, which ends the group itself when
-    a worker fails (torchrun, DeepSpeed): still there to receive it, it had seen none fail. A
-    timeout is kept: it takes minutes, and says the job hung before anybody stopped it."""
+    a worker fails (torchrun, DeepSpeed): still there to receive it, it had seen none fail. So
+    is a death its signal alone suggests a cause for (a SIGKILL after the stop is its
+    escalation, not the OOM killer). A timeout is kept: it takes minutes, and says the job hung
+    before anybody stopped it."""
     stops = [e for e in graph.events if e.echo == Echo.STOPPED and e.rank is None and e.hits]
     if not stops:
         return
@@ -976,7 +992,15 @@ def relate_outside_stop(graph: CausalGraph, ctx: Context) -> None:
         if event.echo in (Echo.STOPPED, Echo.WAITING):
             continue
         echo_like = event.echo in (Echo.LOST_PEER, Echo.LAUNCHER)
-        if (echo_like or (event.primary and event.generic)) and after_the_stop(event):
+        # (and a death that only its signal suggests a cause for, a SIGKILL read as the OOM
+        # killer's: after a stop of the whole job, that stop's escalation; Hydra kills every
+        # process with SIGKILL at its time limit, a scheduler after its grace period)
+        # (not where a rank had timed out already: the job hung before the stop came, and
+        # the kill of the stuck rank is what the timeout waited for)
+        suggested = (
+            event.primary and all(h.suggests for h in event.hits) and not ctx.evidence.timed_out
+        )
+        if (echo_like or (event.primary and event.generic) or suggested) and after_the_stop(event):
             graph.add(stops[0], event, "outside stop", "the stop sent to the whole job ended it")
 
 

@@ -1391,6 +1391,14 @@ SLURM_TERMINATED = Rule(
             ": job killed after",
             echo=Echo.STOPPED,
         ),
+        # MPICH's / Intel MPI's Hydra at its own time limit (MPIEXEC_TIMEOUT; src/pm/hydra's
+        # pmiserv_pmci.c: 'APPLICATION TIMED OUT, TIMEOUT = 40s'), then it kills every process
+        # with SIGKILL ('KILLED BY SIGNAL: 9' in its boxes): the launcher's kills
+        Signature(
+            r"(?P<reason>APPLICATION TIMED OUT), TIMEOUT = \d{1,9}s",
+            "APPLICATION TIMED OUT, TIMEOUT = ",
+            echo=Echo.STOPPED,
+        ),
         # a rank's own handler saying the stop reached it: Lightning's signal_connector.py
         # ("[rank: 1] Received SIGTERM: 15"), scripts' handlers ("SIGTERM received: pod is
         # terminating"): stopped from outside (by its launcher after a peer failed, by the
@@ -1514,6 +1522,7 @@ SLURM_TERMINATED = Rule(
         # set 130 (ParlAI under `timeout`), and a script's report of the same
         "Terminated",
         "./train.sh: line 12:  4242 Terminated              python train.py --epochs 3",
+        "[mpiexec@node01] APPLICATION TIMED OUT, TIMEOUT = 40s",
     ),
     negative=(
         "  Message:          Pod was rejected as the node is shutting down.",
