@@ -437,6 +437,11 @@ CUDA_LIBRARY_MISMATCH = Rule(
             "does not match the version torch was compiled with",
         ),
         Signature(r"CUDA_HOME does not exist, unable to compile CUDA op"),
+        # Megatron-LM: rank 0's make of the dataset helpers failed (megatron/core/datasets/
+        # utils.py compile_helpers), or no usable CUDA (megatron/training/initialize.py)
+        # (census megatron-compile-helpers-failed, megatron-requires-cuda)
+        Signature(r"Failed to compile the C\+\+ dataset helper functions"),
+        Signature(r"Megatron requires CUDA\.", "Megatron requires CUDA"),
         # torchvision (extension.py _check_cuda_version) refuses a torch built for another
         # CUDA version (older wording) or major version; a torchvision or torchaudio built
         # for another torch fails to load or register its C++ ops: _assert_has_ops says so,
@@ -550,6 +555,8 @@ CUDA_LIBRARY_MISMATCH = Rule(
         'OSError: [WinError 126] The specified module could not be found. Error loading "C:\\'
         'Python310\\lib\\site-packages\\torch\\lib\\cudnn_cnn_infer64_8.dll" or one of its '
         "dependencies.",
+        "ERROR:megatron.core.datasets.utils:Failed to compile the C++ dataset helper functions",
+        "AssertionError: Megatron requires CUDA.",
     ),
     negative=(
         "I1203 08:01:11.512000 4242 torch/distributed/run.py:780] Using "
