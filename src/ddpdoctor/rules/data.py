@@ -570,6 +570,19 @@ MISSING_MODULE = Rule(
             "Missing dependencies: ",
         ),
         Signature(r"TritonMissing: Cannot find a working triton installation", "TritonMissing"),
+        # a package a C++ extension's build needs: ninja for torch.utils.cpp_extension.load
+        # and DeepSpeed's JIT ops; apex installed without its compiled parts (amp_C)
+        # (census cpp-ext-ninja-required, ds-jit-load-no-ninja,
+        # apex-multi-tensor-apply-unavailable)
+        Signature(r"Ninja is required to load C\+\+ extensions"),
+        Signature(
+            r"Unable to JIT load the \w{1,60} op due to ninja not being installed",
+            "op due to ninja not being installed",
+        ),
+        Signature(
+            r"MultiTensorApply is not available, possibly because Apex was installed without",
+            "possibly because Apex was installed without",
+        ),
         Signature(
             r"TensorBoard logging requires TensorBoard version", "TensorBoard logging requires"
         ),
@@ -603,6 +616,7 @@ MISSING_MODULE = Rule(
         "`pip install bitsandbytes`",
         "Error locating target 'toy_models.TinyTransformer', set env var HYDRA_FULL_ERROR=1 to "
         "see chained exception.",
+        "RuntimeError: Ninja is required to load C++ extensions (pip install ninja to get it)",
     ),
     negative=(
         "/usr/bin/python3: No module named trainer_missing",
