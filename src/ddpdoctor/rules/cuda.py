@@ -390,7 +390,10 @@ CUDA_LIBRARY_MISMATCH = Rule(
             "named symbol not found",
         ),
         Signature(
-            r"(?:" + CUDA_FAILURE + r"|CUDA error:? )'?invalid device function",
+            # (ROCm: torch's hipified CUDAException prints "HIP error: invalid device function",
+            # clr hip_error.cpp's text for hipErrorInvalidDeviceFunction; census
+            # hip-error-invalid-device-function)
+            r"(?:" + CUDA_FAILURE + r"|(?:CUDA|HIP) error:? )'?invalid device function",
             "invalid device function",
         ),
         # cudaErrorSystemNotReady (802), as NCCL's 'Cuda failure 802' or torch's CUDA error
@@ -407,7 +410,7 @@ CUDA_LIBRARY_MISMATCH = Rule(
         # string split in two, 'raise RuntimeError("Distributed package doesn't have NCCL "
         # "built in")')
         Signature(
-            r"Distributed package doesn't have (?:NCCL|Gloo) (?:\" \")?built in",
+            r"Distributed package doesn't have (?:NCCL|Gloo|XCCL) (?:\" \")?built in",
             "Distributed package doesn't have",
         ),
         Signature(r"Torch not compiled with CUDA enabled"),
@@ -517,6 +520,9 @@ CUDA_LIBRARY_MISMATCH = Rule(
             r"Failed to load NCCL library from \S{1,300}\. It is expected if you are not running",
             "Failed to load NCCL library from ",
         ),
+        # ROCm's HIP runtime (clr hipamd/src/hip_code_object.cpp): no code object for this
+        # GPU's gfx target in the binary (census hip-no-binary-for-gpu)
+        Signature(r"hipErrorNoBinaryForGpu: Unable to find code object", "hipErrorNoBinaryForGpu"),
         # Megatron-LM: rank 0's make of the dataset helpers failed (megatron/core/datasets/
         # utils.py compile_helpers), or no usable CUDA (megatron/training/initialize.py)
         # (census megatron-compile-helpers-failed, megatron-requires-cuda)
@@ -635,6 +641,8 @@ CUDA_LIBRARY_MISMATCH = Rule(
         'OSError: [WinError 126] The specified module could not be found. Error loading "C:\\'
         'Python310\\lib\\site-packages\\torch\\lib\\cudnn_cnn_infer64_8.dll" or one of its '
         "dependencies.",
+        "RuntimeError: HIP error: invalid device function",
+        '"hipErrorNoBinaryForGpu: Unable to find code object for all current devices!"',
         "RuntimeError: ('The detected CUDA version (%s) mismatches the version that was used to "
         "compilePyTorch (%s). Please make sure to use the same CUDA versions.', '13.0', '12.8')",
         "OSError: CUDA_HOME environment variable is not set. Please set it to your CUDA install "
