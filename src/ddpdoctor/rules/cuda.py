@@ -47,6 +47,21 @@ CUDA_OOM = Rule(
         # accelerate utils/memory.py find_executable_batch_size: every batch size ran out of
         # GPU memory
         Signature(r"No executable batch size found, reached zero"),
+        # vLLM's engine at start-up (vllm/v1/worker/gpu_worker.py, vllm/v1/core/
+        # kv_cache_utils.py): the GPU share gpu_memory_utilization asks for is not free (an RL
+        # trainer's actor on the same GPU), or what is left after the weights holds no KV
+        # cache or not one max_model_len sequence (census vllm-free-memory-below-utilization,
+        # vllm-no-memory-for-cache-blocks, vllm-kv-cache-too-small-for-max-len)
+        Signature(
+            r"Free memory on device \([\d.]{1,12}/[\d.]{1,12} GiB\) on startup is less than "
+            r"desired GPU memory utilization",
+            "is less than desired GPU memory utilization",
+        ),
+        Signature(r"No available memory for the cache blocks"),
+        Signature(
+            r"GiB KV cache is needed, which is larger than the available KV cache memory",
+            "which is larger than the available KV cache memory",
+        ),
     ),
     explanation=Explanation(
         what="The CUDA caching allocator could not allocate memory on a GPU.",
@@ -73,6 +88,11 @@ CUDA_OOM = Rule(
         "/pytorch/aten/src/THC/generic/THCStorage.cu:58",
         "torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 336.00 MiB. GPU  "
         "has a total capacity of 79.15 GiB of which 141.25 MiB is free.",
+        "ValueError: Free memory on device (31.42/79.19 GiB) on startup is less than desired GPU "
+        "memory utilization (0.6, 47.51 GiB). Decrease GPU memory utilization or reduce GPU "
+        "memory used by other processes.",
+        "ValueError: No available memory for the cache blocks. Try increasing "
+        "`gpu_memory_utilization` when initializing the engine.",
     ),
     negative=(
         "Memory cgroup out of memory: Killed process 1234 (python)",
@@ -370,7 +390,10 @@ CUDA_LIBRARY_MISMATCH = Rule(
             "named symbol not found",
         ),
         Signature(
-            r"(?:" + CUDA_FAILURE + r"|CUDA error:? )'?invalid device function",
+            # (ROCm: torch's hipified CUDAException prints "HIP error: invalid device function",
+            # clr hip_error.cpp's text for hipErrorInvalidDeviceFunction; census
+            # hip-error-invalid-device-function)
+            r"(?:" + CUDA_FAILURE + r"|(?:CUDA|HIP) error:? )'?invalid device function",
             "invalid device function",
         ),
         # cudaErrorSystemNotReady (802), as NCCL's 'Cuda failure 802' or torch's CUDA error
@@ -387,7 +410,7 @@ CUDA_LIBRARY_MISMATCH = Rule(
         # string split in two, 'raise RuntimeError("Distributed package doesn't have NCCL "
         # "built in")')
         Signature(
-            r"Distributed package doesn't have (?:NCCL|Gloo) (?:\" \")?built in",
+            r"Distributed package doesn't have (?:NCCL|Gloo|XCCL) (?:\" \")?built in",
             "Distributed package doesn't have",
         ),
         Signature(r"Torch not compiled with CUDA enabled"),
@@ -437,6 +460,74 @@ CUDA_LIBRARY_MISMATCH = Rule(
             "does not match the version torch was compiled with",
         ),
         Signature(r"CUDA_HOME does not exist, unable to compile CUDA op"),
+        # DeepSpeed op_builder/builder.py: prebuilt ops of another torch or CUDA, or an op
+        # whose is_compatible() check failed (census ds-ops-torch-version-mismatch,
+        # ds-ops-cuda-version-mismatch, ds-jit-load-not-compatible)
+        Signature(
+            r"(?:PyTorch|CUDA|HIP) version mismatch! DeepSpeed ops were compiled and installed",
+            "version mismatch! DeepSpeed ops were compiled",
+        ),
+        Signature(
+            r"Unable to JIT load the \w{1,60} op due to it not being compatible",
+            "op due to it not being compatible",
+        ),
+        # torch/utils/cpp_extension.py, building or JIT-loading a C++/CUDA extension: nvcc of
+        # another CUDA major version than torch's, no CUDA toolkit, a host compiler nvcc
+        # rejects, an arch this torch does not know (census cpp-ext-cuda-major-mismatch,
+        # cpp-ext-cuda-not-found, cpp-ext-cuda-home-not-set, cpp-ext-compiler-too-new,
+        # cpp-ext-unknown-cuda-arch); not its note on a minor-version difference ("has a minor
+        # version mismatch ... shouldn't be a problem")
+        Signature(
+            r"The detected CUDA version \(.{1,20}?\) mismatches the version that was used to "
+            r"compile",
+            "mismatches the version that was used to compile",
+        ),
+        Signature(
+            r"CUDA was not found on the system, please set the CUDA_HOME",
+            "CUDA was not found on the system",
+        ),
+        Signature(
+            r"CUDA_HOME environment variable is not set\. Please set it to your CUDA install root",
+            "CUDA_HOME environment variable is not set",
+        ),
+        Signature(
+            r"The current installed version of \S{1,40} \([^)\n]{1,40}\) is (?:greater|less) than "
+            r"the (?:maximum|minimum) required version by CUDA",
+            "required version by CUDA",
+        ),
+        Signature(
+            r"Unknown CUDA arch \([^)\n]{1,40}\) or GPU not supported", "or GPU not supported"
+        ),
+        # flash-attn's and apex's setup.py: nvcc too old, or of another CUDA than torch's
+        # (census flash-attn-cuda-too-old, apex-cuda-version-mismatch)
+        Signature(r"FlashAttention is only supported on CUDA 11\.7 and above"),
+        Signature(
+            r"Cuda extensions are being compiled with a version of Cuda that does not match",
+            "Cuda extensions are being compiled with a version of Cuda",
+        ),
+        # xformers ops/fmha/common.py, a reason under "No operator found for ...": the
+        # xformers installed has no CUDA kernels (census xformers-not-built-with-cuda)
+        Signature(r"xFormers wasn't build with CUDA support"),
+        # bitsandbytes >= 0.46 cextension.py: no binary of its own for torch's CUDA/ROCm
+        # version (census bnb-native-library-unavailable)
+        Signature(
+            r"Attempted to use bitsandbytes native library functionality but it's not available",
+            "bitsandbytes native library functionality",
+        ),
+        # vLLM distributed/device_communicators/pynccl_wrapper.py: its own NCCL binding could
+        # not dlopen libnccl (census vllm-failed-load-nccl)
+        Signature(
+            r"Failed to load NCCL library from \S{1,300}\. It is expected if you are not running",
+            "Failed to load NCCL library from ",
+        ),
+        # ROCm's HIP runtime (clr hipamd/src/hip_code_object.cpp): no code object for this
+        # GPU's gfx target in the binary (census hip-no-binary-for-gpu)
+        Signature(r"hipErrorNoBinaryForGpu: Unable to find code object", "hipErrorNoBinaryForGpu"),
+        # Megatron-LM: rank 0's make of the dataset helpers failed (megatron/core/datasets/
+        # utils.py compile_helpers), or no usable CUDA (megatron/training/initialize.py)
+        # (census megatron-compile-helpers-failed, megatron-requires-cuda)
+        Signature(r"Failed to compile the C\+\+ dataset helper functions"),
+        Signature(r"Megatron requires CUDA\.", "Megatron requires CUDA"),
         # torchvision (extension.py _check_cuda_version) refuses a torch built for another
         # CUDA version (older wording) or major version; a torchvision or torchaudio built
         # for another torch fails to load or register its C++ ops: _assert_has_ops says so,
@@ -550,6 +641,20 @@ CUDA_LIBRARY_MISMATCH = Rule(
         'OSError: [WinError 126] The specified module could not be found. Error loading "C:\\'
         'Python310\\lib\\site-packages\\torch\\lib\\cudnn_cnn_infer64_8.dll" or one of its '
         "dependencies.",
+        "RuntimeError: HIP error: invalid device function",
+        '"hipErrorNoBinaryForGpu: Unable to find code object for all current devices!"',
+        "RuntimeError: ('The detected CUDA version (%s) mismatches the version that was used to "
+        "compilePyTorch (%s). Please make sure to use the same CUDA versions.', '13.0', '12.8')",
+        "OSError: CUDA_HOME environment variable is not set. Please set it to your CUDA install "
+        "root.",
+        "ValueError: Unknown CUDA arch (12.0) or GPU not supported",
+        "RuntimeError: PyTorch version mismatch! DeepSpeed ops were compiled and installed with a "
+        "different version than what is being used at runtime.",
+        "RuntimeError: Attempted to use bitsandbytes native library functionality but it's not "
+        "available.",
+        "    xFormers wasn't build with CUDA support",
+        "ERROR:megatron.core.datasets.utils:Failed to compile the C++ dataset helper functions",
+        "AssertionError: Megatron requires CUDA.",
     ),
     negative=(
         "I1203 08:01:11.512000 4242 torch/distributed/run.py:780] Using "
@@ -559,6 +664,10 @@ CUDA_LIBRARY_MISMATCH = Rule(
         "RuntimeError: operator mylib::fused_attn does not exist",
         "NCCL INFO cudaDriverVersion 12020",
         "OSError: libmydata.so: cannot open shared object file: No such file or directory",
+        # torch's note on a minor-version difference: the build goes on
+        "The detected CUDA version (12.4) has a minor version mismatch with the version that was "
+        "used to compile PyTorch (12.8). Most likely this shouldn't be a problem.",
+        "RuntimeError: Unable to JIT load the cpu_adam op due to ninja not being installed.",
     ),
 )
 

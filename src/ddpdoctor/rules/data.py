@@ -138,6 +138,44 @@ DATA_ERROR = Rule(
         # node's copy, a wrong path)
         Signature(r"Error no file named \S.{0,300}? found in directory", "Error no file named "),
         Signature(r"BadZipFile"),
+        # Megatron-LM: a .idx file not in its MMIDIDX format (megatron/core/datasets/
+        # indexed_dataset.py _IndexReader), and a latest_checkpointed_iteration.txt that is
+        # neither a number nor 'release' (megatron/training/checkpointing.py read_metadata)
+        # (census megatron-idx-bad-header, megatron-invalid-metadata-file)
+        Signature(r"\bbad (?:header|version), cannot read: ", "cannot read: "),
+        Signature(
+            r"ERROR: Invalid metadata file \S{1,400}\. Exiting", "ERROR: Invalid metadata file"
+        ),
+        # NeMo exp_manager.py check_resume: resume_if_exists found no checkpoint (not its
+        # tolerated twin "... Training from scratch."), or only one whose save never finished
+        # (census nemo-no-checkpoints-cannot-resume, nemo-last-checkpoint-unfinished)
+        Signature(
+            r"There were no checkpoints found in checkpoint_dir or no checkpoint folder at "
+            r"checkpoint_dir :[^\n]{0,400}?\. Cannot resume\.",
+            "Cannot resume.",
+        ),
+        Signature(r"Last checkpoint is unfinished and cannot be used to resume the training"),
+        # Hugging Face datasets load.py and huggingface_hub file_download.py: the dataset or
+        # model file is neither reachable on the Hub (no internet on the compute nodes, a
+        # wrong or private name) nor in this node's cache, or its download was cut short
+        # (census datasets-not-found-on-hub, datasets-couldnt-reach-hub,
+        # hfhub-local-entry-offline, hfhub-locate-file-no-cache,
+        # hfhub-consistency-check-failed)
+        Signature(r"doesn't exist on the Hub or cannot be accessed"),
+        Signature(r"Couldn't reach '[^'\n]{1,300}' on the Hub \(", "' on the Hub ("),
+        Signature(
+            r"Cannot find the requested files in the disk cache and outgoing traffic has been "
+            r"disabled",
+            "Cannot find the requested files in the disk cache",
+        ),
+        Signature(
+            r"we cannot find the requested files in the local cache",
+            "cannot find the requested files in the local cache",
+        ),
+        Signature(
+            r"Consistency check failed: file should be of size \d{1,15} but has size",
+            "Consistency check failed: file should be of size",
+        ),
         # torch/utils/data/_utils/worker.py re-raising in the main process what a DataLoader
         # worker raised while building a batch: the dataset's __getitem__ or its transforms
         # failed on a sample (more specific rules take the CUDA-in-a-forked-worker case)
@@ -219,9 +257,21 @@ DATA_ERROR = Rule(
         "ValueError: num_samples should be a positive integer value, but got num_samples=0",
         "ValueError: __len__() should return >= 0",
         "_pickle.UnpicklingError: pickle data was truncated",
+        "[rank3]: AssertionError: bad header, cannot read: /data/gpt2/my-corpus_text_document.idx",
+        "nemo.utils.exp_manager.NotFoundError: There were no checkpoints found in checkpoint_dir "
+        "or no checkpoint folder at checkpoint_dir :/results/megatron_gpt/checkpoints. Cannot "
+        "resume.",
+        "huggingface_hub.errors.LocalEntryNotFoundError: Cannot find the requested files in the "
+        "disk cache and outgoing traffic has been disabled. To enable hf.co look-ups and "
+        "downloads online, set 'local_files_only' to False.",
+        "ConnectionError: Couldn't reach 'allenai/c4' on the Hub (LocalEntryNotFoundError)",
     ),
     negative=(
         "header magic number: 20240520, version 1",
+        # the same miss tolerated (resume_ignore_no_checkpoint): a run that starts over
+        "[NeMo W 2026-12-05 10:12:44 exp_manager:1022] There were no checkpoints found in "
+        "checkpoint_dir or no checkpoint folder at checkpoint_dir :/results/ckpt. Training from "
+        "scratch.",
         "Checkpoint ./out/last.pt not found! Training from scratch.",
         "python3: can't open file '/work/train.py': [Errno 2] No such file or directory",
         "Failed to load image Python extension: 'libc10_cuda.so: cannot open shared object file'",
@@ -520,6 +570,19 @@ MISSING_MODULE = Rule(
             "Missing dependencies: ",
         ),
         Signature(r"TritonMissing: Cannot find a working triton installation", "TritonMissing"),
+        # a package a C++ extension's build needs: ninja for torch.utils.cpp_extension.load
+        # and DeepSpeed's JIT ops; apex installed without its compiled parts (amp_C)
+        # (census cpp-ext-ninja-required, ds-jit-load-no-ninja,
+        # apex-multi-tensor-apply-unavailable)
+        Signature(r"Ninja is required to load C\+\+ extensions"),
+        Signature(
+            r"Unable to JIT load the \w{1,60} op due to ninja not being installed",
+            "op due to ninja not being installed",
+        ),
+        Signature(
+            r"MultiTensorApply is not available, possibly because Apex was installed without",
+            "possibly because Apex was installed without",
+        ),
         Signature(
             r"TensorBoard logging requires TensorBoard version", "TensorBoard logging requires"
         ),
@@ -553,6 +616,7 @@ MISSING_MODULE = Rule(
         "`pip install bitsandbytes`",
         "Error locating target 'toy_models.TinyTransformer', set env var HYDRA_FULL_ERROR=1 to "
         "see chained exception.",
+        "RuntimeError: Ninja is required to load C++ extensions (pip install ninja to get it)",
     ),
     negative=(
         "/usr/bin/python3: No module named trainer_missing",

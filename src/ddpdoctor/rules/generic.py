@@ -28,6 +28,18 @@ PYTHON_EXCEPTION = Rule(
         # Ctrl-C, or a stop forwarded as SIGINT: what a stopped process prints, not a bug
         Signature(r"^\**(?P<exc>KeyboardInterrupt)(?::|$)", "KeyboardInterrupt", echo=Echo.STOPPED),
         Signature(r"^\**(?P<exc>SystemExit)(?::|$)", "SystemExit"),
+        # torch._dynamo.exc's exceptions whose names end in neither Error nor Exception: a
+        # compiler backend (inductor, Triton) that failed on the rank's graph, and the
+        # recompile limit made an error (census inductor-backend-compiler-failed,
+        # dynamo-fail-on-recompile-limit)
+        Signature(
+            r"^\**(?P<exc>(?:torch\._dynamo\.exc\.)?BackendCompilerFailed)(?::|$)",
+            "BackendCompilerFailed",
+        ),
+        Signature(
+            r"^\**(?P<exc>(?:torch\._dynamo\.exc\.)?FailOnRecompileLimitHit)(?::|$)",
+            "FailOnRecompileLimitHit",
+        ),
         # `raise Exception(...)` itself: the two patterns above need a prefix before the suffix
         Signature(r"^\**(?P<exc>Exception)(?::|$)", "Exception"),
         # a rank's error as torchelastic's failure summary quotes it from its @record error
@@ -57,6 +69,7 @@ PYTHON_EXCEPTION = Rule(
         "ranks:dict_keys([1])",
         "Exception: Current loss scale already at minimum - cannot decrease scale anymore. "
         "Exiting run.",
+        "torch._dynamo.exc.BackendCompilerFailed: backend='inductor' raised:",
     ),
     negative=("INFO: loss=0.31 RuntimeError count=0",),
 )

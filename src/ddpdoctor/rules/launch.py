@@ -114,6 +114,14 @@ HOST_OOM_KILL = Rule(
         Signature(CHILD_PROCESS_CODE + r"-9\b", "terminated with code -9", suggests=True),
         Signature(r"Out of memory: Kill(?:ed)? process (?P<pid>\d+)", "Out of memory: Kill"),
         Signature(r"Memory cgroup out of memory"),
+        # Hugging Face datasets utils/py_utils.py iflatmap_unordered: a worker of
+        # Dataset.map(num_proc=N) vanished, every rank running its own N-process pool on one
+        # host; most often the OOM killer, only suggested (census datasets-map-subprocess-died)
+        Signature(
+            r"One of the subprocesses has abruptly died during map operation",
+            "abruptly died during map operation",
+            suggests=True,
+        ),
         # Kubernetes pod status and shells reporting a child killed by the OOM killer
         Signature(r"\bOOMKilled\b", "OOMKilled"),
         Signature(r"line \d+: +\d+ Killed +\S*python", " Killed ", suggests=True),
@@ -229,6 +237,7 @@ HOST_OOM_KILL = Rule(
         "Ask the scheduler for more memory (Slurm --mem) or use fewer ranks per node.",
     ),
     positive=(
+        "RuntimeError: One of the subprocesses has abruptly died during map operation.To debug the error, disable multiprocessing.",
         "=   KILLED BY SIGNAL: 9 (Killed)",
         # HPE Cray PALS mpiexec; PBS and LSF memory limits (tests/fixtures/real/hundredfiftyfifth-*,
         # hundredfiftysixth-*)
