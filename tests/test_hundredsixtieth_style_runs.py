@@ -41,6 +41,8 @@ re-raised, and a launch cell without MASTER_ADDR on process 0; torch's 'unable t
 Since (session 41): the code IPython's traceback quotes around a frame behind its gutter of line
 numbers (accelerate's 'if "Cannot re-initialize CUDA in forked subprocess" in e.args[0]:') is
 no message of the job's (rss-swell right; stop-button now a hang of unknown status): 9 of 16.
+Since (session 42): IPython's own frames ('File /path/mod.py:474, in f(...)', '---> 474 ...')
+are a traceback's, so the stop button's KeyboardInterrupt is read (stop-button right): 10 of 16.
 """
 
 from __future__ import annotations
@@ -164,11 +166,6 @@ MISSES: dict[str, str] = {
         "out in wait_for_everyone()'s barrier while rank 0 printed nothing more and was "
         "SIGTERMed by the launcher, read as rank 0 busy outside collectives; nothing in the cell "
         "(the raw output, ANSI codes kept) says rank 0 waited in the all_gather only it called"
-    ),
-    "stop-button": (
-        "hang with no culprit, status unknown (INF212, 0.3) instead of hung: the kind is right, "
-        "but the stop button's KeyboardInterrupt on a run stuck at 'Epoch 1/5: 0%' is not read as "
-        "a person stopping a stalled job (INF217), so the run reads as a log that merely ends"
     ),
     "lone-return": (
         "uncoordinated-exit on no rank (INF202, 0.3) instead of on rank 1: the kind is right "

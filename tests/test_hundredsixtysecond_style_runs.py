@@ -36,6 +36,10 @@ progress is left at status unknown (fifo-val, kind right); rank 1's 12 s shard r
 as the busy rank (drip-read: a hang on rank 1), gloo's size-mismatch abort after uneven shards
 is read as a collective mismatch (short-part, rank right), and the same missing script in both
 workers is taken as two culprits (astray-path).
+Since (session 42): TorchDistributor's 'Finished local training with N processes' ends the run
+(calm-bag, loud-bag right), IPython's frames ('File /path/mod.py:474, in f(...)', '---> 474
+...') are a traceback's (stop-press's KeyboardInterrupt now read as a Ctrl-C, still a miss),
+and the driver's 'TorchDistributor failed during training.' is the launcher's report: 11 of 16.
 """
 
 from __future__ import annotations
@@ -127,18 +131,6 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "calm-bag": (
-        "unknown hang (INF212, 0.3, no culprit) instead of ok: the log's end, TorchDistributor's "
-        "'Finished local training with 2 processes' and the cell's 'Out[7]: {...}' (the "
-        "function's return value), is not read as the end of the run; after rank 0's epoch-3 "
-        "metrics JSON (3 epochs configured: '\"epochs\": 3' in the config dump) the log reads as "
-        "training cut off, 'without an end'"
-    ),
-    "loud-bag": (
-        "unknown hang (INF212, 0.3, no culprit) instead of ok: as calm-bag, 'Finished local "
-        "training with 2 processes' and 'Out[7]: {...}' are not read as the run's end (the "
-        "scary warnings themselves are rightly left as context)"
-    ),
     "drip-read": (
         "hang on rank 1 (INF211, 0.55) instead of slow-rank-timeout: rank right, kind wrong; "
         "rank 1's 'rank 1: read part-00001.npy (2560 rows, 12.0s)' (rank 0's parts took 0.0s), "
@@ -159,10 +151,10 @@ MISSES: dict[str, str] = {
         "running"
     ),
     "stop-press": (
-        "unknown hang (INF212, 0.3, no culprit) instead of preempted: IPython's "
-        "'KeyboardInterrupt' traceback of the cell, raised by Spark's SIGINT handler ('raise "
-        "KeyboardInterrupt()') in the distributor's read of torchrun's console, is not read as "
-        "the user's interrupt; the log reads as ending at step 60 of 80 without an end"
+        "hung, hang, no culprit (INF217, 0.4) since session 42 (unknown hang, INF212, at first "
+        "sight): IPython's 'KeyboardInterrupt' traceback of the cell (Spark's SIGINT handler) is "
+        "read as a person's Ctrl-C on a job that was most likely stuck; that the job was still "
+        "training (its step 60 of 80) when the user cancelled it is not weighed"
     ),
     "astray-path": (
         "entrypoint-not-found on ranks 0 and 1 (LCH107, 0.9) instead of on none: the kind is "

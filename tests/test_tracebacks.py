@@ -174,3 +174,35 @@ def test_code_ipython_quotes_around_a_frame_is_no_message() -> None:
     # a line numbered like a gutter with no frame header above it is left alone
     alone = b"     54 Cannot re-initialize CUDA in forked subprocess\n"
     assert not _ipython_source_line(alone, 0, len(alone) - 1)
+
+
+def test_ipythons_own_traceback_is_walked_to_its_head() -> None:
+    """IPython's (a notebook cell's) traceback: its head ('KeyboardInterrupt   Traceback (most
+    recent call last)'), frames as 'File /path/mod.py:382, in f(...)' and 'Cell In[7], line 3',
+    the quoted code behind a gutter ('---> 382 ...'). The exception's line walks back through
+    all of it to the head (tests/fixtures/real/hundredsixtysecond-stop-press, shortened), and
+    the traceback is a Python exception's (the Ctrl-C a person gave)."""
+    text = (
+        "Epoch 1 | step 60/80 | loss 0.6677\n"
+        "---------------------------------------------------------------------------\n"
+        "KeyboardInterrupt                         Traceback (most recent call last)\n"
+        "Cell In[7], line 3\n"
+        "      1 distributor = TorchDistributor(num_processes=2, local_mode=True)\n"
+        "----> 3 distributor.run(train_fn, cfg)\n"
+        "\n"
+        "File /opt/venv/lib/python3.11/site-packages/pyspark/context.py:382, in "
+        "SparkContext._do_init.<locals>.signal_handler(signal, frame)\n"
+        "    380 def signal_handler(signal: Any, frame: Any) -> NoReturn:\n"
+        "    381     self.cancelAllJobs()\n"
+        "--> 382     raise KeyboardInterrupt()\n"
+        "\n"
+        "KeyboardInterrupt: \n"
+    )
+    data = text.encode()
+    walked = [
+        line.text
+        for _, line in walk_back(data, data.rindex(b"KeyboardInterrupt: "), "", parse_line)
+    ]
+    assert walked[0].startswith("KeyboardInterrupt ") and "Traceback (most recent" in walked[0]
+    assert "Cell In[7], line 3" in walked and "--> 382     raise KeyboardInterrupt()" in walked
+    assert not any(w.startswith("Epoch 1") for w in walked)

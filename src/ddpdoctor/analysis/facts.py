@@ -755,6 +755,15 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
         r"^(?:Executor: )?All workers completed successfully$",
         "All workers completed successfully",
     ),
+    # Spark's TorchDistributor (pyspark/ml/torch/distributor.py) once the training function or
+    # script it ran returned: 'Finished local training with 2 processes' (torchrun on the
+    # driver), 'Finished distributed training with 4 executor processes' (Spark tasks). A
+    # function's failure raises before it; a script's failed torchrun is reported above it
+    FactPattern(
+        "completed",
+        r"\bFinished (?:local|distributed) training with \d{1,6} (?:executor )?process",
+        "Finished ",
+    ),
     # torchelastic's agent when every worker of the group exited 0 (agent/server/api.py)
     FactPattern(
         "completed",

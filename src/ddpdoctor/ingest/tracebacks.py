@@ -34,7 +34,17 @@ traceback, naming its process."""
 CARETS = re.compile(r"^[\^~]+ *$")
 """Python 3.11's markers under a frame's code ('^^^^^^^^'), when a paste trimmed their
 indentation."""
-FRAME_LINE = re.compile(r'^(?:> )?File "[^"]{1,4000}", line \d{1,9}')
+FRAME_LINE = re.compile(
+    r'^(?:> )?File (?:"[^"]{1,4000}", line \d{1,9}|[^"\n]{1,1000}:\d{1,6}, in )'
+    # IPython's (Jupyter's) frame headers: 'File /path/mod.py:474, in func(args)', 'Cell
+    # In[7], line 3' (a notebook cell)
+    r"|^Cell In ?\[\d{1,6}\], line \d{1,6}"
+)
+IPYTHON_GUTTER = re.compile(r"^-{1,6}> ?\d{1,6} ")
+"""IPython's arrow at the frame's own line of code, quoted with its line number ('---> 474
+for line in task.stdout:')."""
+IPYTHON_HEAD = re.compile(r"^[A-Za-z_][\w.]{0,200} {2,}Traceback \(most recent call last\)")
+"""IPython's head of a traceback: the exception's name, padded, then Python's words."""
 WRAPPED_FRAME = re.compile(
     r'^(?:"[^"\s]{1,4000}(?:", line)?|[^"\s]{0,4000}", line \d{1,9}, in \S{1,400}'
     r"|\d{1,9}, in \S{1,400}|[A-Za-z_<][\w<>.]{0,200})$"
@@ -77,7 +87,8 @@ def is_traceback_line(text: str) -> bool:
         or (first in "DT" and CHAINED.match(text))
         or EXCEPTION_LINE.match(text)
         or ("ray::" in text and RAY_TASK_HEAD.match(text))
-        or (first in ">F" and FRAME_LINE.match(text))
+        or (first in ">FC" and FRAME_LINE.match(text))
+        or (first == "-" and IPYTHON_GUTTER.match(text))
         or WRAPPED_FRAME.match(text)
     )
 
@@ -175,7 +186,7 @@ def walk_back(
             break
         found.append((walked, whole if whole is not None else parse(raw)))
         after_head = parsed.text.startswith(TRACEBACK_HEAD) or bool(
-            RAY_TASK_HEAD.match(parsed.text)
+            RAY_TASK_HEAD.match(parsed.text) or IPYTHON_HEAD.match(parsed.text)
         )
     found.reverse()
     return found

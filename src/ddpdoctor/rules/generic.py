@@ -50,8 +50,10 @@ PYTHON_EXCEPTION = Rule(
     # a frame above the line, indented as Python prints it, or flat where a paste or a
     # prefix put in front of every line (a collector's time, a host label) left reindent
     # unable to restore it: walk_back keeps only the writer's own traceback lines
+    # (or IPython's, a notebook's: 'File /path/mod.py:382, in func(...)')
     context_all=(
-        r'Traceback \(most recent call last\)|(?:^|\n)[ \t]*File "[^"\n]{1,400}", line \d',
+        r'Traceback \(most recent call last\)|(?:^|\n)[ \t]*File "[^"\n]{1,400}", line \d'
+        r"|(?:^|\n)File [^\"\n]{1,400}:\d{1,6}, in ",
     ),
     explanation=Explanation(
         what="A Python exception ended a rank, and no more specific rule explains it.",

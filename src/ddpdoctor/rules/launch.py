@@ -487,6 +487,15 @@ CHILD_FAILED = Rule(
         ),
         # mp.spawn's parent re-raising the first failed child's error (its traceback follows)
         Signature(r"ProcessRaisedException"),
+        # Spark's TorchDistributor (pyspark/ml/torch/distributor.py) on the driver once the
+        # torchrun it ran failed: the function form's 'TorchDistributor failed during
+        # training.View stdout logs ...' (no space: pyspark's), the command's 'Command [...]
+        # failed with return code 1'
+        Signature(r"TorchDistributor failed during training\.", "TorchDistributor failed during"),
+        Signature(
+            r"RuntimeError: Command \[[^\n]{1,2000}\] failed with return code -?\d{1,3}\b",
+            "failed with return code",
+        ),
         # a CLI that runs the launcher as a child (LLaMA-Factory's and ms-swift's torchrun
         # under FORCE_TORCHRUN, ultralytics' DDP command) and raises when it fails: CPython's
         # subprocess.run(check=True), "Command '[...]' returned non-zero exit status 1."
@@ -536,6 +545,12 @@ CHILD_FAILED = Rule(
         "torch.multiprocessing.spawn.ProcessExitedException: process 0 terminated with exit code 1",
         "subprocess.CalledProcessError: Command '['torchrun', '--nnodes', '1', '--nproc_per_node', "
         "'3', 'train.py', 'config.yaml']' returned non-zero exit status 1.",
+        # tests/fixtures/real/hundredsixtysecond-lone-quit (pyspark 3.5's TorchDistributor)
+        "RuntimeError: TorchDistributor failed during training.View stdout logs for detailed "
+        "error message.",
+        "RuntimeError: Command ['/usr/bin/python', '-m', 'torch.distributed.run', "
+        "'--standalone', '--nnodes=1', '--nproc_per_node=2', 'train.py'] failed with return "
+        "code 1. The last 100 lines of the task output are included below: ",
     ),
     negative=(
         "Sending process 1 closing signal SIGTERM",
