@@ -34,6 +34,11 @@ heap-swell, null-poke, solo-bleu, all with the right culprit rank); sockeye's st
 (node-gone, shard-crawl, clock-quit), so a recovered run reads as failed and a busy or a departed
 rank as a planned stop; rank 2 hung at interpreter exit after 'Training finished' is read as a
 teardown hang with no culprit (tail-stuck).
+Since (session 42): a RendezvousClosedError is the echo of a failure elsewhere in the job (the
+agent that closed the rendezvous gave up on its own workers' failure), and 'Early stopping by
+optimizing ...' is what early stopping will watch, not a stop: attr-slip, shard-rot,
+heap-swell, null-poke, solo-bleu, node-gone and clock-quit right, 14 of 16; shard-crawl's
+silent rank 2 is now read as blocked (INF211), not busy.
 """
 
 from __future__ import annotations
@@ -128,45 +133,12 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "node-gone": (
-        "failed, early-stop (INF207, 0.7) instead of ok: sockeye's start-up line \"Early stopping "
-        "by optimizing 'perplexity'\" (every worker logs which metric early stopping will watch) "
-        "is read as every rank announcing an early stop, and node0's first attempt ending in "
-        "'Connection closed by peer' as the job's end; the second attempt (node0 alone, 'by 2 "
-        "worker(s)', 'Found partial training ... Resuming from saved state.', 'Training "
-        "finished' on both workers, no summary) is not read as a recovered run"
-    ),
-    "attr-slip": (
-        "rendezvous-failure on rank 3 (LCH108, 0.9) instead of python-exception: node0's agent's "
-        "last line, RendezvousClosedError (node1's agent, its restart spent, had closed the "
-        "rendezvous while node0's tried to re-join), is taken as the root; rank 3's "
-        "\"AttributeError: 'NoneType' object has no attribute 'max'\" on both attempts and "
-        "node1's ChildFailedError root cause 'rank : 3 (local_rank: 1)' are demoted"
-    ),
-    "shard-rot": (
-        "rendezvous-failure on rank 2 (LCH108, 0.75) instead of data-error: node0's final "
-        "RendezvousClosedError is the root; rank 2's 'PytorchStreamReader failed reading zip "
-        "archive' after 'Loading shard data/prepared/shard.00002.' on both attempts (node1's root "
-        "cause) is called an independent failure"
-    ),
-    "heap-swell": (
-        "rendezvous-failure on rank 1 (LCH108, 0.75) instead of host-oom: node1's final "
-        "RendezvousClosedError is the root; rank 1's 'failed (exitcode: -9) local_rank: 1' on both "
-        "attempts and node0's ChildFailedError 'Signal 9 (SIGKILL)' are called an independent "
-        "failure"
-    ),
     "shard-crawl": (
-        "failed, early-stop (INF207, 0.7) instead of slow-rank-timeout on rank 2: as node-gone, the "
-        "start-up line \"Early stopping by optimizing 'perplexity'\" is taken as every rank "
-        "stopping on purpose and the timeouts ('Timed out waiting 15000ms' on ranks 1 and 3) as "
-        "its exit path; rank 2's last line, 'Loading shard data/prepared/shard.00006.', with no "
-        "error of its own before node1's agent SIGTERMs it, is not read as the busy rank"
-    ),
-    "null-poke": (
-        "rendezvous-failure on rank 3 (LCH108, 0.9) instead of native-crash: node0's final "
-        "RendezvousClosedError is the root; rank 3's 'Fatal Python error: Segmentation fault' and "
-        "'failed (exitcode: -11) local_rank: 1' on both attempts (node1's root cause, SIGSEGV) "
-        "are taken as a consequence"
+        "hung, hang on rank 2 (INF211, 0.55) since session 42 (early-stop, INF207, at first "
+        "sight) instead of slow-rank-timeout on rank 2: the culprit is right; rank 2's last "
+        "line, 'Loading shard data/prepared/shard.00006.', with no error of its own before "
+        "node1's agent SIGTERMs it while ranks 1 and 3 time out, is read as a rank blocked "
+        "outside any collective, not one busy loading a shard"
     ),
     "tail-stuck": (
         "hung, exit-teardown-crash with no culprit (INF210, 0.6) instead of hang on rank 2: the "
@@ -176,19 +148,6 @@ MISSES: dict[str, str] = {
         "interpreter exit); rank 2 is not singled out: node1's agent SIGTERMs one process left "
         "('Sending process N closing signal SIGTERM'), a PID the default log level never maps "
         "to a rank"
-    ),
-    "clock-quit": (
-        "failed, early-stop (INF207, 0.7) instead of uncoordinated-exit on rank 1: the start-up "
-        "line \"Early stopping by optimizing 'perplexity'\" is read as every rank announcing the "
-        "stop; only rank 1 (node0's '[default1]') logged 'Maximum # of seconds (3600) reached.' "
-        "and exited 0 (node0's summary '<NO_OTHER_FAILURES>', root cause the victim rank 0) "
-        "while ranks 0, 2 and 3 lost it in the next all-reduce"
-    ),
-    "solo-bleu": (
-        "rendezvous-failure on rank 0 (LCH108, 0.75) instead of collective-mismatch: node1's final "
-        "RendezvousClosedError is the root; the right rank's gloo 'op.preamble.length <= "
-        "op.nbytes. 13144 vs 4 ... Is there a distributed collective mismatch' (SIGABRT on both "
-        "attempts) is called an independent failure"
     ),
 }
 

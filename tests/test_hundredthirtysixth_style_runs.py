@@ -122,11 +122,11 @@ MISSES: dict[str, str] = {
     "attempt's failure is taken as the end (and not even rank 3's ConnectionResetError on "
     "node-b as its cause); the restart that resumed from the snapshot and finished on both "
     "nodes is not read",
-    "blip-always": "failed, rendezvous-failure on ranks 0 and 1 (LCH108, 0.9): node-a's agent's "
-    "final RendezvousClosedError (node-b's agent closed the rendezvous when its restarts were "
-    "spent) is read as ranks that could not meet; rank 3's \"KeyError: 'augment_scale'\" on "
-    "every attempt and node-b's ChildFailedError root cause 'rank : 3 (local_rank: 1)' are "
-    "not taken",
+    "blip-always": "failed, python-exception on ranks 0 and 1 (INF208, 0.5) since session 42 "
+    "(rendezvous-failure, LCH108, before: node-a's final RendezvousClosedError is now the echo "
+    "of node-b's failure): the kind is right, but rank 3's \"KeyError: 'augment_scale'\" "
+    "behind the 'node-b | ' tag is not read as rank 3's, and node-b's ChildFailedError root "
+    "cause 'rank : 3 (local_rank: 1)' is not taken",
     "save-drop": "failed, python-exception on rank 1 (INF208, 0.5): as node-drop, the first "
     "attempt's failure after node-b's loss is taken as the end; the restart on node-a alone that "
     "finished is not read",

@@ -95,7 +95,10 @@ EARLY_STOP = Rule(
             r"(?<![=/-])(?i:\bearly[ -]stop(?:ping|ped)?)\b"
             r"(?![_=(-]|:\s*(?i:(?:true|false|yes|no|null|none)\b(?!\s+\w)|\d|\{|\[|$)"
             r"| agreed by all \d"
-            r"| required| is disabled)",
+            r"| required| is disabled"
+            # what it will watch, said at start-up: Sockeye's "Early stopping by optimizing
+            # 'perplexity'", "early stopping enabled (patience 3)"
+            r"| by (?:optimi[sz]ing|monitoring)\b| (?:is )?enabled\b)",
             "arly",
         ),
         # the same event in the other word order: "val loss below target: stopping early"
@@ -262,6 +265,8 @@ EARLY_STOP = Rule(
         "early_stopping_patience=3,",
         "early stopping: true",
         "early stopping: no",
+        # what it will watch, at start-up (set 163, Sockeye 3)
+        "[INFO:sockeye.training] Early stopping by optimizing 'perplexity'",
         # a setting's value or a flag, not an event
         "[R0/3] up: mode=early-stop-main pid=4242",
         "train.py --early-stop --patience 3",

@@ -1246,7 +1246,11 @@ RENDEZVOUS_FAILURE = Rule(
         ),
         Signature(r"RendezvousConnectionError"),
         Signature(r"RendezvousTimeoutError"),
-        Signature(r"RendezvousClosedError"),
+        # the rendezvous was closed: by an agent that gave up (its workers failed and its
+        # restarts ran out: elastic/agent/server/api.py closes it on the way out), or left over
+        # from an earlier job of the same id. Where a failure of another node's workers is in
+        # the logs, the closing is its echo (an etcd or c10d rendezvous alike)
+        Signature(r"RendezvousClosedError", echo=Echo.LOST_PEER),
         # a store connection that was up and that the other end closed ("got 0 bytes", a reset,
         # a broken pipe): the store's host (rank 0, another node's agent) went away first
         Signature(
