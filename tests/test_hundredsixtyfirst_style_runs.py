@@ -41,6 +41,10 @@ because $NSLOTS was empty outside qsub: 'job  () on vm,  slots in ') is taken as
 script rejecting its command line; an IndexError raised in the dataset's __getitem__ by a
 fork's band dropout is read as a sample that cannot be read; and rank 1's abort when its scene
 shard ran out a batch early is a collective mismatch (the rank is right).
+Since (session 42): qacct's 'failed 37 : qmaster enforced h_rt, h_cpu, or h_vmem limit' and
+qdel's 'root has registered the job 36 for deletion' are the scheduler ending the job (LCH109):
+clock-fell and hand-stop right, heap-rise now read as that limit (which one is not weighed):
+12 of 16.
 """
 
 from __future__ import annotations
@@ -139,25 +143,12 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "clock-fell": (
-        "hang with status unknown (INF212, 0.3) instead of preempted: the logs ending mid-epoch 15 "
-        "with no error and no 'torchrun exited' line are read as a hang or a log copied while the "
-        "job ran; qacct.txt's 'failed       37  : qmaster enforced h_rt, h_cpu, or h_vmem limit' "
-        "and 'exit_status  137 (Killed)' (category '-l h_rt=40,h_vmem=2G -pe smp 2') are not read "
-        "as Grid Engine's time limit"
-    ),
     "heap-rise": (
-        "hang with status unknown (INF212, 0.3) instead of host-oom: the logs stopping in epoch "
-        "11 are read as a hang; qacct.txt's 'failed       37  : qmaster enforced h_rt, h_cpu, or "
-        "h_vmem limit', 'exit_status  137 (Killed)' and 'maxvmem      2.348GB' against the "
-        "category's h_vmem=1200M x 2 slots (h_rt=600 not reached) are not read as the execd's "
-        "memory kill"
-    ),
-    "hand-stop": (
-        "hang with status unknown (INF212, 0.3) instead of preempted: the logs stopping as epoch "
-        "5 starts are read as a hang; qacct.txt's '$ qdel 36' / 'root has registered the job 36 "
-        "for deletion' and 'failed       100 : assumedly after job', 'exit_status  137 (Killed)' "
-        "are not read as the user's cancellation through the scheduler"
+        "failed, preempted (LCH109, 0.6) since session 42 (a hang of unknown status, INF212, at "
+        "first sight) instead of host-oom: qacct.txt's 'failed       37  : qmaster enforced "
+        "h_rt, h_cpu, or h_vmem limit' is read as Grid Engine ending the job at a limit (its fix "
+        "says to compare maxvmem with h_vmem), but 'maxvmem      2.348GB' against the category's "
+        "h_vmem=1200M x 2 slots (h_rt=600 not reached) is not weighed: which limit it was"
     ),
     "bare-hand": (
         "python-exception (PY104, 0.9) instead of launcher-env-missing: 'torchrun: error: "

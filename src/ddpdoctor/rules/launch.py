@@ -1419,6 +1419,21 @@ SLURM_TERMINATED = Rule(
             ": job killed after",
             echo=Echo.STOPPED,
         ),
+        # Grid Engine (Son of Grid Engine 8.1.9): qdel's answer to the user ('root has registered
+        # the job 36 for deletion'), and qacct's record of a job the qmaster ended at one of its
+        # limits ('failed       37  : qmaster enforced h_rt, h_cpu, or h_vmem limit': which one,
+        # its 'maxvmem' against the h_vmem of its 'category' says)
+        Signature(
+            r"\bhas registered the job \d{1,12}(?:\.\d{1,9})? for deletion",
+            "for deletion",
+            echo=Echo.STOPPED,
+        ),
+        Signature(
+            r"^failed\s{1,20}37\s{0,4}: (?P<reason>qmaster enforced h_rt, h_cpu,? or h_vmem "
+            r"limit)",
+            "qmaster enforced h_rt",
+            echo=Echo.STOPPED,
+        ),
         # MPICH's / Intel MPI's Hydra at its own time limit (MPIEXEC_TIMEOUT; src/pm/hydra's
         # pmiserv_pmci.c: 'APPLICATION TIMED OUT, TIMEOUT = 40s'), then it kills every process
         # with SIGKILL ('KILLED BY SIGNAL: 9' in its boxes): the launcher's kills
@@ -1521,6 +1536,16 @@ SLURM_TERMINATED = Rule(
         fix="Checkpoint regularly and resume (requeue), or ask for a longer time limit.",
         false_positives="A SIGTERM sent by a user looks the same in torchrun's output.",
     ),
+    capture_fix=(
+        (
+            "reason",
+            r"qmaster enforced .{1,60}",
+            "Grid Engine ended the job at one of its limits: compare the qacct record's maxvmem "
+            "with the h_vmem of its category line (memory: lower what each rank holds, or ask "
+            "for more h_vmem per slot) and its ru_wallclock with h_rt (run time: ask for more, or "
+            "save checkpoints and resume; qsub -notify sends SIGUSR2 first).",
+        ),
+    ),
     fix=(
         "Save checkpoints periodically and resume on restart (Slurm --requeue / --signal=USR1@120).",
         "Ask for a longer time limit (--time) if the job simply needs it.",
@@ -1551,6 +1576,9 @@ SLURM_TERMINATED = Rule(
         "Terminated",
         "./train.sh: line 12:  4242 Terminated              python train.py --epochs 3",
         "[mpiexec@node01] APPLICATION TIMED OUT, TIMEOUT = 40s",
+        # set 161 (Son of Grid Engine 8.1.9)
+        "root has registered the job 36 for deletion",
+        "failed       37  : qmaster enforced h_rt, h_cpu, or h_vmem limit",
     ),
     negative=(
         "  Message:          Pod was rejected as the node is shutting down.",
