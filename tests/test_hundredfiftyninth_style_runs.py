@@ -49,7 +49,9 @@ the gloo abort to rank 0, solo-tally): 11 of 16. wall-bell now reads as host OOM
 and 2 (Hydra's own time limit kills every rank with SIGKILL), list-gap names rank 3 only.
 Since (session 42): Hydra's 'APPLICATION TIMED OUT, TIMEOUT = 40s' is the launcher's time limit
 (LCH109), and a whole-job stop printed above the deaths it caused in the same output is not
-their echo, while the SIGKILLs after it are its escalation: wall-bell right, 12 of 16.
+their echo, while the SIGKILLs after it are its escalation: wall-bell right, 12 of 16. And
+Hydra's -prepend-rank label ('[3] message') is the writer's rank, so rank 3's '464 samples, 15
+steps/epoch' against the others' 512 and 16 is read: thin-crate right, 13 of 16.
 """
 
 from __future__ import annotations
@@ -164,13 +166,6 @@ MISSES: dict[str, str] = {
         "collectives; rank 2, the one rank without an error, silent since epoch 3 began and "
         "SIGKILLed by Hydra after the box for rank 1 ('=   EXIT CODE: 1'), is not singled out as "
         "the stuck one"
-    ),
-    "thin-crate": (
-        "collective-mismatch on ranks 1 and 3 (INF203, 0.6) instead of uneven-inputs on rank 3: "
-        "rank 3's '[3] /tmp/synth/shard_03.npz: 464 samples, 15 steps/epoch' against the others' "
-        "512 samples and 16 steps is not read as fewer batches; rank 3 timing out in the epoch's "
-        "loss all_reduce (train.py:379) while the others wait in their 16th step is taken as "
-        "divergent collectives, with rank 1 (forward's buffer broadcast) named beside it"
     ),
 }
 

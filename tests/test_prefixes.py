@@ -1100,3 +1100,16 @@ def test_colberts_run_print_names_the_time_and_the_rank() -> None:
     alone = parse_line("[Dec 07, 05:47:19] #> Starting...", 2026)
     assert alone.origin.rank is None and alone.text == "#> Starting..."
     assert parse_line("[1] \t\t #> Loss flat").origin.rank is None
+
+
+def test_hydras_rank_label_names_the_writer() -> None:
+    """MPICH's / Intel MPI's Hydra with -prepend-rank: '[3] message' is MPI rank 3's line
+    (tests/fixtures/real/hundredfiftyninth-*); not NCCL's device tag left where a paste cut the
+    'host:pid:tid ' head off, nor a line that only starts with a bracketed date."""
+    line = parse_line("[3] /tmp/synth/shard_03.npz: 464 samples, 15 steps/epoch, val 128")
+    assert (line.origin.rank, line.text) == (
+        3,
+        "/tmp/synth/shard_03.npz: 464 samples, 15 steps/epoch, val 128",
+    )
+    assert parse_line("[0] NCCL INFO NCCL_IB_DISABLE set by environment to 0.").origin.rank is None
+    assert parse_line("[2023-07-11 15:02:36] step 5").origin.rank is None

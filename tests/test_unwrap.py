@@ -205,3 +205,15 @@ def test_a_paste_piped_in_is_read_as_the_same_paste_in_a_file(prefix: str, tmp_p
     want = diagnose_paths([str(_log(prefix).parent)]).verdict
     for got in (from_file["verdict"], from_stdin["verdict"]):
         assert (got["status"], got["kind"], got["rule"]) == (want.status, want.kind, want.rule)
+
+
+def test_bracketed_line_numbers_are_a_viewers_not_ranks() -> None:
+    """'[1] ', '[2] ', '[3] ' counting up line by line are a viewer's numbers, taken away; the
+    same brackets repeating a few numbers are Hydra's rank labels, kept."""
+    numbered = b"[1] epoch 1 step 1\n[2] epoch 1 step 2\n[3] Traceback (most recent call last):\n"
+    assert (
+        unnumber(numbered)
+        == b"epoch 1 step 1\nepoch 1 step 2\nTraceback (most recent call last):\n"
+    )
+    ranks = b"[0] epoch 1\n[1] epoch 1\n[0] epoch 2\n[1] epoch 2\n"
+    assert unnumber(ranks) == ranks

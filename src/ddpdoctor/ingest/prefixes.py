@@ -139,6 +139,12 @@ PDSH_ADDRESS = re.compile(r"(?P<host>\d{1,3}(?:\.\d{1,3}){3}):\s")
 # largest task id (`%*d: `): spaces and digits five at most together. Not a listing's numbered
 # rows indented further (DeepSpeed's pipeline partition, '     5: LMHeadPipe').
 SLURM = re.compile(r"(?=[ \d]{1,5}: ) *(?P<task>\d{1,5}): ")
+# MPICH's / Intel MPI's Hydra with -prepend-rank (-l): '[3] message', the MPI rank of the
+# process that wrote it (a viewer's bracketed line numbers, counting up line by line, are taken
+# away before: ingest/unwrap.unnumber)
+# (not NCCL's device tag left at the start of a line whose 'host:pid:tid ' head a paste cut
+# off: '[0] NCCL INFO ...')
+HYDRA_RANK = re.compile(r"\[(?P<task>\d{1,5})\] (?=\S)(?!NCCL )")
 # pdsh / DeepSpeed multi-node: `worker-1: `; a host-like token with a digit or a dash.
 # (not a rank's own tag, "rank1: ", which the program prints: see RANK_MARKS)
 PDSH = re.compile(
@@ -1094,6 +1100,16 @@ def parse_line(raw: str, year: int = 1970, with_time: bool = True, depth: int = 
         m = (
             SLURM.match(text, pos)
             if pos in (line_start, collected_at) and (digit or c == " ")
+            else None
+        )
+        if m:
+            slurm_task = out.task = rank_number(m.group("task"))
+            prefix_parts.append(m.group(0).strip())
+            pos = m.end()
+            continue
+        m = (
+            HYDRA_RANK.match(text, pos)
+            if c == "[" and pos == line_start and not prefix_parts
             else None
         )
         if m:

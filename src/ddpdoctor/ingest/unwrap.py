@@ -209,10 +209,11 @@ def compose(joins: tuple[int, ...], blanks: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(sorted(taken))
 
 
-NUMBERED = re.compile(rb"^ *(\d{1,9})(?: ?([:|]|\xe2\x94\x82) ?|[\t ])")
+NUMBERED = re.compile(rb"^(?: *(\d{1,9})(?: ?([:|]|\xe2\x94\x82) ?|[\t ])|\[(\d{1,9})(\]) )")
 """A viewer's line number before each line: `cat -n` ('     12\t'), `nl`, `less -N` ('     12 '),
-a gutter with a bar ('  12 | ', '  12 │ ': web log viewers, editors) or a colon ('12: ',
-`grep -n ''`)."""
+a gutter with a bar ('  12 | ', '  12 │ ': web log viewers, editors), a colon ('12: ',
+`grep -n ''`) or brackets ('[12] ': which is also how MPICH's Hydra labels each rank's lines,
+repeating a few numbers, never counting up line by line)."""
 MIN_NUMBERED = 3
 MIN_COLON_NUMBERED = 10
 """A colon after a number is also how srun labels its tasks ('0: ', '1: ', '2: '): only a
@@ -225,8 +226,8 @@ def unnumber(data: bytes) -> bytes:
     started where a log line starts. Only when every line that holds text starts with a
     number, the same separator after each, and the numbers count its lines (one more each
     line, or each line holding text). Lines keep their numbers."""
-    if not data[:1].isdigit() and data[:1] != b" ":
-        return data  # the first line starts with neither: nearly every log, one look
+    if not data[:1].isdigit() and data[:1] not in (b" ", b"["):
+        return data  # the first line starts with none of them: nearly every log, one look
     lines = data.split(b"\n")
     numbered: list[tuple[int, int, int]] = []  # (line index, its number, where the text starts)
     separators: set[bytes] = set()
@@ -236,8 +237,8 @@ def unnumber(data: bytes) -> bytes:
         m = NUMBERED.match(line)
         if m is None:
             return data
-        separators.add(m.group(2) or b"")
-        numbered.append((index, int(m.group(1)), m.end()))
+        separators.add(m.group(2) or m.group(4) or b"")
+        numbered.append((index, int(m.group(1) or m.group(3)), m.end()))
     if len(separators) > 1 or len(numbered) < (
         MIN_COLON_NUMBERED if b":" in separators else MIN_NUMBERED
     ):
