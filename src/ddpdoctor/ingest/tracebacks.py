@@ -241,7 +241,13 @@ def _may_hold_frame(raw: bytes) -> bool:
     """Whether parsing `raw` could give a frame line: nearly every line walked over is not
     one, and this test costs a parse's fraction (10,000 rank files parsed 35,000 lines above
     a writer's warning only to learn they were not frames)."""
-    return b"File" in raw or b"\\" in raw or b"\x1b" in raw or b"\x00" in raw  # FRAME_MAKERS
+    return (
+        b"File" in raw
+        or b"Cell In" in raw  # IPython's notebook cell frame
+        or b"\\" in raw
+        or b"\x1b" in raw
+        or b"\x00" in raw  # FRAME_MAKERS
+    )
 
 
 def carried_on(context: list[str]) -> bool:
