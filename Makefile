@@ -93,10 +93,15 @@ browser:
 # inventory on 1 MB lines (4.6 min for the probe alone here, over 5 on CI's machine; 6.5 min for
 # the mutated real logs there), so the per-test limit is 30 min, not pyproject's 5; a stalled
 # regex is still stopped after 60 s by the probe's own watch. Also every secret format through
-# every report format (tests/test_redaction_cli.py; `make test` runs a third of them).
+# every report format (tests/test_redaction_cli.py; `make test` runs a third of them), and the
+# checks over every real capture and real line: the order-invariance test of every capture, the
+# prefilters' and redaction hints' agreement on every real line, 60 dense-scan cases (`make test`
+# runs a stable third of the captures and lines, 20 dense cases: tests/conftest.py tier_sample).
 fuzz: $(STAMP)
 	DDPDOCTOR_FUZZ=full $(BIN)/python -m pytest -q -p no:cacheprovider --timeout 1800 \
 		tests/test_fuzz.py tests/test_linear_time.py tests/test_redaction_cli.py \
+		tests/test_order_invariance.py tests/test_dense_scan.py tests/test_prefilters.py \
+		tests/test_suffix_safe.py tests/test_redaction.py \
 		--hypothesis-show-statistics
 
 docs: $(STAMP)

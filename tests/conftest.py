@@ -11,7 +11,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
@@ -165,3 +165,15 @@ def hung_run(tmp_path_factory: pytest.TempPathFactory) -> HungRun:
         str(REPO / "tests" / "programs" / "run_train.py"), "hang", timeout=180,
     )  # fmt: skip
     return HungRun(run_dir, proc)
+
+
+T = TypeVar("T")
+
+FULL_TIER = os.environ.get("DDPDOCTOR_FUZZ") == "full"
+"""`make fuzz` (DDPDOCTOR_FUZZ=full, run by CI after `make test`): the tiers over every real
+line and every real capture; `make test` runs a stable third of them, to stay within its time."""
+
+
+def tier_sample(items: list[T]) -> list[T]:
+    """Every item in the full tier, else every third (the same ones each run)."""
+    return items if FULL_TIER else items[::3]

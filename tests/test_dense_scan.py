@@ -29,7 +29,7 @@ from ddpdoctor.ingest.bounds import rank_number
 from ddpdoctor.ingest.sources import Input
 from ddpdoctor.report.to_json import report_to_dict
 from ddpdoctor.rules.registry import all_rules
-from tests.conftest import REPO
+from tests.conftest import FULL_TIER, REPO
 
 # A real comm line (corpus case 006, an ASR job on 16 GPUs), and lines in the formats NCCL's
 # init.cc and net.cc print, as benchmarks/generate.py writes them.
@@ -124,7 +124,9 @@ SCANNERS = {e: _scanners(e) for e in ("stdlib", *(["auto"] if hyperscan_availabl
 
 @pytest.mark.parametrize("engine", list(SCANNERS))
 @settings(
-    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=60 if FULL_TIER else 20,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(lines=lines_st, repeat=st.sampled_from([1, 2, 1100]))
 def test_repeats_dropped_on_their_bytes_lose_no_value(

@@ -12,6 +12,7 @@ from ddpdoctor.analysis.behaviour import DATA_ENDED, _said_data_ended
 from ddpdoctor.analysis.phases import BUSY_PHASE, busy_phase
 from ddpdoctor.ingest.prefixes import parse_line
 from ddpdoctor.ingest.tracebacks import FRAME_LINE, _may_hold_frame
+from tests.conftest import tier_sample
 
 ROOT = Path(__file__).resolve().parent.parent
 EACH_ALTERNATIVE = [
@@ -44,7 +45,7 @@ def _real_lines() -> list[str]:
             if path.is_file() and path.suffix in (".log", ".txt", ".out", ".err", ""):
                 text = path.read_bytes()[: 256 * 1024].decode("utf-8", errors="replace")
                 lines.extend(text.splitlines())
-    return lines
+    return tier_sample(lines)
 
 
 def test_busy_words_agree_with_the_regex_on_real_lines() -> None:

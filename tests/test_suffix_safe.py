@@ -12,7 +12,7 @@ import pytest
 from ddpdoctor.analysis.engine import plain_line, suffix_safe
 from ddpdoctor.analysis.parallel import _scanner
 from ddpdoctor.ingest.prefixes import parse_line
-from tests.conftest import REPO
+from tests.conftest import REPO, tier_sample
 
 
 @pytest.mark.parametrize(
@@ -58,7 +58,7 @@ def _real_lines() -> list[str]:
                 for raw in data.split(b"\n")
                 if raw and plain_line(raw) and raw.isascii()
             )
-    return lines
+    return tier_sample(lines)
 
 
 def test_no_match_in_a_plain_line_means_none_in_its_message() -> None:
