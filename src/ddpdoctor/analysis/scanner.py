@@ -1154,6 +1154,8 @@ class Scanner:
         for key, raw in last_raw.items():  # the time of each writer's last progress line only
             newest = parse(raw)
             streams[key].last_progress_time = last = newest.time
+            if last is None and not labels.nodes:
+                continue  # no pace without it (and reading a line again teaches labels nothing)
             earlier = parse(prev_raw[key]) if key in prev_raw else None
             if earlier and last and earlier.time and earlier.time >= last and key in prev2_raw:
                 earlier = parse(prev2_raw[key])
@@ -1206,8 +1208,9 @@ def _planned(messages: list[str], lines: list[int]) -> Planned | None:
 
 
 STEP_COUNT = re.compile(
-    r"(?i)\b(?:step|iter(?:ation)?|batch|epoch|it|kimg|round)\b\D{0,3}?(?P<after>\d{1,12})|"
-    + ANY_COUNTER.pattern
+    # (opened by the characters its alternatives start with: `re` then skips other places in C)
+    r"(?i)(?=[sibekr\d])(?:\b(?:step|iter(?:ation)?|batch|epoch|it|kimg|round)\b\D{0,3}?"
+    r"(?P<after>\d{1,12})|" + ANY_COUNTER.pattern + ")"
 )
 
 
@@ -1584,9 +1587,7 @@ def _record(parsed: ParsedLine, display: str, line_no: int, file_origin: Origin)
         source=display,
         line=line_no,
         text=parsed.text,
-        origin=Origin(
-            parsed.origin.rank, parsed.origin.local_rank, parsed.origin.host, parsed.origin.pid
-        ).merged_with(file_origin),
+        origin=parsed.origin.merged_with(file_origin),  # (a new Origin: the record's own)
         time=parsed.time,
         level=parsed.level,
         stream_key=f"{display}|{parsed.prefix}",

@@ -849,6 +849,18 @@ def parse_line(raw: str, year: int = 1970, with_time: bool = True, depth: int = 
             _take_glog(m, out, with_time, year)
             pos = m.end()
             continue
+        # ... and DeepSpeed's '[WARNING] [stage3.py:2117:step] ' after its time: the formats
+        # before BRACKET_LEVEL_CALLER in the chain that may start at a '[' and a level's
+        # letter need a digit, a ':' or '|', or a date where its level is followed by '] ['
+        if (
+            bracket
+            and platform_ok
+            and nxt in "DIWEC"
+            and (m := BRACKET_LEVEL_CALLER.match(text, pos))
+        ):
+            out.level = _level_of(m)
+            pos = m.end()
+            continue
         if c in "DIWEC" and (lt := LEVEL_TIME_CALLER.match(text, pos)):
             if with_time:
                 out.time = out.time or _parse_iso(lt.group("ts"))
