@@ -883,7 +883,11 @@ class Scanner:
                     chunk, start, parsed.prefix, src.parse, src.parsed_at
                 )
             ctx_records = [_record(p, display, line_no - back, file_origin) for back, p in context]
-            ctx_text = "\n".join(p.text for _, p in context) + "\n" + parsed.text
+            ctx_text = (  # (most hits have no lines above them: no join)
+                "\n".join(p.text for _, p in context) + "\n" + parsed.text
+                if context
+                else "\n" + parsed.text
+            )
             if not rule.context_ok(ctx_text):
                 continue
             if record.time is None:
@@ -902,9 +906,10 @@ class Scanner:
             src.touched.add(target.rule_index)
             suggests = target.signature is not None and target.signature.suggests
             echo = rule.echo_of(target.signature)
-            handled = carried_on([p.text for _, p in context])
+            handled = bool(context) and carried_on([p.text for _, p in context])
             # any signature of the rule may say so, not only the one the scan matched first
-            store_host = any(p.search(parsed.text) for p in rule.store_host_patterns)
+            hosts = rule.store_host_patterns
+            store_host = bool(hosts) and any(p.search(parsed.text) for p in hosts)
             hit_of[rule.code] = Hit(
                 rule.code,
                 record,
