@@ -883,7 +883,11 @@ class Scanner:
                     chunk, start, parsed.prefix, src.parse, src.parsed_at
                 )
             ctx_records = [_record(p, display, line_no - back, file_origin) for back, p in context]
-            ctx_text = "\n".join(p.text for _, p in context) + "\n" + parsed.text
+            ctx_text = (  # (most hits have no lines above them: no join)
+                "\n".join(p.text for _, p in context) + "\n" + parsed.text
+                if context
+                else "\n" + parsed.text
+            )
             if not rule.context_ok(ctx_text):
                 continue
             if record.time is None:
@@ -902,9 +906,10 @@ class Scanner:
             src.touched.add(target.rule_index)
             suggests = target.signature is not None and target.signature.suggests
             echo = rule.echo_of(target.signature)
-            handled = carried_on([p.text for _, p in context])
+            handled = bool(context) and carried_on([p.text for _, p in context])
             # any signature of the rule may say so, not only the one the scan matched first
-            store_host = any(p.search(parsed.text) for p in rule.store_host_patterns)
+            hosts = rule.store_host_patterns
+            store_host = bool(hosts) and any(p.search(parsed.text) for p in hosts)
             hit_of[rule.code] = Hit(
                 rule.code,
                 record,
@@ -1154,6 +1159,8 @@ class Scanner:
         for key, raw in last_raw.items():  # the time of each writer's last progress line only
             newest = parse(raw)
             streams[key].last_progress_time = last = newest.time
+            if last is None and not labels.nodes:
+                continue  # no pace without it (and reading a line again teaches labels nothing)
             earlier = parse(prev_raw[key]) if key in prev_raw else None
             if earlier and last and earlier.time and earlier.time >= last and key in prev2_raw:
                 earlier = parse(prev2_raw[key])
@@ -1206,8 +1213,9 @@ def _planned(messages: list[str], lines: list[int]) -> Planned | None:
 
 
 STEP_COUNT = re.compile(
-    r"(?i)\b(?:step|iter(?:ation)?|batch|epoch|it|kimg|round)\b\D{0,3}?(?P<after>\d{1,12})|"
-    + ANY_COUNTER.pattern
+    # (opened by the characters its alternatives start with: `re` then skips other places in C)
+    r"(?i)(?=[sibekr\d])(?:\b(?:step|iter(?:ation)?|batch|epoch|it|kimg|round)\b\D{0,3}?"
+    r"(?P<after>\d{1,12})|" + ANY_COUNTER.pattern + ")"
 )
 
 
@@ -1584,9 +1592,7 @@ def _record(parsed: ParsedLine, display: str, line_no: int, file_origin: Origin)
         source=display,
         line=line_no,
         text=parsed.text,
-        origin=Origin(
-            parsed.origin.rank, parsed.origin.local_rank, parsed.origin.host, parsed.origin.pid
-        ).merged_with(file_origin),
+        origin=parsed.origin.merged_with(file_origin),  # (a new Origin: the record's own)
         time=parsed.time,
         level=parsed.level,
         stream_key=f"{display}|{parsed.prefix}",

@@ -74,13 +74,18 @@ def origin_from_path(path: str) -> Origin:
         origin.local_rank = rank_number(parts[-2])
     name = parts[-1]  # the rank may follow a dot too: train.rank2.log
     stem = name.split(".", 1)[0]
-    m = LOCAL_RANK_NAME.search(name)
+    # each case-blind search only where its word is: on ASCII, where case folding only maps
+    # letters (it folds a few others into ASCII ones), in the lower-cased name (this runs for
+    # each of 10,000 rank files in the scan and again in the job's building)
+    lower = name.lower() if name.isascii() else None
+    m = LOCAL_RANK_NAME.search(name) if lower is None or "local" in lower else None
     if m and origin.local_rank is None:
         origin.local_rank = int(m.group(1))
-    m = DEVICE_SUFFIX.search(stem)
+    m = DEVICE_SUFFIX.search(stem) if lower is None or "gpu" in lower else None
     if m and origin.local_rank is None:
         origin.local_rank = int(m.group(1))
-    origin.rank = _global_rank(name)
+    if lower is None or "rank" in lower or "std_log_process_" in lower:
+        origin.rank = _global_rank(name)
     m = HOST_NAME.match(stem)
     if m:
         origin.host = m.group(1)

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import lru_cache
 
-from ddpdoctor.ingest.bounds import pid_number, plausible_time, rank_number
+from ddpdoctor.ingest.bounds import MAX_NUMBER_DIGITS, pid_number, plausible_time, rank_number
 from ddpdoctor.ingest.filenames import origin_from_path
 from ddpdoctor.ingest.json_lines import JsonRecord, read_json_record
 from ddpdoctor.model.records import Origin
@@ -687,27 +687,94 @@ SMALL_NUMBERS = {str(n): n for n in range(4096)}
 """rank_number of the ranks and devices nearly every line names, without its checks."""
 
 
-def _take_torchrun(m: re.Match[str], origin: Origin, prefix_parts: list[str]) -> None:
+_Tag = tuple[bool, int | None, str]
+"""torchrun's tag read: whether it names the global rank (else the local one), its number, its
+prefix part."""
+
+
+def _torchrun_told(m: re.Match[str]) -> _Tag:
     role, num, bare = m.group("role", "num", "bare")
     digits = num or bare
     number = SMALL_NUMBERS.get(digits)
     if number is None:
         number = rank_number(digits)
-    if role is not None and role.lower() == "rank":
-        origin.rank = number
+    return role is not None and role.lower() == "rank", number, m.group(0).strip()
+
+
+def _take_torchrun(m: re.Match[str], origin: Origin, prefix_parts: list[str]) -> None:
+    _take_tag(_torchrun_told(m), origin, prefix_parts)
+
+
+def _take_tag(tag: _Tag, origin: Origin, prefix_parts: list[str]) -> None:
+    if tag[0]:
+        origin.rank = tag[1]
     else:
-        origin.local_rank = number
-    prefix_parts.append(m.group(0).strip())
+        origin.local_rank = tag[1]
+    prefix_parts.append(tag[2])
 
 
-def _take_nccl(m: re.Match[str], origin: Origin, prefix_parts: list[str]) -> None:
+@lru_cache(maxsize=4096)
+def _torchrun_tag(tag: str) -> _Tag | None:
+    """TORCHRUN at the start of `tag`, read once per process rather than once per line: the
+    same '[rank3]:' opens every line of a rank file. At a '[r' (parse_line's shortcut) only
+    TORCHRUN's first alternative can match, and no part of it before its ']:' holds a ']':
+    on a line it matches what it matches on the line's start up to its first ']' and the
+    character after (`tag`), but for the one blank its `\\s?` may take after it."""
+    m = TORCHRUN.match(tag)
+    return _torchrun_told(m) if m is not None else None
+
+
+_Head = tuple[str, int | None, int | None, str, int]
+"""NCCL's head read: its host, pid, device (the local rank), prefix part, and length."""
+
+
+def _nccl_told(m: re.Match[str]) -> _Head:
     host, pid, dev = m.group("host", "pid", "dev")
+    device = SMALL_NUMBERS.get(dev)
+    if device is None:
+        device = rank_number(dev)
+    return host, pid_number(pid), device, f"{host}:{pid}", m.end() - m.start()
+
+
+def _take_nccl(m: re.Match[str], origin: Origin, prefix_parts: list[str]) -> int:
+    """Takes NCCL's head into the line's origin and prefix; its length."""
+    return _take_head(_nccl_told(m), origin, prefix_parts)
+
+
+def _take_head(head: _Head, origin: Origin, prefix_parts: list[str]) -> int:
+    host, pid, device, part, length = head
     origin.host = origin.host or host
-    origin.pid = pid_number(pid)
+    origin.pid = pid
     if origin.local_rank is None:
-        number = SMALL_NUMBERS.get(dev)
-        origin.local_rank = number if number is not None else rank_number(dev)
-    prefix_parts.append(f"{host}:{pid}")
+        origin.local_rank = device
+    prefix_parts.append(part)
+    return length
+
+
+@lru_cache(maxsize=4096)
+def _nccl_head(head: str) -> _Head | None:
+    """NCCL at the start of `head` (a line's start up to its first '] NCCL ', and that ']
+    '), read once per process rather than once per line: a rank file's NCCL lines share a few
+    heads. No part of NCCL's match but its last holds a ']', so a match ends at the first
+    '] NCCL ' after its start, and reads nothing past it but the 'NCCL ' it looks for."""
+    m = NCCL.match(head + "NCCL ")
+    return _nccl_told(m) if m is not None else None
+
+
+def _take_glog(m: re.Match[str], out: ParsedLine, with_time: bool, year: int) -> None:
+    out.level = LEVEL_NAMES.get(m.group("level"))
+    if with_time and m.group("md"):
+        out.time = out.time or _glog_time(m.group("md"), m.group("hms"), year)
+    pid = m.group("pid")
+    if pid:
+        out.origin.pid = _pid(pid) if len(pid) <= MAX_NUMBER_DIGITS else None
+
+
+@lru_cache(maxsize=1024)
+def _pid(digits: str) -> int | None:
+    """pid_number of a short number: a writer's pid is on each of its glog lines. (Longer
+    ones, all refused by pid_number, are not kept.)"""
+    return pid_number(digits)
 
 
 def parse_line(raw: str, year: int = 1970, with_time: bool = True, depth: int = 0) -> ParsedLine:
@@ -715,8 +782,8 @@ def parse_line(raw: str, year: int = 1970, with_time: bool = True, depth: int = 
     `with_time=False` leaves `time` unset: parsing it is a third of the cost, and a caller
     that only learns who wrote a line does not need it."""
     text = clean(raw)
-    out = ParsedLine(text=text)
-    origin = out.origin
+    origin = Origin()
+    out = ParsedLine(text, origin)
     prefix_parts: list[str] = []
     pos = 0
     platform_tags = 0
@@ -751,10 +818,11 @@ def parse_line(raw: str, year: int = 1970, with_time: bool = True, depth: int = 
         # it in the chain below can match (the chain then gives the same result, slower):
         # torchrun's '[rank3]:' at a '[r' that opens no Determined '[rank=' tag...
         if bracket and nxt == "r" and not text.startswith("[rank=", pos):
-            m = TORCHRUN.match(text, pos)
-            if m:
-                _take_torchrun(m, origin, prefix_parts)
-                pos = m.end()
+            close = text.find("]", pos) + 2  # (after the ':' that must follow it)
+            tag = _torchrun_tag(text[pos:close]) if close > 1 else None
+            if tag is not None:
+                _take_tag(tag, origin, prefix_parts)
+                pos = close + 1 if close < end and text[close].isspace() else close
                 continue
         # ... and the message itself, after a prefix: a letter no format but NCCL's (and
         # after a time, OLMo's and Determined's, which need a tab or '||' near) starts with
@@ -768,11 +836,37 @@ def parse_line(raw: str, year: int = 1970, with_time: bool = True, depth: int = 
                 or (text.find("\t", pos, pos + 66) <= 0 and text.find("||", pos, pos + 40) <= 0)
             )
         ):
-            m = NCCL.match(text, pos) if text.find(NCCL_MARK, pos) >= 0 else None
-            if m:
-                _take_nccl(m, origin, prefix_parts)
-                pos = m.end()
+            mark = text.find(NCCL_MARK, pos) + 2
+            nccl = _nccl_head(text[pos:mark]) if mark > 1 else None
+            if nccl is not None:
+                pos += _take_head(nccl, origin, prefix_parts)
             break
+        # ... and glog's header after a prefix ('[rank3]:W0612 10:00:00.48 4242 f.cpp:42] '),
+        # a level's letter and a digit: the formats before GLOG in the chain need another
+        # letter after a level's first, the line's start, a time before them, or a bracket
+        if (
+            c in GLOG_LEVELS
+            and nxt.isdigit()
+            and not platform_ok
+            and pos != line_start
+            and pos != collected_at
+            and (m := GLOG.match(text, pos))
+        ):
+            _take_glog(m, out, with_time, year)
+            pos = m.end()
+            continue
+        # ... and DeepSpeed's '[WARNING] [stage3.py:2117:step] ' after its time: the formats
+        # before BRACKET_LEVEL_CALLER in the chain that may start at a '[' and a level's
+        # letter need a digit, a ':' or '|', or a date where its level is followed by '] ['
+        if (
+            bracket
+            and platform_ok
+            and nxt in "DIWEC"
+            and (m := BRACKET_LEVEL_CALLER.match(text, pos))
+        ):
+            out.level = _level_of(m)
+            pos = m.end()
+            continue
         if c in "DIWEC" and (lt := LEVEL_TIME_CALLER.match(text, pos)):
             if with_time:
                 out.time = out.time or _parse_iso(lt.group("ts"))
@@ -1028,11 +1122,7 @@ def parse_line(raw: str, year: int = 1970, with_time: bool = True, depth: int = 
             else None
         )
         if m:
-            out.level = LEVEL_NAMES.get(m.group("level"))
-            if with_time and m.group("md"):
-                out.time = out.time or _glog_time(m.group("md"), m.group("hms"), year)
-            if m.group("pid"):
-                origin.pid = pid_number(m.group("pid"))
+            _take_glog(m, out, with_time, year)
             pos = m.end()
             continue
         m = (
