@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from ddpdoctor.analysis.diagnose import diagnose_paths
-from ddpdoctor.analysis.phases import BUSY_PHASE
+from ddpdoctor.analysis.phases import BUSY_PHASE, slow_unit_of_work
 from tests.program_runs import REAL
 
 
@@ -159,3 +159,21 @@ def test_a_silent_rank_whose_unprefixed_lines_count_the_parts_of_its_work_is_bus
     blocked silently (INF211)."""
     v = diagnose_paths([str(REAL / mode)]).verdict
     assert (v.kind, v.rule, v.culprit.ranks) == ("slow-rank-timeout", "INF201", [rank])
+
+
+@pytest.mark.parametrize(
+    ("line", "slow"),
+    [
+        # tests/fixtures/real/hundredsixtysecond-drip-read, rank 1's last words
+        ("rank 1: read part-00001.npy (2560 rows, 12.0s)", True),
+        ("building the feature cache took 45.2 s", True),
+        ("rank 0: read part-00000.npy (2560 rows, 0.0s)", False),
+        ("epoch 3 took 2.5s", False),
+        ("Timed out waiting 15000ms for recv operation to complete", False),
+        ("saved checkpoint (12 files)", False),
+    ],
+)
+def test_a_slow_piece_of_work_reported(line: str, slow: bool) -> None:
+    """A last line that reports a piece of the rank's own work of ten seconds or more: the rank
+    was slow at that work (busy), not blocked."""
+    assert slow_unit_of_work(line) is slow

@@ -40,6 +40,8 @@ Since (session 42): TorchDistributor's 'Finished local training with N processes
 (calm-bag, loud-bag right), IPython's frames ('File /path/mod.py:474, in f(...)', '---> 474
 ...') are a traceback's (stop-press's KeyboardInterrupt now read as a Ctrl-C, still a miss),
 and the driver's 'TorchDistributor failed during training.' is the launcher's report: 11 of 16.
+Then a rank whose last words report a piece of its work that took ten seconds or more ('rank 1:
+read part-00001.npy (2560 rows, 12.0s)') was at the next one, busy (drip-read right): 12 of 16.
 """
 
 from __future__ import annotations
@@ -131,12 +133,6 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "drip-read": (
-        "hang on rank 1 (INF211, 0.55) instead of slow-rank-timeout: rank right, kind wrong; "
-        "rank 1's 'rank 1: read part-00001.npy (2560 rows, 12.0s)' (rank 0's parts took 0.0s), "
-        "printed just before rank 0 timed out in DDP's constructor, is not read as work rank 1 "
-        "announced: the rule finds it 'announced no work of its own', so blocked rather than busy"
-    ),
     "short-part": (
         "collective-mismatch on rank 1 (COL101, 0.9) instead of uneven-inputs: rank right, kind "
         "wrong; gloo's 'op.preamble.length <= op.nbytes. 49732 vs 264' abort on rank 1 is read "

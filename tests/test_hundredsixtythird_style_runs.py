@@ -38,7 +38,8 @@ Since (session 42): a RendezvousClosedError is the echo of a failure elsewhere i
 agent that closed the rendezvous gave up on its own workers' failure), and 'Early stopping by
 optimizing ...' is what early stopping will watch, not a stop: attr-slip, shard-rot,
 heap-swell, null-poke, solo-bleu, node-gone and clock-quit right, 14 of 16; shard-crawl's
-silent rank 2 is now read as blocked (INF211), not busy.
+silent rank 2 was then read as blocked (INF211). Then 'Loading shard ...' announces a phase of
+work like 'Loading the dataset': shard-crawl right, 15 of 16.
 """
 
 from __future__ import annotations
@@ -133,13 +134,6 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "shard-crawl": (
-        "hung, hang on rank 2 (INF211, 0.55) since session 42 (early-stop, INF207, at first "
-        "sight) instead of slow-rank-timeout on rank 2: the culprit is right; rank 2's last "
-        "line, 'Loading shard data/prepared/shard.00006.', with no error of its own before "
-        "node1's agent SIGTERMs it while ranks 1 and 3 time out, is read as a rank blocked "
-        "outside any collective, not one busy loading a shard"
-    ),
     "tail-stuck": (
         "hung, exit-teardown-crash with no culprit (INF210, 0.6) instead of hang on rank 2: the "
         "status is right and so is the reading that every worker had finished ('Training "

@@ -22,7 +22,12 @@ from ddpdoctor.analysis.frames import (
     phase,
 )
 from ddpdoctor.analysis.job import JobView
-from ddpdoctor.analysis.phases import counted_phase, phase_of_work, search_with_words
+from ddpdoctor.analysis.phases import (
+    counted_phase,
+    phase_of_work,
+    search_with_words,
+    slow_unit_of_work,
+)
 from ddpdoctor.analysis.relations import before_attempt, in_earlier_attempt, survived
 from ddpdoctor.analysis.scanner import (
     ANY_COUNTER,
@@ -724,6 +729,8 @@ def _announced_phase(stream: StreamSummary) -> str | None:
     if phase_of_work(stream.last_text):
         return stream.last_text[:80]
     on_progress = stream.last_progress_line == stream.last_line
+    if not on_progress and slow_unit_of_work(stream.last_text):
+        return stream.last_text[:80]  # its last piece of work took seconds: at the next one
     if (
         stream.prev_text
         and (not on_progress or stream.progress_lines == 1)

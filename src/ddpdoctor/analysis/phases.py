@@ -14,7 +14,7 @@ BUSY_PHASE = re.compile(
     r"|(?:running|start(?:ing)?|begin(?:ning)?) (?:the )?(?:evaluation|validation|eval\b)"
     r"|(?:evaluation|validation|eval) (?:start|begin|loop|dataloader|epoch|step|batch|on )"
     r"|^(?:validation|evaluation|eval|testing)\b.{0,40}\d+%\|"
-    r"|tokeniz|preprocess|download|loading (?:the )?(?:dataset|data|checkpoint|model)"
+    r"|tokeniz|preprocess|download|loading (?:the )?(?:dataset|data|checkpoint|model|shard)"
     r"|decod(?:e|ing) (?:the )?(?:images?|audio|videos?|frames?|samples?|data)\b"
     r"|building (?:the |a |its )?(?:[\w-]+ ){0,2}"
     r"(?:index|indices|cache|vocab\w*|dataset|features?\b)"
@@ -119,3 +119,25 @@ def search_with_words(regex: re.Pattern[str], words: tuple[str, ...], text: str)
         if not any(word in lower for word in words):
             return False
     return regex.search(text) is not None
+
+
+SLOW_UNIT = re.compile(
+    r"\((?:[^()\n]{0,80}, )?(?P<s>\d{2,6}(?:\.\d{1,3})?) ?s\)"
+    r"|\btook (?P<took>\d{2,6}(?:\.\d{1,3})?) ?s(?:ec(?:onds?)?)?\b"
+)
+"""A line that reports a piece of the writer's own work and how long it took, ten seconds or
+more: 'read part-00001.npy (2560 rows, 12.0s)', 'building the cache took 45.2 s'."""
+
+
+def slow_unit_of_work(text: str) -> bool:
+    """Whether the line reports a piece of work of ten seconds or more (SLOW_UNIT): a writer
+    whose last words say so was at work that slow, and most likely at the next piece of it."""
+    if "s" not in text:
+        return False
+    m = SLOW_UNIT.search(text)
+    return m is not None and float(m["s"] or m["took"]) >= SLOW_UNIT_S
+
+
+SLOW_UNIT_S = 10.0
+"""The length of one piece of work that makes a writer slow at it (a collective's timeout is
+minutes in real jobs, 10-15 s in the suite's runs)."""
