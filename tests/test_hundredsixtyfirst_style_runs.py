@@ -307,3 +307,16 @@ def test_the_signals_the_aborts_and_the_ranks_that_left() -> None:
     assert "computing band statistics over 87 chips" in crawl
     assert "[rank1]: RuntimeError: [" in crawl and "Timed out waiting 15000ms" in crawl
     assert ("0", "0", "-15") in _exits("stat-crawl") and ("1", "1", "1") in _exits("stat-crawl")
+
+
+def test_the_launchers_own_usage_error_says_so() -> None:
+    """bare-hand: torchrun's own parser rejected the job script's command line ('torchrun:
+    error: unrecognized arguments: --data-root', its usage above: $NSLOTS was empty outside
+    qsub, so --nproc_per_node took the script's path). The first step says the launcher's
+    command line is what is wrong; a script's own usage error does not get that step."""
+    fix = RUNS.report("bare-hand").verdict.fix
+    assert fix[0].startswith("The launcher itself rejected its command line")
+    from ddpdoctor.rules.generic import COMMAND_LINE_REJECTED
+
+    own = ["train.py: error: unrecognized arguments: --data-root"]
+    assert COMMAND_LINE_REJECTED.fix_for_captures(own) == []

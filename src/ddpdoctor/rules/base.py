@@ -125,6 +125,7 @@ CAPTURES: dict[str, str] = {
     "global": "a global name in a pickle",
     "command": "a command the shell could not find",
     "option": "a command-line option the shell ran as a command",
+    "prog": "the program whose argument parser rejected its command line",
 }
 """The capture groups rules may use, with their meaning: a contract between the rules and the
 engine (tests check that every named group of every rule is listed here)."""

@@ -769,7 +769,7 @@ COMMAND_LINE_REJECTED = Rule(
         # (--local_rank's own cases are LCH105's, more specific); a subcommand's prog has
         # spaces ("torchx run <run args...> ddp : error: unrecognized arguments: --epochs")
         Signature(
-            r"^[^\n:]{1,200}: error: (?:the following arguments are required: |argument "
+            r"^(?P<prog>[^\n:]{1,200}): error: (?:the following arguments are required: |argument "
             r"[^\n]{1,80}: (?:invalid|expected|ambiguous|not allowed)|unrecognized arguments: )",
             ": error: ",
         ),
@@ -787,6 +787,21 @@ COMMAND_LINE_REJECTED = Rule(
         fix="Run the script with --help and fix the command line; put launcher options before "
         "the script's name.",
         false_positives="None: argparse prints it only when it rejects the command line.",
+    ),
+    # the launcher's own parser, not the script's (torchrun's usage, then 'torchrun: error:
+    # unrecognized arguments: --data-root'): its command line is what is wrong
+    capture_fix=(
+        (
+            "prog",
+            r"(?:torchrun|python[\d.]* -m torch\.distributed\.(?:run|launch)|run\.py|launch\.py"
+            r"|deepspeed|accelerate(?: launch)?)",
+            "The launcher itself rejected its command line (its own usage is printed above the "
+            "error), not the training script: an option of the script placed before the "
+            "script's name, or an option of the launcher whose value was empty (a shell "
+            "variable such as $NSLOTS or $SLURM_GPUS_ON_NODE unset where the command ran), so "
+            "that the script's path was taken as that option's value. Print the command the job "
+            "ran (echo it, or `set -x` in the job script) and check each launcher option's value.",
+        ),
     ),
     fix=(
         "Fix the argument the message names (`python train.py --help` lists them); launcher "
