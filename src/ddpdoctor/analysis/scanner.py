@@ -37,7 +37,14 @@ from ddpdoctor.ingest.prefixes import MAX_TEXT, ParsedLine, parse_line, rank_bef
 from ddpdoctor.ingest.self_rank import own_rank
 from ddpdoctor.ingest.sources import ChunkStream, Input
 from ddpdoctor.ingest.srun_tasks import HEAD_BYTES, NodeNames, as_node_task, labels_name_nodes
-from ddpdoctor.ingest.tracebacks import UNRAISABLE, carried_on, is_traceback_line, walk_back
+from ddpdoctor.ingest.tracebacks import (
+    IPYTHON_ARROW,
+    IPYTHON_FRAME_HEAD,
+    UNRAISABLE,
+    carried_on,
+    is_traceback_line,
+    walk_back,
+)
 from ddpdoctor.ingest.unwrap import original_line
 from ddpdoctor.model.findings import Hit
 from ddpdoctor.model.records import Origin, Record, SourceInfo
@@ -1618,12 +1625,12 @@ def _captures(m: re.Match[str]) -> dict[str, str]:
     return out
 
 
-IPYTHON_SOURCE = re.compile(rb"(?:-{1,6}> ?| {2,12})\d{1,6} [^\n]{0,4096}?\S")
+IPYTHON_SOURCE = re.compile(
+    rb"(?:" + IPYTHON_ARROW.encode() + rb"| {2,12}\d{1,6} )[^\n]{0,4096}?\S"
+)
 """A source line IPython's traceback quotes around a frame, behind its gutter: the line number,
 right-aligned, or '---> ' before the frame's own line."""
-IPYTHON_FRAME = re.compile(
-    rb"^(?:File [^\n]{1,1024}:\d{1,6}, in |Cell In\[\d{1,6}\], line \d)", re.M
-)
+IPYTHON_FRAME = re.compile(rb"^" + IPYTHON_FRAME_HEAD.encode(), re.M)
 """IPython's header of a frame: 'File /path/mod.py:245, in func(args)', 'Cell In[7], line 3'."""
 IPYTHON_WINDOW = 16
 """Lines above a gutter line within which its frame's header stands (IPython quotes a few lines

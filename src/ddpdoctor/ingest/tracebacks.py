@@ -34,15 +34,15 @@ traceback, naming its process."""
 CARETS = re.compile(r"^[\^~]+ *$")
 """Python 3.11's markers under a frame's code ('^^^^^^^^'), when a paste trimmed their
 indentation."""
-FRAME_LINE = re.compile(
-    r'^(?:> )?File (?:"[^"]{1,4000}", line \d{1,9}|[^"\n]{1,1000}:\d{1,6}, in )'
-    # IPython's (Jupyter's) frame headers: 'File /path/mod.py:474, in func(args)', 'Cell
-    # In[7], line 3' (a notebook cell)
-    r"|^Cell In ?\[\d{1,6}\], line \d{1,6}"
-)
-IPYTHON_GUTTER = re.compile(r"^-{1,6}> ?\d{1,6} ")
+IPYTHON_FRAME_HEAD = r"(?:File [^\"\n]{1,1000}:\d{1,6}, in |Cell In ?\[\d{1,6}\], line \d)"
+"""IPython's (Jupyter's) header of a frame: 'File /path/mod.py:474, in func(args)', 'Cell In[7],
+line 3' (a notebook cell). One pattern for the walk back here and the scanner's look above a
+quoted source line."""
+IPYTHON_ARROW = r"-{1,6}> ?\d{1,6} "
 """IPython's arrow at the frame's own line of code, quoted with its line number ('---> 474
-for line in task.stdout:')."""
+for line in task.stdout:'); the lines around it are indented to the same gutter."""
+FRAME_LINE = re.compile(r'^(?:> )?File "[^"]{1,4000}", line \d{1,9}|^' + IPYTHON_FRAME_HEAD)
+IPYTHON_GUTTER = re.compile("^" + IPYTHON_ARROW)
 IPYTHON_HEAD = re.compile(r"^[A-Za-z_][\w.]{0,200} {2,}Traceback \(most recent call last\)")
 """IPython's head of a traceback: the exception's name, padded, then Python's words."""
 WRAPPED_FRAME = re.compile(

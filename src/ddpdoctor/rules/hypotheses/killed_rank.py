@@ -92,6 +92,25 @@ def stopped_on_a_step(job: JobEvidence, rank: int) -> bool:
     )
 
 
+def _nothing_said_how_ranks_ended(job: JobEvidence) -> bool:
+    """The job-wide half of vanished_mid_training, read once for all ranks (each of the
+    properties it reads walks every rank): writers were mid-step, the others lost a peer (a
+    closed connection is a process that ended) and none timed out waiting for a live one, no
+    launcher reported any exit, nobody announced a stop."""
+    if not job.others_mid_step:
+        return False
+    echoes = job.echoes
+    return (
+        "lost-peer" in echoes
+        and "waiting" not in echoes  # (job.timed_out)
+        and "launcher" not in echoes
+        and "stopped" not in job.unranked_echoes
+        and job.job_exit_code is None
+        and not job.unranked_stop
+        and not any(v.exit_code is not None or v.announced_stop for v in job.ranks.values())
+    )
+
+
 def vanished_mid_training(job: JobEvidence, rank: int) -> bool:
     """A rank that printed no steps of its own (only the main process logs them) fell silent
     while the writers that did were in the middle of training, the others lost their
@@ -100,28 +119,19 @@ def vanished_mid_training(job: JobEvidence, rank: int) -> bool:
     line), nothing that would have said how it ended. A process that leaves on its own goes
     through code after its loop, and a launcher that saw it would say exit 0; one killed from
     outside stops wherever the training was, and when the launcher raised on the first error
-    it saw (mp.spawn, Lightning, Fabric) or died with it, no exit code is printed."""
+    it saw (mp.spawn, Lightning, Fabric) or died with it, no exit code is printed. The job-wide
+    half is _nothing_said_how_ranks_ended, read by killed_mid_training once for every rank."""
     view = job.ranks[rank]
-    others = job.others_mid_step - {rank}
+    mid = job.others_mid_step
     return (
-        bool(others)
-        # the others lost it (a closed connection is a process that ended), none timed out
-        # waiting for it (a live rank, busy or stuck, is waited for)
-        and "lost-peer" in job.echoes
-        and not job.timed_out
+        (len(mid) > 1 or rank not in mid)  # a writer other than this rank ended mid-step
         and not view.ended_on_step  # (stopped_on_a_step: its own step)
-        and view.exit_code is None
-        and "launcher" not in job.echoes | job.unranked_echoes
-        and not any(v.exit_code is not None for v in job.ranks.values())
-        and job.job_exit_code is None
-        and rank not in job.unlisted_exits | job.unlisted_speakers
+        and rank not in job.unlisted_exits
+        and rank not in job.unlisted_speakers
         and not view.terminated
         and not view.completed
-        and not view.announced_stop
-        and not job.unranked_stop
-        and not any(v.announced_stop for v in job.ranks.values())
         and not view.busy_phase
-        and "stopped" not in view.echoes | job.unranked_echoes
+        and "stopped" not in view.echoes
         and not LEAVING.search(view.last_text)
         and not view.spoke_after_waits
     )
@@ -130,10 +140,11 @@ def vanished_mid_training(job: JobEvidence, rank: int) -> bool:
 def killed_mid_training(job: JobEvidence) -> set[int]:
     """Every quiet rank, where each one vanished while the others trained
     (vanished_mid_training) and at least as many ranks waited: those were killed."""
-    if not job.waiting or job.peers_proven_alive:
+    if not job.waiting or job.peers_proven_alive or not _nothing_said_how_ranks_ended(job):
         return set()
-    gone = {r for r in job.quiet if vanished_mid_training(job, r)}
-    if not gone or gone != set(job.quiet) or len(job.waiting) < len(gone):
+    quiet = set(job.quiet)
+    gone = {r for r in quiet if vanished_mid_training(job, r)}
+    if not gone or gone != quiet or len(job.waiting) < len(gone):
         return set()
     return gone
 
