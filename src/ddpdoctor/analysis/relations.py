@@ -650,11 +650,14 @@ def relate_completion(graph: CausalGraph, ctx: Context) -> None:
             or (nobody_missed and event.echo is None)
         )
 
+    teardown = ctx.intended.get("teardown")
     crashes = [
         e
         for e in graph.events
         if (e.crash_like or e.echo == Echo.STOPPED)
         and not all(h.handled for h in e.hits)  # Python printed it and went on
+        # a failure its own rule already reads as teardown keeps that rule (and its fix)
+        and (teardown is None or e.rule.kind != teardown.kind)
         and _after(e, ctx.completed_at)
         and its_work_was_done(e)
     ]

@@ -490,6 +490,57 @@ TEARDOWN_HANG_DUMP = Rule(
     ),
 )
 
+DESTROYED_TWICE = Rule(
+    code="EXIT105",
+    kind="exit-teardown-crash",
+    title="destroy_process_group on a process group already destroyed",
+    sources="torch/distributed/distributed_c10d.py destroy_process_group (torch 1.x-2.13)",
+    specificity=60,
+    # after the same rank's own error (a `finally:` that destroys the group on the way out of
+    # a failure) it is that error's consequence
+    exit_path=True,
+    signatures=(
+        # the group is not (or no longer) in the registry: destroyed once already, by a
+        # framework and the script both cleaning up, or a subgroup after the default group
+        Signature(
+            r"^\**ValueError: Invalid process group specified\s*$",
+            "Invalid process group specified",
+        ),
+        # torch 2.13's check where the default group itself is gone (older releases: a bare
+        # `assert pg is not None`, which says nothing of its own)
+        Signature(
+            r"^\**AssertionError: Process group cannot be None\s*$",
+            "Process group cannot be None",
+        ),
+    ),
+    # raised by destroy_process_group itself, not by the collectives' own group checks
+    context_all=(r"in destroy_process_group\b",),
+    explanation=Explanation(
+        what="destroy_process_group was called for a process group that no longer exists: "
+        "the training had finished and the clean-up ran twice.",
+        why="Two parties tear the group down (the framework at the end of fit or train, and "
+        "the script's own destroy_process_group after it; an atexit handler and a finally), "
+        "or a subgroup is destroyed after the default group (which destroys every group).",
+        fix="Destroy the process group once, at the very end of the program, and only when "
+        "it is still there: `if dist.is_initialized(): dist.destroy_process_group()`.",
+        false_positives="None: the exception is raised by that call on a group it does not "
+        "know; the failure the job may have had before it is its own.",
+    ),
+    fix=(
+        "Guard the clean-up: `if torch.distributed.is_initialized(): "
+        "torch.distributed.destroy_process_group()`, called once at the end of main(); drop it "
+        "where the framework (Lightning, Accelerate, the Trainer) already tears the group down.",
+    ),
+    positive=(
+        "ValueError: Invalid process group specified",
+        "AssertionError: Process group cannot be None",
+    ),
+    negative=(
+        "ValueError: Invalid process group specified or has been destroyed.",
+        "AssertionError: process group must be initialized",
+    ),
+)
+
 ITERATOR_RAN_DRY = Rule(
     code="PY107",
     kind="python-exception",
@@ -834,4 +885,5 @@ RULES = (
     ZERO3_STAGE,
     EXIT_TEARDOWN,
     TEARDOWN_HANG_DUMP,
+    DESTROYED_TWICE,
 )
