@@ -1024,6 +1024,41 @@ DEEPSPEED_NO_LAUNCHER = Rule(
     negative=("ModuleNotFoundError: No module named 'flash_attn'",),
 )
 
+LAUNCHERS_NESTED = Rule(
+    code="LCH127",
+    kind="launcher-env-missing",
+    title="Two launchers' variables disagree about the local rank (mpirun around another)",
+    sources="deepspeed/runtime/engine.py DeepSpeedEngine._do_args_sanity_check (0.3-0.19)",
+    specificity=85,
+    signatures=(
+        Signature(
+            r"LOCAL_RANK \(\d{1,7}\) != OMPI_COMM_WORLD_LOCAL_RANK \(\d{1,7}\)",
+            "!= OMPI_COMM_WORLD_LOCAL_RANK",
+        ),
+    ),
+    explanation=Explanation(
+        what="DeepSpeed found both a LOCAL_RANK and Open MPI's OMPI_COMM_WORLD_LOCAL_RANK in "
+        "the process's environment, with different values, and stopped: it cannot tell which "
+        "device the process is for.",
+        why="Two launchers at once: mpirun started processes that run torchrun or the deepspeed "
+        "launcher again (or a LOCAL_RANK exported by hand or inherited from a job script), so "
+        "each launcher numbered the processes its own way.",
+        fix="Use one launcher: either mpirun (DeepSpeed reads the OMPI_* variables; "
+        "`deepspeed --launcher openmpi`, or plain `mpirun ... python train.py`) or torchrun / "
+        "deepspeed alone; never export LOCAL_RANK in the job script.",
+        false_positives="None: the assertion is this exact check.",
+    ),
+    fix=(
+        "Launch the script with one launcher only: remove the inner torchrun/deepspeed from the "
+        "command mpirun runs (or drop mpirun), and do not export LOCAL_RANK yourself.",
+    ),
+    positive=(
+        "AssertionError: LOCAL_RANK (0) != OMPI_COMM_WORLD_LOCAL_RANK (3), not sure how to "
+        "proceed as we're seeing conflicting local rank info.",
+    ),
+    negative=("LOCAL_RANK is not in the environment",),
+)
+
 ENTRYPOINT_NOT_FOUND = Rule(
     code="LCH107",
     kind="entrypoint-not-found",
@@ -2155,6 +2190,7 @@ RULES = (
     LAUNCHER_ENV_MISSING,
     LAUNCHER_VAR_NONE,
     DEEPSPEED_NO_LAUNCHER,
+    LAUNCHERS_NESTED,
     ENTRYPOINT_NOT_FOUND,
     LAUNCHER_NOT_FOUND,
     LAUNCH_LINE_CUT,
