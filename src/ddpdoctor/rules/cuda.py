@@ -721,7 +721,7 @@ DEVICE_ASSIGNMENT = Rule(
         ),
         Signature(r"Tensors must be CUDA and dense"),
         # ATen's device check in newer wording (aten/src/ATen/core/adaption.cpp): a tensor on
-        # another GPU than the rest (census aten-common-device-check); not the cpu/cuda pair
+        # another GPU than the rest (census aten-common-device-check-two-gpus); not the cpu/cuda pair
         Signature(
             r"Expected all tensors to be on the same device, but got \w{1,40} is on "
             r"cuda:\d{1,4}, different from other tensors on cuda:\d{1,4}",
