@@ -1148,6 +1148,41 @@ CUDA_INIT_ERROR = Rule(
     negative=("RuntimeError: CUDA error: invalid device ordinal",),
 )
 
+CUDA_INIT_IN_MAIN = Rule(
+    code="CUDA116",
+    kind="cuda-library-mismatch",
+    title="CUDA failed to initialise in the main process (driver, container GPU access)",
+    sources="CUDA runtime (cudaErrorInitializationError, code 3), torch/cuda/__init__.py "
+    "_lazy_init, THC (torch < 1.5)",
+    specificity=70,
+    signatures=CUDA_INIT_ERROR.signatures,
+    # the mirror of CUDA113's: a traceback through a script's module level is the main
+    # process itself, never a forked child (census cuda-err-init-main)
+    context_all=(r"line \d+,? in <module>",),
+    explanation=Explanation(
+        what="The CUDA runtime could not initialise in the program's own process (its "
+        "traceback runs through the script's module level): no fork, no DataLoader worker.",
+        why="The driver and the CUDA runtime cannot talk: a driver updated without a reboot "
+        "(its kernel module older than its libraries), a container started without the GPU "
+        "devices or the driver's libraries (no --gpus, no NVIDIA runtime), a runtime newer "
+        "than the driver supports, or a GPU in a bad state.",
+        fix="Check the node: nvidia-smi must work (in the container too), and `python -c "
+        "'import torch; torch.zeros(1).cuda()'` must pass; reboot after a driver update, "
+        "start the container with the NVIDIA runtime, use a torch build for the driver's CUDA.",
+        false_positives="A process the script forked after using CUDA (multiprocessing with "
+        "fork) whose module-level code shows in its traceback: use spawn.",
+    ),
+    fix=(
+        "On the node that failed: run nvidia-smi and `python -c 'import torch; "
+        "torch.zeros(1).cuda()'`; if they fail too, reboot after a driver update or give the "
+        "container the GPUs (--gpus all / the NVIDIA container runtime).",
+        "If the driver is older than the CUDA runtime torch was built for (torch.version.cuda "
+        "against nvidia-smi's 'CUDA Version'), install a torch build for that CUDA.",
+    ),
+    positive=CUDA_INIT_ERROR.positive,
+    negative=("RuntimeError: CUDA error: invalid device ordinal",),
+)
+
 OWN_CALL_ERRORS = (
     r"operation not permitted when stream is capturing|too many resources requested for launch"
 )
@@ -1238,6 +1273,7 @@ RULES = (
     DEVICE_ASSIGNMENT,
     DATALOADER_CUDA_FORK,
     CUDA_INIT_ERROR,
+    CUDA_INIT_IN_MAIN,
     CUDA_KERNEL_FAULT,
     CHECKPOINT_DEVICE_MISSING,
     CUDA_CALL_FAILED,
