@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from ddpdoctor.analysis.diagnose import diagnose_paths
-from tests.conftest import corpus_cases
+from tests.conftest import FULL_TIER, REPO, corpus_cases
 
 # A rank prefix claims every line for one writer: only for logs that name no rank themselves.
 RANK_TRANSFORMS: dict[str, Callable[[str], str]] = {
@@ -34,6 +34,8 @@ TRANSFORMS: dict[str, Callable[[str], str]] = {
     "cloudwatch-tab": lambda line: f"2024-05-01T10:00:00.123Z\t{line}",
     # a Markdown code block made by indenting every line four spaces
     "markdown-indent": lambda line: f"    {line}",
+    # a log that went through a word processor, a chat or a mail: curly quotes
+    "curly-quotes": lambda line: line.replace("'", "\u2019").replace('"', "\u201d"),
 }
 
 
@@ -260,3 +262,28 @@ def test_paste_artifacts_keep_the_verdict(case: Path, tmp_path: Path) -> None:
             want.kind,
             want.culprit.ranks,
         ), name
+
+
+OWN_CASES = sorted((REPO / "corpus" / "cases").iterdir())
+"""The project's own labelled corpus (corpus/cases): every tenth case in `make test`, all of
+them in `make fuzz`'s full tier."""
+
+
+@pytest.mark.parametrize(
+    "case", OWN_CASES if FULL_TIER else OWN_CASES[::10], ids=lambda p: p.name.split("-")[0]
+)
+def test_curly_quotes_keep_the_verdict(case: Path, tmp_path: Path) -> None:
+    """Quotes a word processor or a chat curled on the way to the issue ('instance of
+    ‘c10::CUDAError’', corpus case 435) read as the straight ones the program printed."""
+    curly = {ord("'"): "\u2019", ord('"'): "\u201d"}
+    for log in (case / "logs").iterdir():
+        if log.is_file():
+            text = log.read_text(encoding="utf-8", errors="replace")
+            (tmp_path / log.name).write_text(text.translate(curly), encoding="utf-8")
+    before = diagnose_paths([str(case / "logs")]).verdict
+    after = diagnose_paths([str(tmp_path)]).verdict
+    assert (after.status, after.kind, after.culprit.ranks) == (
+        before.status,
+        before.kind,
+        before.culprit.ranks,
+    )

@@ -174,6 +174,14 @@ and an unbounded blank run before the end a megabyte line of tags and blanks too
 NBSP_BYTES = b"\xc2\xa0"
 """A no-break space (UTF-8): a log copied from a web page indents with them."""
 
+TYPOGRAPHIC_QUOTES = re.compile(b"\xe2\x80[\x98\x99\x9c\x9d]")
+"""Curly quotes (UTF-8 ‘ ’ “ ”): a log that went through a word processor, a chat or a mail
+before it was pasted ("terminate called after throwing an instance of ‘c10::CUDAError’");
+programs print straight ones, which the patterns spell."""
+
+STRAIGHT_QUOTE = {b"\x98": b"'", b"\x99": b"'", b"\x9c": b'"', b"\x9d": b'"'}
+"""The straight quote of each curly one, by its last byte."""
+
 QUOTE_BLANK = " \t\r>"
 """What an empty line of a log pasted as a Markdown quote is made of."""
 
@@ -667,6 +675,8 @@ class Scanner:
                 # no-break spaces as a web page's indentation: spaces, as the program wrote
                 # them (a traceback's frames are told by their indentation)
                 chunk = chunk.replace(NBSP_BYTES, b" ")
+            if b"\xe2\x80" in chunk:  # (the lead bytes of every curly quote: one search)
+                chunk = TYPOGRAPHIC_QUOTES.sub(lambda m: STRAIGHT_QUOTE[m[0][2:]], chunk)
             if line_base == 0 and order == 0:
                 if not labels.head:
                     labels.head = chunk[:HEAD_BYTES]
