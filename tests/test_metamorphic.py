@@ -273,8 +273,9 @@ them in `make fuzz`'s full tier."""
     "case", OWN_CASES if FULL_TIER else OWN_CASES[::10], ids=lambda p: p.name.split("-")[0]
 )
 def test_curly_quotes_keep_the_verdict(case: Path, tmp_path: Path) -> None:
-    """Quotes a word processor or a chat curled on the way to the issue ('instance of
-    ‘c10::CUDAError’', corpus case 435) read as the straight ones the program printed."""
+    """Quotes a word processor or a chat curled on the way to the issue (corpus case 435's
+    'instance of' c10::CUDAError between U+2018 and U+2019) read as the straight ones the
+    program printed."""
     curly = {ord("'"): "\u2019", ord('"'): "\u201d"}
     for log in (case / "logs").iterdir():
         if log.is_file():
