@@ -19,7 +19,7 @@ from ddpdoctor.ingest.unwrap import (
     unnumber,
     unwrap,
 )
-from tests.conftest import REPO, run_cli
+from tests.conftest import FULL_TIER, REPO, run_cli
 
 CASES = REPO / "corpus" / "cases"
 
@@ -126,6 +126,18 @@ def test_the_indentation_every_line_shares_is_removed(text: bytes, want: bytes) 
         (b"0: a\n1: b\n2: c\n3: d\n", b"0: a\n1: b\n2: c\n3: d\n"),
         # separators that differ from line to line: not one viewer's gutter
         (b"1 | a\n2: b\n3 c\n", b"1 | a\n2: b\n3 c\n"),
+        # grep -n keeps the lines it found: numbers that grow with gaps, the text right after
+        # the colon (srun's labels have a space there)
+        (
+            b"812:[rank1]: Traceback (most recent call last):\n1040:[rank1]: RuntimeError: x\n"
+            b"1203:[rank0]: RuntimeError: y\n",
+            b"[rank1]: Traceback (most recent call last):\n[rank1]: RuntimeError: x\n"
+            b"[rank0]: RuntimeError: y\n",
+        ),
+        (b"1:100%|#| 36/36\n2:INFO a\n3:INFO b\n", b"100%|#| 36/36\nINFO a\nINFO b\n"),
+        # a time's hour is no line number, though hours grow
+        (b"09:59:58 a\n10:00:01 b\n11:00:00 c\n", b"09:59:58 a\n10:00:01 b\n11:00:00 c\n"),
+        (b"3:a\n3:b\n5:c\n", b"3:a\n3:b\n5:c\n"),
     ],
 )
 def test_a_viewers_line_numbers_are_removed(text: bytes, want: bytes) -> None:
@@ -217,3 +229,32 @@ def test_bracketed_line_numbers_are_a_viewers_not_ranks() -> None:
     )
     ranks = b"[0] epoch 1\n[1] epoch 1\n[0] epoch 2\n[1] epoch 2\n"
     assert unnumber(ranks) == ranks
+
+
+GUTTERS = {"cat -n": b"%6d\t", "viewer": b"%4d | ", "web viewer": b"[%d] ", "grep -n": b"%d:"}
+NUMBERED_CASES = sorted((REPO / "corpus" / "cases").iterdir())
+"""Every tenth case of the project's corpus in `make test`, all in `make fuzz`'s full tier;
+pastes of fewer than three lines aside (nobody numbers one line, and it tells no gutter)."""
+
+
+@pytest.mark.parametrize(
+    "case", NUMBERED_CASES if FULL_TIER else NUMBERED_CASES[::10], ids=lambda p: p.name[:5]
+)
+def test_numbered_corpus_cases_keep_their_verdicts(case: Path, tmp_path: Path) -> None:
+    logs = [p for p in (case / "logs").iterdir() if p.is_file()]
+    texts = {p.name: p.read_bytes() for p in logs}
+    if any(len([x for x in t.split(b"\n") if x.strip()]) < 3 for t in texts.values()):
+        pytest.skip("a paste of fewer than three lines")
+    want = diagnose_paths([str(case / "logs")]).verdict
+    for name, gutter in GUTTERS.items():
+        out = tmp_path / name.replace(" ", "-")
+        out.mkdir()
+        for file, text in texts.items():
+            lines = text.split(b"\n")
+            (out / file).write_bytes(b"\n".join(gutter % n + x for n, x in enumerate(lines, 1)))
+        got = diagnose_paths([str(out)]).verdict
+        assert (got.status, got.kind, got.culprit.ranks) == (
+            want.status,
+            want.kind,
+            want.culprit.ranks,
+        ), name

@@ -33,7 +33,6 @@ from ddpdoctor.ingest.bounds import (
 )
 from ddpdoctor.ingest.elastic_error import ErrorFileChunks, is_error_file
 from ddpdoctor.ingest.filenames import origin_from_path
-from ddpdoctor.ingest.gutters import gutter_of
 from ddpdoctor.ingest.prefixes import MAX_TEXT, ParsedLine, parse_line, rank_before
 from ddpdoctor.ingest.self_rank import own_rank
 from ddpdoctor.ingest.sources import ChunkStream, Input
@@ -664,8 +663,6 @@ class Scanner:
         last_chunk = prev_chunk = b""
         head_through = 0
         crlf: bool | None = None
-        gutter: re.Pattern[bytes] | None = None
-        gutter_looked = False
         for chunk in stream:
             if b"\x1b" in chunk:  # colour codes out first: the patterns run on the bytes
                 chunk = ANSI_BYTES.sub(b"", chunk)
@@ -680,13 +677,6 @@ class Scanner:
                 chunk = chunk.replace(NBSP_BYTES, b" ")
             if b"\xe2\x80" in chunk:  # (the lead bytes of every curly quote: one search)
                 chunk = TYPOGRAPHIC_QUOTES.sub(lambda m: STRAIGHT_QUOTE[m[0][2:]], chunk)
-            if not gutter_looked:  # a viewer's line numbers: told from the file's first lines
-                gutter_looked = True
-                gutter = gutter_of(chunk) if item.start == 0 or whole else None
-                if gutter is not None:
-                    labels.head = gutter.sub(b"", labels.head)
-            if gutter is not None:
-                chunk = gutter.sub(b"", chunk)
             if line_base == 0 and order == 0:
                 if not labels.head:
                     labels.head = chunk[:HEAD_BYTES]

@@ -212,12 +212,14 @@ def compose(joins: tuple[int, ...], blanks: tuple[int, ...]) -> tuple[int, ...]:
 NUMBERED = re.compile(rb"^(?: *(\d{1,9})(?: ?([:|]|\xe2\x94\x82) ?|[\t ])|\[(\d{1,9})(\]) )")
 """A viewer's line number before each line: `cat -n` ('     12\t'), `nl`, `less -N` ('     12 '),
 a gutter with a bar ('  12 | ', '  12 │ ': web log viewers, editors), a colon ('12: ',
-`grep -n ''`) or brackets ('[12] ': which is also how MPICH's Hydra labels each rank's lines,
+`grep -n`'s '812:') or brackets ('[12] ': which is also how MPICH's Hydra labels each rank's lines,
 repeating a few numbers, never counting up line by line)."""
 MIN_NUMBERED = 3
 MIN_COLON_NUMBERED = 10
 """A colon after a number is also how srun labels its tasks ('0: ', '1: ', '2: '): only a
 longer run of lines that count up one by one is a viewer's numbering."""
+CLOCK = re.compile(rb" *\d{1,2}:\d\d:")
+"""A time at the start of a line ('10:42:01 INFO'): its hour is no line number."""
 
 
 def unnumber(data: bytes) -> bytes:
@@ -231,20 +233,28 @@ def unnumber(data: bytes) -> bytes:
     lines = data.split(b"\n")
     numbered: list[tuple[int, int, int]] = []  # (line index, its number, where the text starts)
     separators: set[bytes] = set()
+    tight = False  # a colon right before a line's text: `grep -n`'s '812:text'
     for index, line in enumerate(lines):
         if not line.strip():
             continue
         m = NUMBERED.match(line)
-        if m is None:
+        if m is None or CLOCK.match(line):
             return data
         separators.add(m.group(2) or m.group(4) or b"")
+        tight = tight or m.group(0)[-1:] == b":"
         numbered.append((index, int(m.group(1) or m.group(3)), m.end()))
+    # `grep -n` keeps the lines it found, numbered as in the file: numbers that only grow,
+    # with gaps, and the line's own text right after the colon (srun's task labels are
+    # always followed by a space, and repeat); its gutter ends at the colon
+    grep = separators == {b":"} and tight
+    if grep:
+        numbered = [(i, n, lines[i].index(b":") + 1) for i, n, _ in numbered]
     if len(separators) > 1 or len(numbered) < (
-        MIN_COLON_NUMBERED if b":" in separators else MIN_NUMBERED
+        MIN_COLON_NUMBERED if b":" in separators and not grep else MIN_NUMBERED
     ):
         return data
     for (i, n, _), (j, k, _) in pairwise(numbered):
-        if k != n + 1 and k != n + (j - i):
+        if k != n + 1 and k != n + (j - i) and not (grep and k > n):
             return data  # numbers that do not count the lines: the log's own
     out = list(lines)
     for index, _, start in numbered:
