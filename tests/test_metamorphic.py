@@ -34,6 +34,8 @@ TRANSFORMS: dict[str, Callable[[str], str]] = {
     "cloudwatch-tab": lambda line: f"2024-05-01T10:00:00.123Z\t{line}",
     # a Markdown code block made by indenting every line four spaces
     "markdown-indent": lambda line: f"    {line}",
+    # ... or pasted under a Markdown list item: two spaces
+    "list-item-indent": lambda line: f"  {line}",
     # a log that went through a word processor, a chat or a mail: curly quotes
     "curly-quotes": lambda line: line.replace("'", "\u2019").replace('"', "\u201d"),
 }

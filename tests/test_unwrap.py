@@ -89,6 +89,15 @@ def test_among_many_rank_files_nothing_is_joined(tmp_path: Path) -> None:
         (b"\tINFO step 1\n\tINFO step 2\n", b"INFO step 1\nINFO step 2\n"),
         # a traceback's frames pasted without their head share only two spaces: kept
         (b'  File "a.py", line 1\n    f()\n', b'  File "a.py", line 1\n    f()\n'),
+        # ... but a whole log under a list item shares two spaces too (corpus cases 365, 481,
+        # 1353): its traceback's head and exception line stand at those two
+        (
+            b'  Traceback (most recent call last):\n    File "a.py", line 1\n      f()\n'
+            b"  RuntimeError: NCCL error\n",
+            b'Traceback (most recent call last):\n  File "a.py", line 1\n    f()\n'
+            b"RuntimeError: NCCL error\n",
+        ),
+        (b"  INFO step 1\n  INFO step 2\n", b"INFO step 1\nINFO step 2\n"),
         # a log whose first line is not indented, blanks only, tabs and spaces mixed: kept
         (b"step 1\n    step 2\n", b"step 1\n    step 2\n"),
         (b" \n\t\n  \n", b" \n\t\n  \n"),

@@ -61,9 +61,10 @@ def unwrap(data: bytes) -> tuple[bytes, tuple[int, ...]]:
 
 def dedent(data: bytes) -> bytes:
     """The text without the indentation every one of its lines shares: a log pasted as a
-    Markdown code block indented by four spaces (or a tab), where every line then looked like
-    a traceback's frame and no line started where a log line starts. Programs never indent
-    every line they write. Lines keep their numbers."""
+    Markdown code block indented by four spaces (or a tab), or by two under a list item, where
+    every line then looked like a traceback's frame and no line started where a log line
+    starts. Programs never indent every line they write; only a paste of a traceback's frames
+    alone shares Python's own two spaces. Lines keep their numbers."""
     first = data.lstrip(b"\r\n")[:1]
     if first not in (b" ", b"\t"):
         return data  # the first line is not indented (nearly every log): one look
@@ -71,13 +72,21 @@ def dedent(data: bytes) -> bytes:
     filled = [line for line in lines if line.strip()]
     if not filled:
         return data  # only blanks
-    common = min(len(line) - len(line.lstrip(b" \t")) for line in filled)
-    if common < MIN_INDENT and not filled[0].startswith(b"\t"):
-        return data  # two spaces: a traceback's frames pasted without their head
+    common = min(_indent(line) for line in filled)
+    if (
+        common < MIN_INDENT
+        and not filled[0].startswith(b"\t")
+        and all(line[common:].startswith(b'File "') for line in filled if _indent(line) == common)
+    ):
+        return data  # two spaces before every frame: a traceback's frames without their head
     prefix = filled[0][:common]
     if not all(line.startswith(prefix) for line in filled):
         return data  # mixed tabs and spaces: left as they are
     return b"\n".join(line[common:] if line.strip() else line for line in lines)
+
+
+def _indent(line: bytes) -> int:
+    return len(line) - len(line.lstrip(b" \t"))
 
 
 FLAT_FRAME = re.compile(rb'^File "[^"\n]{1,4000}", line \d{1,9}')
