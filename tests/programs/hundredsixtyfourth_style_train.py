@@ -619,9 +619,7 @@ def load_and_parse_configs_and_run(path: str, lr: float | None) -> None:
         import pyBigWig  # noqa: F401
 
     genome = Genome(cfg["sampler"]["reference_sequence"])
-    net = NonStrandSpecific(
-        DeeperDeepSEA(**cfg["model"]["class_args"])
-    )
+    net = NonStrandSpecific(DeeperDeepSEA(**cfg["model"]["class_args"]))
     model = DistributedDataParallel(net)
     trainer = TrainModel(cfg, model, net, genome)
     if "train" in cfg["ops"]:
