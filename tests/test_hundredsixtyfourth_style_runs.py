@@ -39,6 +39,9 @@ had been silent for 40 s before it (fork-lock); the rank that left with exit cod
 singled out, although it is the only one torchrun's failure summary leaves out (lone-patience);
 and a failure every rank shares alike names all four ranks where EXPECTED names none
 (stale-entry, track-import).
+Since (session 43): Snakemake's '3 of 3 steps (100%) done' ends a run whose every job exited
+0, and 'Not performing early stopping.' is no announcement of a stop: calm-fold and flat-auc
+right, noisy-fold right for its own reason (INF207), 10 of 16.
 """
 
 from __future__ import annotations
@@ -131,20 +134,6 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "calm-fold": (
-        "unknown, hang (INF212, 0.3, no culprit) instead of ok: 'The log ends in the middle of "
-        "training, without an end'. Every worker's last report and rank 0's 'test roc_auc: ...' "
-        "are followed by nothing from torchrun (at its default log level an agent whose workers "
-        "all exit 0 prints nothing), and snakemake's 'Finished job 1.', '3 of 3 steps (100%) "
-        "done' in console.log count as no end of training; its evidence lists prepare.log's "
-        "'chr1: 259 intervals, ...' lines, read as lines of a host named chr1"
-    ),
-    "flat-auc": (
-        "unknown, hang (INF212, 0.3, no culprit) instead of ok: as calm-fold, the early stop "
-        "after the third report leaves no line of its own (selene's 'Patience ran out. Stopping "
-        "early.' is DEBUG), rank 0's test op and snakemake's 'Finished job 1.', '3 of 3 steps "
-        "(100%) done' are not read as the end of a finished run"
-    ),
     "slip-shift": (
         "failed, data-error (DATA105, 0.6) on rank 1 instead of python-exception: the status "
         "and the culprit are right, but 'TypeError: slice indices must be integers or None or "

@@ -764,6 +764,9 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
         r"\bFinished (?:local|distributed) training with \d{1,6} (?:executor )?process",
         "Finished ",
     ),
+    # Snakemake once every job of the workflow finished ("3 of 3 steps (100%) done",
+    # snakemake/logging.py's progress): the training rule's command among them exited 0
+    FactPattern("completed", r"\b\d{1,9} of \d{1,9} steps \(100%\) done$", "steps (100%) done"),
     # torchelastic's agent when every worker of the group exited 0 (agent/server/api.py)
     FactPattern(
         "completed",

@@ -91,8 +91,9 @@ EARLY_STOP = Rule(
         # stopping required metric_for_best_model, but did not find ... so early stopping is
         # disabled" (trainer_callback.py). "Early stopping: val_loss did not improve" is an
         # event; "early_stopping: true" is not.
+        # (nor Selene's start-up note that it will not: "Not performing early stopping.")
         Signature(
-            r"(?<![=/-])(?i:\bearly[ -]stop(?:ping|ped)?)\b"
+            r"(?<![=/-])(?<!(?i:not performing) )(?i:\bearly[ -]stop(?:ping|ped)?)\b"
             r"(?![_=(-]|:\s*(?i:(?:true|false|yes|no|null|none)\b(?!\s+\w)|\d|\{|\[|$)"
             r"| agreed by all \d"
             r"| required| is disabled"
@@ -257,6 +258,8 @@ EARLY_STOP = Rule(
         "stop training",
     ),
     negative=(
+        # Selene's start-up note when no patience is set (set 164)
+        "Not performing early stopping.",
         # Determined's master on any trial whose containers exited (set 108)
         "INFO: Trial 12 (Experiment 7) was terminated: allocation stopped early after all "
         "resources exited: resources exited successfully with a zero exit code",
