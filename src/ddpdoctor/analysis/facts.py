@@ -81,6 +81,10 @@ _MAX_END = (
     r"|[Mm]ax(?:imum)? (?:number of )?(?:epochs|steps|iterations|iters|updates)"
 )
 """A loop's configured end, as it names it when it stops there."""
+NOT_ONE_STEP = r"(?! (?:for |on |of )?(?:epoch|step|iter|batch|it\b))"
+"""After words that end a training: not when they are one step's or epoch's ('Finished
+training it 18/54 of epoch 0', 'finished training epoch 3')."""
+
 FACT_PATTERNS: tuple[FactPattern, ...] = (
     # NCCL INFO comm ... rank 8 nranks 16 (NCCL init.cc)
     FactPattern("world_size", r"\bnranks (?P<n>\d+)", "nranks ", distinct=VALUE),
@@ -556,13 +560,16 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
     FactPattern("completed", r"training complete", "training complete"),
     # not Ray Tune's "Training finished iteration 2 at <time>" (one iteration's report)
     FactPattern("completed", r"Training finished(?! iteration)", "Training finished"),
-    FactPattern("completed", r"Finished training", "Finished training"),
-    # the same words as a message's lower-case start ("finished training, best loss 0.31"),
-    # not one epoch's ("finished training epoch 3")
+    # not one step's or epoch's (facebookresearch/dlrm's progress line "Finished training it
+    # 18/54 of epoch 0, 41.20 ms/it, loss 0.563", "Finished training epoch 3")
     FactPattern(
         "completed",
-        MESSAGE_START + r"finished training(?! (?:for |on |of )?(?:epoch|step|iter|batch))",
-        "finished training",
+        r"Finished training" + NOT_ONE_STEP,
+        "Finished training",
+    ),
+    # the same words as a message's lower-case start ("finished training, best loss 0.31")
+    FactPattern(
+        "completed", MESSAGE_START + r"finished training" + NOT_ONE_STEP, "finished training"
     ),
     FactPattern("completed", r"training finished", "training finished"),
     # the same in a sentence: ESPnet's trainer after its epoch loop, "The training was finished
@@ -767,6 +774,12 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
     # Snakemake once every job of the workflow finished ("3 of 3 steps (100%) done",
     # snakemake/logging.py's progress): the training rule's command among them exited 0
     FactPattern("completed", r"\b\d{1,9} of \d{1,9} steps \(100%\) done$", "steps (100%) done"),
+    # supervisord when the program it runs (the job's launcher) ended with status 0 and its
+    # exitcodes count 0 as expected (supervisor/process.py): "exited: train (exit status 0;
+    # expected)". Not a stop it was asked for ("stopped: train (terminated by SIGTERM)")
+    FactPattern(
+        "completed", r"\bexited: \S{1,200} \(exit status 0; expected\)", "exit status 0; expected"
+    ),
     # torchelastic's agent when every worker of the group exited 0 (agent/server/api.py)
     FactPattern(
         "completed",
