@@ -40,7 +40,9 @@ given a module that does not exist rather than an interpreter without torch (bar
 Since (session 43): 'Finished training it 18/54 of epoch 1' is one step's end, not
 training's, and supervisord's 'exited: train (exit status 0; expected)' ends a run well:
 queue-idle and ops-halt right (and calm-feed, loud-feed, auc-reach still right, now by that
-exit), cold-store's rank right, 13 of 16.
+exit), cold-store's rank right, 13 of 16. Then an interpreter without the launcher's package
+(`python -m torch.distributed.run` where the module's own package, torch, is what is missing)
+is a missing module, not a wrong entry point: bare-python right, 14 of 16.
 """
 
 from __future__ import annotations
@@ -156,14 +158,6 @@ MISSES: dict[str, str] = {
         "SIGTERMed by torchrun while the others timed out in the all_to_all, is read as "
         "blocked; the unprefixed 'Loading file:  data/train_day_7_reordered.npz' among the last "
         "lines before the timeouts, the busy rank's last word, carries no rank"
-    ),
-    "bare-python": (
-        "failed, entrypoint-not-found (LCH107, 0.9) instead of missing-module: "
-        '"/usr/bin/python3: Error while finding module specification for '
-        "'torch.distributed.run' (ModuleNotFoundError: No module named 'torch')\" is read as a "
-        "launcher given a module that does not exist; the module named missing is 'torch', "
-        "the package the launch module belongs to: the interpreter supervisord found on its "
-        "PATH has no torch installed (an environment without the venv), not a wrong entry point"
     ),
 }
 

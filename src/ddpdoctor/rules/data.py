@@ -609,6 +609,9 @@ MISSING_MODULE = Rule(
         "same environment.",
     ),
     positive=(
+        # `python -m torch.distributed.run` under an interpreter without torch (set 165)
+        "/usr/bin/python3: Error while finding module specification for "
+        "'torch.distributed.run' (ModuleNotFoundError: No module named 'torch')",
         "ModuleNotFoundError: No module named 'tensorboard'",
         # a paste cut before the closing quote (corpus 1736)
         "ModuleNotFoundError: No module named 'torch.distributed.pipelining",

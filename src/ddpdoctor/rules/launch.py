@@ -1074,8 +1074,11 @@ ENTRYPOINT_NOT_FOUND = Rule(
             r"(?:python[\d.]*|bin/\w+): No module named (?P<module>[\w.]+)\s*$",
             ": No module named ",
         ),
+        # (not where the interpreter lacks the launcher's own package, `python -m
+        # torch.distributed.run` under a python without torch: ENV101's missing module)
         Signature(
-            r"Error while finding module specification for '(?P<module>[^']+)'",
+            r"Error while finding module specification for '(?P<module>[^']+)'"
+            r"(?! \(ModuleNotFoundError: No module named '(?:torch|deepspeed|accelerate)'\))",
             "Error while finding module specification",
         ),
         # slurmstepd exec_wait.c: srun's command is not on PATH on the node
@@ -1096,7 +1099,12 @@ ENTRYPOINT_NOT_FOUND = Rule(
     positive=(
         "/usr/bin/python3: can't open file '/work/tarin.py': [Errno 2] No such file or directory",
     ),
-    negative=("FileNotFoundError: [Errno 2] No such file or directory: 'data/train.json'",),
+    negative=(
+        "FileNotFoundError: [Errno 2] No such file or directory: 'data/train.json'",
+        # the interpreter lacks the launcher's package (set 165 bare-python): ENV101's
+        "/usr/bin/python3: Error while finding module specification for "
+        "'torch.distributed.run' (ModuleNotFoundError: No module named 'torch')",
+    ),
 )
 
 LAUNCHERS = (
