@@ -42,7 +42,9 @@ training's, and supervisord's 'exited: train (exit status 0; expected)' ends a r
 queue-idle and ops-halt right (and calm-feed, loud-feed, auc-reach still right, now by that
 exit), cold-store's rank right, 13 of 16. Then an interpreter without the launcher's package
 (`python -m torch.distributed.run` where the module's own package, torch, is what is missing)
-is a missing module, not a wrong entry point: bare-python right, 14 of 16.
+is a missing module, not a wrong entry point: bare-python right, 14 of 16. And a failure
+summary dated (by the agent's exit lines right above it) before a timed end of the whole job
+belongs to an earlier launch a supervisor restarted: blip-back right, 15 of 16.
 """
 
 from __future__ import annotations
@@ -140,16 +142,6 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "blip-back": (
-        "failed, host-oom (LCH101, 0.6) on rank 1 instead of ok: the first start's failure, "
-        "torchrun's 'failed (exitcode: -9) local_rank: 1' and its ChildFailedError summary, is "
-        "taken as how the job ended; the restart that recovered is supervisord's, not "
-        "torchrun's (a new torchrun, 'Loading saved model', 'Saved at: epoch = 0/3', every "
-        "epoch to 'Testing at - 54/54 of epoch 2,'), and supervisord.log's 'exited: train "
-        "(exit status 0; expected)' after 'exited: train (exit status 1; not expected)' is not "
-        "read as the service's last word; a recovery is only seen without a failure summary "
-        "(torchrun's own restarts)"
-    ),
     "cold-store": (
         "hung, hang on rank 1 (INF211, 0.55) instead of slow-rank-timeout on rank 1 since "
         "session 43 (collective-mismatch on ranks 0 and 2, INF203, at first sight, when dlrm's "

@@ -1157,8 +1157,9 @@ def _quiet(evidence: JobEvidence, job: JobView, ctx: Context) -> Decision:
         decision = Decision(status=Status.OK, confidence=0.5)
         if evidence.restart_ended_at is not None:
             decision.notes.append(
-                "workers failed in an earlier attempt and the launcher restarted them "
-                "(torchrun --max-restarts); a later attempt announced the end of training with "
+                "workers failed in an earlier attempt and were restarted (torchrun "
+                "--max-restarts, or a supervisor around the launcher); a later attempt "
+                "announced the end of training with "
                 "no failure after: the job recovered. What failed before is listed as context: "
                 "it may fail again."
             )

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from itertools import pairwise
 
 from ddpdoctor.analysis.facts import (
@@ -354,7 +354,7 @@ def build_job(
     failed_exits: list[FactHit] = []
     finished: list[tuple[int | None, Record]] = []
     spawn_reported: set[int] = set()
-    summaries = 0
+    summaries: list[Record] = []  # torchrun's 'Root Cause' lines
     # per launcher (a file, and the node in it where one file holds several: srun's tasks), the
     # pids it stopped after a failure and the workers it reported failed
     launched: dict[str, set[str]] = {}
@@ -378,7 +378,7 @@ def build_job(
                     world_hints.append(n)
             elif fact.name == "root_cause":
                 expect_root = True
-                summaries += 1
+                summaries.append(fact.record)
             elif fact.name == "summary_exit":
                 rank, exit_ = parse_summary_entry(fact.before, fact.record.text)
                 if rank is not None:
@@ -559,6 +559,9 @@ def build_job(
             local = rank_number(fact.captures.get("local_rank"))
             if local is not None and single_node and per_rank.get(local) is not None:
                 del per_rank[local]
+        if single_node and summaries:  # nor are the ones an earlier attempt's summary listed
+            for rank in [r for r, e in per_rank.items() if e.code not in (None, 0)]:
+                del per_rank[rank]
     if last_restart is None and recovered_at is None:
         world_hints.extend(_launched_at_least(launched, failed_locals))
     hangs: list[RunHang] = []
@@ -683,7 +686,7 @@ def build_job(
         spawn_reported=spawn_reported,
         interpreter_exit_seen=interpreter_exit_seen,
         leaked_at_shutdown=leaked_at_shutdown,
-        launcher_summaries=summaries,
+        launcher_summaries=len(summaries),
         recovered_at=recovered_at,
         last_restart=last_restart,
         earlier_attempt_sources=_earlier_attempt_sources(scans),
@@ -692,20 +695,26 @@ def build_job(
 
 
 def _recovered_at(
-    failed_exits: list[FactHit], completions: list[tuple[int | None, Record]], summaries: int
+    failed_exits: list[FactHit],
+    completions: list[tuple[int | None, Record]],
+    summaries: list[Record],
 ) -> datetime | None:
     """A restart the job recovered from: failed workers (the agent's exit lines, all timed),
     then the end of training, later by the clock or, for an end printed without a time (a
     bare print), below every one of those exit lines in the same file; and no failure summary
-    at all (torchrun prints one when its restarts run out). The time returned bounds the
-    failed attempts: the end's time, else the last failed exit's."""
-    if summaries or not completions or not failed_exits:
+    after it (torchrun prints one when its restarts run out: a summary dated by the agent's
+    exit lines right above it, earlier than a timed end, was an earlier launch's, one that a
+    supervisor around torchrun restarted). The time returned bounds the failed attempts: the
+    end's time, else the last failed exit's."""
+    if not completions or not failed_exits:
         return None
     bad = [f for f in failed_exits if (exit_code_number(f.captures.get("code")) or 0) != 0]
     if not bad or any(f.record.time is None for f in bad):
         return None
     last_failure = max(f.record.time for f in bad if f.record.time is not None)
     ends = [r.time for _, r in completions if r.time is not None]
+    if summaries and not (ends and all(_dated(s, bad) < max(ends) for s in summaries)):
+        return None
     if ends and max(ends) > last_failure:
         return max(ends)
     untimed_after = any(
@@ -714,6 +723,17 @@ def _recovered_at(
         for _, end in completions
     )
     return last_failure + timedelta(microseconds=1) if untimed_after else None
+
+
+def _dated(summary: Record, exits: list[FactHit]) -> datetime:
+    """When a failure summary was printed: the time of the agent's last exit line above it in
+    its file (the summary's own lines carry none); never, where there is none."""
+    above = [
+        f.record.time
+        for f in exits
+        if f.record.source == summary.source and f.record.line < summary.line and f.record.time
+    ]
+    return max(above) if above else datetime.max.replace(tzinfo=UTC)
 
 
 def _said_once(by_unit: dict[str, dict[int, set[int]]]) -> dict[str, dict[int, int]]:
