@@ -41,7 +41,10 @@ and a failure every rank shares alike names all four ranks where EXPECTED names 
 (stale-entry, track-import).
 Since (session 43): Snakemake's '3 of 3 steps (100%) done' ends a run whose every job exited
 0, and 'Not performing early stopping.' is no announcement of a stop: calm-fold and flat-auc
-right, noisy-fold right for its own reason (INF207), 10 of 16.
+right, noisy-fold right for its own reason (INF207), 10 of 16. Then a file whose 'name1:'
+labels each head one line (prepare.log's 'chr1: 259 intervals', 'chr2: ...') is a listing,
+not the consoles of ten nodes: the job is one node again, its local ranks global ones, and
+lone-patience's rank 3, the one torchrun's summary leaves out, is named: 11 of 16.
 """
 
 from __future__ import annotations
@@ -143,11 +146,13 @@ MISSES: dict[str, str] = {
         "sample) does not weigh against where it was raised"
     ),
     "slow-mount": (
-        "hung, hang (INF211, 0.55) on rank 2 instead of failed, slow-rank-timeout: the culprit "
-        "is right; ranks 0, 1 and 3 time out after 15000 ms and torchrun SIGTERMs rank 2, "
-        "which printed nothing after its step-16 report, and a silent rank other than 0 that "
-        "'announced no work of its own' is taken as blocked, not busy (the program logs no line "
-        "when it reads a chromosome, so the 25 s read over the slow mount leaves no trace)"
+        "failed, slow-rank-timeout (INF201, 0.6) on ranks 0 and 2 since session 43 (hung, hang "
+        "on rank 2, INF211, 0.55, at first sight, when prepare.log's 'chr1: ...' listing made "
+        "ten nodes of the job and its local ranks no global ones): the kind is right now, but "
+        "rank 0, whose only error is the peer it lost after its last report ('Connection "
+        "closed by peer', no timeout of its own), is read as busy with work of its own as well "
+        "as rank 2, which printed nothing after its step-16 report while ranks 1 and 3 timed "
+        "out (the program logs no line when it reads a chromosome)"
     ),
     "fork-lock": (
         "failed, preempted (LCH109, 0.6) instead of hung, hang: torchrun's 'Received 15 death "
@@ -155,13 +160,6 @@ MISSES: dict[str, str] = {
         "job, though every worker's last line ('... validation examples (8 validation "
         "batches) ...') is from 18:56:18 and a step takes about 50 ms: the 40 s of silence "
         "before the signal does not weigh"
-    ),
-    "lone-patience": (
-        "failed, uncoordinated-exit (INF202, 0.3) with no culprit instead of rank 3: the kind "
-        "is right ('A rank left the job without an error'), but rank 3, the one rank torchrun's "
-        "failure summary leaves out (ranks 0 and 1 SIGTERMed, rank 2 exit 1) and whose lines "
-        "end with its step-64 report while the others lose a peer ('Connection closed by "
-        "peer'), is not named"
     ),
     "stale-entry": (
         "failed, entrypoint-not-found (LCH107, 0.9) with ranks 0, 1, 2, 3 instead of no "
@@ -318,3 +316,11 @@ def test_the_launches_that_never_trained() -> None:
     assert "python scripts/selene_ddp.py config/train_deepsea.yml" in RUNS.console("bare-python")
     for mode in NO_WORKERS:
         assert "[default" not in _train(mode)
+
+
+def test_a_listing_keyed_by_names_with_digits_is_no_nodes() -> None:
+    """prepare.log's 'chr1: 259 intervals' ... 'chr10: ...' look like pdsh's 'node1: ' labels,
+    each heading one line: a listing, so the job stays on its one host."""
+    prepare = (RUNS.folder("lone-patience") / "logs" / "prepare.log").read_text()
+    assert prepare.startswith("chr1: ") and "chr10: " in prepare
+    assert RUNS.report("lone-patience").job.hosts == ["localhost"]

@@ -749,6 +749,7 @@ class Scanner:
         for summary in result.streams.values():
             if summary.last_init_line:
                 summary.lines_after_init = src.sampled - summary.init_sampled
+        _unhost_listing_keys(result)
         if labels.nodes:
             _rename_hosts(result, labels.names.renames())
         merges = getattr(stream, "merges", ())
@@ -1574,6 +1575,35 @@ def _renumber(result: SourceScan, renumbered: Callable[[int], int]) -> None:
                 setattr(summary, name, renumbered(value))
         summary.recent = tuple((renumbered(line), raw) for line, raw in summary.recent)
         summary.bare = tuple((renumbered(line), raw) for line, raw in summary.bare)
+
+
+LISTING_KEYS = 3
+"""A file whose 'name1:' labels each head one line, this many or more, is a listing."""
+LABEL_KEY = re.compile(r"[a-z][\w.-]{0,62}:")
+"""A stream keyed by pdsh's label alone ('node1:'), not a line that names its process too."""
+
+
+def _unhost_listing_keys(result: SourceScan) -> None:
+    """A file whose every 'name1:' label heads one line only, three labels or more ('chr1: 259
+    intervals', 'chr2: ...', 'layer3: 1024 params'), is a listing keyed by those names, not
+    the consoles of as many nodes: what pdsh runs on a node prints more than one line. Their
+    lines name no host (else a one-node job read them as other nodes, whose local ranks are no
+    global ones)."""
+    labelled = [
+        s
+        for s in result.streams.values()
+        if s.origin.host and s.origin.rank is None and LABEL_KEY.fullmatch(s.key)
+    ]
+    names = {s.origin.host for s in labelled}
+    if len(names) < LISTING_KEYS or any(s.lines_seen > 1 for s in labelled):
+        return
+    origins = [s.origin for s in result.streams.values()] + [f.record.origin for f in result.facts]
+    for hit in result.hits:
+        origins.append(hit.record.origin)
+        origins.extend(r.origin for r in hit.context)
+    for origin in origins:
+        if origin.host in names and origin.pid is None:
+            origin.host = None
 
 
 def _rename_hosts(result: SourceScan, renames: dict[str, str]) -> None:
