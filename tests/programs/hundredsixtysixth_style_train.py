@@ -72,9 +72,11 @@ import yaml
 from torch.distributed import ReduceOp
 from torch.utils.data import DataLoader, Dataset
 
+# espnet's requirement humanfriendly is installed in each node's tools/; autocast and
+# GradScaler come from torch.cuda.amp as espnet2/train/trainer.py imports them
 if sys.argv[1:2] not in (["prepare"], ["utts-of"]):
-    import humanfriendly  # espnet's requirement, installed in each node's tools/
-    from torch.cuda.amp import GradScaler, autocast  # as espnet2/train/trainer.py imports them
+    import humanfriendly
+    from torch.cuda.amp import GradScaler, autocast
 
 CASE = os.environ.get("MT_CASE", "")
 RANK = int(os.environ.get("RANK", "0"))
