@@ -44,6 +44,8 @@ logs are missing (nccl-timeout), and rank 0's '[Early stopping] ...' (ESPnet log
 rank 1 is read as a loop-exit flag of uneven inputs, not an extra stat's all-reduce (stat-skew,
 rank right). With the tag stripped by hand (an experiment, not a fixture) mask-slip, wav-rot,
 ckpt-globals, nfs-crawl, flush-wedge and solo-patience come out right, 13 of 16.
+Since (session 43): GNU parallel's --tag ('node1<TAB>') is the tagged job's node, a line prefix
+like pdsh's: every mode but stat-skew right, 15 of 16.
 """
 
 from __future__ import annotations
@@ -139,45 +141,6 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "mask-slip": (
-        "python-exception on rank 1 (INF208, 0.5: 'A worker exited with an error and its own "
-        "output is not in the logs') instead of on rank 3: the kind is right by the fallback, "
-        "but rank 3's own traceback ('node1<TAB>[rank3]: RuntimeError: random_ expects 'from' "
-        "to be less than 'to'') is not read: GNU parallel's tag before torch's '[rank3]:' "
-        "prefix hides the rank and the traceback, and node1's agent line 'failed (exitcode: 1) "
-        "local_rank: 1' gives the culprit as rank 1 (the summary's 'rank : 3 (local_rank: 1)' "
-        "and 'Root Cause' block, behind the same tag, go unread)"
-    ),
-    "wav-rot": (
-        "data-error on rank 0 (DATA101, 0.6) instead of rank 2: the kind is right ('wave.Error: "
-        "file does not start with RIFF id' in a DataLoader worker), the rank is node1's local "
-        "rank 0 from its agent's 'failed (exitcode: 1) local_rank: 0': the traceback's "
-        "'node1<TAB>[rank2]:' prefix and the summary's 'rank : 2 (local_rank: 0)' are behind "
-        "GNU parallel's tag, which is not read as a line prefix"
-    ),
-    "ctc-poke": (
-        "native-crash on rank 0 (LCH104, 0.9) instead of rank 2: kind right, the culprit is "
-        "node1's agent's 'failed (exitcode: -11) local_rank: 0' taken as global rank 0; the "
-        "summary's 'rank : 2 (local_rank: 0)' / 'exitcode : -11' lines behind GNU parallel's "
-        "'node1<TAB>' tag go unread (rank 0 sits on node0 and trained on)"
-    ),
-    "nfs-crawl": (
-        "failed nccl-timeout on ranks 0, 1 and 2 (INF204, 0.3: 'Ranks timed out and the ranks "
-        "they waited for left no logs') instead of slow-rank-timeout on rank 0: with GNU "
-        "parallel's tag before every line no line names its rank ('node0<TAB>[rank1]: ... Timed "
-        "out waiting 20000ms for send operation'), so the timeouts look like ranks whose logs "
-        "are missing, and rank 0's last words ('[vm:0/4] ... Averaging 1best models: "
-        'criterion="valid.loss": ...\', a phase of work begun 20 s before the others gave up) '
-        "are not read as the busy rank's"
-    ),
-    "flush-wedge": (
-        "failed nccl-timeout on all four ranks (INF204, 0.3) instead of hung hang on rank 3: "
-        "ranks 0, 1 and 2 time out after 20 s in epoch 2's first all-reduce ('Timed out "
-        "waiting 20000ms for recv operation') and rank 3 says nothing (node1's agent SIGTERMs "
-        "it, 'rank : 3 (local_rank: 1) exitcode : -15'); GNU parallel's 'node0<TAB>' / "
-        "'node1<TAB>' tag hides every '[rankN]:' prefix and the summary, so no rank is seen and "
-        "the silent one cannot be singled out"
-    ),
     "stat-skew": (
         "uneven-inputs on rank 1 (INF209, 0.55) instead of collective-mismatch: rank right, "
         "kind wrong; gloo's abort of rank 1 ('op.preamble.length <= op.nbytes. 15920 vs 4') is "
@@ -187,30 +150,6 @@ MISSES: dict[str, str] = {
         "bucket) in the same step; the others' tracebacks, which show them inside the step "
         "('[rank3]: ... Connection closed by peer'), are behind GNU parallel's tag and unread "
         "(the verdict says no other rank printed where it waited)"
-    ),
-    "solo-patience": (
-        "failed early-stop with no culprit (INF207, 0.7, 'Every rank announced the early "
-        "stop') instead of uncoordinated-exit on rank 0: ESPnet logs INFO on rank 0 only, so "
-        "the one '[vm:0/4] ... [Early stopping] valid.cer_ctc has not been improved 2 epochs "
-        "continuously' is rank 0's alone; ranks 1, 2 and 3 then lose rank 0 in epoch 4's first "
-        "all-reduce ('Connection closed by peer') and fail while rank 0 exits 0 (node0's "
-        "summary lists rank 1 only), but those tracebacks are behind GNU parallel's tag and "
-        "read as noise on the way out"
-    ),
-    "site-gap": (
-        "missing-module on rank 1 (ENV101, 0.9) instead of ranks 2 and 3: kind right, the two "
-        "'ModuleNotFoundError: No module named 'humanfriendly'' tracebacks (before the process "
-        "group, no '[rankN]:' prefix) come from node1's workers, but the culprit is node1's "
-        "agent's 'failed (exitcode: 1) local_rank: 1' taken as global rank 1; the summary's "
-        "'rank : 3 (local_rank: 1)' and 'rank : 2 (local_rank: 0)' behind GNU parallel's tag "
-        "go unread"
-    ),
-    "ckpt-globals": (
-        "weights-only-load on rank 0 (ENV102, 0.9) instead of all four ranks: kind right; the "
-        "four 'UnpicklingError: Weights only load failed ... Unsupported global: GLOBAL "
-        "datetime.timedelta' tracebacks carry '[rank0]:' to '[rank3]:' behind GNU parallel's "
-        "tag and name no rank, so the culprit is the agents' 'failed (exitcode: 1) local_rank: "
-        "0' read as global rank 0"
     ),
 }
 

@@ -23,6 +23,8 @@ RANK_TRANSFORMS: dict[str, Callable[[str], str]] = {
 }
 TRANSFORMS: dict[str, Callable[[str], str]] = {
     "pdsh-host": lambda line: f"worker-3: {line}",
+    # GNU parallel's --tag: the job's argument (its node) and a tab
+    "parallel-tag": lambda line: f"node3\t{line}",
     "k8s-time": lambda line: f"2024-05-01T10:00:00.123456789Z {line}",
     "kubectl-prefix": lambda line: f"[pod/train-worker-1/pytorch] {line}",
     "crlf": lambda line: f"{line}\r",

@@ -64,6 +64,8 @@ from ddpdoctor.rules.registry import all_rules
         ("12: RuntimeError: boom", "RuntimeError: boom", 12, None, None),
         # pdsh / DeepSpeed host prefix, nested torchrun prefix
         ("worker-1: [rank2]: RuntimeError: x", "RuntimeError: x", 2, None, "worker-1"),
+        # GNU parallel's --tag (set 166): the job's node and a tab
+        ("node1\t[rank3]: RuntimeError: x", "RuntimeError: x", 3, None, "node1"),
         # pdsh with a hostfile of addresses (corpus cases 207, 808)
         ("10.42.7.33: [rank2]: RuntimeError: x", "RuntimeError: x", 2, None, "10.42.7.33"),
         # argparse line must not be taken for a host prefix
@@ -989,6 +991,7 @@ def test_a_loggers_name_can_name_the_rank(line: str, rank: int | None) -> None:
         ("rank1: RuntimeError: boom", 1, None),
         ("node-1: RuntimeError: boom", None, "node-1"),
         ("worker-3: RuntimeError: boom", None, "worker-3"),
+        ("rank1\tRuntimeError: boom", 1, None),
     ],
 )
 def test_a_rank_tag_is_no_pdsh_host(line: str, rank: int | None, host: str | None) -> None:

@@ -153,6 +153,11 @@ PDSH = re.compile(
 # `docker compose logs` (and SageMaker local mode): `trainer-worker-1  | `, the container name
 # padded, then a bar; the container is the host. Its name carries the replica number, a digit.
 COMPOSE = re.compile(r"(?P<host>(?=[a-z0-9._-]{0,62}[0-9])[a-z][a-z0-9._-]{0,62}) {1,40}\| ")
+# GNU parallel's --tag: the job's argument (the node it runs on: `parallel --tag ssh {} ...
+# ::: node0 node1`) and a tab before each line of that job's output
+PARALLEL_TAG = re.compile(
+    r"(?!rank[_-]?\d{1,5}\t)(?P<host>(?=[a-z0-9._-]{0,62}[0-9])[a-z][a-z0-9._-]{0,62})\t"
+)
 # Determined's task logs (`det trial logs`, the web UI), after their time: the container's id
 # (its first 8 hex digits), the rank the launch layer's wrapper adds to each worker's lines,
 # then two bars: '[2024-03-15T16:29:06.552162Z] 5c902731 [rank=0] || INFO: ...'. The master's
@@ -1208,7 +1213,7 @@ def parse_line(raw: str, year: int = 1970, with_time: bool = True, depth: int = 
             pos = m.end()
             continue
         m = (
-            (PDSH.match(text, pos) or COMPOSE.match(text, pos))
+            (PDSH.match(text, pos) or COMPOSE.match(text, pos) or PARALLEL_TAG.match(text, pos))
             if c.islower() and not prefix_parts
             else None
         )
