@@ -5,6 +5,7 @@ gzip, a Markdown quote or indented block, journald, a CloudWatch export) must no
 from __future__ import annotations
 
 import gzip
+import html
 import json
 import re
 from collections.abc import Callable
@@ -38,6 +39,8 @@ TRANSFORMS: dict[str, Callable[[str], str]] = {
     "markdown-indent": lambda line: f"    {line}",
     # ... or pasted under a Markdown list item: two spaces
     "list-item-indent": lambda line: f"  {line}",
+    # a log copied from a web page's source: '<', '>', '&' and quotes as HTML entities
+    "html-escaped": lambda line: html.escape(line),
     # a log that went through a word processor, a chat or a mail: curly quotes
     "curly-quotes": lambda line: line.replace("'", "\u2019").replace('"', "\u201d"),
 }

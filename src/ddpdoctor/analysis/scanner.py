@@ -182,6 +182,13 @@ programs print straight ones, which the patterns spell."""
 STRAIGHT_QUOTE = {b"\x98": b"'", b"\x99": b"'", b"\x9c": b'"', b"\x9d": b'"'}
 """The straight quote of each curly one, by its last byte."""
 
+HTML_ESCAPED = re.compile(rb"&(?:lt|gt|quot|#39|#x27);")
+"""What a log copied from a web page's source shows for '<', '>' and quotes ('File "&lt;frozen
+runpy&gt;"', '&#39;NoneType&#39;'): the characters the program printed, which patterns spell."""
+HTML_ENTITY = re.compile(rb"&(lt|gt|amp|quot|#39|#x27|apos);")
+UNESCAPED = {b"lt": b"<", b"gt": b">", b"amp": b"&", b"quot": b'"', b"#39": b"'", b"#x27": b"'"}
+UNESCAPED[b"apos"] = b"'"
+
 QUOTE_BLANK = " \t\r>"
 """What an empty line of a log pasted as a Markdown quote is made of."""
 
@@ -663,6 +670,7 @@ class Scanner:
         last_chunk = prev_chunk = b""
         head_through = 0
         crlf: bool | None = None
+        html_escaped: bool | None = None
         for chunk in stream:
             if b"\x1b" in chunk:  # colour codes out first: the patterns run on the bytes
                 chunk = ANSI_BYTES.sub(b"", chunk)
@@ -677,6 +685,10 @@ class Scanner:
                 chunk = chunk.replace(NBSP_BYTES, b" ")
             if b"\xe2\x80" in chunk:  # (the lead bytes of every curly quote: one search)
                 chunk = TYPOGRAPHIC_QUOTES.sub(lambda m: STRAIGHT_QUOTE[m[0][2:]], chunk)
+            if html_escaped is None:  # told once, from the first chunk (a shell's '&&' is none)
+                html_escaped = b"&" in chunk and HTML_ESCAPED.search(chunk) is not None
+            if html_escaped and b"&" in chunk:
+                chunk = HTML_ENTITY.sub(lambda m: UNESCAPED[m[1]], chunk)
             if line_base == 0 and order == 0:
                 if not labels.head:
                     labels.head = chunk[:HEAD_BYTES]
