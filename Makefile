@@ -101,8 +101,8 @@ fuzz: $(STAMP)
 	DDPDOCTOR_FUZZ=full $(BIN)/python -m pytest -q -p no:cacheprovider --timeout 1800 \
 		tests/test_fuzz.py tests/test_linear_time.py tests/test_redaction_cli.py \
 		tests/test_order_invariance.py tests/test_dense_scan.py tests/test_prefilters.py \
-		tests/test_suffix_safe.py tests/test_redaction.py \
-		--hypothesis-show-statistics
+		tests/test_suffix_safe.py tests/test_redaction.py tests/test_unwrap.py \
+		tests/test_metamorphic.py --hypothesis-show-statistics
 
 docs: $(STAMP)
 	$(BIN)/ddpdoctor rules --write-docs docs/rules
