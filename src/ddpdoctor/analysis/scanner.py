@@ -31,6 +31,7 @@ from ddpdoctor.ingest.bounds import (
     safe_capture,
     time_from_epoch,
 )
+from ddpdoctor.ingest.characters import html_escaped, straight_quotes, unescaped
 from ddpdoctor.ingest.elastic_error import ErrorFileChunks, is_error_file
 from ddpdoctor.ingest.filenames import origin_from_path
 from ddpdoctor.ingest.prefixes import MAX_TEXT, ParsedLine, parse_line, rank_before
@@ -174,20 +175,6 @@ and an unbounded blank run before the end a megabyte line of tags and blanks too
 NBSP_BYTES = b"\xc2\xa0"
 """A no-break space (UTF-8): a log copied from a web page indents with them."""
 
-TYPOGRAPHIC_QUOTES = re.compile(b"\xe2\x80[\x98\x99\x9c\x9d]")
-"""Curly quotes (UTF-8 ‘ ’ “ ”): a log that went through a word processor, a chat or a mail
-before it was pasted ("terminate called after throwing an instance of ‘c10::CUDAError’");
-programs print straight ones, which the patterns spell."""
-
-STRAIGHT_QUOTE = {b"\x98": b"'", b"\x99": b"'", b"\x9c": b'"', b"\x9d": b'"'}
-"""The straight quote of each curly one, by its last byte."""
-
-HTML_ESCAPED = re.compile(rb"&(?:lt|gt|quot|#39|#x27);")
-"""What a log copied from a web page's source shows for '<', '>' and quotes ('File "&lt;frozen
-runpy&gt;"', '&#39;NoneType&#39;'): the characters the program printed, which patterns spell."""
-HTML_ENTITY = re.compile(rb"&(lt|gt|amp|quot|#39|#x27|apos);")
-UNESCAPED = {b"lt": b"<", b"gt": b">", b"amp": b"&", b"quot": b'"', b"#39": b"'", b"#x27": b"'"}
-UNESCAPED[b"apos"] = b"'"
 
 QUOTE_BLANK = " \t\r>"
 """What an empty line of a log pasted as a Markdown quote is made of."""
@@ -670,7 +657,7 @@ class Scanner:
         last_chunk = prev_chunk = b""
         head_through = 0
         crlf: bool | None = None
-        html_escaped: bool | None = None
+        escaped: bool | None = None
         for chunk in stream:
             if b"\x1b" in chunk:  # colour codes out first: the patterns run on the bytes
                 chunk = ANSI_BYTES.sub(b"", chunk)
@@ -683,12 +670,11 @@ class Scanner:
                 # no-break spaces as a web page's indentation: spaces, as the program wrote
                 # them (a traceback's frames are told by their indentation)
                 chunk = chunk.replace(NBSP_BYTES, b" ")
-            if b"\xe2\x80" in chunk:  # (the lead bytes of every curly quote: one search)
-                chunk = TYPOGRAPHIC_QUOTES.sub(lambda m: STRAIGHT_QUOTE[m[0][2:]], chunk)
-            if html_escaped is None:  # told once, from the first chunk (a shell's '&&' is none)
-                html_escaped = b"&" in chunk and HTML_ESCAPED.search(chunk) is not None
-            if html_escaped and b"&" in chunk:
-                chunk = HTML_ENTITY.sub(lambda m: UNESCAPED[m[1]], chunk)
+            chunk = straight_quotes(chunk)  # (a paste's were made so before its repairs)
+            if escaped is None:  # told once, from the first chunk
+                escaped = html_escaped(chunk)
+            if escaped:
+                chunk = unescaped(chunk)
             if line_base == 0 and order == 0:
                 if not labels.head:
                     labels.head = chunk[:HEAD_BYTES]

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from types import ModuleType
 from typing import BinaryIO, cast
 
+from ddpdoctor.ingest.characters import html_escaped, straight_quotes, unescaped
 from ddpdoctor.ingest.inputs import PIPE_WAIT_S, STDIN_NAME, Input, expand_paths, reason_for
 from ddpdoctor.ingest.pipes import QuietPipe, WaitedReader, open_waited
 from ddpdoctor.ingest.unwrap import compose, dedent, reindent, undouble, unnumber, unwrap
@@ -263,6 +264,9 @@ class ChunkStream:
         source's own numbers."""
         if not self.join_wrapped:
             return data
+        data = straight_quotes(data)  # the characters first: a curly quote is three bytes
+        if html_escaped(data):
+            data = unescaped(data)
         data, blanks = undouble(dedent(unnumber(data)))
         data, joins = unwrap(data)
         data = reindent(data)  # after the joins: a frame line cut at the width is whole

@@ -227,8 +227,9 @@ MIN_NUMBERED = 3
 MIN_COLON_NUMBERED = 10
 """A colon after a number is also how srun labels its tasks ('0: ', '1: ', '2: '): only a
 longer run of lines that count up one by one is a viewer's numbering."""
-CLOCK = re.compile(rb" *\d{1,2}:\d\d:")
-"""A time at the start of a line ('10:42:01 INFO'): its hour is no line number."""
+CLOCK = re.compile(rb" *\d{1,2}:\d\d:\d\d(?!:)")
+"""A time at the start of a line ('10:42:01 INFO'): its hour is no line number (grep -n's
+'5:10:42:01 INFO' and '5:10: text', srun's label behind it, are)."""
 
 
 def unnumber(data: bytes) -> bytes:
