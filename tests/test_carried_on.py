@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from ddpdoctor.analysis.diagnose import diagnose_paths
-from ddpdoctor.ingest.tracebacks import carried_on
+from ddpdoctor.ingest.tracebacks import carried_on, skipped_item
 from tests.conftest import REPO
 
 FINALIZER = [
@@ -86,3 +88,26 @@ def test_logging_errors_own_traceback_cut_short_is_no_cut_traceback(tmp_path: Pa
     (tmp_path / "bare").mkdir()
     (tmp_path / "bare" / "train.log").write_text("".join(head[1:]))
     assert diagnose_paths([str(tmp_path / "bare")]).verdict.rule == "INF215"
+
+
+@pytest.mark.parametrize(
+    ("line", "stepped_over"),
+    [
+        # timm's reader (set 167 loud-pair), and the words other loaders use for the same
+        (
+            "WARNING: Skipped sample (index 3). cannot identify image file "
+            "<_io.BufferedReader name='data/train/n01440764_1291.png'>",
+            True,
+        ),
+        ("Skipping corrupt image data/train/x.jpg: image file is truncated", True),
+        ("Ignoring bad record 1289: UnicodeDecodeError: 'utf-8' codec can't decode", True),
+        # the error itself, or a skip that is no item of the data
+        ("PIL.UnidentifiedImageError: cannot identify image file 'data/train/x.jpg'", False),
+        ("Skipped 3 batches with a NaN loss", False),
+        ("skipping_ratio: 0.5", False),
+    ],
+)
+def test_a_line_that_says_it_skipped_the_item_is_stepped_over(
+    line: str, stepped_over: bool
+) -> None:
+    assert skipped_item(line) is stepped_over

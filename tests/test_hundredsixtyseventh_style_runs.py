@@ -45,6 +45,9 @@ a job stuck on rank 2's read that never returns (fifo-read) and the stop of a jo
 node1's shorter copy of the data ended its epoch early (short-copy) all read as a network fault
 with no culprit; node1's two "can't open file '.../trian.py'" lines name ranks 2 and 3 as
 culprits of a typo in the one command (name-slip, the kind right).
+Since (session 43): a line that starts by saying the program skipped the item its error is about
+('WARNING: Skipped sample (index 3). cannot identify image file ...', timm's reader) reports an
+error stepped over, not a failure: loud-pair right, 11 of 16.
 """
 
 from __future__ import annotations
@@ -156,16 +159,6 @@ EXPECTED: dict[str, Expected] = {
 
 # mode -> what ddpdoctor says instead today (known gaps: fixing one turns its xfail into a failure)
 MISSES: dict[str, str] = {
-    "loud-pair": (
-        "failed, data-error with no culprit (DATA101, 0.9) instead of ok: rank 2's two 'WARNING: "
-        "Skipped sample (index 3). cannot identify image file <_io.BufferedReader "
-        "name='data/imagenette-mini/train/n01440764/n01440764_1291.png'>' in node1's terminal "
-        "(timm's ImageDataset skips an image it cannot open and takes the next one) are read as "
-        "a rank failing on its input data, though nothing failed after them: three epochs, "
-        "'*** Best metric: 26.666666539510093 (epoch 2)', '--result', both torchruns back at the "
-        "prompt and 'Script done on ... [COMMAND_EXIT_CODE=\"0\"]' in both terminals; a line "
-        "that says the sample was skipped is a recovered problem, not the failure"
-    ),
     "spent-sched": (
         "unknown, hang with no culprit (INF212, 0.3) instead of ok: 'Loaded checkpoint "
         "'output/train/20261206-181532-resnet10t-32/last.pth.tar' (epoch 2)' and 'Scheduled "

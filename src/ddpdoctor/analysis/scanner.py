@@ -44,6 +44,7 @@ from ddpdoctor.ingest.tracebacks import (
     UNRAISABLE,
     carried_on,
     is_traceback_line,
+    skipped_item,
     walk_back,
 )
 from ddpdoctor.ingest.unwrap import original_line
@@ -922,7 +923,9 @@ class Scanner:
             src.touched.add(target.rule_index)
             suggests = target.signature is not None and target.signature.suggests
             echo = rule.echo_of(target.signature)
-            handled = bool(context) and carried_on([p.text for _, p in context])
+            handled = (bool(context) and carried_on([p.text for _, p in context])) or (
+                skipped_item(parsed.text)
+            )
             # any signature of the rule may say so, not only the one the scan matched first
             hosts = rule.store_host_patterns
             store_host = bool(hosts) and any(p.search(parsed.text) for p in hosts)

@@ -258,6 +258,21 @@ def carried_on(context: list[str]) -> bool:
     return any(FINALIZER_FRAME.search(line) for line in context)
 
 
+SKIPPED_ITEM = re.compile(
+    r"^(?:WARNING|Warning|WARN)?:? ?(?:[Ss]kipp(?:ed|ing)|[Ii]gnor(?:ed|ing)|[Dd]ropp(?:ed|ing)) "
+    r"(?:(?:a|the|bad|corrupt(?:ed)?|broken|invalid|unreadable) )?"
+    r"(?:sample|file|image|record|example|item|row|clip|utterance|audio|video|batch)s?\b"
+)
+"""A line that starts by saying the program skipped the item its error is about ('WARNING:
+Skipped sample (index 3). cannot identify image file ...', timm's reader; 'Skipping corrupt
+image x.jpg: ...'): it went on to the next one, the error ended nothing."""
+
+
+def skipped_item(text: str) -> bool:
+    """The line reports an error the program stepped over (SKIPPED_ITEM)."""
+    return SKIPPED_ITEM.match(text) is not None
+
+
 @lru_cache(maxsize=64)
 def _needles_of(key: str) -> tuple[tuple[bytes, ...], bytes]:
     """The writer's needles and the longest of them, once per writer (a walk starts from
