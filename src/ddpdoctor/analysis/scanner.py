@@ -1598,11 +1598,7 @@ def _unhost_listing_keys(result: SourceScan) -> None:
     names = {s.origin.host for s in labelled}
     if len(names) < LISTING_KEYS or any(s.lines_seen > 1 for s in labelled):
         return
-    origins = [s.origin for s in result.streams.values()] + [f.record.origin for f in result.facts]
-    for hit in result.hits:
-        origins.append(hit.record.origin)
-        origins.extend(r.origin for r in hit.context)
-    for origin in origins:
+    for origin in _origins(result):
         if origin.host in names and origin.pid is None:
             origin.host = None
 
@@ -1612,13 +1608,18 @@ def _rename_hosts(result: SourceScan, renames: dict[str, str]) -> None:
     NCCL line, srun's error line on the task): one node has one name whichever line said it."""
     if not renames:
         return
+    for origin in _origins(result):
+        if origin.host in renames:
+            origin.host = renames[origin.host]
+
+
+def _origins(result: SourceScan) -> list[Origin]:
+    """Every origin the scan's results hold: its writers', facts', hits' and their contexts'."""
     origins = [s.origin for s in result.streams.values()] + [f.record.origin for f in result.facts]
     for hit in result.hits:
         origins.append(hit.record.origin)
         origins.extend(r.origin for r in hit.context)
-    for origin in origins:
-        if origin.host in renames:
-            origin.host = renames[origin.host]
+    return origins
 
 
 def _tail(prev_chunk: bytes, last_chunk: bytes, sample_bytes: int) -> bytes:
