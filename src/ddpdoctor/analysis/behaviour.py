@@ -7,6 +7,7 @@ import re
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime, timedelta
+from functools import lru_cache
 
 from ddpdoctor.analysis.events import Event, aborted_at_exit
 from ddpdoctor.analysis.facts import elapsed_seconds
@@ -69,6 +70,12 @@ BUSY_WINDOW = (0.5, 1.25)
 """A bar whose elapsed time is about the collective timeout (this share of it) ran while the
 others waited: it started with the collective they waited in. With the timeout known, the
 window alone decides (a 15 s timeout's busy rank ran a 15 s bar, below the floor above)."""
+LAST_WORDS_READ = 1024
+"""Distinct last words whose readings (a phase announced, a slow piece of work, data that ran
+out) are kept: the ranks of a job end on the same few lines. 10,000 rank files: 4,661 of their
+19,750 writers end on one DeepSpeed warning (9 variants of 412 characters) whose case-blind
+search for the end of the data took 70 us a time, 0.5 s of the parent's analysis. The strings
+kept are the writers' own (no copy); only a diagnosis's last ones stay after it."""
 
 
 def _digits(text: str | None, limit: int = 12) -> int | None:
@@ -435,6 +442,7 @@ def _data_ended(stream: StreamSummary) -> str | None:
     return None
 
 
+@lru_cache(maxsize=LAST_WORDS_READ)
 def _said_data_ended(text: str) -> bool:
     """Whether DATA_ENDED.search(text) finds a match, without its case-blind search of every
     writer's last two lines where none of its words is there (0.11 s for the 19,750 writers of
@@ -726,19 +734,31 @@ def _announced_phase(stream: StreamSummary) -> str | None:
     line is not progress (a stop signal's handler printed after 'saving a checkpoint'), or is
     the only progress it printed: the phase's own bar ('Downloading ... to data/', then the
     download's bar), not a step of a training loop it never reached."""
-    if phase_of_work(stream.last_text):
+    if _phase_in(stream.last_text):
         return stream.last_text[:80]
     on_progress = stream.last_progress_line == stream.last_line
-    if not on_progress and slow_unit_of_work(stream.last_text):
+    if not on_progress and _slow_work_in(stream.last_text):
         return stream.last_text[:80]  # its last piece of work took seconds: at the next one
     if (
         stream.prev_text
         and (not on_progress or stream.progress_lines == 1)
-        and phase_of_work(stream.prev_text)
+        and _phase_in(stream.prev_text)
         and not _counted_to_its_end(stream.prev_text)
     ):
         return stream.prev_text[:80]
     return None
+
+
+@lru_cache(maxsize=LAST_WORDS_READ)
+def _phase_in(text: str) -> bool:
+    """phase_of_work of a writer's last words (see LAST_WORDS_READ)."""
+    return phase_of_work(text)
+
+
+@lru_cache(maxsize=LAST_WORDS_READ)
+def _slow_work_in(text: str) -> bool:
+    """slow_unit_of_work of a writer's last words (see LAST_WORDS_READ)."""
+    return slow_unit_of_work(text)
 
 
 def _counted_to_its_end(text: str) -> bool:
