@@ -29,7 +29,10 @@ UNESCAPED = {
 
 def straight_quotes(data: bytes) -> bytes:
     """The text with straight quotes for curly ones."""
-    if b"\xe2\x80" not in data:  # (the lead bytes of every curly quote: one search)
+    # the lead bytes of every curly quote, each alone first: one byte is a memchr, the two
+    # together are searched at 1 GB/s (26 us per 27 KB rank file, 1 ms per MB of a log with
+    # tqdm's block characters, whose UTF-8 starts with \xe2 too)
+    if b"\xe2" not in data or b"\x80" not in data or b"\xe2\x80" not in data:
         return data
     return TYPOGRAPHIC_QUOTES.sub(lambda m: STRAIGHT_QUOTE[m[0][2:]], data)
 
