@@ -675,7 +675,10 @@ class Scanner:
                 # no-break spaces as a web page's indentation: spaces, as the program wrote
                 # them (a traceback's frames are told by their indentation)
                 chunk = chunk.replace(NBSP_BYTES, b" ")
-            if b"\xe2\x80" in chunk:  # (the lead bytes of every curly quote: one search)
+            if b"\xe2" in chunk and b"\x80" in chunk and b"\xe2\x80" in chunk:  # the lead
+                # bytes of every curly quote, each alone first: one byte is a memchr, the two
+                # together are searched at 1 GB/s (26 us per 27 KB rank file, 1 ms per MB of
+                # a log with tqdm's block characters, whose UTF-8 starts with \xe2 too)
                 chunk = TYPOGRAPHIC_QUOTES.sub(lambda m: STRAIGHT_QUOTE[m[0][2:]], chunk)
             if line_base == 0 and order == 0:
                 if not labels.head:
