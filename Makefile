@@ -96,13 +96,16 @@ browser:
 # every report format (tests/test_redaction_cli.py; `make test` runs a third of them), and the
 # checks over every real capture and real line: the order-invariance test of every capture, the
 # prefilters' and redaction hints' agreement on every real line, 60 dense-scan cases (`make test`
-# runs a stable third of the captures and lines, 20 dense cases: tests/conftest.py tier_sample).
+# runs a stable third of the captures and lines, 20 dense cases: tests/conftest.py tier_sample),
+# and a stable third there of these over every real input: the JSON schema of each report, the
+# run router's routing of each prefixed console, the cut-traceback reading of each console.
 fuzz: $(STAMP)
 	DDPDOCTOR_FUZZ=full $(BIN)/python -m pytest -q -p no:cacheprovider --timeout 1800 \
 		tests/test_fuzz.py tests/test_linear_time.py tests/test_redaction_cli.py \
 		tests/test_order_invariance.py tests/test_dense_scan.py tests/test_prefilters.py \
 		tests/test_suffix_safe.py tests/test_redaction.py tests/test_unwrap.py \
-		tests/test_metamorphic.py --hypothesis-show-statistics
+		tests/test_metamorphic.py tests/test_report_schema.py tests/test_run_lines.py \
+		tests/test_cut_traceback.py --hypothesis-show-statistics
 
 docs: $(STAMP)
 	$(BIN)/ddpdoctor rules --write-docs docs/rules

@@ -14,7 +14,7 @@ from ddpdoctor.ingest.prefixes import parse_line
 from ddpdoctor.ingest.sources import Input
 from ddpdoctor.rules.registry import all_rules
 from ddpdoctor.scenarios import catalog, runner
-from tests.conftest import REPO
+from tests.conftest import REPO, tier_sample
 
 SCANNER = Scanner([r for r in all_rules() if r.signatures])
 REAL = REPO / "tests" / "fixtures" / "real"
@@ -73,12 +73,16 @@ def test_there_are_real_tracebacks_to_read() -> None:
     assert len(CONSOLES) >= 40  # chained ones among them (disk-full-checkpoint, worker-oom)
 
 
-@pytest.mark.parametrize("console", CONSOLES, ids=lambda p: f"{p.parent.name}/{p.name}")
+@pytest.mark.parametrize(
+    "console", tier_sample(CONSOLES), ids=lambda p: f"{p.parent.name}/{p.name}"
+)
 def test_a_whole_console_has_no_cut_traceback(console: Path) -> None:
     assert _open(_scan(console)) == {}
 
 
-@pytest.mark.parametrize("console", CONSOLES, ids=lambda p: f"{p.parent.name}/{p.name}")
+@pytest.mark.parametrize(
+    "console", tier_sample(CONSOLES), ids=lambda p: f"{p.parent.name}/{p.name}"
+)
 def test_cut_after_a_frame_the_writer_is_inside_a_traceback(console: Path, tmp_path: Path) -> None:
     """Cut each console right after the first frame of its last traceback: that writer's
     output ends inside it, and the frame quoted is the one before the cut."""

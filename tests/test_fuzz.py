@@ -33,13 +33,13 @@ FULL = os.environ.get("DDPDOCTOR_FUZZ") == "full"
 # `make test` runs a small deterministic tier (it must stay under 15 minutes); `make fuzz`, which
 # CI (.ci/run) runs too, the thousands
 SETTINGS = settings(
-    max_examples=3000 if FULL else 70,
+    max_examples=3000 if FULL else 40,
     deadline=None,
     derandomize=not FULL,
     database=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
-SMALL = settings(SETTINGS, max_examples=1000 if FULL else 25)
+SMALL = settings(SETTINGS, max_examples=1000 if FULL else 15)
 
 
 def diagnose(*args: str) -> Any:

@@ -23,6 +23,7 @@ from ddpdoctor.supervise.logwriter import LogWriter
 from ddpdoctor.supervise.progress import ProgressTracker
 from ddpdoctor.supervise.rundir import RunDir
 from ddpdoctor.supervise.terminal import NONBLOCKING, TerminalOut
+from tests.conftest import tier_sample
 
 FIXTURES = Path(__file__).parent / "fixtures" / "real"
 # The definition the router must agree with: a line belongs to the rank its prefix names.
@@ -76,7 +77,7 @@ def test_fixtures_have_prefixed_consoles() -> None:
 
 
 @pytest.mark.parametrize("engine", SCANNERS)
-@pytest.mark.parametrize("path", CONSOLES, ids=lambda p: str(p.relative_to(FIXTURES)))
+@pytest.mark.parametrize("path", tier_sample(CONSOLES), ids=lambda p: str(p.relative_to(FIXTURES)))
 def test_real_console_routed_like_line_by_line(path: Path, engine: str) -> None:
     data = path.read_bytes()
     expected = reference(data)

@@ -48,6 +48,17 @@ def _console(result: runner.RunResult) -> str:
     return console.read_text(errors="replace") if console.is_file() else ""
 
 
+def _unframed(result: runner.RunResult, lines: int = 120) -> str:
+    """The console without traceback frame lines (a failure message's room is for the
+    lines a diagnosis reads)."""
+    kept = [
+        line
+        for line in _console(result).splitlines()
+        if not line.split("]:", 1)[-1].startswith(("  File ", "    "))
+    ]
+    return "\n".join(kept[-lines:]) if kept else "(no console log)"
+
+
 def _console_tail(result: runner.RunResult, lines: int = 40) -> str:
     console = result.out_dir / runner.CONSOLE_LOG
     if not console.is_file():
@@ -142,7 +153,11 @@ def test_real_scenario(
         assert (result.out_dir / runner.META_JSON).is_file()
         return
     problems = catalog.mismatches(scenario, report)
-    assert aspect not in problems, problems[aspect]
+    # a live run can print what its recording did not (a race of its exit): the output that
+    # was misread is the only way to learn which, so it goes with the failure
+    assert aspect not in problems, (
+        f"{problems[aspect]}; the run's output, less its frame lines:\n" + _unframed(result)
+    )
 
 
 @pytest.mark.timeout(180)

@@ -449,8 +449,21 @@ def relate_echoes(graph: CausalGraph, ctx: Context) -> None:
                 continue  # same rank: the exit-path relation decides
             if not could_cause(cause, echo) or _printed_after_the_stop(cause, echo):
                 continue
+            if _left_after_its_work(cause, echo, ctx):
+                continue
             proof = _timeout_arithmetic(cause, echo)
             graph.add(cause, echo, "echo", proof or "", proof=bool(proof))
+
+
+def _left_after_its_work(cause: Event, echo: Event, ctx: Context) -> bool:
+    """The abort a process prints at its own exit does not explain a rank that waited in a
+    collective its code called after training announced its end: the aborting process had
+    finished its work and left its Python code; the collective was one it never called (the
+    waiting rank's own branch, a collective mismatch), and the abort is its teardown."""
+    if echo.rank is None or not aborted_at_exit(cause):
+        return False
+    view = ctx.evidence.ranks.get(echo.rank)
+    return view is not None and view.waited_after_end
 
 
 def _printed_after_the_stop(cause: Event, echo: Event) -> bool:

@@ -151,6 +151,8 @@ def _aborted_at_exit(job: JobEvidence) -> Assessment | None:
     others = job.waiting - left
     if not left or not others:
         return None
+    if all(job.ranks[r].waited_after_end for r in others):
+        return None  # they left after training's end; the others' collective was their own
     one = len(left) == 1
     return Assessment(
         RULE,
