@@ -48,6 +48,10 @@ culprits of a typo in the one command (name-slip, the kind right).
 Since (session 43): a line that starts by saying the program skipped the item its error is about
 ('WARNING: Skipped sample (index 3). cannot identify image file ...', timm's reader) reports an
 error stepped over, not a failure: loud-pair right, 11 of 16.
+Since (session 44): a node whose torchrun reports a failed worker only after another node's
+Ctrl-C, by their clocks, had not seen a failure before that stop: its ranks' untimed lost peers
+are what the stop did. half-break and short-copy now read as stopped by hand, most likely stuck
+(INF217), not as a network fault; still missed (11 of 16).
 """
 
 from __future__ import annotations
@@ -170,16 +174,15 @@ MISSES: dict[str, str] = {
         "verdict cites) as an exit code"
     ),
     "short-copy": (
-        "failed, nccl-network with no culprit (NET101, 0.3) instead of uneven-inputs on ranks 2 "
-        "and 3: their 'Connection closed by peer', raised in reduce_tensor from the logging "
-        "branch of their last batch (`loss_avg = reduce_tensor(...)`, node1's torchrun 'failed' "
-        "at 19:54:35), are taken as the root, and ranks 0 and 1, which 'left no lines', as the "
-        "likely dead peer; what came first is node0's Ctrl-C ('Received 2 death signal, "
-        "shutting down workers' at 19:54:02, well after rank 0's last line 'Train: 0 [   4/7'), "
-        "listed among the consequences; neither the stall before it nor its cause is read: "
-        "ranks 2 and 3 in the end-of-epoch reduce while rank 0 was still in the epoch's updates "
-        "(node1's own copy of the data, 220 images to node0's 240, gives its processes 6 "
-        "updates an epoch to 7)"
+        "hung, hang with no culprit (INF217, 0.4) instead of uneven-inputs on ranks 2 and 3: "
+        "node0's Ctrl-C ('Received 2 death signal, shutting down workers' at 19:54:02, well "
+        "after rank 0's last line 'Train: 0 [   4/7') is read as the stop of a job that was "
+        "most likely stuck, and ranks 2 and 3's 'Connection closed by peer' (in reduce_tensor, "
+        "node1's torchrun 'failed' at 19:54:35) as what the stop did; the cause of the stall is "
+        "not read: ranks 2 and 3 in the end-of-epoch reduce while rank 0 was still in the "
+        "epoch's updates (node1's own copy of the data, 220 images to node0's 240, gives its "
+        "processes 6 updates an epoch to 7). Until session 44: nccl-network with no culprit "
+        "(NET101, 0.3), the Ctrl-C listed among the consequences"
     ),
     "fifo-read": (
         "failed, nccl-network with no culprit (NET101, 0.3) instead of hung, hang on rank 2: rank "
@@ -195,14 +198,13 @@ MISSES: dict[str, str] = {
         "batch, is not singled out"
     ),
     "half-break": (
-        "failed, nccl-network with no culprit (NET101, 0.3) instead of preempted: ranks 0 and 1's "
-        "'Connection closed by peer' (node0's torchrun 'failed' at 19:57:19) are taken as the "
-        "root with 'only secondary errors visible'; they follow the person's Ctrl-C in node1's "
-        "terminal ('^C', 'Received 2 death signal, shutting down workers' at 19:57:16, "
-        "'SignalException: Process N got signal: 2'), after which ranks 2 and 3 left quietly "
-        "(timm's epoch loop swallows the KeyboardInterrupt of the SIGINT torchrun passed on); "
-        "the interrupt in one terminal in the middle of progress ('Train: 2 [   6/7') is listed "
-        "among the consequences instead of read as the stop that ended the job"
+        "hung, hang with no culprit (INF217, 0.4) instead of preempted: the person's Ctrl-C in "
+        "node1's terminal ('^C', 'Received 2 death signal, shutting down workers' at 19:57:16) "
+        "is read as the stop that ended the job, ranks 0 and 1's 'Connection closed by peer' "
+        "(node0's torchrun 'failed' at 19:57:19) as what it did, but the run is taken as most "
+        "likely stuck: rank 0's progress ('Train: 2 [   6/7') carries no time of day, so that it "
+        "still progressed when the stop came is not known. Until session 44: nccl-network with "
+        "no culprit (NET101, 0.3), the Ctrl-C listed among the consequences"
     ),
     "name-slip": (
         "entrypoint-not-found on ranks 2 and 3 (LCH107, 0.9) instead of on none: the kind is "

@@ -972,9 +972,11 @@ def relate_outside_stop(graph: CausalGraph, ctx: Context) -> None:
             continue
         for h in e.hits:
             src, when = h.record.source, h.record.time
+            after_stop = bool(when and stopped_at and when >= stopped_at)
             if src not in first:
-                reacted.add(src)
-            elif h.record.line < first[src] and not (when and stopped_at and when >= stopped_at):
+                if not after_stop:  # (reporting a failure after the stop, by the clock, it
+                    reacted.add(src)  # may have reacted to what the stop did)
+            elif h.record.line < first[src] and not after_stop:
                 reacted_first.add(src)
 
     def stopped_elsewhere_first(src: str) -> bool:
