@@ -101,3 +101,19 @@ def test_a_rank_mp_spawn_passed_over_had_exited_0() -> None:
     assert (left.status, left.kind, left.culprit.ranks) == ("failed", "uncoordinated-exit", [1])
     killed = diagnose_paths([str(SPAWN_KILLED / "console.log")]).verdict
     assert (killed.status, killed.kind, killed.culprit.ranks) == ("failed", "host-oom", [1])
+
+
+AFTER_END = Path(__file__).parent / "fixtures" / "real" / "after-end-gather-exit-abort"
+
+
+def test_a_finished_ranks_exit_abort_is_not_why_a_rank_waited_after_the_end() -> None:
+    """Rank 0 gathered alone after 'Training completed'; rank 1 had returned, and its exit
+    aborted ('terminate called without an active exception', SIGABRT, torchrun's root cause).
+    The abort came after rank 1's work: the collective only rank 0 called is the cause, not a
+    teardown crash of rank 1 (what CI's live hf-trainer-evaluate-main-only read once)."""
+    text = (AFTER_END / "console.log").read_text()
+    assert text.index("Training completed") < text.index("Connection closed by peer")
+    assert "terminate called without an active exception" in text
+    assert "exitcode  : -6 (pid: " in text and "rank      : 1 (local_rank: 1)" in text
+    v = diagnose_paths([str(AFTER_END)]).verdict
+    assert (v.status, v.kind, v.culprit.ranks) == ("failed", "collective-mismatch", [0])
