@@ -50,8 +50,10 @@ Since (session 43): a line that starts by saying the program skipped the item it
 error stepped over, not a failure: loud-pair right, 11 of 16.
 Since (session 44): a node whose torchrun reports a failed worker only after another node's
 Ctrl-C, by their clocks, had not seen a failure before that stop: its ranks' untimed lost peers
-are what the stop did. half-break and short-copy now read as stopped by hand, most likely stuck
-(INF217), not as a network fault; still missed (11 of 16).
+are what the stop did (the agent's first timed report decides, not its summary's untimed
+lines), and a terminal's '^C' echo at the start of torchrun's line no longer hides its time.
+half-break, short-copy and fifo-read now read as stopped by hand, most likely stuck (INF217),
+not as a network fault; still missed (11 of 16; fifo-read's kind and status now right).
 """
 
 from __future__ import annotations
@@ -185,17 +187,13 @@ MISSES: dict[str, str] = {
         "(NET101, 0.3), the Ctrl-C listed among the consequences"
     ),
     "fifo-read": (
-        "failed, nccl-network with no culprit (NET101, 0.3) instead of hung, hang on rank 2: rank "
-        "3's 'Connection closed by peer' (in DDP's forward; node1's torchrun 'failed' at "
-        "19:56:50) is taken as the root, and ranks 0 and 1, which 'left no lines', as the likely "
-        "dead peer; it came after the person's Ctrl-C in node0's terminal ('Received 2 death "
-        "signal, shutting down workers' at 19:56:18, 40 s after rank 0's last line 'Train: 1 [   "
-        "2/7') and node0's SIGKILL of its two processes, which ignored the SIGINT passed on to "
-        "them inside gloo's wait ('Unable to shutdown process N via 2, forcefully exiting via 9' "
-        "at 19:56:48); the Ctrl-C of a job that had stopped printing is listed among the "
-        "consequences instead of read as the stop of a stuck job (INF217), and rank 2, which "
-        "printed nothing and which node1's torchrun SIGTERMed while it still waited for its "
-        "batch, is not singled out"
+        "hung, hang with no culprit (INF217, 0.4) instead of hung, hang on rank 2: the kind and "
+        "status are right (the person's Ctrl-C in node0's terminal, 'Received 2 death signal, "
+        "shutting down workers' at 19:56:18, 40 s after rank 0's last line 'Train: 1 [   2/7', "
+        "is read as the stop of a job most likely stuck, and rank 3's 'Connection closed by "
+        "peer' as what the stop did), but rank 2, which printed nothing and which node1's "
+        "torchrun SIGTERMed while it still waited for its batch, is not singled out. Until "
+        "session 44: nccl-network with no culprit (NET101, 0.3)"
     ),
     "half-break": (
         "hung, hang with no culprit (INF217, 0.4) instead of preempted: the person's Ctrl-C in "

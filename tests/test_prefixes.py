@@ -1116,3 +1116,21 @@ def test_hydras_rank_label_names_the_writer() -> None:
     )
     assert parse_line("[0] NCCL INFO NCCL_IB_DISABLE set by environment to 0.").origin.rank is None
     assert parse_line("[2023-07-11 15:02:36] step 5").origin.rank is None
+
+
+def test_a_terminals_echo_of_ctrl_c_leaves_the_line_its_time() -> None:
+    """A recorded terminal (util-linux script, set 167) shows the '^C' the key echoed at the
+    start of torchrun's next glog line: the line is still torchrun's, timed."""
+    typescript = (
+        Path(__file__).parent
+        / "fixtures"
+        / "real"
+        / "hundredsixtyseventh-fifo-read"
+        / "typescript-node0.txt"
+    )
+    line = next(s for s in typescript.read_text().splitlines() if s.startswith("^CW1207"))
+    parsed = parse_line(line, year=2026)
+    assert parsed.time == datetime(2026, 12, 7, 19, 56, 18, 420000, tzinfo=UTC)
+    assert parsed.text.startswith("Received 2 death signal, shutting down workers")
+    assert parse_line("^C^CTraceback (most recent call last):").text.startswith("Traceback")
+    assert parse_line("^Zero padding").text == "^Zero padding"  # not a signal key's echo

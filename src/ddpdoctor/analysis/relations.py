@@ -967,6 +967,10 @@ def relate_outside_stop(graph: CausalGraph, ctx: Context) -> None:
     # reacted before its own stop, not to the stop itself, by the clock after the first stop)
     reacted: set[str] = set()
     reacted_first: set[str] = set()
+    # a source with no stop of its own reacted before the stop unless its agent's first timed
+    # report of a failure came after it by the clock (then it may have reacted to what the stop
+    # did; the untimed lines of its summary follow that report)
+    first_report: dict[str, datetime | None] = {}
     for e in graph.events:
         if e.echo != Echo.LAUNCHER:
             continue
@@ -974,10 +978,16 @@ def relate_outside_stop(graph: CausalGraph, ctx: Context) -> None:
             src, when = h.record.source, h.record.time
             after_stop = bool(when and stopped_at and when >= stopped_at)
             if src not in first:
-                if not after_stop:  # (reporting a failure after the stop, by the clock, it
-                    reacted.add(src)  # may have reacted to what the stop did)
+                if when is not None:
+                    known = first_report.get(src)
+                    first_report[src] = when if known is None else min(known, when)
+                else:
+                    first_report.setdefault(src, None)
             elif h.record.line < first[src] and not after_stop:
                 reacted_first.add(src)
+    for src, when in first_report.items():
+        if when is None or stopped_at is None or when < stopped_at:
+            reacted.add(src)
 
     def stopped_elsewhere_first(src: str) -> bool:
         """Another agent got the stop before this source's did (by their clocks), and this

@@ -384,10 +384,19 @@ def _glog_time(md: str, hms: str, year: int) -> datetime | None:
         return None
 
 
+TERMINAL_ECHO = re.compile(r"(?:\^[C\\])+")
+"""What a terminal echoes when a key sends a stop signal ('^C': SIGINT, '^\\': SIGQUIT),
+left at the start of the next line the program prints in a recorded or copied terminal:
+'^CW1207 19:56:18.420000 11277 torch/distributed/elastic/agent/server/api.py:753] Received 2
+death signal' is torchrun's glog line, with its time."""
+
+
 def clean(raw: str) -> str:
-    """Remove colour codes and NUL bytes, cap the length."""
+    """Remove colour codes, NUL bytes and a terminal's echo of a signal key; cap the length."""
     if "\x1b" in raw:
         raw = ANSI.sub("", raw)
+    if raw[:1] == "^" and (echo := TERMINAL_ECHO.match(raw)):
+        raw = raw[echo.end() :]
     raw = raw.rstrip("\r\n")
     raw = raw.replace("\x00", "")
     return raw[:MAX_TEXT]
