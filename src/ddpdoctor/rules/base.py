@@ -81,6 +81,7 @@ CAPTURES: dict[str, str] = {
     "ran_ms": "how long the timed-out collective ran, in milliseconds",
     "seq": "the collective's sequence number in its process group",
     "op": "the collective or transfer operation (ALLREDUCE, recv, ...)",
+    "share": "the share of the GPU's kernel time a profiler row gives one operation (percent)",
     "group": "the index of the process group being created (new_group) the rank waited in",
     "numel": "the number of elements of the collective's input",
     "sent_bytes": "the bytes a peer sent to a collective that expected fewer (gloo's size "

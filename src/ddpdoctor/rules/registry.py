@@ -5,7 +5,17 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from ddpdoctor.rules import collectives, cuda, data, ddp, generic, inferred, launch, transport
+from ddpdoctor.rules import (
+    collectives,
+    cuda,
+    data,
+    ddp,
+    generic,
+    inferred,
+    launch,
+    performance,
+    transport,
+)
 from ddpdoctor.rules.base import Rule, RuleDefinitionError
 from ddpdoctor.rules.hypotheses import (
     bare_exception,
@@ -31,7 +41,7 @@ from ddpdoctor.rules.hypotheses import (
 )
 from ddpdoctor.rules.hypotheses.base import Hypothesis
 
-FAMILIES = (ddp, collectives, transport, cuda, launch, data, generic, inferred)
+FAMILIES = (ddp, collectives, transport, cuda, launch, data, generic, inferred, performance)
 
 HYPOTHESES: tuple[Hypothesis, ...] = (
     Hypothesis(stalled_rank.STUCK, stalled_rank.assess, precedence=0),
