@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from ddpdoctor.analysis.diagnose import diagnose_paths
-from tests.conftest import FULL_TIER, REPO, corpus_cases
+from tests.conftest import FULL_TIER, REPO, corpus_cases, tier_sample
 
 # A rank prefix claims every line for one writer: only for logs that name no rank themselves.
 RANK_TRANSFORMS: dict[str, Callable[[str], str]] = {
@@ -139,11 +139,14 @@ def test_colour_codes_around_every_line_keep_the_verdict(capture: str, tmp_path:
     assert (got.status, got.kind, got.culprit.ranks) == (want.status, want.kind, want.culprit.ranks)
 
 
-REPO_CASES = sorted(
-    p
-    for p in (Path(__file__).parents[1] / "corpus" / "cases").iterdir()
-    if (p / "label.json").is_file()
+REPO_CASES = tier_sample(
+    sorted(
+        p
+        for p in (Path(__file__).parents[1] / "corpus" / "cases").iterdir()
+        if (p / "label.json").is_file()
+    )
 )
+"""The project's labelled corpus with logs: a stable third in `make test`, all in `make fuzz`."""
 
 
 PASTE_ARTIFACTS: dict[str, Callable[[bytes], bytes]] = {
