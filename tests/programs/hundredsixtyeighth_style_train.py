@@ -937,6 +937,8 @@ E.g., `torchrun --standalone --nnodes=1 --nproc_per_node=2 ppo_atari_multigpu.py
         writer.close()
         if args.track:
             wandb.finish()
+    if args.world_size > 1:
+        dist.destroy_process_group()  # the fork's: without it gloo's threads may abort at exit
 
 
 if __name__ == "__main__":
