@@ -319,6 +319,8 @@ class Compose:
 
     # ------------------------------------------------------------------------------- up
     def up(self, abort_on_exit: bool) -> int:
+        for volume in self.project.get("volumes") or {}:  # ensureProjectVolumes, first
+            self.volume_dir(volume)
         for service in self.order:
             self.create(self.containers[service])
         names = sorted(c.short for c in self.containers.values())

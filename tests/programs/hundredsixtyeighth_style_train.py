@@ -24,10 +24,10 @@ The lab's fork adds: the global RANK for init_process_group (CleanRL passes the 
 --dist-timeout; a behaviour-cloning warm start from each rank's shard of demonstrations on the
 node's data disk (--demo-dir); --save-episodes (rank 0 appends each finished episode to
 runs/{run_name}/episodes.jsonl); --stop-return (stop once the mean episodic return, averaged over
-the ranks, reaches it); --eval-every (rank 0 evaluates the policy, cleanrl_utils' evaluate with
---capture-video recording each episode); --save-model (CleanRL's, then cleanrl_utils' evaluate);
---resume from the fork's checkpoint.pt. The writers share runs/ and take its lock file
-(runs/.scalars.lock, fcntl.flock) to append their rows.
+the ranks, reaches it); --eval-every (rank 0 evaluates the policy as cleanrl_utils' evaluate does,
+--capture-video rendering every frame); --save-model (CleanRL's, then cleanrl_utils' evaluate);
+--resume from the fork's checkpoint.pt; destroy_process_group at the end (CleanRL has none). The
+writers share runs/ and take its lock file (runs/.scalars.lock, fcntl.flock) to append rows.
 
 `python ppo_multigpu.py prepare DIR` writes what the images and the nodes' disks hold: DIR/image
 (cleanrl_utils/evals/ppo_eval.py beside this file's copy), DIR/data/demos/CartPoleMini-v1/
