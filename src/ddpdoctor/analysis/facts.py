@@ -780,6 +780,14 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
     FactPattern(
         "completed", r"\bexited: \S{1,200} \(exit status 0; expected\)", "exit status 0; expected"
     ),
+    # docker compose when a service's container (its command: the node's launcher) ended with
+    # code 0: v2's "node0-1 exited with code 0" (pkg/compose/printer.go; the container's name
+    # is service-index), v1's "project_node0_1 exited with code 0". A failed one says its code
+    FactPattern(
+        "completed",
+        r"(?<![\w.-])[\w.-]{0,200}[-_]\d{1,4} exited with code 0$",
+        "exited with code 0",
+    ),
     # torchelastic's agent when every worker of the group exited 0 (agent/server/api.py)
     FactPattern(
         "completed",
