@@ -33,7 +33,7 @@ EXPECTED: dict[str, Expected] = {
     # FileNotFoundError' (PaddleOCR skips the sample and takes the next one); both services
     # exit 0
     "loud-glyph": ("ok", None, []),
-    # [the .npy of the sample rank 1 reads first in epoch 1's sixth step cut to 4 KiB] rank
+    # [the .npy of the sample rank 1 reads first in epoch 1's thirteenth step cut to 4 KiB] rank
     # 1's DataLoader worker fails loading it (LMDBDataSet has no guard): 'ValueError: Caught
     # ValueError in DataLoader worker process N.' ... 'Failed to read all data for array'; rank
     # 0 loses it; the restarted service fails the same way, then the start limit: a corrupt
