@@ -219,7 +219,9 @@ def test_rank_exit_code(launcher: Launcher, tmp_path: Path) -> None:
     rc, out = finish(start(tmp_path / "r", launcher.argv("exit", tag, "3")))
     assert rc == launcher.failure_code, out[-3000:]
     per_rank = report(tmp_path / "r")["job"]["exit"]["per_rank"]
-    assert per_rank["1"]["code"] == 3, per_rank
+    # (once, in a clean clone's make test under load, deepspeed's run had no rank 1 here: what
+    # the job printed goes with the failure, to read which way it ended)
+    assert per_rank.get("1", {}).get("code") == 3, (per_rank, out[-3000:])
     assert wait_gone(tag) == []
 
 
