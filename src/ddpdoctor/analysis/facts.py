@@ -782,7 +782,10 @@ FACT_PATTERNS: tuple[FactPattern, ...] = (
     ),
     # docker compose when a service's container (its command: the node's launcher) ended with
     # code 0: v2's "node0-1 exited with code 0" (pkg/compose/printer.go; the container's name
-    # is service-index), v1's "project_node0_1 exited with code 0". A failed one says its code
+    # is service-index: compose's own end-to-end test of --abort-on-container-exit expects
+    # "should_fail-1 exited with code 123"), v1's "project_node0_1 exited with code 0". A failed
+    # one says its code. Set 168's runs are a stand-in's output written to that format, not
+    # docker's own
     FactPattern(
         "completed",
         r"(?<![\w.-])[\w.-]{0,200}[-_]\d{1,4} exited with code 0$",
