@@ -492,6 +492,11 @@ class JobEvidence:
     def quiet(self) -> set[int]:
         return {r for r, v in self.ranks.items() if v.quiet}
 
+    def waited_after_end(self, ranks: set[int]) -> bool:
+        """Every one of these ranks waited (or lost its peer) in a collective its own code
+        called after training announced its end (RankView.waited_after_end); true of none."""
+        return all(self.ranks[r].waited_after_end for r in ranks)
+
     @property
     def missing(self) -> set[int]:
         return {r for r, v in self.ranks.items() if not v.present}

@@ -260,7 +260,7 @@ def _from_minority(job: JobEvidence) -> Assessment | None:
     if not (waiting and quiet):
         return None
     finished = {r for r in quiet if job.ranks[r].completed and not job.ranks[r].announced_stop}
-    if not finished and all(job.ranks[r].waited_after_end for r in waiting):
+    if not finished and job.waited_after_end(waiting):
         # no rank's own line says it finished, but training announced its end before the
         # waiting ranks entered their collective: the ranks that left without an error left
         # after it (a training step needs every rank), they did not leave early

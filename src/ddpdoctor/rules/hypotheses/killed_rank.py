@@ -55,7 +55,7 @@ them is a decision the rank took, not a step cut short."""
 def assess(job: JobEvidence) -> Assessment | None:
     if not job.waiting or job.peers_proven_alive:
         return None
-    if all(job.ranks[r].waited_after_end for r in job.waiting):
+    if job.waited_after_end(job.waiting):
         return None
     killed = {r for r in job.quiet if stopped_on_a_step(job, r)}
     if not killed or len(job.waiting) < len(job.quiet):

@@ -100,7 +100,7 @@ def assess(job: JobEvidence) -> Assessment | None:
         # it still printed after the others gave up on it: it had not left
         and not job.ranks[r].spoke_after_waits
     }
-    if waiting and all(job.ranks[r].waited_after_end for r in waiting):
+    if waiting and job.waited_after_end(waiting):
         left = set()
     if job.peers_proven_alive:
         left = set()  # they timed out on a transport that sees a peer leave: nobody left
@@ -151,7 +151,7 @@ def _aborted_at_exit(job: JobEvidence) -> Assessment | None:
     others = job.waiting - left
     if not left or not others:
         return None
-    if all(job.ranks[r].waited_after_end for r in others):
+    if job.waited_after_end(others):
         return None  # they left after training's end; the others' collective was their own
     one = len(left) == 1
     return Assessment(
